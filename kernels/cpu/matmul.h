@@ -1,0 +1,39 @@
+/* matmul.h - CPU matrix-vector/matrix-matrix products on stored weights.
+ *
+ * y[t][r] = sum_c W[r][c] * x[t][c]   for t < n_tok, r < rows, c < cols
+ *
+ * W is a specd_tensor as it lies in the model file (F32, F16, BF16, Q8_0,
+ * Q4_0, Q4_1, Q4_K, Q6_K), rows = ne[1], cols = ne[0]. Activations and
+ * outputs are fp32. Quantized weights are used in place: each block is
+ * expanded in registers and multiplied with fp32 activations, so results
+ * equal "dequantize to fp32, then fp32 matmul" up to summation order. The
+ * weights are never copied to fp32 (decode is bound by reading them).
+ *
+ * Each kernel has a plain scalar twin (the *_ref functions) that the tests
+ * compare against; the fast path is chosen once at run time from the CPU's
+ * features (AVX-512, AVX2+FMA, or portable C). */
+#ifndef SPECD_CPU_MATMUL_H
+#define SPECD_CPU_MATMUL_H
+
+#include <stdint.h>
+
+#include "common/model_file.h"
+#include "threadpool.h"
+
+/* Dequantizes the first n elements starting at element 0 of `src` (n must
+ * be a whole number of blocks) into dst. */
+void cpu_dequant_row(specd_dtype type, const void *src, float *dst, int64_t n);
+void cpu_dequant_row_ref(specd_dtype type, const void *src, float *dst, int64_t n);
+
+/* Row r of W as fp32 (used for embedding lookups). */
+void cpu_tensor_row(const specd_tensor *W, int64_t r, float *dst);
+
+void cpu_matmul(specd_pool *pool, float *y, const specd_tensor *W, const float *x, int n_tok);
+void cpu_matmul_ref(float *y, const specd_tensor *W, const float *x, int n_tok);
+
+/* Name of the SIMD path chosen at run time ("avx512", "avx2", "scalar"). */
+const char *cpu_simd_name(void);
+/* Forces a path (for tests and benches); returns 0 if the CPU lacks it. */
+int cpu_simd_force(const char *name);
+
+#endif

@@ -1,0 +1,70 @@
+/* transformer.h - the Llama forward pass over a ragged batch of sequences.
+ *
+ * One call processes any number of new tokens from any number of sequences
+ * (prefill chunks, single decode tokens, trees of candidate tokens) and
+ * returns logits and the final hidden state (after the final RMSNorm) for the
+ * batch rows the caller asks for. Each sequence lives in a KV-cache slot; the
+ * caller owns the bookkeeping of how many rows of each slot are filled
+ * (n_past) and passes it in every call. */
+#ifndef SPECD_TRANSFORMER_H
+#define SPECD_TRANSFORMER_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/model_file.h"
+#include "kernels/backend.h"
+
+typedef struct specd_transformer specd_transformer;
+
+typedef struct specd_transformer_opts {
+    specd_backend_opts backend;
+    int n_slots;      /* KV-cache slots (concurrent sequences); default 1 */
+    int max_ctx;      /* rows per slot; 0 = model's max_seq_len */
+    int max_batch;    /* most tokens per forward call; default 512 */
+} specd_transformer_opts;
+
+typedef struct specd_seq_input {
+    int slot;             /* KV slot */
+    int n_past;           /* rows already in the slot (all visible) */
+    int n_new;            /* new tokens, contiguous in the batch */
+    /* n_new*n_new, mask[i*n_new+j] != 0 when new token i sees new token j
+     * (j <= i). NULL = causal (plain prefill/decode). A tree passes the
+     * ancestor relation: each node sees itself and its ancestors. */
+    const uint8_t *mask;
+    /* RoPE positions of the new tokens; NULL = n_past, n_past+1, ... (a tree
+     * passes n_past + depth). */
+    const int32_t *pos;
+} specd_seq_input;
+
+typedef struct specd_batch {
+    int n_tokens;
+    const int32_t *tokens;       /* [n_tokens] */
+    int n_seqs;
+    const specd_seq_input *seqs; /* tokens of seqs[0] first, then seqs[1], ... */
+    int n_out;                   /* rows to return */
+    const int32_t *out_rows;     /* batch row indices [n_out] */
+    float *logits;               /* host [n_out][vocab] or NULL */
+    float *hidden;               /* host [n_out][dim] or NULL */
+} specd_batch;
+
+specd_transformer *specd_transformer_create(const specd_model_file *m,
+                                            const specd_transformer_opts *opts,
+                                            specd_error *err);
+void specd_transformer_free(specd_transformer *t);
+
+const specd_llama_hparams *specd_transformer_hparams(const specd_transformer *t);
+int specd_transformer_max_ctx(const specd_transformer *t);
+const char *specd_transformer_backend_name(const specd_transformer *t);
+
+/* Runs the batch. Writes the new tokens' K/V at rows n_past.. of each slot.
+ * Errors (bad slot, token id out of range, context overflow, batch too
+ * large) leave every cache untouched. */
+int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_error *err);
+
+/* Keeps rows[0..n_keep) of the new rows after n_past (in that order) and
+ * moves them to n_past.. (the accepted path of a verified tree). */
+int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
+                                 const int32_t *rows, int n_keep, specd_error *err);
+
+#endif
