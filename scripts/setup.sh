@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# setup.sh - installs everything specd needs on a fresh Debian machine, builds
+# it, fetches the default model, and runs the main job on it.
+#
+#   ./scripts/setup.sh            # everything
+#   SPECD_SKIP_RUN=1 ./scripts/setup.sh   # install + build only
+#
+# Idempotent: packages already present and a model whose checksum matches are
+# not fetched again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: compiler + build, the libraries in DESIGN.md that the code
+# links today (PCRE2 for the tokenizer's pre-split regex, cJSON for
+# config.json/tokenizer.json/safetensors headers, cmocka for tests), and
+# clang for the libFuzzer targets.
+PACKAGES=(build-essential cmake pkg-config python3 python3-pip
+          libpcre2-dev libcjson-dev libcmocka-dev clang)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+./scripts/fetch_model.sh
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)"
+
+if [ -z "${SPECD_SKIP_RUN:-}" ]; then
+  # The main job: plain (non-speculative) decoding on the default model, with
+  # prefill and decode speed printed at the end.
+  ./build/specd generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat \
+    -p "Explain in two sentences why the sky is blue." -n 96
+fi

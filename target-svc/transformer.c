@@ -1,0 +1,381 @@
+/* transformer.c - the Llama forward pass, read top to bottom.
+ *
+ *   x = embed(tokens)
+ *   for each layer:
+ *       h = rmsnorm(x) ; q,k,v = h.Wq, h.Wk, h.Wv ; rope(q, k)
+ *       x += attention(q, K-cache, V-cache, mask) . Wo
+ *       h = rmsnorm(x) ; x += (silu(h.Wgate) * h.Wup) . Wdown
+ *   out = rmsnorm(x[requested rows]) ; logits = out . Wlm
+ *
+ * All arithmetic goes through the backend interface (kernels/backend.h), so
+ * the same code drives the CPU and GPU backends. The batch is ragged: many
+ * sequences, each with its own cached prefix and its own new tokens, and an
+ * explicit mask among the new tokens so a tree of candidates can be checked
+ * in one pass. Only the rows the caller asks for pay for the final norm and
+ * the LM head (with a 49k vocabulary that head is the largest matmul). */
+#include "transformer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct layer_weights {
+    specd_bweight attn_norm, wq, wk, wv, wo;
+    specd_bweight ffn_norm, w_gate, w_up, w_down;
+} layer_weights;
+
+struct specd_transformer {
+    specd_backend *be;
+    specd_llama_hparams hp;
+    int n_slots, max_ctx, max_batch;
+    int q_dim, kv_dim; /* n_heads*head_dim, n_kv_heads*head_dim */
+
+    specd_bweight tok_embd, output_norm, lm_head;
+    layer_weights *layers;
+    float *inv_freq; /* host, [head_dim/2], rope scaling applied */
+    specd_rope_cfg rope;
+
+    /* KV cache: slot s, layer l -> kv_k[s*n_layers + l], [max_ctx][kv_dim] */
+    float **kv_k, **kv_v;
+
+    /* activations (device buffers) for up to max_batch tokens */
+    float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2;
+    float *out_hidden; /* [max_batch][dim] rows the caller asked for */
+    float *out_logits; /* [logit_rows][vocab] */
+    int logit_rows;
+
+    /* host scratch */
+    int32_t *pos;
+    specd_attn_seq *attn_seqs;
+};
+
+/* --- rope frequencies ------------------------------------------------------ */
+
+/* inv_freq[i] = theta^(-2i/d), then the checkpoint's context-extension rule.
+ * Llama-3.1 ("llama3") scaling leaves high frequencies alone, divides low
+ * ones by `factor`, and blends in between (as Hugging Face computes it). A
+ * GGUF file may instead carry the per-frequency divisors as a tensor
+ * (rope_freqs.weight), which then takes precedence. */
+static void compute_inv_freq(float *inv_freq, const specd_llama_hparams *hp,
+                             const specd_tensor *rope_freqs) {
+    int half = hp->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)hp->rope_theta, (2.0 * i) / hp->head_dim);
+        if (rope_freqs) {
+            f /= ((const float *)rope_freqs->data)[i];
+        } else if (hp->rope_scaling == SPECD_ROPE_SCALING_LINEAR) {
+            f /= hp->rope_factor;
+        } else if (hp->rope_scaling == SPECD_ROPE_SCALING_LLAMA3) {
+            double old_ctx = hp->rope_original_max_pos;
+            double low_wavelen = old_ctx / hp->rope_low_freq_factor;
+            double high_wavelen = old_ctx / hp->rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f /= hp->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (old_ctx / wavelen - hp->rope_low_freq_factor) /
+                                (hp->rope_high_freq_factor - hp->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / hp->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}
+
+/* --- construction ------------------------------------------------------------ */
+
+static int prep(specd_transformer *t, specd_bweight *w, const specd_model_file *m,
+                const char *name, specd_error *err) {
+    const specd_tensor *ten = specd_model_tensor(m, name);
+    if (!ten) return specd_seterr(err, "transformer: model has no tensor '%s'", name);
+    return t->be->ops->prepare_weight(t->be, w, ten, err);
+}
+
+static int prep_layer(specd_transformer *t, layer_weights *L, const specd_model_file *m, int l,
+                      specd_error *err) {
+    static const char *names[] = {"attn_norm", "attn_q", "attn_k",  "attn_v", "attn_output",
+                                  "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
+    specd_bweight *slots[] = {&L->attn_norm, &L->wq,     &L->wk,   &L->wv,    &L->wo,
+                              &L->ffn_norm,  &L->w_gate, &L->w_up, &L->w_down};
+    for (int i = 0; i < 9; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
+        if (prep(t, slots[i], m, name, err)) return -1;
+    }
+    return 0;
+}
+
+static void *dev_alloc(specd_transformer *t, size_t bytes, int *failed) {
+    void *p = t->be->ops->alloc(t->be, bytes);
+    if (!p) *failed = 1;
+    return p;
+}
+
+static int alloc_buffers(specd_transformer *t, specd_error *err) {
+    const specd_llama_hparams *hp = &t->hp;
+    size_t B = (size_t)t->max_batch;
+    int failed = 0;
+    t->x = dev_alloc(t, B * hp->dim * sizeof(float), &failed);
+    t->xb = dev_alloc(t, B * hp->dim * sizeof(float), &failed);
+    t->xb2 = dev_alloc(t, B * hp->dim * sizeof(float), &failed);
+    t->q = dev_alloc(t, B * t->q_dim * sizeof(float), &failed);
+    t->att = dev_alloc(t, B * t->q_dim * sizeof(float), &failed);
+    t->k = dev_alloc(t, B * t->kv_dim * sizeof(float), &failed);
+    t->v = dev_alloc(t, B * t->kv_dim * sizeof(float), &failed);
+    t->hb = dev_alloc(t, B * hp->hidden_dim * sizeof(float), &failed);
+    t->hb2 = dev_alloc(t, B * hp->hidden_dim * sizeof(float), &failed);
+    t->out_hidden = dev_alloc(t, B * hp->dim * sizeof(float), &failed);
+    /* logits for every batch row would be max_batch x vocab floats (100 MB at
+     * 512 x 49k); callers ask for a few rows per sequence, so start small
+     * and grow on demand. */
+    t->logit_rows = 0;
+    size_t n_caches = (size_t)t->n_slots * hp->n_layers;
+    t->kv_k = calloc(n_caches, sizeof(float *));
+    t->kv_v = calloc(n_caches, sizeof(float *));
+    if (!t->kv_k || !t->kv_v) failed = 1;
+    for (size_t i = 0; i < n_caches && !failed; i++) {
+        t->kv_k[i] = dev_alloc(t, (size_t)t->max_ctx * t->kv_dim * sizeof(float), &failed);
+        t->kv_v[i] = dev_alloc(t, (size_t)t->max_ctx * t->kv_dim * sizeof(float), &failed);
+    }
+    t->pos = malloc(B * sizeof(int32_t));
+    t->attn_seqs = malloc(B * sizeof(specd_attn_seq));
+    if (failed || !t->pos || !t->attn_seqs)
+        return specd_seterr(err, "transformer: out of memory allocating buffers for %d slots x %d "
+                                 "context x %d batch tokens",
+                            t->n_slots, t->max_ctx, t->max_batch);
+    return 0;
+}
+
+specd_transformer *specd_transformer_create(const specd_model_file *m,
+                                            const specd_transformer_opts *opts,
+                                            specd_error *err) {
+    specd_transformer *t = calloc(1, sizeof *t);
+    if (!t) {
+        specd_seterr(err, "transformer: out of memory");
+        return NULL;
+    }
+    t->hp = m->hp;
+    t->n_slots = opts && opts->n_slots > 0 ? opts->n_slots : 1;
+    t->max_ctx = opts && opts->max_ctx > 0 ? opts->max_ctx : m->hp.max_seq_len;
+    t->max_batch = opts && opts->max_batch > 0 ? opts->max_batch : 512;
+    t->q_dim = m->hp.n_heads * m->hp.head_dim;
+    t->kv_dim = m->hp.n_kv_heads * m->hp.head_dim;
+
+    specd_backend_opts bo = {0};
+    if (opts) bo = opts->backend;
+    t->be = specd_backend_create(&bo, err);
+    if (!t->be) {
+        free(t);
+        return NULL;
+    }
+    t->layers = calloc((size_t)m->hp.n_layers, sizeof(layer_weights));
+    t->inv_freq = calloc((size_t)m->hp.head_dim / 2, sizeof(float));
+    if (!t->layers || !t->inv_freq) {
+        specd_seterr(err, "transformer: out of memory");
+        goto fail;
+    }
+    if (prep(t, &t->tok_embd, m, "token_embd.weight", err) ||
+        prep(t, &t->output_norm, m, "output_norm.weight", err) ||
+        prep(t, &t->lm_head, m, m->hp.tied_embeddings ? "token_embd.weight" : "output.weight", err))
+        goto fail;
+    for (int l = 0; l < m->hp.n_layers; l++)
+        if (prep_layer(t, &t->layers[l], m, l, err)) goto fail;
+
+    const specd_tensor *rope_freqs = specd_model_tensor(m, "rope_freqs.weight");
+    if (rope_freqs && (rope_freqs->type != SPECD_F32 ||
+                       rope_freqs->ne[0] != (uint64_t)m->hp.head_dim / 2)) {
+        specd_seterr(err, "transformer: tensor 'rope_freqs.weight' must be F32 [%d]",
+                     m->hp.head_dim / 2);
+        goto fail;
+    }
+    compute_inv_freq(t->inv_freq, &m->hp, rope_freqs);
+    t->rope = (specd_rope_cfg){m->hp.head_dim, m->hp.head_dim, m->hp.rope_interleaved,
+                               t->inv_freq};
+    if (alloc_buffers(t, err)) goto fail;
+    return t;
+fail:
+    specd_transformer_free(t);
+    return NULL;
+}
+
+void specd_transformer_free(specd_transformer *t) {
+    if (!t) return;
+    specd_backend *be = t->be;
+    if (be) {
+        void *bufs[] = {t->x,   t->xb,  t->xb2, t->q,          t->k,         t->v,
+                        t->att, t->hb,  t->hb2, t->out_hidden, t->out_logits};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) be->ops->free(be, bufs[i]);
+        size_t n_caches = (size_t)t->n_slots * t->hp.n_layers;
+        for (size_t i = 0; i < n_caches; i++) {
+            if (t->kv_k && t->kv_k[i]) be->ops->free(be, t->kv_k[i]);
+            if (t->kv_v && t->kv_v[i]) be->ops->free(be, t->kv_v[i]);
+        }
+        if (t->layers) {
+            for (int l = 0; l < t->hp.n_layers; l++) {
+                specd_bweight *w = &t->layers[l].attn_norm;
+                for (int i = 0; i < 9; i++)
+                    if (w[i].src) be->ops->release_weight(be, &w[i]);
+            }
+        }
+        specd_bweight *top[] = {&t->tok_embd, &t->output_norm, &t->lm_head};
+        for (int i = 0; i < 3; i++)
+            if (top[i]->src) be->ops->release_weight(be, top[i]);
+        be->ops->destroy(be);
+    }
+    free(t->kv_k);
+    free(t->kv_v);
+    free(t->layers);
+    free(t->inv_freq);
+    free(t->pos);
+    free(t->attn_seqs);
+    free(t);
+}
+
+const specd_llama_hparams *specd_transformer_hparams(const specd_transformer *t) { return &t->hp; }
+int specd_transformer_max_ctx(const specd_transformer *t) { return t->max_ctx; }
+const char *specd_transformer_backend_name(const specd_transformer *t) {
+    return t->be->ops->name;
+}
+
+/* --- the forward pass ----------------------------------------------------- */
+
+/* Everything about a batch that could be wrong is checked before any cache
+ * row is written, so a rejected batch leaves every sequence as it was. */
+static int validate_batch(const specd_transformer *t, const specd_batch *b, specd_error *err) {
+    if (b->n_tokens <= 0 || b->n_tokens > t->max_batch)
+        return specd_seterr(err, "batch: n_tokens %d outside 1..%d", b->n_tokens, t->max_batch);
+    if (b->n_seqs <= 0) return specd_seterr(err, "batch: n_seqs must be positive");
+    int covered = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const specd_seq_input *in = &b->seqs[s];
+        if (in->slot < 0 || in->slot >= t->n_slots)
+            return specd_seterr(err, "batch: seqs[%d].slot %d outside 0..%d", s, in->slot,
+                                t->n_slots - 1);
+        for (int r = 0; r < s; r++)
+            if (b->seqs[r].slot == in->slot)
+                return specd_seterr(err, "batch: slot %d appears twice", in->slot);
+        if (in->n_new <= 0) return specd_seterr(err, "batch: seqs[%d].n_new must be positive", s);
+        if (in->n_past < 0 || in->n_past + in->n_new > t->max_ctx)
+            return specd_seterr(err, "batch: seqs[%d] needs %d cache rows, context holds %d", s,
+                                in->n_past + in->n_new, t->max_ctx);
+        if (in->mask) {
+            for (int i = 0; i < in->n_new; i++) {
+                if (!in->mask[(size_t)i * in->n_new + i])
+                    return specd_seterr(err, "batch: seqs[%d].mask: token %d must see itself", s, i);
+                for (int j = i + 1; j < in->n_new; j++)
+                    if (in->mask[(size_t)i * in->n_new + j])
+                        return specd_seterr(err,
+                                            "batch: seqs[%d].mask: token %d sees later token %d",
+                                            s, i, j);
+            }
+        }
+        covered += in->n_new;
+    }
+    if (covered != b->n_tokens)
+        return specd_seterr(err, "batch: sequences hold %d tokens, n_tokens is %d", covered,
+                            b->n_tokens);
+    for (int i = 0; i < b->n_tokens; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= t->hp.vocab_size)
+            return specd_seterr(err, "batch: tokens[%d] = %d outside vocabulary 0..%d", i,
+                                b->tokens[i], t->hp.vocab_size - 1);
+    if (b->n_out < 0 || b->n_out > b->n_tokens)
+        return specd_seterr(err, "batch: n_out %d outside 0..%d", b->n_out, b->n_tokens);
+    for (int i = 0; i < b->n_out; i++)
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens)
+            return specd_seterr(err, "batch: out_rows[%d] = %d outside 0..%d", i, b->out_rows[i],
+                                b->n_tokens - 1);
+    return 0;
+}
+
+static int ensure_logit_rows(specd_transformer *t, int rows, specd_error *err) {
+    if (rows <= t->logit_rows) return 0;
+    if (t->out_logits) t->be->ops->free(t->be, t->out_logits);
+    t->out_logits = t->be->ops->alloc(t->be, (size_t)rows * t->hp.vocab_size * sizeof(float));
+    t->logit_rows = t->out_logits ? rows : 0;
+    if (!t->out_logits) return specd_seterr(err, "transformer: out of memory for %d logit rows", rows);
+    return 0;
+}
+
+int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_error *err) {
+    if (validate_batch(t, b, err)) return -1;
+    if (b->logits && ensure_logit_rows(t, b->n_out, err)) return -1;
+
+    specd_backend *be = t->be;
+    const specd_backend_ops *op = be->ops;
+    const specd_llama_hparams *hp = &t->hp;
+    int n = b->n_tokens, dim = hp->dim;
+
+    /* where each token sits: its RoPE position and its sequence's caches */
+    int start = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const specd_seq_input *in = &b->seqs[s];
+        for (int i = 0; i < in->n_new; i++)
+            t->pos[start + i] = in->pos ? in->pos[i] : in->n_past + i;
+        t->attn_seqs[s] = (specd_attn_seq){NULL, NULL, in->n_past, start, in->n_new, in->mask};
+        start += in->n_new;
+    }
+
+    op->embed(be, t->x, &t->tok_embd, b->tokens, n);
+    for (int l = 0; l < hp->n_layers; l++) {
+        const layer_weights *L = &t->layers[l];
+        for (int s = 0; s < b->n_seqs; s++) {
+            size_t c = (size_t)b->seqs[s].slot * hp->n_layers + l;
+            t->attn_seqs[s].k_cache = t->kv_k[c];
+            t->attn_seqs[s].v_cache = t->kv_v[c];
+        }
+        /* attention block */
+        op->rmsnorm(be, t->xb, t->x, &L->attn_norm, n, dim, hp->norm_eps);
+        op->matmul(be, t->q, &L->wq, t->xb, n);
+        op->matmul(be, t->k, &L->wk, t->xb, n);
+        op->matmul(be, t->v, &L->wv, t->xb, n);
+        op->rope(be, t->q, t->k, t->pos, n, hp->n_heads, hp->n_kv_heads, &t->rope);
+        op->attention(be, t->att, t->q, t->k, t->v, t->attn_seqs, b->n_seqs, hp->n_heads,
+                      hp->n_kv_heads, hp->head_dim);
+        op->matmul(be, t->xb2, &L->wo, t->att, n);
+        op->add(be, t->x, t->xb2, (size_t)n * dim);
+        /* feed-forward block */
+        op->rmsnorm(be, t->xb, t->x, &L->ffn_norm, n, dim, hp->norm_eps);
+        op->matmul(be, t->hb, &L->w_gate, t->xb, n);
+        op->matmul(be, t->hb2, &L->w_up, t->xb, n);
+        op->swiglu(be, t->hb, t->hb, t->hb2, (size_t)n * hp->hidden_dim);
+        op->matmul(be, t->xb, &L->w_down, t->hb, n);
+        op->add(be, t->x, t->xb, (size_t)n * dim);
+    }
+    if (b->n_out == 0) return 0;
+
+    op->gather_rows(be, t->xb, t->x, b->out_rows, b->n_out, dim);
+    op->rmsnorm(be, t->out_hidden, t->xb, &t->output_norm, b->n_out, dim, hp->norm_eps);
+    if (b->hidden) op->to_host(be, b->hidden, t->out_hidden, (size_t)b->n_out * dim * sizeof(float));
+    if (b->logits) {
+        op->matmul(be, t->out_logits, &t->lm_head, t->out_hidden, b->n_out);
+        op->to_host(be, b->logits, t->out_logits,
+                    (size_t)b->n_out * hp->vocab_size * sizeof(float));
+    }
+    return 0;
+}
+
+int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
+                                 const int32_t *rows, int n_keep, specd_error *err) {
+    if (slot < 0 || slot >= t->n_slots)
+        return specd_seterr(err, "kv_compact: slot %d outside 0..%d", slot, t->n_slots - 1);
+    for (int i = 0; i < n_keep; i++) {
+        /* strictly increasing rows mean each move goes to a row at or before
+         * its source, so copying in order never overwrites a row still needed */
+        if (rows[i] < i || (i > 0 && rows[i] <= rows[i - 1]) || n_past + rows[i] >= t->max_ctx)
+            return specd_seterr(err, "kv_compact: rows[%d] = %d is not strictly increasing "
+                                     "inside the context", i, rows[i]);
+    }
+    size_t row_bytes = (size_t)t->kv_dim * sizeof(float);
+    for (int l = 0; l < t->hp.n_layers; l++) {
+        size_t c = (size_t)slot * t->hp.n_layers + l;
+        for (int i = 0; i < n_keep; i++) {
+            if (rows[i] == i) continue;
+            size_t dst = (size_t)(n_past + i) * t->kv_dim, src = (size_t)(n_past + rows[i]) * t->kv_dim;
+            t->be->ops->copy(t->be, t->kv_k[c] + dst, t->kv_k[c] + src, row_bytes);
+            t->be->ops->copy(t->be, t->kv_v[c] + dst, t->kv_v[c] + src, row_bytes);
+        }
+    }
+    return 0;
+}
