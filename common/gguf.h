@@ -50,9 +50,12 @@ typedef struct gguf_str {
 typedef struct gguf_kv {
     gguf_str key;
     gguf_type type;
-    /* For scalars: the value. For GGUF_STRING: `str`. For GGUF_ARRAY:
-     * arr_type, arr_len and arr_data (raw little-endian elements in the map;
-     * for string arrays use gguf_get_arr_str). */
+    /* For scalars: the value (unsigned types and bool in u64, signed types
+     * in i64, float32/float64 in f64). For GGUF_STRING: `str`. For
+     * GGUF_ARRAY: arr_type, arr_len and arr_data (raw little-endian elements
+     * in the map; for string arrays use gguf_get_arr_str or arr_strs; for
+     * arrays of arrays arr_data points at the encoded nested arrays, each
+     * "u32 type, u64 len, elements", already validated by the parser). */
     union {
         uint64_t u64;
         int64_t i64;
@@ -87,9 +90,14 @@ void gguf_close(gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);
 uint64_t gguf_alignment(const gguf_file *f);
 
+/* File offset where the tensor data section starts (aligned). */
+uint64_t gguf_data_offset(const gguf_file *f);
+
 uint64_t gguf_n_kv(const gguf_file *f);
 const gguf_kv *gguf_kv_at(const gguf_file *f, uint64_t i);
 const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);
+/* Element i of a string array; NULL if kv is not one or i is out of range. */
+const gguf_str *gguf_get_arr_str(const gguf_kv *kv, uint64_t i);
 
 /* Typed getters: return 0 on success, -1 with a message naming the key when
  * missing or of an incompatible type. Integer getters accept any integer

@@ -94,7 +94,9 @@ void specd_model_close(specd_model_file *m);
 const specd_tensor *specd_model_tensor(const specd_model_file *m, const char *name);
 
 /* Format-specific loaders (called by specd_model_open; they fill format,
- * hp, arch, tensors and maps but do not validate shapes). */
+ * hp, arch, tensors and maps but do not validate shapes). `m` must be a
+ * zeroed heap object; on failure it may be partly filled and is released
+ * with specd_model_close like a loaded one. */
 int specd_model_load_gguf(specd_model_file *m, const char *path, specd_error *err);
 int specd_model_load_hf(specd_model_file *m, const char *dir, specd_error *err);
 
@@ -105,5 +107,19 @@ int specd_model_validate(const specd_model_file *m, specd_error *err);
 /* mmaps a whole file read-only and records it in m->maps. */
 int specd_model_map_file(specd_model_file *m, const char *path, const void **addr,
                          size_t *len, specd_error *err);
+
+/* Loader helpers (model_file.c). add_tensor appends a copy of *t to the
+ * table. index_tensors sorts the table by name, so specd_model_tensor is a
+ * binary search, and rejects duplicate names; loaders call it last. A table
+ * built by hand without it still works: lookups fall back to a scan. */
+int specd_model_add_tensor(specd_model_file *m, const specd_tensor *t, specd_error *err);
+int specd_model_index_tensors(specd_model_file *m, specd_error *err);
+
+/* Parses a Hugging Face config.json (model_hf.c) into hparams: model_type
+ * "llama" (or architectures ["LlamaForCausalLM"]), sizes, rope_theta,
+ * rope_scaling, rms_norm_eps, tie_word_embeddings, bos/eos ids. Keys of the
+ * wrong JSON type are errors naming the key. Exposed for the fuzz target. */
+int specd_hf_parse_config(const char *json, size_t len, specd_llama_hparams *hp,
+                          specd_error *err);
 
 #endif

@@ -1,0 +1,140 @@
+/* sampling.h - turning logits into tokens, and the lossless speculative rules.
+ *
+ * Two jobs live here because they must agree exactly:
+ *
+ *  1. The sampling distribution. specd_sampling_probs() maps logits and a
+ *     specd_sampling to the final probability vector the token is drawn from.
+ *     Plain decoding samples from it; speculative decoding computes it for the
+ *     target (p) and for the draft (q) and feeds both to the acceptance rule.
+ *     "Lossless" means the output is distributed as the target's p, so p here
+ *     must be precisely the distribution plain decoding would use.
+ *
+ *  2. The speculative rules (DESIGN.md, "Draft-verify, lossless"): accept a
+ *     drafted token x with probability min(1, p(x)/q(x)); on rejection sample
+ *     from norm(max(0, p - q)). Together they make the emitted token exactly
+ *     p-distributed whatever q is, provided q is the distribution the draft
+ *     token was really drawn from.
+ *
+ * Processing order (the order Hugging Face transformers' generate() builds its
+ * LogitsProcessor list in: Temperature -> TopK -> TopP -> MinP):
+ *
+ *   temperature  0 means greedy: the distribution is one-hot at the argmax
+ *                (lowest token id on ties) and the other fields are ignored.
+ *                Otherwise logits are divided by it (HF divides the scores).
+ *   top_k        keep the k highest logits; ties at the boundary are broken by
+ *                lower token id, so exactly k tokens stay. (HF keeps every
+ *                token tied with the k-th value; exact-k keeps the set a
+ *                function of the logits alone and its size bounded.) 0 = off.
+ *   top_p        nucleus: renormalize over the tokens top-k kept, walk them in
+ *                descending probability (ties: lower id first) and keep the
+ *                shortest prefix whose cumulative probability is >= top_p;
+ *                at least one token always stays. Same set as HF's TopP, which
+ *                drops a token when the mass strictly above it is >= top_p.
+ *                1 = off.
+ *   min_p        drop tokens whose probability is < min_p times the largest
+ *                probability (of what is left; the most likely token always
+ *                survives every stage, so this is relative to the overall
+ *                maximum). 0 = off.
+ *
+ * The result is renormalized over the kept set; every other entry is exactly 0.
+ * Tokens whose logit is NaN or -inf, and tokens whose weight underflows float
+ * (more than ~103 nats below the best after temperature), get probability 0.
+ *
+ * All functions are deterministic: same inputs, same outputs, bit for bit, on
+ * a given build (single-threaded, fixed summation order). */
+#ifndef SPECD_SAMPLING_H
+#define SPECD_SAMPLING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef struct specd_sampling {
+    float temperature; /* >= 0, finite; 0 = greedy */
+    int top_k;         /* >= 0; 0 = off */
+    float top_p;       /* in (0, 1]; 1 = off */
+    float min_p;       /* in [0, 1]; 0 = off */
+    uint64_t seed;     /* address of this request's draws, see rng.h */
+} specd_sampling;
+
+/* Plain sampling from the model's distribution: temperature 1, every filter
+ * off, seed 0. (A zeroed struct is not neutral: top_p = 0 is invalid.) */
+void specd_sampling_init(specd_sampling *s);
+
+/* 0 if every field is in range; else -1 with a message naming the field, e.g.
+ * "top_p must be in (0, 1] (1 disables it), got 1.5". */
+int specd_sampling_validate(const specd_sampling *s, specd_error *err);
+
+/* Index of the largest value, lowest index on ties. NaNs are skipped; if all
+ * values are NaN the answer is 0. -1 only when n <= 0. */
+int specd_argmax(const float *logits, int n);
+
+/* Bytes of scratch that specd_sampling_probs() and specd_sample() need for a
+ * vocabulary of n (17 bytes per token). Any malloc'd block of this size works
+ * (4-byte alignment suffices). */
+size_t specd_sampling_scratch_size(int n);
+
+/* Writes the final distribution (see the order above) into probs[0..n).
+ * `s` should have passed specd_sampling_validate(); other values give some
+ * valid distribution, never a crash. If no token has a usable logit (all NaN
+ * or -inf), the result is one-hot at specd_argmax(logits). If the largest
+ * logit is +inf, the +inf tokens share the mass equally (the limit of the
+ * softmax). Cost: one pass with an exp per token; top-k / top-p then rank only
+ * the tokens near the cut (tokens are bucketed by powers of two of their
+ * weight and only the bucket holding the cut is ordered), so typical LLM
+ * logits with vocab 49152 take well under a millisecond. */
+void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,
+                          void *scratch);
+
+/* Inverse-CDF draw: the first i (in index order) whose cumulative probability
+ * exceeds u * sum(probs), u in [0, 1). Never returns an entry with probability
+ * <= 0. probs need not be normalized (negative and NaN entries count as 0); if
+ * no entry is positive the answer is specd_argmax(probs, n). u outside [0, 1)
+ * is clamped into it. */
+int specd_sample_from_probs(const float *probs, int n, double u);
+
+/* One token: argmax when s->temperature == 0, else a draw from
+ * specd_sampling_probs() with u = specd_rng_uniform(s->seed, stream, counter).
+ * scratch: specd_sampling_scratch_size(n) bytes.
+ *
+ * Addressing: each draw of a request needs its own (stream, counter), e.g.
+ * stream = output position, counter = purpose of the draw at that position.
+ * Never use one address for two purposes: the uniform that tests a draft
+ * token must be independent of the uniform that drew it, or the speculative
+ * rule stops being lossless. */
+int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t stream,
+                 uint64_t counter, void *scratch);
+
+/* --- lossless speculative decoding ---------------------------------------
+ *
+ * For one drafted token x drawn from q (the draft's specd_sampling_probs) and
+ * checked against p (the target's), with independent uniforms u1, u2:
+ *
+ *     if specd_accept_draft(p[x], q[x], u1): emit x
+ *     else: emit specd_residual_sample(p, q, n, u2, scratch)
+ *
+ * The emitted token is distributed exactly as p. A deterministic drafter
+ * (greedy draft, n-gram lookup) has q one-hot at x, i.e. q[x] = 1. */
+
+/* 1 if u < min(1, p_x / q_x), else 0; u in [0, 1). q_x <= 0 (or NaN) means
+ * the draft could not have drawn x from q, so the premise of the rule is
+ * broken (a bug or a rounding artifact); rejecting is the safe answer because
+ * it never raises the probability of x above what the residual gives it.
+ * p_x <= 0 always rejects: the target would never emit x. */
+int specd_accept_draft(float p_x, float q_x, double u);
+
+/* Writes norm(max(0, p - q)) into out[0..n) and returns 0. If that is all
+ * zero (p == q wherever p > q, i.e. p == q for normalized inputs) it writes
+ * p (normalized) instead and returns 1. That fallback is correct: rejection
+ * happens with probability sum(max(0, q - p)), which equals sum(max(0, p - q)),
+ * so a zero residual means rejection has probability zero and only rounding
+ * can get here; p is then the distribution the target itself would sample.
+ * The returned distribution is also the new target for recursive rejection
+ * sampling over a tree's sibling drafts (SpecInfer). */
+int specd_residual_probs(const float *p, const float *q, int n, float *out);
+
+/* A draw from specd_residual_probs(p, q) with uniform u; scratch: n floats. */
+int specd_residual_sample(const float *p, const float *q, int n, double u, float *scratch);
+
+#endif

@@ -1,0 +1,122 @@
+/* quant_impl.h - internal contract between the matmul dispatcher and the
+ * per-ISA kernel files (quant_scalar.c, quant_avx2.c, quant_avx512.c).
+ *
+ * Each SIMD path fills one cpu_kernel_set: for every weight type a dequant
+ * function (must give bit-identical results to cpu_dequant_row_ref) and a
+ * "rows" function computing a block of outputs of y = x . W^T. The
+ * dispatcher (matmul.c) splits rows among threads and picks the set once
+ * from the CPU's features. Block layouts are GGML's (see quant_ref.c). */
+#ifndef SPECD_CPU_QUANT_IMPL_H
+#define SPECD_CPU_QUANT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/dtype.h"
+
+/* Block structs, byte-exact copies of GGML's layouts (the file format). All
+ * fields are byte arrays or uint16 so there is no padding; sizes are checked
+ * below against dtype.c's table. fp16 values are stored as raw bits. */
+typedef struct blk_q8_0 {
+    uint16_t d;
+    int8_t qs[32];
+} blk_q8_0;
+
+typedef struct blk_q4_0 {
+    uint16_t d;
+    uint8_t qs[16]; /* low nibble = element j, high nibble = element j+16 */
+} blk_q4_0;
+
+typedef struct blk_q4_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qs[16];
+} blk_q4_1;
+
+/* 256 weights in 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit
+ * min packed into `scales` (see q4k_scale_min). */
+typedef struct blk_q4_k {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qs[128];
+} blk_q4_k;
+
+/* 256 weights in 16 sub-blocks of 16, each with an int8 scale; 6-bit quants
+ * split into 4 low bits (ql) and 2 high bits (qh). */
+typedef struct blk_q6_k {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+} blk_q6_k;
+
+/* Field offsets for kernels, which address blocks by byte offset: blocks of
+ * 18 or 34 bytes can sit at any even address and a caller may pass any
+ * address, so the kernels never form possibly misaligned struct pointers. */
+enum {
+    Q4K_D = offsetof(blk_q4_k, d),
+    Q4K_DMIN = offsetof(blk_q4_k, dmin),
+    Q4K_SCALES = offsetof(blk_q4_k, scales),
+    Q4K_QS = offsetof(blk_q4_k, qs),
+    Q6K_QL = offsetof(blk_q6_k, ql),
+    Q6K_QH = offsetof(blk_q6_k, qh),
+    Q6K_SCALES = offsetof(blk_q6_k, scales),
+    Q6K_D = offsetof(blk_q6_k, d),
+};
+
+_Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block size");
+_Static_assert(sizeof(blk_q4_0) == 18, "Q4_0 block size");
+_Static_assert(sizeof(blk_q4_1) == 20, "Q4_1 block size");
+_Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block size");
+_Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block size");
+
+/* Scale and min of sub-block j (0..7) of a Q4_K super-block: the first four
+ * sub-blocks keep 6 bits in bytes 0..3 (scale) and 4..7 (min); the last four
+ * keep their low 4 bits in bytes 8..11 and their top 2 bits in the spare top
+ * bits of bytes 0..7. */
+static inline void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* Reads a little-endian uint16 without alignment assumptions (blocks of
+ * 18/34/210 bytes leave fields at odd addresses). */
+static inline uint16_t rd_u16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* Dequantizes n elements (a whole number of blocks) of `src` into dst. */
+typedef void (*cpu_dequant_fn)(const void *src, float *dst, int64_t n);
+
+/* For rows r in [r0, r1) of W (row r starts at w + r*row_bytes, `cols`
+ * elements) and tokens t in [0, n_tok):
+ *     y[t*ldy + r] = sum_c W[r][c] * x[t*cols + c]            */
+typedef void (*cpu_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t cols, const float *x,
+                            int n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
+
+/* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
+cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
+
+typedef struct cpu_kernel_set {
+    const char *name;
+    cpu_dequant_fn dequant[SPECD_DTYPE_COUNT];
+    cpu_rows_fn rows[SPECD_DTYPE_COUNT];
+} cpu_kernel_set;
+
+/* Each fills `ks` and returns 1, or returns 0 when the file was built
+ * without that ISA (non-x86 compilers). They do not check the running CPU;
+ * matmul.c does. */
+int cpu_kernels_scalar(cpu_kernel_set *ks);
+int cpu_kernels_avx2(cpu_kernel_set *ks);
+int cpu_kernels_avx512(cpu_kernel_set *ks);
+
+#endif

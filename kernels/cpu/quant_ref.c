@@ -1,0 +1,162 @@
+/* quant_ref.c - plain-C reference dequantization and matmul.
+ *
+ * These functions define what the fast kernels must compute. They are written
+ * for clarity, one loop per block layout, following GGML's definitions:
+ *
+ *   Q8_0  32 weights: fp16 d, 32 x int8 q            w = d * q
+ *   Q4_0  32 weights: fp16 d, 16 bytes of nibbles    w = (q - 8) * d
+ *   Q4_1  32 weights: fp16 d, fp16 m, 16 bytes       w = q * d + m
+ *         (byte j holds element j in its low nibble, element j+16 in its high)
+ *   Q4_K  256 weights: fp16 d, fp16 dmin, 12 bytes of 6-bit sub-block scales
+ *         and mins, 128 bytes of nibbles; sub-block s (32 weights) has
+ *         w = d*sc[s] * q - dmin*mn[s]; bytes 32*i..32*i+31 hold sub-block 2i
+ *         in low nibbles and 2i+1 in high nibbles
+ *   Q6_K  256 weights: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits),
+ *         16 int8 sub-block scales (16 weights each), fp16 d;
+ *         w = d*sc[s] * (q - 32)
+ *
+ * The order of float operations (e.g. (d*sc)*q, q*d + m as a multiply then an
+ * add) is part of the definition: the SIMD dequantizers reproduce it exactly,
+ * so dequantized rows compare bit for bit. The reference matmul accumulates
+ * in double so that it is a trustworthy yardstick for the float kernels. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "matmul.h"
+#include "quant_impl.h"
+
+static void deq_f32(const void *src, float *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+static void deq_f16(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = specd_fp16_to_f32(rd_u16(p + 2 * i));
+}
+
+static void deq_bf16(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = specd_bf16_to_f32(rd_u16(p + 2 * i));
+}
+
+static void deq_q8_0(const void *src, float *dst, int64_t n) {
+    const blk_q8_0 *b = src;
+    for (int64_t i = 0; i < n / 32; i++, dst += 32) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        for (int j = 0; j < 32; j++) dst[j] = d * (float)b[i].qs[j];
+    }
+}
+
+static void deq_q4_0(const void *src, float *dst, int64_t n) {
+    const blk_q4_0 *b = src;
+    for (int64_t i = 0; i < n / 32; i++, dst += 32) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            dst[j] = (float)((b[i].qs[j] & 0x0F) - 8) * d;
+            dst[j + 16] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void deq_q4_1(const void *src, float *dst, int64_t n) {
+    const blk_q4_1 *b = src;
+    for (int64_t i = 0; i < n / 32; i++, dst += 32) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        const float m = specd_fp16_to_f32(b[i].m);
+        for (int j = 0; j < 16; j++) {
+            /* Separate statements: a compiler allowed to contract `q*d + m`
+             * into an FMA would round differently from the SIMD twins. */
+            float lo = (float)(b[i].qs[j] & 0x0F) * d;
+            float hi = (float)(b[i].qs[j] >> 4) * d;
+            dst[j] = lo + m;
+            dst[j + 16] = hi + m;
+        }
+    }
+}
+
+static void deq_q4_k(const void *src, float *dst, int64_t n) {
+    const blk_q4_k *b = src;
+    for (int64_t i = 0; i < n / 256; i++) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        const float dmin = specd_fp16_to_f32(b[i].dmin);
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, mn;
+            q4k_scale_min(s, b[i].scales, &sc, &mn);
+            const float ds = d * (float)sc;
+            const float ms = dmin * (float)mn;
+            const uint8_t *q = b[i].qs + 32 * (s / 2);
+            const int shift = (s & 1) ? 4 : 0;
+            for (int j = 0; j < 32; j++) {
+                float v = ds * (float)((q[j] >> shift) & 0x0F);
+                *dst++ = v - ms;
+            }
+        }
+    }
+}
+
+static void deq_q6_k(const void *src, float *dst, int64_t n) {
+    const blk_q6_k *b = src;
+    for (int64_t i = 0; i < n / 256; i++) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        /* Two halves of 128 weights; in each, element l of quarter k
+         * (l < 32, k < 4) takes 4 bits from ql (byte l or l+32, low or high
+         * nibble) and 2 bits from qh[l] (bits 2k, 2k+1). */
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b[i].ql + 64 * h;
+            const uint8_t *qh = b[i].qh + 32 * h;
+            const int8_t *sc = b[i].scales + 8 * h;
+            for (int k = 0; k < 4; k++) {
+                for (int l = 0; l < 32; l++) {
+                    int lo = (ql[l + 32 * (k & 1)] >> (4 * (k >> 1))) & 0x0F;
+                    int hi = (qh[l] >> (2 * k)) & 3;
+                    int q = (lo | (hi << 4)) - 32;
+                    const float s = d * (float)sc[2 * k + l / 16];
+                    dst[128 * h + 32 * k + l] = s * (float)q;
+                }
+            }
+        }
+        dst += 256;
+    }
+}
+
+cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
+    switch (type) {
+    case SPECD_F32: return deq_f32;
+    case SPECD_F16: return deq_f16;
+    case SPECD_BF16: return deq_bf16;
+    case SPECD_Q8_0: return deq_q8_0;
+    case SPECD_Q4_0: return deq_q4_0;
+    case SPECD_Q4_1: return deq_q4_1;
+    case SPECD_Q4_K: return deq_q4_k;
+    case SPECD_Q6_K: return deq_q6_k;
+    default: return NULL;
+    }
+}
+
+void cpu_dequant_row_ref(specd_dtype type, const void *src, float *dst, int64_t n) {
+    cpu_dequant_fn f = cpu_dequant_ref_fn(type);
+    if (!f) {
+        /* Model validation rejects unsupported types long before this. */
+        fprintf(stderr, "cpu_dequant_row_ref: unsupported type %d\n", (int)type);
+        abort();
+    }
+    f(src, dst, n);
+}
+
+void cpu_matmul_ref(float *y, const specd_tensor *W, const float *x, int n_tok) {
+    const int64_t cols = (int64_t)W->ne[0], rows = (int64_t)W->ne[1];
+    const specd_dtype_info *info = specd_dtype_get(W->type);
+    const size_t row_bytes = (size_t)(cols / info->block_elems) * info->block_bytes;
+    float *w = malloc((size_t)cols * sizeof(float));
+    if (!w) abort();
+    for (int64_t r = 0; r < rows; r++) {
+        cpu_dequant_row_ref(W->type, (const uint8_t *)W->data + r * row_bytes, w, cols);
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (int64_t)t * cols;
+            double acc = 0.0;
+            for (int64_t c = 0; c < cols; c++) acc += (double)w[c] * (double)xt[c];
+            y[(int64_t)t * rows + r] = (float)acc;
+        }
+    }
+    free(w);
+}

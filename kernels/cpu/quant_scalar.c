@@ -1,0 +1,71 @@
+/* quant_scalar.c - the portable kernel set, used on CPUs without AVX2.
+ *
+ * Dequantization is the reference itself. The matmul expands a row 256
+ * weights at a time into a stack buffer (L1-resident) and takes dot products
+ * with every token, so each weight is decoded once per call however many
+ * tokens there are. Eight partial sums break the floating-point dependency
+ * chain so the compiler can keep several multiply-adds in flight. */
+#include "quant_impl.h"
+
+#define SCALAR_CHUNK 256 /* a multiple of every block size */
+
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    for (; i < n; i++) s[0] += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* Generic over types: `deq` expands whole blocks; `be`/`bb` are the block's
+ * element count and byte size. */
+static void rows_generic(cpu_dequant_fn deq, int64_t be, int64_t bb, const uint8_t *w,
+                         size_t row_bytes, int64_t cols, const float *x, int n_tok, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1) {
+    float buf[SCALAR_CHUNK];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        for (int t = 0; t < n_tok; t++) y[t * ldy + r] = 0.0f;
+        for (int64_t c = 0; c < cols; c += SCALAR_CHUNK) {
+            int64_t n = cols - c < SCALAR_CHUNK ? cols - c : SCALAR_CHUNK;
+            deq(row + c / be * bb, buf, n);
+            for (int t = 0; t < n_tok; t++) y[t * ldy + r] += dot_f32(buf, x + t * cols + c, n);
+        }
+    }
+}
+
+#define SCALAR_ROWS(NAME, TYPE)                                                                \
+    static void NAME(const uint8_t *w, size_t row_bytes, int64_t cols, const float *x,        \
+                     int n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1) {              \
+        const specd_dtype_info *in = specd_dtype_get(TYPE);                                   \
+        rows_generic(cpu_dequant_ref_fn(TYPE), in->block_elems, in->block_bytes, w,          \
+                     row_bytes, cols, x, n_tok, y, ldy, r0, r1);                              \
+    }
+
+SCALAR_ROWS(rows_f32, SPECD_F32)
+SCALAR_ROWS(rows_f16, SPECD_F16)
+SCALAR_ROWS(rows_bf16, SPECD_BF16)
+SCALAR_ROWS(rows_q8_0, SPECD_Q8_0)
+SCALAR_ROWS(rows_q4_0, SPECD_Q4_0)
+SCALAR_ROWS(rows_q4_1, SPECD_Q4_1)
+SCALAR_ROWS(rows_q4_k, SPECD_Q4_K)
+SCALAR_ROWS(rows_q6_k, SPECD_Q6_K)
+
+int cpu_kernels_scalar(cpu_kernel_set *ks) {
+    memset(ks, 0, sizeof *ks);
+    ks->name = "scalar";
+    static const specd_dtype types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
+                                        SPECD_Q4_0, SPECD_Q4_1, SPECD_Q4_K, SPECD_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        ks->dequant[types[i]] = cpu_dequant_ref_fn(types[i]);
+    ks->rows[SPECD_F32] = rows_f32;
+    ks->rows[SPECD_F16] = rows_f16;
+    ks->rows[SPECD_BF16] = rows_bf16;
+    ks->rows[SPECD_Q8_0] = rows_q8_0;
+    ks->rows[SPECD_Q4_0] = rows_q4_0;
+    ks->rows[SPECD_Q4_1] = rows_q4_1;
+    ks->rows[SPECD_Q4_K] = rows_q4_k;
+    ks->rows[SPECD_Q6_K] = rows_q6_k;
+    return 1;
+}

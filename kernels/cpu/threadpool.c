@@ -1,0 +1,224 @@
+/* threadpool.c - persistent worker threads with a low-latency hand-off.
+ *
+ * A forward pass issues hundreds of small parallel runs back to back (one per
+ * matmul, attention, ...), each only tens of microseconds long at decode, so
+ * the cost of starting a run matters as much as the work itself. The scheme:
+ *
+ *   - The pool keeps n-1 workers; the caller of specd_pool_run is thread 0
+ *     and works too, so a 1-thread pool never touches another thread.
+ *   - A run is published by bumping `gen` (release). Workers watch `gen`:
+ *     right after a run they spin on it for a short while (cheap, answers in
+ *     well under a microsecond), then fall asleep on a condition variable
+ *     (an idle server must not burn CPU).
+ *   - Tasks are handed out by an atomic counter (`next`), so uneven tasks and
+ *     a late-waking worker balance themselves: whoever is running takes the
+ *     next task.
+ *   - Every worker checks in once per run by decrementing `pending` after it
+ *     finds no task left; the caller returns when `pending` reaches zero. This
+ *     guarantees no worker still reads the run's fn/ctx when the caller starts
+ *     the next run, so those fields need no further synchronisation.
+ *
+ * The shared counters sit on separate cache lines so that spinning readers of
+ * one do not slow down writers of another. */
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPIN_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define SPIN_PAUSE() __asm__ __volatile__("yield")
+#else
+#define SPIN_PAUSE() ((void)0)
+#endif
+
+/* How long an idle worker spins before sleeping. Long enough to bridge the
+ * serial gaps inside and between forward passes (rmsnorm, sampling, a gRPC
+ * round trip on loopback), short enough that an idle server sleeps at once
+ * in human terms. Measured in wall time because the cost of a PAUSE
+ * instruction varies 10x between CPU generations. */
+#define SPIN_NS 2000000LL
+
+/* Pauses between clock reads while spinning (a clock read is ~20 ns). */
+#define SPIN_CHECK_EVERY 256
+
+#define CACHE_LINE 64
+
+typedef struct worker_arg {
+    specd_pool *pool;
+    int thread;
+} worker_arg;
+
+struct specd_pool {
+    int n_threads;
+    pthread_t *threads;
+    worker_arg *args;
+
+    /* The current run; written by the caller before `gen` is bumped. */
+    specd_task_fn fn;
+    void *ctx;
+    int n_tasks;
+
+    _Alignas(CACHE_LINE) atomic_uint gen;      /* bumped once per run */
+    _Alignas(CACHE_LINE) atomic_int next;      /* next task index to take */
+    _Alignas(CACHE_LINE) atomic_int pending;   /* workers yet to check in */
+    _Alignas(CACHE_LINE) atomic_int sleeping;  /* workers on (or going to) cond */
+    atomic_int stop;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Takes tasks until none are left. */
+static void drain(specd_pool *pool, specd_task_fn fn, void *ctx, int n_tasks, int thread) {
+    for (;;) {
+        int t = atomic_fetch_add_explicit(&pool->next, 1, memory_order_relaxed);
+        if (t >= n_tasks) break;
+        fn(ctx, t, thread);
+    }
+}
+
+/* Waits until `gen` differs from `seen` (or stop), spinning first. Returns the
+ * new generation. */
+static unsigned wait_for_run(specd_pool *pool, unsigned seen) {
+    int64_t deadline = 0;
+    for (int i = 1;; i++) {
+        unsigned g = atomic_load_explicit(&pool->gen, memory_order_acquire);
+        if (g != seen || atomic_load_explicit(&pool->stop, memory_order_relaxed)) return g;
+        SPIN_PAUSE();
+        if (i % SPIN_CHECK_EVERY == 0) {
+            int64_t t = now_ns();
+            if (!deadline) deadline = t + SPIN_NS;
+            else if (t > deadline) break;
+        }
+    }
+    /* Sleep. `sleeping` is raised (seq_cst) before `gen` is re-checked, and
+     * the caller bumps `gen` (seq_cst) before reading `sleeping`, so at least
+     * one side sees the other: either we see the new run here, or the caller
+     * sees a sleeper and broadcasts under the mutex we hold until cond_wait. */
+    pthread_mutex_lock(&pool->mu);
+    atomic_fetch_add(&pool->sleeping, 1);
+    unsigned g;
+    while ((g = atomic_load(&pool->gen)) == seen && !atomic_load(&pool->stop))
+        pthread_cond_wait(&pool->cv, &pool->mu);
+    atomic_fetch_sub(&pool->sleeping, 1);
+    pthread_mutex_unlock(&pool->mu);
+    return g;
+}
+
+static void *worker_main(void *p) {
+    worker_arg *arg = p;
+    specd_pool *pool = arg->pool;
+    /* Runs are numbered from 1; reading `gen` here instead could skip a run
+     * published before this thread got scheduled, and the caller would then
+     * wait forever for this worker to check in. */
+    unsigned seen = 0;
+    for (;;) {
+        seen = wait_for_run(pool, seen);
+        if (atomic_load_explicit(&pool->stop, memory_order_acquire)) break;
+        /* The acquire load of `gen` makes fn/ctx/n_tasks of this run visible. */
+        drain(pool, pool->fn, pool->ctx, pool->n_tasks, arg->thread);
+        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+specd_pool *specd_pool_create(int n_threads) {
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    specd_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return NULL;
+    pool->n_threads = n_threads;
+    atomic_init(&pool->gen, 0);
+    atomic_init(&pool->next, 0);
+    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->sleeping, 0);
+    atomic_init(&pool->stop, 0);
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    int n_workers = n_threads - 1;
+    if (n_workers > 0) {
+        pool->threads = calloc((size_t)n_workers, sizeof *pool->threads);
+        pool->args = calloc((size_t)n_workers, sizeof *pool->args);
+        if (!pool->threads || !pool->args) {
+            free(pool->threads);
+            free(pool->args);
+            pthread_mutex_destroy(&pool->mu);
+            pthread_cond_destroy(&pool->cv);
+            free(pool);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < n_workers; i++) {
+        pool->args[i].pool = pool;
+        pool->args[i].thread = i + 1;
+        if (pthread_create(&pool->threads[i], NULL, worker_main, &pool->args[i]) != 0) {
+            /* Fewer threads than asked is still a working pool. */
+            pool->n_threads = i + 1;
+            break;
+        }
+    }
+    return pool;
+}
+
+void specd_pool_destroy(specd_pool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mu);
+    atomic_store(&pool->stop, 1);
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 0; i < pool->n_threads - 1; i++) pthread_join(pool->threads[i], NULL);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->cv);
+    free(pool->threads);
+    free(pool->args);
+    free(pool);
+}
+
+int specd_pool_size(const specd_pool *pool) { return pool ? pool->n_threads : 1; }
+
+void specd_pool_run(specd_pool *pool, int n_tasks, specd_task_fn fn, void *ctx) {
+    if (n_tasks <= 0) return;
+    /* One task or one thread: waking workers would only add latency. */
+    if (!pool || pool->n_threads == 1 || n_tasks == 1) {
+        for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        return;
+    }
+    pool->fn = fn;
+    pool->ctx = ctx;
+    pool->n_tasks = n_tasks;
+    atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
+    /* seq_cst: publishes the fields above and orders against `sleeping`. */
+    atomic_fetch_add(&pool->gen, 1);
+    if (atomic_load(&pool->sleeping) > 0) {
+        pthread_mutex_lock(&pool->mu);
+        pthread_cond_broadcast(&pool->cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
+
+    drain(pool, fn, ctx, n_tasks, 0);
+
+    /* Workers are usually finishing their last task; spin, and yield the CPU
+     * now and then in case one of them was preempted (more threads than
+     * cores, e.g. under a sanitizer or a busy CI machine). */
+    for (int i = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
+        SPIN_PAUSE();
+        if (i % SPIN_CHECK_EVERY == 0) sched_yield();
+    }
+}
