@@ -1,0 +1,338 @@
+/* sampling.c - see sampling.h for the semantics; this file is about doing it
+ * exactly and fast.
+ *
+ * specd_sampling_probs() in outline:
+ *
+ *   1. One pass computes each token's weight w = exp((l - lmax) / T), so the
+ *      best token weighs exactly 1, and files it in bucket
+ *      b = floor(-log2 w) (clipped to 63), keeping per-bucket counts and sums.
+ *   2. No top-k / top-p: apply min-p (w >= min_p) and normalize. Done.
+ *   3. Otherwise a counting sort groups the candidates by bucket. Buckets are
+ *      ordered by rank (a bucket's tokens all outrank the next bucket's), so
+ *      the walk that takes tokens in rank order can take whole buckets without
+ *      ordering them, and only orders (with a heap) the one bucket where the
+ *      top-k count or the top-p mass is reached. Typical LLM logits put a few
+ *      dozen tokens in that bucket, so the cost is the first pass.
+ *   4. min-p filters what the walk kept; the kept weights are renormalized.
+ *
+ * Buckets come from the logit gap, not from w, so that they are monotone in
+ * the logit by construction (no reliance on expf being monotone). Rank is
+ * (logit descending, token id ascending), a strict total order, so the kept
+ * set is unique and does not depend on the heap's internal layout. */
+#include "sampling.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "rng.h"
+
+#define NBUCKETS 64
+#define INV_LN2 1.4426950408889634074 /* 1 / ln 2 */
+
+/* Beyond this many nats below the best token the float weight is 0 anyway
+ * (expf underflows below about -103.97); checking first also keeps the
+ * double->float conversion of a huge gap in range. */
+#define MAX_GAP 110.0
+
+/* A token competing for a place in top-k / top-p. The logit travels with the
+ * id so that the heap compares contiguous memory. */
+typedef struct cand {
+    float logit;
+    int32_t id;
+} cand;
+
+void specd_sampling_init(specd_sampling *s) {
+    s->temperature = 1.0f;
+    s->top_k = 0;
+    s->top_p = 1.0f;
+    s->min_p = 0.0f;
+    s->seed = 0;
+}
+
+int specd_sampling_validate(const specd_sampling *s, specd_error *err) {
+    if (!s) return specd_seterr(err, "sampling parameters missing");
+    /* Written as !(x >= 0) so that NaN fails too. */
+    if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))
+        return specd_seterr(err, "temperature must be >= 0 and finite (0 means greedy), got %g",
+                            (double)s->temperature);
+    if (s->top_k < 0)
+        return specd_seterr(err, "top_k must be >= 0 (0 disables it), got %d", s->top_k);
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
+        return specd_seterr(err, "top_p must be in (0, 1] (1 disables it), got %g",
+                            (double)s->top_p);
+    if (!(s->min_p >= 0.0f && s->min_p <= 1.0f))
+        return specd_seterr(err, "min_p must be in [0, 1] (0 disables it), got %g",
+                            (double)s->min_p);
+    return 0;
+}
+
+int specd_argmax(const float *x, int n) {
+    if (n <= 0) return -1;
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i])) continue;
+        /* Strict > keeps the first of equal values: lowest index wins ties. */
+        if (best < 0 || x[i] > x[best]) best = i;
+    }
+    return best < 0 ? 0 : best;
+}
+
+size_t specd_sampling_scratch_size(int n) {
+    if (n <= 0) return 0;
+    /* probs for specd_sample (4) + cand (8) + rank order (4) + bucket (1). */
+    return (size_t)n * (sizeof(float) + sizeof(cand) + sizeof(int32_t) + 1);
+}
+
+/* --- ranking helpers ------------------------------------------------------ */
+
+/* 1 if a ranks strictly before b. Candidates never hold NaN logits. */
+static int better(cand a, cand b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+/* Heap whose root is the best candidate. */
+static void sift_down(cand *h, size_t len, size_t i) {
+    cand x = h[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= len) break;
+        if (c + 1 < len && better(h[c + 1], h[c])) c++;
+        if (!better(h[c], x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = x;
+}
+
+/* Where the buckets of one specd_sampling_probs() call live. */
+typedef struct bucketed {
+    cand *cands;              /* candidates grouped by bucket */
+    size_t start[NBUCKETS];   /* first index of each bucket in cands */
+    size_t count[NBUCKETS];   /* tokens per bucket */
+    double sum[NBUCKETS];     /* weight per bucket */
+} bucketed;
+
+/* Appends token ids to order[] in rank order until `k` tokens are taken or
+ * their weight reaches `thr` (pass SIZE_MAX / INFINITY to disable either).
+ * Returns how many were taken; *cum gets their weight. A bucket that can be
+ * taken whole without crossing either limit is taken in storage order; only
+ * the bucket where a limit is crossed is ranked, by popping a heap (popped
+ * items are swapped to the end of the slice, so the slice keeps its members
+ * and a second walk over the same buckets gives the same answer). If rounding
+ * lets a bucket run out before `thr` is reached the walk simply continues. */
+static size_t walk(bucketed *bk, const float *w, size_t k, double thr, int32_t *order,
+                   double *cum_out) {
+    size_t kept = 0;
+    double cum = 0.0;
+    for (int b = 0; b < NBUCKETS; b++) {
+        size_t len = bk->count[b];
+        if (len == 0) continue;
+        cand *sl = bk->cands + bk->start[b];
+        if (kept + len <= k && cum + bk->sum[b] < thr) {
+            for (size_t j = 0; j < len; j++) order[kept++] = sl[j].id;
+            cum += bk->sum[b];
+            if (kept == k) break;
+            continue;
+        }
+        for (size_t j = len / 2; j-- > 0;) sift_down(sl, len, j);
+        for (size_t hl = len; hl > 0;) {
+            cand top = sl[0];
+            hl--;
+            sl[0] = sl[hl];
+            sl[hl] = top;
+            sift_down(sl, hl, 0);
+            order[kept++] = top.id;
+            cum += w[top.id];
+            if (kept >= k || cum >= thr) {
+                *cum_out = cum;
+                return kept;
+            }
+        }
+    }
+    *cum_out = cum;
+    return kept;
+}
+
+static void one_hot(float *probs, int n, int at) {
+    memset(probs, 0, (size_t)n * sizeof *probs);
+    probs[at] = 1.0f;
+}
+
+void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,
+                          void *scratch) {
+    if (n <= 0) return;
+    double T = s->temperature;
+    if (!(T > 0.0) || !isfinite(T)) {
+        one_hot(probs, n, specd_argmax(logits, n));
+        return;
+    }
+
+    /* The best usable logit anchors the weights (softmax's max shift). */
+    int top = specd_argmax(logits, n);
+    float lmax = logits[top];
+    if (isnan(lmax) || lmax == -INFINITY) {
+        one_hot(probs, n, top);
+        return;
+    }
+    /* With +inf logits the softmax limit is uniform over the +inf tokens. */
+    int inf_mode = lmax == INFINITY;
+
+    int want_k = s->top_k > 0 && s->top_k < n;
+    int use_p = s->top_p < 1.0f; /* NaN compares false: off */
+    int need_rank = want_k || use_p;
+    float min_p = s->min_p > 0.0f ? (s->min_p < 1.0f ? s->min_p : 1.0f) : 0.0f;
+
+    cand *cands = (cand *)scratch;
+    int32_t *order = (int32_t *)(cands + n);
+    uint8_t *bucket = (uint8_t *)(order + n);
+    bucketed bk;
+    memset(&bk, 0, sizeof bk);
+    bk.cands = cands;
+
+    /* Pass 1: weights into probs[], buckets when ranking will be needed. */
+    double inv_t = 1.0 / T;
+    size_t m = 0;     /* tokens with positive weight */
+    double total = 0; /* their weight, in index order */
+    for (int i = 0; i < n; i++) {
+        float l = logits[i];
+        float wi = 0.0f;
+        if (!isnan(l)) {
+            double gap; /* (lmax - l) / T, in nats below the best */
+            if (inf_mode) gap = l == INFINITY ? 0.0 : MAX_GAP;
+            else gap = ((double)lmax - (double)l) * inv_t;
+            if (gap < MAX_GAP) wi = expf((float)-gap);
+            if (wi > 0.0f) {
+                m++;
+                total += wi;
+                if (need_rank) {
+                    double bb = gap * INV_LN2;
+                    int b = bb < NBUCKETS - 1 ? (int)bb : NBUCKETS - 1;
+                    bucket[i] = (uint8_t)b;
+                    bk.count[b]++;
+                    bk.sum[b] += wi;
+                }
+            }
+        }
+        probs[i] = wi;
+    }
+    int use_k = want_k && (size_t)s->top_k < m;
+
+    /* The best token has gap 0, so weight exactly 1; min-p compares with it. */
+    const float wmin = min_p;
+
+    if (!use_k && !use_p) {
+        double kept = 0.0;
+        for (int i = 0; i < n; i++) {
+            if (probs[i] >= wmin) kept += probs[i];
+            else probs[i] = 0.0f;
+        }
+        for (int i = 0; i < n; i++) probs[i] = (float)(probs[i] / kept);
+        return;
+    }
+
+    /* Counting sort of candidates by bucket (within a bucket: index order). */
+    size_t pos = 0, fill[NBUCKETS];
+    double bucket_total = 0.0; /* same summation order as walk()'s whole buckets */
+    for (int b = 0; b < NBUCKETS; b++) {
+        bk.start[b] = fill[b] = pos;
+        pos += bk.count[b];
+        bucket_total += bk.sum[b];
+    }
+    for (int i = 0; i < n; i++) {
+        if (probs[i] > 0.0f) cands[fill[bucket[i]]++] = (cand){logits[i], (int32_t)i};
+    }
+
+    size_t k = use_k ? (size_t)s->top_k : SIZE_MAX;
+    double cum;
+    size_t kept;
+    if (use_k && use_p) {
+        /* top-p renormalizes over the top-k set, so its mass is needed first. */
+        walk(&bk, probs, k, INFINITY, order, &cum);
+        kept = walk(&bk, probs, k, (double)s->top_p * cum, order, &cum);
+    } else if (use_k) {
+        kept = walk(&bk, probs, k, INFINITY, order, &cum);
+    } else {
+        kept = walk(&bk, probs, SIZE_MAX, (double)s->top_p * bucket_total, order, &cum);
+    }
+
+    /* min-p over the kept tokens; survivors are marked by a negative sign
+     * (weights are > 0) so one last pass can zero everything else. */
+    double sum = 0.0;
+    for (size_t j = 0; j < kept; j++) {
+        int32_t id = order[j];
+        if (probs[id] >= wmin) {
+            sum += probs[id];
+            probs[id] = -probs[id];
+        }
+    }
+    for (int i = 0; i < n; i++) probs[i] = probs[i] < 0.0f ? (float)(-probs[i] / sum) : 0.0f;
+}
+
+int specd_sample_from_probs(const float *probs, int n, double u) {
+    if (n <= 0) return -1;
+    double total = 0.0;
+    for (int i = 0; i < n; i++)
+        if (probs[i] > 0.0f) total += probs[i];
+    if (!(total > 0.0) || !isfinite(total)) return specd_argmax(probs, n);
+    if (!(u >= 0.0)) u = 0.0;
+    if (u >= 1.0) u = 0x1.fffffffffffffp-1; /* largest double below 1 */
+    double target = u * total;
+    /* The walk sums in the same order as `total`, so the last positive entry
+     * ends at exactly `total` > target: the loop returns unless u * total
+     * rounded up to total, which the `last` fallback covers. */
+    double cum = 0.0;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        if (!(probs[i] > 0.0f)) continue;
+        cum += probs[i];
+        last = i;
+        if (target < cum) return i;
+    }
+    return last;
+}
+
+int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t stream,
+                 uint64_t counter, void *scratch) {
+    if (n <= 0) return -1;
+    if (!(s->temperature > 0.0f)) return specd_argmax(logits, n);
+    float *probs = (float *)scratch;
+    specd_sampling_probs(s, logits, n, probs, probs + n);
+    return specd_sample_from_probs(probs, n, specd_rng_uniform(s->seed, stream, counter));
+}
+
+/* --- speculative rules ---------------------------------------------------- */
+
+int specd_accept_draft(float p_x, float q_x, double u) {
+    if (!(q_x > 0.0f)) return 0;
+    if (!(p_x > 0.0f)) return 0;
+    /* p >= q accepts for every u < 1; otherwise the ratio is < 1. */
+    return u < (double)p_x / (double)q_x;
+}
+
+int specd_residual_probs(const float *p, const float *q, int n, float *out) {
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        float r = p[i] - q[i];
+        out[i] = r > 0.0f ? r : 0.0f; /* NaN on either side gives 0 too */
+        total += out[i];
+    }
+    int fell_back = 0;
+    if (!(total > 0.0)) {
+        fell_back = 1;
+        total = 0.0;
+        for (int i = 0; i < n; i++) {
+            out[i] = p[i] > 0.0f ? p[i] : 0.0f;
+            total += out[i];
+        }
+        /* p itself is empty: leave zeros; a sampler then takes argmax (0). */
+        if (!(total > 0.0)) return fell_back;
+    }
+    for (int i = 0; i < n; i++) out[i] = (float)(out[i] / total);
+    return fell_back;
+}
+
+int specd_residual_sample(const float *p, const float *q, int n, double u, float *scratch) {
+    if (n <= 0) return -1;
+    specd_residual_probs(p, q, n, scratch);
+    return specd_sample_from_probs(scratch, n, u);
+}
