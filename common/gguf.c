@@ -471,7 +471,7 @@ static int place_tensor_data(reader *r, gguf_file *f) {
 
 static int parse(gguf_file *f, specd_error *err) {
     reader r = {.buf = f->buf, .size = f->size, .err = err};
-    uint64_t n_tensors, n_kv;
+    uint64_t n_tensors = 0, n_kv = 0;
     if (parse_header(&r, f, &n_tensors, &n_kv) || parse_kvs(&r, f, n_kv) ||
         set_alignment(&r, f) || parse_tensor_infos(&r, f, n_tensors) ||
         place_tensor_data(&r, f))

@@ -10,15 +10,16 @@
  *   3. Otherwise a counting sort groups the candidates by bucket. Buckets are
  *      ordered by rank (a bucket's tokens all outrank the next bucket's), so
  *      the walk that takes tokens in rank order can take whole buckets without
- *      ordering them, and only orders (with a heap) the one bucket where the
- *      top-k count or the top-p mass is reached. Typical LLM logits put a few
- *      dozen tokens in that bucket, so the cost is the first pass.
+ *      ordering them, and only sorts the one bucket where the top-k count or
+ *      the top-p mass is reached (insertion sort when small, a stable radix
+ *      sort on the float bits otherwise: linear, so even one bucket holding
+ *      the whole vocabulary is cheap). The cost is dominated by the first pass.
  *   4. min-p filters what the walk kept; the kept weights are renormalized.
  *
  * Buckets come from the logit gap, not from w, so that they are monotone in
  * the logit by construction (no reliance on expf being monotone). Rank is
  * (logit descending, token id ascending), a strict total order, so the kept
- * set is unique and does not depend on the heap's internal layout. */
+ * set is unique and does not depend on which sort ran. */
 #include "sampling.h"
 
 #include <math.h>
@@ -35,7 +36,7 @@
 #define MAX_GAP 110.0
 
 /* A token competing for a place in top-k / top-p. The logit travels with the
- * id so that the heap compares contiguous memory. */
+ * id so that sorting reads contiguous memory. */
 typedef struct cand {
     float logit;
     int32_t id;
@@ -79,8 +80,9 @@ int specd_argmax(const float *x, int n) {
 
 size_t specd_sampling_scratch_size(int n) {
     if (n <= 0) return 0;
-    /* probs for specd_sample (4) + cand (8) + rank order (4) + bucket (1). */
-    return (size_t)n * (sizeof(float) + sizeof(cand) + sizeof(int32_t) + 1);
+    /* probs for specd_sample (4) + candidates and their radix buffer (2 x 8)
+     * + rank order (4) + bucket number (1). */
+    return (size_t)n * (sizeof(float) + 2 * sizeof(cand) + sizeof(int32_t) + 1);
 }
 
 /* --- ranking helpers ------------------------------------------------------ */
@@ -90,36 +92,77 @@ static int better(cand a, cand b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
-/* Heap whose root is the best candidate. */
-static void sift_down(cand *h, size_t len, size_t i) {
-    cand x = h[i];
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= len) break;
-        if (c + 1 < len && better(h[c + 1], h[c])) c++;
-        if (!better(h[c], x)) break;
-        h[i] = h[c];
-        i = c;
+/* Slices up to this long are ordered by insertion sort, longer ones by radix
+ * sort; both give the one rank order, so the choice never changes a result. */
+#define SMALL_SLICE 48
+
+static void insertion_sort(cand *a, size_t len) {
+    for (size_t i = 1; i < len; i++) {
+        cand x = a[i];
+        size_t j = i;
+        for (; j > 0 && better(x, a[j - 1]); j--) a[j] = a[j - 1];
+        a[j] = x;
     }
-    h[i] = x;
+}
+
+/* Unsigned key whose ascending order is the logit's descending order (the
+ * usual sign-flip trick makes float bits sort as unsigned; ~ reverses it). */
+static uint32_t desc_key(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ~u;
+}
+
+/* Stable LSD radix sort, 8 bits per pass, by desc_key; tmp holds len items.
+ * Stability is what orders ties by id: a slice fresh from the counting sort
+ * is in ascending id order. Passes where every item has the same digit are
+ * skipped, which within a bucket (a narrow logit range) is usually two. */
+static void radix_sort(cand *a, cand *tmp, size_t len) {
+    size_t hist[4][256];
+    memset(hist, 0, sizeof hist);
+    for (size_t i = 0; i < len; i++) {
+        uint32_t k = desc_key(a[i].logit);
+        for (int d = 0; d < 4; d++) hist[d][(k >> (8 * d)) & 255]++;
+    }
+    cand *src = a, *dst = tmp;
+    for (int d = 0; d < 4; d++) {
+        size_t *h = hist[d];
+        int trivial = 0;
+        for (int v = 0; v < 256; v++)
+            if (h[v] == len) trivial = 1;
+        if (trivial) continue;
+        size_t pos = 0;
+        for (int v = 0; v < 256; v++) {
+            size_t c = h[v];
+            h[v] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < len; i++) dst[h[(desc_key(src[i].logit) >> (8 * d)) & 255]++] = src[i];
+        cand *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, len * sizeof *a);
 }
 
 /* Where the buckets of one specd_sampling_probs() call live. */
 typedef struct bucketed {
-    cand *cands;              /* candidates grouped by bucket */
-    size_t start[NBUCKETS];   /* first index of each bucket in cands */
-    size_t count[NBUCKETS];   /* tokens per bucket */
-    double sum[NBUCKETS];     /* weight per bucket */
+    cand *cands;            /* candidates grouped by bucket */
+    cand *tmp;              /* radix sort buffer */
+    size_t start[NBUCKETS]; /* first index of each bucket in cands */
+    size_t count[NBUCKETS]; /* tokens per bucket */
+    double sum[NBUCKETS];   /* weight per bucket */
+    uint8_t sorted[NBUCKETS]; /* 1 once the bucket's slice is in rank order */
 } bucketed;
 
 /* Appends token ids to order[] in rank order until `k` tokens are taken or
  * their weight reaches `thr` (pass SIZE_MAX / INFINITY to disable either).
- * Returns how many were taken; *cum gets their weight. A bucket that can be
- * taken whole without crossing either limit is taken in storage order; only
- * the bucket where a limit is crossed is ranked, by popping a heap (popped
- * items are swapped to the end of the slice, so the slice keeps its members
- * and a second walk over the same buckets gives the same answer). If rounding
- * lets a bucket run out before `thr` is reached the walk simply continues. */
+ * Returns how many were taken; *cum_out gets their weight. A bucket that can
+ * be taken whole without crossing either limit is taken in storage order;
+ * only a bucket where a limit is crossed gets sorted (once: a second walk
+ * reuses the order). If rounding lets a sorted bucket run out before `thr`
+ * is reached, the walk simply goes on to the next bucket. */
 static size_t walk(bucketed *bk, const float *w, size_t k, double thr, int32_t *order,
                    double *cum_out) {
     size_t kept = 0;
@@ -134,15 +177,14 @@ static size_t walk(bucketed *bk, const float *w, size_t k, double thr, int32_t *
             if (kept == k) break;
             continue;
         }
-        for (size_t j = len / 2; j-- > 0;) sift_down(sl, len, j);
-        for (size_t hl = len; hl > 0;) {
-            cand top = sl[0];
-            hl--;
-            sl[0] = sl[hl];
-            sl[hl] = top;
-            sift_down(sl, hl, 0);
-            order[kept++] = top.id;
-            cum += w[top.id];
+        if (!bk->sorted[b]) {
+            if (len <= SMALL_SLICE) insertion_sort(sl, len);
+            else radix_sort(sl, bk->tmp, len);
+            bk->sorted[b] = 1;
+        }
+        for (size_t j = 0; j < len; j++) {
+            order[kept++] = sl[j].id;
+            cum += w[sl[j].id];
             if (kept >= k || cum >= thr) {
                 *cum_out = cum;
                 return kept;
@@ -156,6 +198,14 @@ static size_t walk(bucketed *bk, const float *w, size_t k, double thr, int32_t *
 static void one_hot(float *probs, int n, int at) {
     memset(probs, 0, (size_t)n * sizeof *probs);
     probs[at] = 1.0f;
+}
+
+/* Scaled gap below the best logit, (lmax - l) / T, in nats; MAX_GAP or more
+ * means "weight 0" (NaN, -inf, underflow, or finite next to +inf logits). */
+static inline double gap_of(float l, float lmax, double inv_t, int inf_mode) {
+    if (isnan(l)) return MAX_GAP;
+    if (inf_mode) return l == INFINITY ? 0.0 : MAX_GAP;
+    return ((double)lmax - (double)l) * inv_t;
 }
 
 void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,
@@ -176,67 +226,63 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
     }
     /* With +inf logits the softmax limit is uniform over the +inf tokens. */
     int inf_mode = lmax == INFINITY;
+    double inv_t = 1.0 / T;
 
+    /* The best token has gap 0, so weight exactly 1, and it survives top-k
+     * and top-p; min-p's "min_p times the largest probability" is therefore
+     * simply weight >= min_p. Out-of-range min_p is clamped (see header). */
+    const float wmin = s->min_p > 0.0f ? (s->min_p < 1.0f ? s->min_p : 1.0f) : 0.0f;
     int want_k = s->top_k > 0 && s->top_k < n;
     int use_p = s->top_p < 1.0f; /* NaN compares false: off */
-    int need_rank = want_k || use_p;
-    float min_p = s->min_p > 0.0f ? (s->min_p < 1.0f ? s->min_p : 1.0f) : 0.0f;
+
+    if (!want_k && !use_p) {
+        /* No ranking needed: weights, min-p and the sum in one pass. */
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) {
+            double gap = gap_of(logits[i], lmax, inv_t, inf_mode);
+            float w = gap < MAX_GAP ? expf((float)-gap) : 0.0f;
+            if (!(w >= wmin)) w = 0.0f;
+            probs[i] = w;
+            sum += w;
+        }
+        double scale = 1.0 / sum; /* sum >= 1: the best token weighs 1 */
+        for (int i = 0; i < n; i++) probs[i] = (float)(probs[i] * scale);
+        return;
+    }
 
     cand *cands = (cand *)scratch;
-    int32_t *order = (int32_t *)(cands + n);
+    cand *tmp = cands + n;
+    int32_t *order = (int32_t *)(tmp + n);
     uint8_t *bucket = (uint8_t *)(order + n);
     bucketed bk;
     memset(&bk, 0, sizeof bk);
     bk.cands = cands;
+    bk.tmp = tmp;
 
-    /* Pass 1: weights into probs[], buckets when ranking will be needed. */
-    double inv_t = 1.0 / T;
-    size_t m = 0;     /* tokens with positive weight */
-    double total = 0; /* their weight, in index order */
+    /* Pass 1: weights into probs[], each positive one filed in its bucket. */
+    size_t m = 0; /* tokens with positive weight */
     for (int i = 0; i < n; i++) {
-        float l = logits[i];
-        float wi = 0.0f;
-        if (!isnan(l)) {
-            double gap; /* (lmax - l) / T, in nats below the best */
-            if (inf_mode) gap = l == INFINITY ? 0.0 : MAX_GAP;
-            else gap = ((double)lmax - (double)l) * inv_t;
-            if (gap < MAX_GAP) wi = expf((float)-gap);
-            if (wi > 0.0f) {
-                m++;
-                total += wi;
-                if (need_rank) {
-                    double bb = gap * INV_LN2;
-                    int b = bb < NBUCKETS - 1 ? (int)bb : NBUCKETS - 1;
-                    bucket[i] = (uint8_t)b;
-                    bk.count[b]++;
-                    bk.sum[b] += wi;
-                }
-            }
+        double gap = gap_of(logits[i], lmax, inv_t, inf_mode);
+        float w = gap < MAX_GAP ? expf((float)-gap) : 0.0f;
+        if (w > 0.0f) {
+            double bb = gap * INV_LN2; /* = -log2(weight), up to rounding */
+            int b = bb < NBUCKETS - 1 ? (int)bb : NBUCKETS - 1;
+            bucket[i] = (uint8_t)b;
+            bk.count[b]++;
+            bk.sum[b] += w;
+            m++;
         }
-        probs[i] = wi;
+        probs[i] = w;
     }
     int use_k = want_k && (size_t)s->top_k < m;
 
-    /* The best token has gap 0, so weight exactly 1; min-p compares with it. */
-    const float wmin = min_p;
-
-    if (!use_k && !use_p) {
-        double kept = 0.0;
-        for (int i = 0; i < n; i++) {
-            if (probs[i] >= wmin) kept += probs[i];
-            else probs[i] = 0.0f;
-        }
-        for (int i = 0; i < n; i++) probs[i] = (float)(probs[i] / kept);
-        return;
-    }
-
-    /* Counting sort of candidates by bucket (within a bucket: index order). */
+    /* Counting sort of candidates by bucket (within a bucket: id order). */
     size_t pos = 0, fill[NBUCKETS];
-    double bucket_total = 0.0; /* same summation order as walk()'s whole buckets */
+    double total = 0.0; /* summed bucket by bucket, as walk() does */
     for (int b = 0; b < NBUCKETS; b++) {
         bk.start[b] = fill[b] = pos;
         pos += bk.count[b];
-        bucket_total += bk.sum[b];
+        total += bk.sum[b];
     }
     for (int i = 0; i < n; i++) {
         if (probs[i] > 0.0f) cands[fill[bucket[i]]++] = (cand){logits[i], (int32_t)i};
@@ -249,10 +295,12 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
         /* top-p renormalizes over the top-k set, so its mass is needed first. */
         walk(&bk, probs, k, INFINITY, order, &cum);
         kept = walk(&bk, probs, k, (double)s->top_p * cum, order, &cum);
+    } else if (use_p) {
+        kept = walk(&bk, probs, SIZE_MAX, (double)s->top_p * total, order, &cum);
     } else if (use_k) {
         kept = walk(&bk, probs, k, INFINITY, order, &cum);
     } else {
-        kept = walk(&bk, probs, SIZE_MAX, (double)s->top_p * bucket_total, order, &cum);
+        kept = walk(&bk, probs, SIZE_MAX, INFINITY, order, &cum); /* k >= tokens */
     }
 
     /* min-p over the kept tokens; survivors are marked by a negative sign
@@ -265,7 +313,8 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
             probs[id] = -probs[id];
         }
     }
-    for (int i = 0; i < n; i++) probs[i] = probs[i] < 0.0f ? (float)(-probs[i] / sum) : 0.0f;
+    double scale = -1.0 / sum;
+    for (int i = 0; i < n; i++) probs[i] = probs[i] < 0.0f ? (float)(probs[i] * scale) : 0.0f;
 }
 
 int specd_sample_from_probs(const float *probs, int n, double u) {
@@ -303,9 +352,12 @@ int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t s
 /* --- speculative rules ---------------------------------------------------- */
 
 int specd_accept_draft(float p_x, float q_x, double u) {
+    /* See the header for why q = 0 rejects; `!(x > 0)` also catches NaN. */
     if (!(q_x > 0.0f)) return 0;
     if (!(p_x > 0.0f)) return 0;
-    /* p >= q accepts for every u < 1; otherwise the ratio is < 1. */
+    /* For u in [0, 1), u < p/q is u < min(1, p/q): when p >= q the ratio is
+     * >= 1 > u and x is always kept. Division in double so that p/q does not
+     * round in float. */
     return u < (double)p_x / (double)q_x;
 }
 

@@ -71,7 +71,7 @@ int specd_sampling_validate(const specd_sampling *s, specd_error *err);
 int specd_argmax(const float *logits, int n);
 
 /* Bytes of scratch that specd_sampling_probs() and specd_sample() need for a
- * vocabulary of n (17 bytes per token). Any malloc'd block of this size works
+ * vocabulary of n (25 bytes per token). Any malloc'd block of this size works
  * (4-byte alignment suffices). */
 size_t specd_sampling_scratch_size(int n);
 
@@ -80,10 +80,10 @@ size_t specd_sampling_scratch_size(int n);
  * valid distribution, never a crash. If no token has a usable logit (all NaN
  * or -inf), the result is one-hot at specd_argmax(logits). If the largest
  * logit is +inf, the +inf tokens share the mass equally (the limit of the
- * softmax). Cost: one pass with an exp per token; top-k / top-p then rank only
- * the tokens near the cut (tokens are bucketed by powers of two of their
- * weight and only the bucket holding the cut is ordered), so typical LLM
- * logits with vocab 49152 take well under a millisecond. */
+ * softmax). Cost: one pass with an exp per token, then top-k / top-p order
+ * only the tokens near the cut (tokens are bucketed by powers of two of their
+ * weight, and only the bucket holding the cut is sorted, in linear time), so
+ * it stays O(n) even for a flat distribution with top_p = 0.99. */
 void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,
                           void *scratch);
 

@@ -41,6 +41,9 @@ specd_tokenizer *specd_tokenizer_from_json_mem(const char *json, size_t len, spe
  * with BOS/EOS taken from config.json when it names them. */
 specd_tokenizer *specd_tokenizer_from_model(const struct specd_model_file *m, specd_error *err);
 void specd_tokenizer_free(specd_tokenizer *t);
+/* Changes the input limit (default SPECD_TOKENIZE_MAX_INPUT). Call before
+ * sharing the tokenizer between threads. */
+void specd_tokenizer_set_max_input(specd_tokenizer *t, size_t max_bytes);
 
 /* Tokenizes len bytes of text into a malloc'd array (*ids, caller frees;
  * NULL when *n_ids == 0). With allow_special, the text of special (control)

@@ -76,8 +76,9 @@ long tok_text_to_bytes(const char *text, size_t len, uint8_t *out);
 typedef struct tok_trie {
     tok_u64map edges;   /* (node << 8 | byte) -> child node */
     int32_t *node_token; /* token ending at node, or -1 */
-    int32_t *node_always; /* 1 if that token matches even without allow_special */
+    uint8_t *node_always; /* 1 if that token matches even without allow_special */
     size_t n_nodes, cap_nodes;
+    uint8_t first[256];   /* 1 if some token starts with this byte (fast skip) */
 } tok_trie;
 
 int tok_trie_add(tok_trie *tr, const uint8_t *s, size_t len, int32_t id, int always);
@@ -102,7 +103,6 @@ typedef struct tok_pretok_step {
 /* Well-known patterns, written in Hugging Face (Oniguruma) syntax. */
 extern const char TOK_REGEX_GPT2[];
 extern const char TOK_REGEX_LLAMA3[];
-extern const char TOK_REGEX_QWEN2[];
 extern const char TOK_REGEX_DIGIT[];  /* one digit */
 extern const char TOK_REGEX_DIGITS[]; /* a run of digits */
 
@@ -146,8 +146,10 @@ struct specd_tokenizer {
     tok_pretok_step steps[TOK_MAX_PRETOK_STEPS];
     size_t n_steps;
     int ignore_merges;        /* a piece that is itself a token skips merging */
+    int fuse_unk;             /* consecutive unknown bytes give one unk token */
     int has_byte_level;       /* a ByteLevel pre-tokenizer was configured */
     int32_t bos, eos, unk;
+    size_t max_input;         /* longest text specd_tokenize accepts */
 };
 
 /* Building (tokenizer.c), in this order: tok_new, tok_set_token for each
@@ -177,9 +179,9 @@ typedef struct tok_bpe_work {
     int32_t *sym;      /* token id of each live symbol */
     int32_t *prev, *next;
     uint8_t *dead;
-    void *heap;        /* merge candidates */
-    size_t heap_cap;
     size_t cap;
+    struct tok_merge_cand *heap; /* merge candidates (a binary heap) */
+    size_t heap_n, heap_cap;
     char *text;        /* byte-level spelling of a piece (ignore_merges) */
     size_t text_cap;
 } tok_bpe_work;
@@ -188,8 +190,5 @@ typedef struct tok_bpe_work {
 int tok_bpe_piece(const specd_tokenizer *t, tok_bpe_work *w, const uint8_t *piece, size_t len,
                   tok_ids *out);
 void tok_bpe_work_free(tok_bpe_work *w);
-
-/* Configures the pre-tokenizer a GGUF tokenizer.ggml.pre names. */
-int tok_configure_gguf_pre(specd_tokenizer *t, const char *pre, specd_error *err);
 
 #endif

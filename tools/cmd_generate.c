@@ -143,8 +143,11 @@ static int prefill(specd_transformer *t, const int32_t *ids, int n, float *logit
     return 0;
 }
 
+/* End of generation: the model's EOS, or the end-of-turn / end-of-text
+ * markers of ChatML models (some GGUF files name only one of them as EOS). */
 static int is_end_token(const specd_tokenizer *tok, int32_t id) {
-    return id == specd_tokenizer_eos(tok) || specd_tokenizer_is_eog(tok, id);
+    return id == specd_tokenizer_eos(tok) || id == specd_tokenizer_token_id(tok, "<|im_end|>") ||
+           id == specd_tokenizer_token_id(tok, "<|endoftext|>");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -203,8 +206,13 @@ int cmd_generate(int argc, char **argv) {
             finish = "eos";
             break;
         }
-        char text[512];
-        size_t len = specd_detok_push(&detok, next, text, sizeof text);
+        size_t len = 0;
+        const char *text = specd_detok_push(&detok, next, &len, &err);
+        if (!text) {
+            free(out_ids);
+            specd_detok_free(&detok);
+            goto done;
+        }
         fwrite(text, 1, len, stdout);
         fflush(stdout);
         if (n_gen == o.max_tokens) break;
@@ -214,12 +222,14 @@ int cmd_generate(int argc, char **argv) {
                          .out_rows = &zero, .logits = logits};
         if (specd_transformer_forward(t, &b, &err)) {
             free(out_ids);
+            specd_detok_free(&detok);
             goto done;
         }
     }
-    char tail[64];
-    size_t len = specd_detok_flush(&detok, tail, sizeof tail);
+    size_t len = 0;
+    const char *tail = specd_detok_flush(&detok, &len);
     fwrite(tail, 1, len, stdout);
+    specd_detok_free(&detok);
     double t2 = cli_now();
     printf("\n");
     if (o.print_ids) {

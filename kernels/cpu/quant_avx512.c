@@ -197,7 +197,7 @@ INL void ex_q6_k(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exac
             const float *xt = x + (int64_t)t0 * cols;                                         \
             for (int64_t r = r0; r < r1; r++) {                                               \
                 const uint8_t *row = w + r * row_bytes;                                       \
-                float out[NT_MAX];                                                            \
+                float out[NT_MAX] = {0};                                                      \
                 switch (nt) {                                                                 \
                 case 1: tile_##TY(row, ng, xt, cols, 1, out); break;                          \
                 case 2: tile_##TY(row, ng, xt, cols, 2, out); break;                          \

@@ -39,15 +39,22 @@
 #define SPIN_PAUSE() ((void)0)
 #endif
 
-/* How long an idle worker spins before sleeping. Long enough to bridge the
- * serial gaps inside and between forward passes (rmsnorm, sampling, a gRPC
- * round trip on loopback), short enough that an idle server sleeps at once
- * in human terms. Measured in wall time because the cost of a PAUSE
- * instruction varies 10x between CPU generations. */
+/* How long an idle worker waits actively before sleeping. Long enough to
+ * bridge the serial gaps inside and between forward passes (rmsnorm,
+ * sampling, a gRPC round trip on loopback), short enough that an idle server
+ * sleeps at once in human terms. Measured in wall time because the cost of a
+ * PAUSE instruction varies 10x between CPU generations. */
 #define SPIN_NS 2000000LL
+/* For the first part of that window the worker spins on PAUSE alone (it
+ * notices a new run within ~100 ns); after that it calls sched_yield between
+ * checks, which costs nothing when the CPU is otherwise idle but hands the
+ * core over at once when more threads than cores want it (a busy machine,
+ * sanitizer runs), where pure spinning would stall every run by a
+ * scheduler time slice. */
+#define SPIN_PURE_NS 50000LL
 
 /* Pauses between clock reads while spinning (a clock read is ~20 ns). */
-#define SPIN_CHECK_EVERY 256
+#define SPIN_CHECK_EVERY 64
 
 #define CACHE_LINE 64
 
@@ -94,15 +101,17 @@ static void drain(specd_pool *pool, specd_task_fn fn, void *ctx, int n_tasks, in
 /* Waits until `gen` differs from `seen` (or stop), spinning first. Returns the
  * new generation. */
 static unsigned wait_for_run(specd_pool *pool, unsigned seen) {
-    int64_t deadline = 0;
+    int64_t start = now_ns();
+    int yielding = 0;
     for (int i = 1;; i++) {
         unsigned g = atomic_load_explicit(&pool->gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&pool->stop, memory_order_relaxed)) return g;
-        SPIN_PAUSE();
+        if (yielding) sched_yield();
+        else SPIN_PAUSE();
         if (i % SPIN_CHECK_EVERY == 0) {
-            int64_t t = now_ns();
-            if (!deadline) deadline = t + SPIN_NS;
-            else if (t > deadline) break;
+            int64_t dt = now_ns() - start;
+            if (dt > SPIN_NS) break;
+            yielding = dt > SPIN_PURE_NS;
         }
     }
     /* Sleep. `sleeping` is raised (seq_cst) before `gen` is re-checked, and
@@ -219,6 +228,6 @@ void specd_pool_run(specd_pool *pool, int n_tasks, specd_task_fn fn, void *ctx) 
      * cores, e.g. under a sanitizer or a busy CI machine). */
     for (int i = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
         SPIN_PAUSE();
-        if (i % SPIN_CHECK_EVERY == 0) sched_yield();
+        if (i % (4 * SPIN_CHECK_EVERY) == 0) sched_yield();
     }
 }

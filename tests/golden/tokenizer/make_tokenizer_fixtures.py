@@ -12,9 +12,17 @@ not run it). From the SmolLM2-135M-Instruct GGUF it writes, next to itself:
                           ByteLevel decoder, the control tokens as special
                           added tokens.
   corpus.json             the test strings (JSON, so whitespace is exact).
-  reference_ids.json      [{"text", "ids", "decoded"}] from `tokenizers`:
-                          encode(text, add_special_tokens=False).ids and
-                          decode(ids, skip_special_tokens=False).
+  reference_ids.json      [{"text", "ids", "decoded", "text_hex", "decoded_hex"}]
+                          from `tokenizers`: encode(text, add_special_tokens=False)
+                          .ids and decode(ids, skip_special_tokens=False); the
+                          _hex fields are the exact UTF-8 bytes (C's JSON
+                          reader stops strings at U+0000).
+  tiny_llama3_tokenizer.json / tiny_llama3_reference.json
+                          a small BPE trained on the corpus with Llama 3's
+                          configuration (Split with the Llama 3 regex,
+                          ByteLevel without regex, ignore_merges, merges
+                          written as "a b" strings) and its reference ids,
+                          so the other pre-tokenizer path is checked too.
   chat_fixtures.json      chat conversations rendered by jinja2 with the GGUF's
                           chat template (what transformers' apply_chat_template
                           does), plus a plain ChatML template.
@@ -28,7 +36,8 @@ import sys
 
 import gguf
 import jinja2
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
+                        processors, trainers)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -198,6 +207,31 @@ def generated(rng):
     return s
 
 
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def tiny_llama3(corpus, path):
+    """A 1000-token BPE with Llama 3's pre-tokenizer, trained on the corpus."""
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|begin_of_text|>", "<|eot_id|>"])
+    tok.train_from_iterator(corpus * 3, trainer=trainer)
+    tok.add_tokens([AddedToken("plain_added", special=False, normalized=False)])
+    data = json.loads(tok.to_str())
+    data["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m
+                               for m in data["model"]["merges"]]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False)
+    return Tokenizer.from_file(path)
+
+
 def chat_fixtures(template):
     plain_chatml = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
                     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
@@ -227,6 +261,13 @@ def chat_fixtures(template):
     return out
 
 
+def reference(tok, text):
+    ids = tok.encode(text, add_special_tokens=False).ids
+    decoded = tok.decode(ids, skip_special_tokens=False)
+    return {"text": text, "ids": ids, "decoded": decoded,
+            "text_hex": text.encode("utf-8").hex(), "decoded_hex": decoded.encode("utf-8").hex()}
+
+
 def main():
     gguf_path = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_GGUF
     tok, template = build_tokenizer(gguf_path)
@@ -239,16 +280,21 @@ def main():
     corpus = [t for t in corpus if not (t in seen or seen.add(t))]
     refs = []
     for text in corpus:
-        ids = tok.encode(text, add_special_tokens=False).ids
-        refs.append({"text": text, "ids": ids,
-                     "decoded": tok.decode(ids, skip_special_tokens=False)})
+        refs.append(reference(tok, text))
 
     def dump(name, obj):
         with open(os.path.join(HERE, name), "w", encoding="utf-8") as f:
             json.dump(obj, f, ensure_ascii=False, indent=1)
             f.write("\n")
 
+    tiny = tiny_llama3(corpus, os.path.join(HERE, "tiny_llama3_tokenizer.json"))
+    tiny_texts = corpus + ["plain_added", "x plain_added y", "<|eot_id|>hi<|begin_of_text|>"]
+    tiny_refs = []
+    for text in tiny_texts:
+        tiny_refs.append(reference(tiny, text))
+
     dump("corpus.json", corpus)
+    dump("tiny_llama3_reference.json", tiny_refs)
     dump("reference_ids.json", refs)
     dump("chat_fixtures.json", chat_fixtures(template))
     print(f"{len(corpus)} corpus strings, {sum(len(r['ids']) for r in refs)} reference ids")

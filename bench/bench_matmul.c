@@ -1,0 +1,263 @@
+/* bench_matmul.c - speed of the CPU matmul kernels on the default model's
+ * shapes, against this machine's memory bandwidth.
+ *
+ * Build (after building the libraries in build/):
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -I. bench/bench_matmul.c \
+ *       build/libspecd_kernels.a build/libspecd_common.a -lpthread -lm \
+ *       -o build/bench_matmul
+ * or in CMake:
+ *   add_executable(bench_matmul bench/bench_matmul.c)
+ *   target_link_libraries(bench_matmul PRIVATE specd_kernels)
+ * Run: build/bench_matmul [--quick] [path ...]   (paths: scalar avx2 avx512)
+ *
+ * Prints:
+ *   1. memory bandwidth: a streaming read of a 512 MB buffer (DRAM) and of a
+ *      96 MB buffer (the model's size; may be served by a large L3), with 1
+ *      and 2 threads;
+ *   2. per matrix of SmolLM2-135M (Q4_1 layers, Q8_0 tied LM head): us per
+ *      call for n_tok = 1..32 and the weight bytes streamed per second at
+ *      n_tok = 1 (decode is a GEMV, bound by reading the weights). Each call
+ *      uses the next of several copies of the matrix, spanning >= 96 MB, so
+ *      weights come from wherever the real model's weights would;
+ *   3. the sum over the whole model (30 layers x 7 matrices + LM head): the
+ *      matmul time of one forward pass of n_tok tokens, the floor for decode
+ *      (n_tok = 1) and for verifying a draft tree (n_tok > 1). */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threadpool.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- memory bandwidth --------------------------------------------------- */
+
+typedef struct bw_arg {
+    const uint8_t *p;
+    size_t n;
+    double sum;
+} bw_arg;
+
+__attribute__((target("avx2"))) static double read_avx2(const uint8_t *p, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps((const float *)(const void *)(p + i)));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps((const float *)(const void *)(p + i + 32)));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps((const float *)(const void *)(p + i + 64)));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps((const float *)(const void *)(p + i + 96)));
+    }
+    float out[8];
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    return out[0];
+}
+
+static void *bw_thread(void *p) {
+    bw_arg *a = p;
+    a->sum = read_avx2(a->p, a->n);
+    return NULL;
+}
+
+/* GB/s of reading `bytes` with n threads (each reads its own slice), best of
+ * `reps` passes. */
+static double bandwidth(const uint8_t *buf, size_t bytes, int n_threads, int reps) {
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        pthread_t th[8];
+        bw_arg args[8];
+        size_t slice = bytes / (size_t)n_threads / 128 * 128;
+        double t0 = now_s();
+        for (int i = 0; i < n_threads; i++) {
+            args[i] = (bw_arg){buf + (size_t)i * slice, slice, 0};
+            pthread_create(&th[i], NULL, bw_thread, &args[i]);
+        }
+        for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
+        double dt = now_s() - t0;
+        double gbs = (double)slice * n_threads / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    return best;
+}
+
+/* ---- weights ------------------------------------------------------------- */
+
+static uint64_t g_rng = 88172645463325252ULL;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* A matrix of random valid blocks (random bytes, sane fp16 scales). */
+static specd_tensor make_tensor(specd_dtype type, int64_t rows, int64_t cols) {
+    const specd_dtype_info *in = specd_dtype_get(type);
+    size_t bytes = (size_t)(cols / in->block_elems) * in->block_bytes * (size_t)rows;
+    uint8_t *w = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!w) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t v = rnd();
+        memcpy(w + i, &v, bytes - i < 8 ? bytes - i : 8);
+    }
+    uint16_t d = specd_f32_to_fp16(0.01f), m = specd_f32_to_fp16(-0.08f);
+    for (size_t b = 0; b < bytes / in->block_bytes; b++) {
+        uint8_t *p = w + b * in->block_bytes;
+        memcpy(p, &d, 2);
+        if (type == SPECD_Q4_1) memcpy(p + 2, &m, 2);
+    }
+    specd_tensor t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "bench");
+    t.type = type;
+    t.n_dims = 2;
+    t.ne[0] = (uint64_t)cols;
+    t.ne[1] = (uint64_t)rows;
+    t.ne[2] = t.ne[3] = 1;
+    t.data = w;
+    t.nbytes = bytes;
+    return t;
+}
+
+typedef struct mat_spec {
+    const char *name;
+    specd_dtype type;
+    int64_t rows, cols;
+    int per_layer; /* how many of this matrix one layer has (0: LM head) */
+} mat_spec;
+
+/* SmolLM2-135M: dim 576, 9 heads / 3 kv heads of 64, MLP 1536, 30 layers,
+ * vocab 49152 (tied embeddings, Q8_0). Rows = output dim. */
+static const mat_spec k_mats[] = {
+    {"attn_q/o  576x576 Q4_1", SPECD_Q4_1, 576, 576, 2},
+    {"attn_k/v  192x576 Q4_1", SPECD_Q4_1, 192, 576, 2},
+    {"gate/up  1536x576 Q4_1", SPECD_Q4_1, 1536, 576, 2},
+    {"down     576x1536 Q4_1", SPECD_Q4_1, 576, 1536, 1},
+    {"lm_head 49152x576 Q8_0", SPECD_Q8_0, 49152, 576, 0},
+};
+#define N_MATS (int)(sizeof k_mats / sizeof k_mats[0])
+#define N_LAYERS 30
+#define WORKSET (96u << 20) /* the model's size */
+
+static const int k_toks[] = {1, 2, 4, 8, 16, 32};
+#define N_TOKS (int)(sizeof k_toks / sizeof k_toks[0])
+
+typedef struct mat_set {
+    specd_tensor *copies;
+    int n;
+} mat_set;
+
+static mat_set g_sets[N_MATS];
+
+/* Seconds per call: rotate through the copies, repeat until `min_time`. */
+static double time_matmul(specd_pool *pool, int m, const float *x, float *y, int n_tok,
+                          double min_time) {
+    mat_set *s = &g_sets[m];
+    for (int i = 0; i < s->n; i++) cpu_matmul(pool, y, &s->copies[i], x, n_tok); /* warm-up */
+    long calls = 0;
+    double t0 = now_s(), dt;
+    do {
+        for (int i = 0; i < s->n; i++) cpu_matmul(pool, y, &s->copies[i], x, n_tok);
+        calls += s->n;
+        dt = now_s() - t0;
+    } while (dt < min_time);
+    return dt / (double)calls;
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    const char *paths[3];
+    int n_paths = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (n_paths < 3) paths[n_paths++] = argv[i];
+    }
+    if (!n_paths) {
+        paths[0] = "avx512";
+        paths[1] = "avx2";
+        paths[2] = "scalar";
+        n_paths = 3;
+    }
+    const double min_time = quick ? 0.05 : 0.25;
+
+    /* 1. memory bandwidth */
+    printf("== memory bandwidth (streaming read, best of 5) ==\n");
+    if (__builtin_cpu_supports("avx2")) {
+        size_t big = (size_t)512 << 20;
+        uint8_t *buf = aligned_alloc(64, big);
+        memset(buf, 1, big); /* fault the pages in */
+        printf("  512 MB (DRAM):       1 thread %6.1f GB/s   2 threads %6.1f GB/s\n",
+               bandwidth(buf, big, 1, 5), bandwidth(buf, big, 2, 5));
+        printf("   96 MB (model size): 1 thread %6.1f GB/s   2 threads %6.1f GB/s\n",
+               bandwidth(buf, WORKSET, 1, 5), bandwidth(buf, WORKSET, 2, 5));
+        free(buf);
+    } else {
+        printf("  (needs AVX2)\n");
+    }
+
+    /* weights: enough copies of each matrix to span the working set */
+    for (int m = 0; m < N_MATS; m++) {
+        const specd_dtype_info *in = specd_dtype_get(k_mats[m].type);
+        size_t bytes = (size_t)(k_mats[m].cols / in->block_elems) * in->block_bytes *
+                       (size_t)k_mats[m].rows;
+        int n = (int)((WORKSET + bytes - 1) / bytes);
+        g_sets[m].n = n;
+        g_sets[m].copies = malloc(sizeof(specd_tensor) * (size_t)n);
+        for (int i = 0; i < n; i++)
+            g_sets[m].copies[i] = make_tensor(k_mats[m].type, k_mats[m].rows, k_mats[m].cols);
+    }
+    const int64_t max_cols = 1536, max_rows = 49152, max_tok = 32;
+    float *x = malloc(sizeof(float) * (size_t)(max_tok * max_cols));
+    float *y = malloc(sizeof(float) * (size_t)(max_tok * max_rows));
+    for (int64_t i = 0; i < max_tok * max_cols; i++) x[i] = (float)(rnd() >> 40) / 16777216.0f - 0.5f;
+
+    for (int p = 0; p < n_paths; p++) {
+        if (!cpu_simd_force(paths[p])) {
+            printf("\n(path %s not available)\n", paths[p]);
+            continue;
+        }
+        for (int threads = 1; threads <= 2; threads++) {
+            specd_pool *pool = specd_pool_create(threads);
+            printf("\n== %s, %d thread%s: us per call (GB/s of weights at n_tok=1) ==\n",
+                   cpu_simd_name(), threads, threads > 1 ? "s" : "");
+            printf("  %-24s %15s", "matrix", "n_tok=1");
+            for (int k = 1; k < N_TOKS; k++) printf("  %7d", k_toks[k]);
+            printf("\n");
+            double model_s[N_TOKS] = {0};
+            for (int m = 0; m < N_MATS; m++) {
+                const specd_tensor *t = &g_sets[m].copies[0];
+                printf("  %-24s", k_mats[m].name);
+                for (int k = 0; k < N_TOKS; k++) {
+                    /* The scalar path at 32 tokens takes seconds per model;
+                     * one pass is enough there. */
+                    double s = time_matmul(pool, m, x, y, k_toks[k], min_time);
+                    if (k == 0) printf(" %7.1f (%5.1f)", s * 1e6, (double)t->nbytes / s / 1e9);
+                    else printf("  %7.1f", s * 1e6);
+                    int count = k_mats[m].per_layer ? k_mats[m].per_layer * N_LAYERS : 1;
+                    model_s[k] += s * count;
+                }
+                printf("\n");
+            }
+            printf("  %-24s", "whole model (ms/forward)");
+            printf(" %7.2f        ", model_s[0] * 1e3);
+            for (int k = 1; k < N_TOKS; k++) printf("  %7.2f", model_s[k] * 1e3);
+            printf("\n  %-24s", "  ... per token (ms)");
+            printf(" %7.2f        ", model_s[0] * 1e3);
+            for (int k = 1; k < N_TOKS; k++) printf("  %7.3f", model_s[k] * 1e3 / k_toks[k]);
+            printf("\n");
+            specd_pool_destroy(pool);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,255 @@
+/* quant_avx2.c - AVX2 + FMA + F16C dequantization and matmul kernels.
+ *
+ * Same structure as quant_avx512.c (read that file's header first): each
+ * weight type has an expander that turns a group of 32 weights into four
+ * registers of 8 floats, the dequantizers store them (bit-identical to the
+ * reference), and the matmul multiplies each expanded group with up to 4
+ * token vectors. AVX2 has 16 ymm registers: 4 tokens x 2 accumulators + 4
+ * weight registers + constants is what fits without spilling.
+ *
+ * Compiled with per-function target attributes (no -march), and only called
+ * after matmul.c checked __builtin_cpu_supports. */
+#include "quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) T256
+
+#define NT_MAX 4
+
+INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 8 bytes at p, zero- or sign-extended to 8 int32 lanes. */
+INL __m256i u8x8(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+INL __m256i i8x8(const void *p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* ---- expanders: group g (weights 32g..32g+31) into w[0..3] ------------- */
+
+INL void ex_f32(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    (void)exact;
+    const float *p = (const float *)(const void *)row + 32 * g;
+    for (int i = 0; i < 4; i++) w[i] = _mm256_loadu_ps(p + 8 * i);
+}
+
+INL void ex_f16(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    (void)exact;
+    const uint8_t *p = row + 64 * g;
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
+}
+
+INL void ex_bf16(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    (void)exact;
+    const uint8_t *p = row + 64 * g;
+    for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
+        w[i] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+}
+
+INL void ex_q8_0(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    (void)exact;
+    const uint8_t *b = row + 34 * g;
+    const __m256 d = _mm256_set1_ps(h2f(rd_u16(b)));
+    for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(b + 2 + 8 * i)));
+}
+
+/* Nibbles of 16 bytes as 32 int32 values in element order: low nibbles are
+ * elements 0..15, high nibbles 16..31. */
+INL void nibbles(const uint8_t *qs, __m256i q[4]) {
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    __m256i a = u8x8(qs), b = u8x8(qs + 8);
+    q[0] = _mm256_and_si256(a, mask);
+    q[1] = _mm256_and_si256(b, mask);
+    q[2] = _mm256_srli_epi32(a, 4);
+    q[3] = _mm256_srli_epi32(b, 4);
+}
+
+INL void ex_q4_0(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    (void)exact;
+    const uint8_t *b = row + 18 * g;
+    const float df = h2f(rd_u16(b));
+    const __m256 d = _mm256_set1_ps(df);
+    /* fma(q, d, -8d) == round((q-8)*d), the reference value (-8d is exact). */
+    const __m256 off = _mm256_set1_ps(-8.0f * df);
+    __m256i q[4];
+    nibbles(b + 2, q);
+    for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), d, off);
+}
+
+INL void ex_q4_1(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    const uint8_t *b = row + 20 * g;
+    const __m256 d = _mm256_set1_ps(h2f(rd_u16(b)));
+    const __m256 m = _mm256_set1_ps(h2f(rd_u16(b + 2)));
+    __m256i q[4];
+    nibbles(b + 4, q);
+    for (int i = 0; i < 4; i++) {
+        __m256 f = _mm256_cvtepi32_ps(q[i]);
+        w[i] = exact ? _mm256_add_ps(_mm256_mul_ps(f, d), m) : _mm256_fmadd_ps(f, d, m);
+    }
+}
+
+INL void ex_q4_k(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    const uint8_t *b = row + 144 * (g >> 3);
+    const int j = (int)(g & 7);
+    uint8_t sc, mn;
+    q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
+    const __m256 ds = _mm256_set1_ps(h2f(rd_u16(b + Q4K_D)) * (float)sc);
+    const __m256 ms = _mm256_set1_ps(h2f(rd_u16(b + Q4K_DMIN)) * (float)mn);
+    const uint8_t *q = b + Q4K_QS + 32 * (j >> 1);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    for (int i = 0; i < 4; i++) {
+        __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * i), shift), mask);
+        __m256 f = _mm256_cvtepi32_ps(v);
+        w[i] = exact ? _mm256_sub_ps(_mm256_mul_ps(ds, f), ms) : _mm256_fmsub_ps(ds, f, ms);
+    }
+}
+
+/* 16 signed Q6_K quants (q - 32) as bytes; see quant_avx512.c. */
+INL __m128i q6k_bytes(const uint8_t *ql, const uint8_t *qh, __m128i sl, __m128i sh) {
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x30);
+    __m128i l = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)ql), sl), m4);
+    __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), sh);
+    h = _mm_and_si128(_mm_slli_epi16(h, 4), m2);
+    return _mm_sub_epi8(_mm_or_si128(l, h), _mm_set1_epi8(32));
+}
+
+INL void ex_q6_k(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
+    (void)exact;
+    const uint8_t *b = row + 210 * (g >> 3);
+    const int j = (int)(g & 7), h = j >> 2, k = j & 3;
+    const float d = h2f(rd_u16(b + Q6K_D));
+    const uint8_t *ql = b + Q6K_QL + 64 * h + 32 * (k & 1);
+    const uint8_t *qh = b + Q6K_QH + 32 * h;
+    const int8_t *sc = (const int8_t *)(b + Q6K_SCALES) + 8 * h + 2 * k;
+    const __m128i sl = _mm_cvtsi32_si128(4 * (k >> 1)), sh = _mm_cvtsi32_si128(2 * k);
+    for (int half = 0; half < 2; half++) {
+        const __m256 s = _mm256_set1_ps(d * (float)sc[half]);
+        __m128i q = q6k_bytes(ql + 16 * half, qh + 16 * half, sl, sh);
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
+        w[2 * half] = _mm256_mul_ps(s, lo);
+        w[2 * half + 1] = _mm256_mul_ps(s, hi);
+    }
+}
+
+INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- kernels generated per type (see quant_avx512.c for the layout) ---- */
+
+#define DEF_TILE(TY)                                                                          \
+    INL void tile_##TY(const uint8_t *row, int64_t ng, const float *x, int64_t ldx, int nt,   \
+                       float *out) {                                                          \
+        __m256 acc[NT_MAX][2];                                                                \
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();             \
+        for (int64_t g = 0; g < ng; g++) {                                                    \
+            __m256 w[4];                                                                      \
+            ex_##TY(row, g, w, 0);                                                            \
+            const float *xg = x + 32 * g;                                                     \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const float *xt = xg + t * ldx;                                               \
+                acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc[t][0]);            \
+                acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc[t][1]);        \
+                acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc[t][0]);       \
+                acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc[t][1]);       \
+            }                                                                                 \
+        }                                                                                     \
+        for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));    \
+    }
+
+#define DEF_ROWS(TY, TYPE)                                                                    \
+    DEF_TILE(TY)                                                                              \
+    static T256 void rows_##TY(const uint8_t *w, size_t row_bytes, int64_t cols,              \
+                               const float *x, int n_tok, float *y, int64_t ldy, int64_t r0,  \
+                               int64_t r1) {                                                  \
+        const int64_t ng = cols / 32, done = ng * 32;                                         \
+        for (int t0 = 0; t0 < n_tok; t0 += NT_MAX) {                                          \
+            const int nt = n_tok - t0 < NT_MAX ? n_tok - t0 : NT_MAX;                         \
+            const float *xt = x + (int64_t)t0 * cols;                                         \
+            for (int64_t r = r0; r < r1; r++) {                                               \
+                const uint8_t *row = w + r * row_bytes;                                       \
+                float out[NT_MAX] = {0};                                                      \
+                switch (nt) {                                                                 \
+                case 1: tile_##TY(row, ng, xt, cols, 1, out); break;                          \
+                case 2: tile_##TY(row, ng, xt, cols, 2, out); break;                          \
+                case 3: tile_##TY(row, ng, xt, cols, 3, out); break;                          \
+                default: tile_##TY(row, ng, xt, cols, 4, out); break;                         \
+                }                                                                             \
+                if (done < cols) plain_tail(TYPE, row, done, cols, xt, nt, out);              \
+                for (int t = 0; t < nt; t++) y[(int64_t)(t0 + t) * ldy + r] = out[t];         \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    static T256 void deq_##TY(const void *src, float *dst, int64_t n) {                       \
+        const uint8_t *s = src;                                                               \
+        const int64_t ng = n / 32;                                                            \
+        for (int64_t g = 0; g < ng; g++) {                                                    \
+            __m256 w[4];                                                                      \
+            ex_##TY(s, g, w, 1);                                                              \
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 32 * g + 8 * i, w[i]);         \
+        }                                                                                     \
+        if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                            \
+    }
+
+static void plain_tail(specd_dtype type, const uint8_t *row, int64_t from, int64_t cols,
+                       const float *x, int nt, float *out) {
+    const int64_t esz = type == SPECD_F32 ? 4 : 2;
+    float w[32];
+    cpu_dequant_ref_fn(type)(row + from * esz, w, cols - from);
+    for (int t = 0; t < nt; t++)
+        for (int64_t c = from; c < cols; c++) out[t] += w[c - from] * x[t * cols + c];
+}
+
+static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, int64_t n,
+                           float *dst) {
+    const int64_t esz = type == SPECD_F32 ? 4 : 2;
+    cpu_dequant_ref_fn(type)(src + from * esz, dst + from, n - from);
+}
+
+DEF_ROWS(f32, SPECD_F32)
+DEF_ROWS(f16, SPECD_F16)
+DEF_ROWS(bf16, SPECD_BF16)
+DEF_ROWS(q8_0, SPECD_Q8_0)
+DEF_ROWS(q4_0, SPECD_Q4_0)
+DEF_ROWS(q4_1, SPECD_Q4_1)
+DEF_ROWS(q4_k, SPECD_Q4_K)
+DEF_ROWS(q6_k, SPECD_Q6_K)
+
+int cpu_kernels_avx2(cpu_kernel_set *ks) {
+    memset(ks, 0, sizeof *ks);
+    ks->name = "avx2";
+#define SET(TY, TYPE)                  \
+    ks->dequant[TYPE] = deq_##TY;      \
+    ks->rows[TYPE] = rows_##TY;
+    SET(f32, SPECD_F32)
+    SET(f16, SPECD_F16)
+    SET(bf16, SPECD_BF16)
+    SET(q8_0, SPECD_Q8_0)
+    SET(q4_0, SPECD_Q4_0)
+    SET(q4_1, SPECD_Q4_1)
+    SET(q4_k, SPECD_Q4_K)
+    SET(q6_k, SPECD_Q6_K)
+#undef SET
+    return 1;
+}
+
+#else /* not x86 */
+
+int cpu_kernels_avx2(cpu_kernel_set *ks) {
+    (void)ks;
+    return 0;
+}
+
+#endif

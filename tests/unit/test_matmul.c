@@ -1,0 +1,465 @@
+/* test_matmul.c - CPU matmul/dequant kernels against their references, and
+ * the thread pool.
+ *
+ * Weights are random but valid blocks of each type (random quants, random
+ * fp16 scales), activations random in [-1, 1]. Every SIMD path this CPU has
+ * is tested (scalar always; avx2 and avx512 when present), with several pool
+ * sizes (none, 1, 2 and 3 threads, the last more than this CI box's cores).
+ *
+ * Tolerances:
+ *   - dequantization must equal cpu_dequant_row_ref bit for bit (the fast
+ *     paths reproduce the reference's order of float operations; fp16 and
+ *     bf16 conversions are exact);
+ *   - matmul outputs must satisfy |y - y_ref| <= 1e-5 * sum_c |w_c * x_c|.
+ *     y_ref accumulates in double, so the difference is the fast kernel's
+ *     float rounding: each weight may differ by half an ulp (FMA instead of
+ *     multiply-then-add when expanding Q4_1/Q4_K), and float accumulation
+ *     over ~cols/32 terms per lane plus a lane reduction adds a few ulps of
+ *     the running sum of magnitudes. Scaling by sum |w*x| (not |y|) keeps
+ *     the bound meaningful when positive and negative terms cancel. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/threadpool.h"
+#include "tests/test_util.h"
+
+/* ---- random valid weights ---------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float rng_unit(uint64_t *s) { /* [-1, 1) */
+    return (float)(rng_next(s) >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* A positive fp16 scale spread over two decades, like real scales. */
+static uint16_t rand_scale(uint64_t *s) {
+    float v = 0.002f + 0.05f * (rng_unit(s) + 1.0f);
+    return specd_f32_to_fp16(v);
+}
+
+static uint8_t *make_weights(specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
+                             size_t *row_bytes) {
+    const specd_dtype_info *in = specd_dtype_get(type);
+    *row_bytes = (size_t)(cols / in->block_elems) * in->block_bytes;
+    size_t total = *row_bytes * (size_t)rows;
+    uint8_t *w = malloc(total + 1);
+    assert_non_null(w);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    switch (type) {
+    case SPECD_F32:
+        for (size_t i = 0; i < total / 4; i++) {
+            float v = rng_unit(&s);
+            memcpy(w + 4 * i, &v, 4);
+        }
+        break;
+    case SPECD_F16:
+        for (size_t i = 0; i < total / 2; i++) put_u16(w + 2 * i, specd_f32_to_fp16(rng_unit(&s)));
+        break;
+    case SPECD_BF16:
+        for (size_t i = 0; i < total / 2; i++) put_u16(w + 2 * i, specd_f32_to_bf16(rng_unit(&s)));
+        break;
+    default: {
+        /* Fill every byte at random (every bit pattern of quants and packed
+         * 6-bit scales is valid), then overwrite the fp16 fields with sane
+         * scales (random bits could be NaN or Inf). */
+        for (size_t i = 0; i < total; i++) w[i] = (uint8_t)rng_next(&s);
+        size_t nblk = total / in->block_bytes;
+        for (size_t b = 0; b < nblk; b++) {
+            uint8_t *p = w + b * in->block_bytes;
+            switch (type) {
+            case SPECD_Q8_0:
+            case SPECD_Q4_0: put_u16(p, rand_scale(&s)); break;
+            case SPECD_Q4_1:
+                put_u16(p, rand_scale(&s));
+                put_u16(p + 2, specd_f32_to_fp16(-0.4f * (rng_unit(&s) + 1.0f)));
+                break;
+            case SPECD_Q4_K:
+                put_u16(p, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
+                put_u16(p + 2, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
+                break;
+            case SPECD_Q6_K: put_u16(p + 208, rand_scale(&s)); break;
+            default: fail_msg("no generator for type %d", (int)type);
+            }
+        }
+    }
+    }
+    return w;
+}
+
+/* ---- the SIMD paths to test -------------------------------------------- */
+
+static const char *const k_paths[] = {"scalar", "avx2", "avx512"};
+
+static const specd_dtype k_types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
+                                      SPECD_Q4_0, SPECD_Q4_1, SPECD_Q4_K, SPECD_Q6_K};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+/* ---- dequantization ----------------------------------------------------- */
+
+static void test_dequant_exact(void **state) {
+    (void)state;
+    for (size_t p = 0; p < 3; p++) {
+        if (!cpu_simd_force(k_paths[p])) {
+            print_message("  (path %s not available on this CPU)\n", k_paths[p]);
+            continue;
+        }
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            specd_dtype type = k_types[ti];
+            const int64_t be = specd_dtype_get(type)->block_elems;
+            /* lengths: one block, odd block counts, and plain tails */
+            const int64_t lens[] = {256, 512, 1280, 32 * 3, 70, 1};
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                int64_t n = lens[li];
+                if (n % be) continue;
+                size_t rb;
+                uint8_t *w = make_weights(type, 1, n, 11 + li, &rb);
+                float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+                cpu_dequant_row(type, w, a, n);
+                cpu_dequant_row_ref(type, w, b, n);
+                if (memcmp(a, b, (size_t)n * 4) != 0) {
+                    for (int64_t i = 0; i < n; i++)
+                        if (memcmp(&a[i], &b[i], 4))
+                            fail_msg("%s %s n=%lld: element %lld is %.9g, ref %.9g", k_paths[p],
+                                     specd_dtype_get(type)->name, (long long)n, (long long)i,
+                                     a[i], b[i]);
+                }
+                free(a);
+                free(b);
+                free(w);
+            }
+        }
+    }
+    cpu_simd_force("auto");
+}
+
+/* Hand-made blocks with known values pin the layouts themselves (the random
+ * comparisons above only show that fast == reference). */
+static void test_dequant_known_values(void **state) {
+    (void)state;
+    float out[256];
+    /* Q4_1: d = 0.5, m = -1, byte j = (j+1) << 4 | j -> element j = j*0.5-1,
+     * element j+16 = ((j+1)&15)*0.5 - 1 */
+    uint8_t q41[20];
+    put_u16(q41, specd_f32_to_fp16(0.5f));
+    put_u16(q41 + 2, specd_f32_to_fp16(-1.0f));
+    for (int j = 0; j < 16; j++) q41[4 + j] = (uint8_t)((((j + 1) & 15) << 4) | j);
+    cpu_dequant_row_ref(SPECD_Q4_1, q41, out, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == j * 0.5f - 1.0f);
+        assert_true(out[j + 16] == ((j + 1) & 15) * 0.5f - 1.0f);
+    }
+    /* Q4_0: d = 2, nibble 8 -> 0, nibble 0 -> -16, nibble 15 -> 14 */
+    uint8_t q40[18];
+    put_u16(q40, specd_f32_to_fp16(2.0f));
+    for (int j = 0; j < 16; j++) q40[2 + j] = (uint8_t)(0xF0 | (j == 0 ? 8 : 0));
+    cpu_dequant_row_ref(SPECD_Q4_0, q40, out, 32);
+    assert_true(out[0] == 0.0f && out[1] == -16.0f && out[16] == 14.0f);
+    /* Q8_0: d = 0.25, q = -128..-97 */
+    uint8_t q80[34];
+    put_u16(q80, specd_f32_to_fp16(0.25f));
+    for (int j = 0; j < 32; j++) q80[2 + j] = (uint8_t)(int8_t)(-128 + j);
+    cpu_dequant_row_ref(SPECD_Q8_0, q80, out, 32);
+    for (int j = 0; j < 32; j++) assert_true(out[j] == 0.25f * (float)(-128 + j));
+    /* Q4_K: d = 1, dmin = 1; sub-block s has scale s+1 (s<4) / 40+s (s>=4)
+     * and min 2s (s<4) / 20+s (s>=4); all quants 3 (low) and 5 (high). */
+    uint8_t q4k[144] = {0};
+    put_u16(q4k, specd_f32_to_fp16(1.0f));
+    put_u16(q4k + 2, specd_f32_to_fp16(1.0f));
+    for (int s = 0; s < 4; s++) {
+        int sc_hi = 40 + s + 4, mn_hi = 20 + s + 4; /* sub-blocks 4..7 */
+        q4k[4 + s] = (uint8_t)((s + 1) | ((sc_hi >> 4) << 6));
+        q4k[4 + s + 4] = (uint8_t)((2 * s) | ((mn_hi >> 4) << 6));
+        q4k[4 + s + 8] = (uint8_t)((sc_hi & 15) | ((mn_hi & 15) << 4));
+    }
+    memset(q4k + 16, 0x53, 128);
+    cpu_dequant_row_ref(SPECD_Q4_K, q4k, out, 256);
+    for (int s = 0; s < 8; s++) {
+        float sc = s < 4 ? (float)(s + 1) : (float)(40 + s);
+        float mn = s < 4 ? (float)(2 * s) : (float)(20 + s);
+        float q = (s & 1) ? 5.0f : 3.0f;
+        for (int j = 0; j < 32; j++) assert_true(out[32 * s + j] == sc * q - mn);
+    }
+    /* Q6_K: d = 1, scales = index+1; ql = 0x21 (lo 1, hi 2), qh = 0b11100100
+     * (quarters get high bits 0,1,2,3) -> quarter k: q = lo|hi<<4 - 32 */
+    uint8_t q6k[210];
+    memset(q6k, 0x21, 128);
+    memset(q6k + 128, 0xE4, 64);
+    for (int i = 0; i < 16; i++) q6k[192 + i] = (uint8_t)(i + 1);
+    put_u16(q6k + 208, specd_f32_to_fp16(1.0f));
+    cpu_dequant_row_ref(SPECD_Q6_K, q6k, out, 256);
+    for (int i = 0; i < 256; i++) {
+        int h = i / 128, k = (i % 128) / 32, l = i % 32;
+        int lo = (k >= 2) ? 2 : 1;
+        int q = (lo | (k << 4)) - 32;
+        float sc = (float)(8 * h + 2 * k + l / 16 + 1);
+        assert_true(out[i] == sc * (float)q);
+    }
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+/* Largest err / sum|w*x| seen, reported so that a shrinking margin shows. */
+static double g_worst_ratio;
+
+typedef struct shape {
+    int64_t rows, cols;
+} shape;
+
+static void check_matmul(specd_pool *pool, const char *path, specd_dtype type, shape sh,
+                         int n_tok, uint64_t seed) {
+    size_t rb;
+    uint8_t *w = make_weights(type, sh.rows, sh.cols, seed, &rb);
+    specd_tensor W;
+    memset(&W, 0, sizeof W);
+    snprintf(W.name, sizeof W.name, "test.weight");
+    W.type = type;
+    W.n_dims = 2;
+    W.ne[0] = (uint64_t)sh.cols;
+    W.ne[1] = (uint64_t)sh.rows;
+    W.ne[2] = W.ne[3] = 1;
+    W.data = w;
+    W.nbytes = rb * (size_t)sh.rows;
+
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * sh.cols));
+    test_fill_random(x, (size_t)(n_tok * sh.cols), seed + 7, 1.0f);
+    float *y = malloc(sizeof(float) * (size_t)(n_tok * sh.rows));
+    float *yr = malloc(sizeof(float) * (size_t)(n_tok * sh.rows));
+    float *wr = malloc(sizeof(float) * (size_t)sh.cols);
+    for (int64_t i = 0; i < n_tok * sh.rows; i++) y[i] = NAN; /* catch unwritten outputs */
+
+    cpu_matmul(pool, y, &W, x, n_tok);
+    cpu_matmul_ref(yr, &W, x, n_tok);
+
+    for (int64_t r = 0; r < sh.rows; r++) {
+        cpu_dequant_row_ref(type, w + r * rb, wr, sh.cols);
+        for (int t = 0; t < n_tok; t++) {
+            double mag = 0;
+            for (int64_t c = 0; c < sh.cols; c++) mag += fabs((double)wr[c] * x[t * sh.cols + c]);
+            double got = y[t * sh.rows + r], want = yr[t * sh.rows + r];
+            double err = fabs(got - want);
+            if (mag > 0 && err / mag > g_worst_ratio) g_worst_ratio = err / mag;
+            if (!(err <= 1e-5 * mag + 1e-30))
+                fail_msg("%s %s [%lld x %lld] n_tok=%d threads=%d: y[%d][%lld] = %.9g, ref %.9g "
+                         "(err %.3g, bound %.3g)",
+                         path, specd_dtype_get(type)->name, (long long)sh.rows,
+                         (long long)sh.cols, n_tok, specd_pool_size(pool), t, (long long)r, got,
+                         want, err, 1e-5 * mag);
+        }
+    }
+    free(wr);
+    free(yr);
+    free(y);
+    free(x);
+    free(w);
+}
+
+static void test_matmul_all(void **state) {
+    (void)state;
+    /* Shapes: tiny, rows not a multiple of 16 (the chunk granule), several
+     * chunks with a ragged last one, and the default model's smallest. */
+    const shape shapes_q[] = {{1, 256}, {37, 512}, {300, 256}, {67, 1280}};
+    const shape shapes_plain[] = {{5, 70}, {33, 96}, {130, 576}};
+    const int toks[] = {1, 2, 3, 5, 8, 17};
+    specd_pool *pools[4] = {NULL, specd_pool_create(1), specd_pool_create(2),
+                            specd_pool_create(3)};
+    uint64_t seed = 1;
+    for (size_t p = 0; p < 3; p++) {
+        if (!cpu_simd_force(k_paths[p])) {
+            print_message("  (path %s not available on this CPU)\n", k_paths[p]);
+            continue;
+        }
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            specd_dtype type = k_types[ti];
+            const int64_t be = specd_dtype_get(type)->block_elems;
+            for (int set = 0; set < 2; set++) {
+                const shape *shs = set ? shapes_plain : shapes_q;
+                size_t nsh = set ? 3 : 4;
+                for (size_t si = 0; si < nsh; si++) {
+                    if (shs[si].cols % be) continue;
+                    for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++, seed++)
+                        check_matmul(pools[(seed >> 1) % 4], k_paths[p], type, shs[si], toks[k],
+                                     seed);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 4; i++) specd_pool_destroy(pools[i]);
+    cpu_simd_force("auto");
+    print_message("  worst |y - y_ref| / sum|w*x| = %.3g (bound 1e-5)\n", g_worst_ratio);
+}
+
+/* The default model's shapes and types, once per pool size on the auto path. */
+static void test_matmul_model_shapes(void **state) {
+    (void)state;
+    const shape shapes[] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
+    for (int threads = 1; threads <= 2; threads++) {
+        specd_pool *pool = specd_pool_create(threads);
+        for (size_t i = 0; i < 4; i++) {
+            check_matmul(pool, cpu_simd_name(), SPECD_Q4_1, shapes[i], 1, 100 + i);
+            check_matmul(pool, cpu_simd_name(), SPECD_Q4_1, shapes[i], 8, 200 + i);
+        }
+        check_matmul(pool, cpu_simd_name(), SPECD_Q8_0, (shape){4099, 576}, 1, 300);
+        check_matmul(pool, cpu_simd_name(), SPECD_Q8_0, (shape){1000, 576}, 3, 301);
+        specd_pool_destroy(pool);
+    }
+}
+
+static void test_tensor_row(void **state) {
+    (void)state;
+    size_t rb;
+    uint8_t *w = make_weights(SPECD_Q8_0, 10, 576, 5, &rb);
+    specd_tensor W;
+    memset(&W, 0, sizeof W);
+    W.type = SPECD_Q8_0;
+    W.n_dims = 2;
+    W.ne[0] = 576;
+    W.ne[1] = 10;
+    W.ne[2] = W.ne[3] = 1;
+    W.data = w;
+    float a[576], b[576];
+    cpu_tensor_row(&W, 7, a);
+    cpu_dequant_row_ref(SPECD_Q8_0, w + 7 * rb, b, 576);
+    assert_memory_equal(a, b, sizeof a);
+    free(w);
+}
+
+static void test_simd_force(void **state) {
+    (void)state;
+    assert_true(cpu_simd_force("scalar"));
+    assert_string_equal(cpu_simd_name(), "scalar");
+    assert_false(cpu_simd_force("no-such-isa"));
+    assert_string_equal(cpu_simd_name(), "scalar");
+    assert_true(cpu_simd_force("auto"));
+    print_message("  auto SIMD path: %s\n", cpu_simd_name());
+}
+
+/* ---- thread pool -------------------------------------------------------- */
+
+typedef struct count_ctx {
+    atomic_int *hits;
+    int n_threads;
+    atomic_int bad_thread;
+} count_ctx;
+
+static void count_task(void *ctx, int task, int thread) {
+    count_ctx *c = ctx;
+    atomic_fetch_add(&c->hits[task], 1);
+    if (thread < 0 || thread >= c->n_threads) atomic_store(&c->bad_thread, 1);
+}
+
+static void run_and_check(specd_pool *pool, int n_tasks) {
+    atomic_int *hits = calloc((size_t)(n_tasks > 0 ? n_tasks : 1), sizeof *hits);
+    count_ctx c = {.hits = hits, .n_threads = specd_pool_size(pool)};
+    atomic_init(&c.bad_thread, 0);
+    specd_pool_run(pool, n_tasks, count_task, &c);
+    for (int t = 0; t < n_tasks; t++)
+        if (atomic_load(&hits[t]) != 1)
+            fail_msg("pool of %d, %d tasks: task %d ran %d times", specd_pool_size(pool), n_tasks,
+                     t, atomic_load(&hits[t]));
+    assert_int_equal(atomic_load(&c.bad_thread), 0);
+    free(hits);
+}
+
+static void test_pool_every_task_once(void **state) {
+    (void)state;
+    const int sizes[] = {1, 2, 4};
+    const int tasks[] = {0, 1, 2, 3, 7, 64, 1000};
+    for (size_t s = 0; s < 3; s++) {
+        specd_pool *pool = specd_pool_create(sizes[s]);
+        assert_non_null(pool);
+        assert_int_equal(specd_pool_size(pool), sizes[s]);
+        /* Many back-to-back runs: the spinning hand-off path. */
+        for (int i = 0; i < 3000; i++) run_and_check(pool, tasks[i % 7]);
+        specd_pool_destroy(pool);
+    }
+}
+
+static void test_pool_sleep_wake(void **state) {
+    (void)state;
+    specd_pool *pool = specd_pool_create(3);
+    for (int i = 0; i < 4; i++) {
+        run_and_check(pool, 50);
+        usleep(20000); /* longer than the spin window: workers go to sleep */
+    }
+    specd_pool_destroy(pool); /* destroy with sleeping workers */
+    pool = specd_pool_create(2);
+    run_and_check(pool, 10);
+    specd_pool_destroy(pool); /* destroy with spinning workers */
+    specd_pool_destroy(NULL);
+    assert_int_equal(specd_pool_size(NULL), 1);
+}
+
+typedef struct sum_ctx {
+    const float *x;
+    double *partial;
+    int n;
+    int per_task;
+} sum_ctx;
+
+static void sum_task(void *ctx, int task, int thread) {
+    (void)thread;
+    sum_ctx *c = ctx;
+    double s = 0;
+    int end = (task + 1) * c->per_task < c->n ? (task + 1) * c->per_task : c->n;
+    for (int i = task * c->per_task; i < end; i++) s += c->x[i];
+    c->partial[task] = s;
+}
+
+/* Results written by workers are visible to the caller after run returns. */
+static void test_pool_results_visible(void **state) {
+    (void)state;
+    const int n = 100000, per = 1000, nt = n / per;
+    float *x = malloc(sizeof(float) * n);
+    double *part = malloc(sizeof(double) * nt);
+    test_fill_random(x, n, 3, 1.0f);
+    double want = 0;
+    for (int i = 0; i < n; i++) want += x[i];
+    specd_pool *pool = specd_pool_create(0);
+    assert_true(specd_pool_size(pool) >= 1);
+    for (int rep = 0; rep < 200; rep++) {
+        memset(part, 0, sizeof(double) * nt);
+        sum_ctx c = {x, part, n, per};
+        specd_pool_run(pool, nt, sum_task, &c);
+        double got = 0;
+        for (int t = 0; t < nt; t++) got += part[t];
+        assert_true(fabs(got - want) < 1e-9 * n);
+    }
+    specd_pool_destroy(pool);
+    free(part);
+    free(x);
+}
+
+/* An optional argument runs only the tests matching it (e.g. "test_pool*"). */
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_every_task_once),
+        cmocka_unit_test(test_pool_sleep_wake),
+        cmocka_unit_test(test_pool_results_visible),
+        cmocka_unit_test(test_simd_force),
+        cmocka_unit_test(test_dequant_known_values),
+        cmocka_unit_test(test_dequant_exact),
+        cmocka_unit_test(test_tensor_row),
+        cmocka_unit_test(test_matmul_all),
+        cmocka_unit_test(test_matmul_model_shapes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,643 @@
+/* test_sampling.c - exact behaviour of common/rng and common/sampling:
+ * Philox known answers, the (seed, stream, counter) addressing, parameter
+ * validation, argmax ties and NaNs, the exact sets that temperature / top-k /
+ * top-p / min-p keep on hand-made logits, agreement with a brute-force
+ * full-sort reference at vocab 49152, determinism of specd_sample, and the
+ * speculative accept / residual rules on hand-checked numbers. Distribution
+ * tests (chi-square) are in tests/statistical/test_sampling_stats.c. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "common/rng.h"
+#include "common/sampling.h"
+#include "tests/test_util.h"
+
+#define VOCAB 49152
+
+/* --- helpers -------------------------------------------------------------- */
+
+static specd_sampling params(float t, int k, float p, float minp) {
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = t;
+    s.top_k = k;
+    s.top_p = p;
+    s.min_p = minp;
+    s.seed = 1234;
+    return s;
+}
+
+/* Runs specd_sampling_probs with a scratch block of exactly the advertised
+ * size, so the sanitizer build catches any overrun. */
+static void probs_of(const specd_sampling *s, const float *logits, int n, float *probs) {
+    void *scratch = malloc(specd_sampling_scratch_size(n));
+    specd_sampling_probs(s, logits, n, probs, scratch);
+    free(scratch);
+}
+
+/* |a - b| <= tol, in double (cmocka's float version rounds its inputs). */
+#define assert_near(a, b, tol) assert_near_((double)(a), (double)(b), (tol), __LINE__)
+static void assert_near_(double a, double b, double tol, int line) {
+    if (!(fabs(a - b) <= tol)) fail_msg("line %d: %.12g != %.12g (tolerance %g)", line, a, b, tol);
+}
+
+static double sum_of(const float *p, int n) {
+    double t = 0;
+    for (int i = 0; i < n; i++) t += p[i];
+    return t;
+}
+
+/* Asserts that exactly the listed ids have nonzero probability. */
+static void assert_kept(const float *p, int n, const int *ids, int n_ids) {
+    int want[64] = {0};
+    assert_true(n <= 64);
+    for (int j = 0; j < n_ids; j++) want[ids[j]] = 1;
+    for (int i = 0; i < n; i++) {
+        if (want[i] != (p[i] > 0.0f))
+            fail_msg("token %d: probability %g, expected %s", i, (double)p[i],
+                     want[i] ? "kept" : "dropped");
+    }
+    assert_true(fabs(sum_of(p, n) - 1.0) < 1e-6);
+}
+
+/* Logits whose softmax (T = 1) is the given distribution. */
+static void logits_from(const double *probs, int n, float *logits) {
+    for (int i = 0; i < n; i++) logits[i] = probs[i] > 0 ? (float)log(probs[i]) : -INFINITY;
+}
+
+/* Gaussian logits (std 3) from the project RNG: peaked like a real LM head. */
+static void gaussian_logits(float *x, int n, uint64_t seed, float std) {
+    for (int i = 0; i < n; i++) {
+        double u1 = specd_rng_uniform(seed, (uint64_t)i, 0), u2 = specd_rng_uniform(seed, i, 1);
+        x[i] = (float)(std * sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+/* --- rng ------------------------------------------------------------------ */
+
+static void test_philox_kat(void **state) {
+    (void)state;
+    /* Random123 kat_vectors, philox4x32 with 10 rounds. */
+    static const uint32_t ctr[3][4] = {{0, 0, 0, 0},
+                                       {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+                                       {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}};
+    static const uint32_t key[3][2] = {
+        {0, 0}, {0xffffffffu, 0xffffffffu}, {0xa4093822u, 0x299f31d0u}};
+    static const uint32_t want[3][4] = {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
+                                        {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu},
+                                        {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}};
+    for (int t = 0; t < 3; t++) {
+        uint32_t out[4];
+        specd_philox4x32_10(ctr[t], key[t], out);
+        for (int j = 0; j < 4; j++) assert_int_equal(out[j], want[t][j]);
+    }
+}
+
+static void test_rng_addressing(void **state) {
+    (void)state;
+    /* The documented mapping of (seed, stream, counter) onto key / counter. */
+    uint64_t seed = 0x0123456789abcdefULL, stream = 0x1111222233334444ULL,
+             counter = 0x5555666677778888ULL;
+    uint32_t a[4], b[4];
+    specd_rng_u32x4(seed, stream, counter, a);
+    const uint32_t key[2] = {0x89abcdefu, 0x01234567u};
+    const uint32_t ctr[4] = {0x77778888u, 0x55556666u, 0x33334444u, 0x11112222u};
+    specd_philox4x32_10(ctr, key, b);
+    assert_memory_equal(a, b, sizeof a);
+
+    /* Pinned values: the reproducibility contract of seeded requests. If this
+     * changes, every seeded output changes. */
+    uint32_t z[4];
+    specd_rng_u32x4(0, 0, 0, z);
+    assert_int_equal(z[0], 0x6627e8d5u);
+    double u0 = specd_rng_uniform(0, 0, 0);
+    assert_true(u0 == (double)((((uint64_t)0x6627e8d5u << 32) | 0xe169c58du) >> 11) * 0x1p-53);
+
+    /* Same address, same number; any coordinate changed, a different one. */
+    double u = specd_rng_uniform(42, 7, 3);
+    assert_true(u == specd_rng_uniform(42, 7, 3));
+    assert_true(u != specd_rng_uniform(43, 7, 3));
+    assert_true(u != specd_rng_uniform(42, 8, 3));
+    assert_true(u != specd_rng_uniform(42, 7, 4));
+    assert_true(specd_rng_uniform(42, 7, 3) != specd_rng_uniform(42, 3, 7)); /* no aliasing */
+
+    /* Range and 53-bit granularity. */
+    int odd = 0;
+    for (uint64_t i = 0; i < 10000; i++) {
+        double v = specd_rng_uniform(99, i >> 3, i);
+        assert_true(v >= 0.0 && v < 1.0);
+        double k = v * 0x1p53;
+        assert_true(k == floor(k));
+        odd += (int)fmod(k, 2.0);
+    }
+    /* The lowest of the 53 bits is really random (not always 0). */
+    assert_true(odd > 4500 && odd < 5500);
+}
+
+/* --- validation ----------------------------------------------------------- */
+
+static void expect_invalid(specd_sampling s, const char *field) {
+    specd_error err = {{0}};
+    assert_int_equal(specd_sampling_validate(&s, &err), -1);
+    if (!strstr(err.msg, field)) fail_msg("message '%s' does not name '%s'", err.msg, field);
+}
+
+static void test_validate(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    specd_error err = {{0}};
+    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+    assert_int_equal(specd_sampling_validate(&s, NULL), 0);
+    assert_int_equal(specd_sampling_validate(NULL, &err), -1);
+    assert_int_equal(specd_sampling_validate(NULL, NULL), -1);
+
+    s = params(0.0f, 0, 1.0f, 0.0f); /* greedy */
+    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+    s = params(0.7f, 50, 0.95f, 0.05f);
+    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+    s = params(1.0f, 0, 1.0f, 1.0f); /* min_p = 1: only ties with the best */
+    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+
+    expect_invalid(params(-0.1f, 0, 1.0f, 0.0f), "temperature");
+    expect_invalid(params(NAN, 0, 1.0f, 0.0f), "temperature");
+    expect_invalid(params(INFINITY, 0, 1.0f, 0.0f), "temperature");
+    expect_invalid(params(1.0f, -1, 1.0f, 0.0f), "top_k");
+    expect_invalid(params(1.0f, 0, 0.0f, 0.0f), "top_p");
+    expect_invalid(params(1.0f, 0, -0.5f, 0.0f), "top_p");
+    expect_invalid(params(1.0f, 0, 1.5f, 0.0f), "top_p");
+    expect_invalid(params(1.0f, 0, NAN, 0.0f), "top_p");
+    expect_invalid(params(1.0f, 0, 1.0f, -0.01f), "min_p");
+    expect_invalid(params(1.0f, 0, 1.0f, 1.01f), "min_p");
+    expect_invalid(params(1.0f, 0, 1.0f, NAN), "min_p");
+
+    specd_sampling_validate(&(specd_sampling){.temperature = 1, .top_p = 2}, &err);
+    assert_string_equal(err.msg, "top_p must be in (0, 1] (1 disables it), got 2");
+}
+
+/* --- argmax ---------------------------------------------------------------- */
+
+static void test_argmax(void **state) {
+    (void)state;
+    assert_int_equal(specd_argmax((float[]){1, 3, 2, 3}, 4), 1);
+    assert_int_equal(specd_argmax((float[]){NAN, 1, NAN, 5, 5}, 5), 3);
+    assert_int_equal(specd_argmax((float[]){NAN, NAN}, 2), 0);
+    assert_int_equal(specd_argmax((float[]){-INFINITY, -INFINITY}, 2), 0);
+    assert_int_equal(specd_argmax((float[]){-INFINITY, -1e30f, NAN}, 3), 1);
+    assert_int_equal(specd_argmax((float[]){0, INFINITY, INFINITY}, 3), 1);
+    assert_int_equal(specd_argmax((float[]){-0.0f, 0.0f}, 2), 0); /* -0 == +0: a tie */
+    assert_int_equal(specd_argmax((float[]){7}, 1), 0);
+    assert_int_equal(specd_argmax(NULL, 0), -1);
+}
+
+/* --- the processing pipeline on hand-made logits --------------------------- */
+
+static void test_greedy_and_softmax(void **state) {
+    (void)state;
+    float l[5] = {0.5f, 2.0f, -1.0f, 2.0f, NAN}, p[5];
+    specd_sampling s = params(0.0f, 3, 0.5f, 0.5f); /* filters ignored when greedy */
+    probs_of(&s, l, 5, p);
+    assert_kept(p, 5, (int[]){1}, 1);
+    assert_true(p[1] == 1.0f);
+
+    /* T = 1, no filters: the plain softmax; NaN gets 0. */
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    probs_of(&s, l, 5, p);
+    double z = exp(0.5) + 2 * exp(2.0) + exp(-1.0);
+    assert_near(p[0], exp(0.5) / z, 1e-7);
+    assert_near(p[1], exp(2.0) / z, 1e-7);
+    assert_near(p[2], exp(-1.0) / z, 1e-7);
+    assert_true(p[1] == p[3]);
+    assert_true(p[4] == 0.0f);
+
+    /* T = 2 takes the square root of the ratios. */
+    double d[4] = {0.5, 0.25, 0.125, 0.125};
+    float l4[4], p4[4];
+    logits_from(d, 4, l4);
+    s = params(2.0f, 0, 1.0f, 0.0f);
+    probs_of(&s, l4, 4, p4);
+    double zz = sqrt(0.5) + sqrt(0.25) + 2 * sqrt(0.125);
+    for (int i = 0; i < 4; i++) assert_near(p4[i], sqrt(d[i]) / zz, 1e-6);
+}
+
+static void test_top_k(void **state) {
+    (void)state;
+    float l[6] = {1, 3, 3, 2, 3, 0}, p[6];
+    specd_sampling s = params(1.0f, 2, 1.0f, 0.0f);
+    probs_of(&s, l, 6, p);
+    assert_kept(p, 6, (int[]){1, 2}, 2); /* three-way tie at 3: lowest ids win */
+    assert_near(p[1], 0.5, 1e-7);
+
+    s.top_k = 1;
+    probs_of(&s, l, 6, p);
+    assert_kept(p, 6, (int[]){1}, 1);
+
+    s.top_k = 4;
+    probs_of(&s, l, 6, p);
+    assert_kept(p, 6, (int[]){1, 2, 3, 4}, 4);
+    double z = 3 * exp(3.0) + exp(2.0);
+    assert_near(p[3], exp(2.0) / z, 1e-7);
+
+    s.top_k = 6; /* = n: off */
+    probs_of(&s, l, 6, p);
+    assert_kept(p, 6, (int[]){0, 1, 2, 3, 4, 5}, 6);
+    s.top_k = 100;
+    probs_of(&s, l, 6, p);
+    assert_kept(p, 6, (int[]){0, 1, 2, 3, 4, 5}, 6);
+
+    /* Temperature does not change the top-k set, only the shape inside it. */
+    s = params(0.25f, 3, 1.0f, 0.0f);
+    probs_of(&s, l, 6, p);
+    assert_kept(p, 6, (int[]){1, 2, 4}, 3);
+}
+
+static void test_top_p(void **state) {
+    (void)state;
+    /* Token probabilities 0.125, 0.5, 0.125, 0.25: rank order 1, 3, 0, 2. */
+    double d[4] = {0.125, 0.5, 0.125, 0.25};
+    float l[4], p[4];
+    logits_from(d, 4, l);
+    specd_sampling s = params(1.0f, 0, 0.4f, 0.0f);
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){1}, 1);
+    assert_true(p[1] == 1.0f);
+
+    s.top_p = 0.7f; /* 0.5 < 0.7 <= 0.75 */
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){1, 3}, 2);
+    assert_near(p[1], 2.0 / 3.0, 1e-6);
+
+    s.top_p = 0.8f; /* 0.75 < 0.8 <= 0.875: one of the tied 0.125s, the lower id */
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){1, 3, 0}, 3);
+
+    s.top_p = 0.9f;
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1, 2, 3}, 4);
+
+    s.top_p = 1e-6f; /* always at least one token */
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){1}, 1);
+}
+
+static void test_order_top_k_then_top_p(void **state) {
+    (void)state;
+    /* top-p renormalizes over what top-k kept: with top_k = 3 the mass is
+     * 0.875 and 0.5 + 0.25 = 0.75 >= 0.8 * 0.875 = 0.7 stops at two tokens;
+     * top-p alone needs three to reach 0.8. */
+    double d[4] = {0.5, 0.25, 0.125, 0.125};
+    float l[4], p[4];
+    logits_from(d, 4, l);
+    specd_sampling s = params(1.0f, 0, 0.8f, 0.0f);
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1, 2}, 3);
+    s.top_k = 3;
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1}, 2);
+    assert_near(p[0], 2.0 / 3.0, 1e-6);
+}
+
+static void test_min_p(void **state) {
+    (void)state;
+    /* Weights relative to the best: 1, 0.5, 0.25, 0.25. */
+    double d[4] = {0.5, 0.25, 0.125, 0.125};
+    float l[4], p[4];
+    logits_from(d, 4, l);
+    specd_sampling s = params(1.0f, 0, 1.0f, 0.3f);
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1}, 2);
+    assert_near(p[0], 2.0 / 3.0, 1e-6);
+    s.min_p = 0.6f;
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0}, 1);
+    s.min_p = 0.2f;
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1, 2, 3}, 4);
+    s.min_p = 1.0f; /* only the best (and exact ties with it) */
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0}, 1);
+
+    /* min-p comes after temperature: at T = 0.5 the ratios square to
+     * 1, 0.25, 0.0625, 0.0625, so min_p = 0.2 keeps two tokens, not four. */
+    s = params(0.5f, 0, 1.0f, 0.2f);
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1}, 2);
+    assert_near(p[0], 0.8, 1e-6);
+
+    /* ... and after top-p / top-k, relative to the same best token. */
+    s = params(1.0f, 2, 0.99f, 0.3f);
+    probs_of(&s, l, 4, p);
+    assert_kept(p, 4, (int[]){0, 1}, 2);
+}
+
+static void test_degenerate_logits(void **state) {
+    (void)state;
+    float p[4];
+    specd_sampling s = params(1.0f, 0, 1.0f, 0.0f);
+    probs_of(&s, (float[]){NAN, NAN, NAN, NAN}, 4, p);
+    assert_kept(p, 4, (int[]){0}, 1);
+    probs_of(&s, (float[]){-INFINITY, -INFINITY, NAN, -INFINITY}, 4, p);
+    assert_kept(p, 4, (int[]){0}, 1);
+    probs_of(&s, (float[]){NAN, -INFINITY, 2, NAN}, 4, p);
+    assert_kept(p, 4, (int[]){2}, 1);
+    /* +inf logits share the mass (softmax limit); top-k picks the lower id. */
+    probs_of(&s, (float[]){1, INFINITY, NAN, INFINITY}, 4, p);
+    assert_kept(p, 4, (int[]){1, 3}, 2);
+    assert_true(p[1] == 0.5f);
+    s.top_k = 1;
+    probs_of(&s, (float[]){1, INFINITY, NAN, INFINITY}, 4, p);
+    assert_kept(p, 4, (int[]){1}, 1);
+    /* Huge spread: the far tail underflows to exactly 0, never NaN. */
+    s = params(0.01f, 0, 0.999f, 0.0f);
+    probs_of(&s, (float[]){1e30f, -1e30f, 0, 1e30f}, 4, p);
+    assert_kept(p, 4, (int[]){0, 3}, 2);
+    /* Invalid parameters still give a valid distribution. */
+    s = params(NAN, -5, NAN, NAN);
+    probs_of(&s, (float[]){0, 1, 2, 3}, 4, p);
+    assert_kept(p, 4, (int[]){3}, 1);
+    s = params(1.0f, -5, -1.0f, 7.0f);
+    probs_of(&s, (float[]){0, 1, 2, 3}, 4, p);
+    assert_kept(p, 4, (int[]){3}, 1);
+}
+
+/* --- large vocabulary against a brute-force reference ---------------------- */
+
+static const float *g_ref_logits; /* qsort has no context argument */
+
+static int rank_cmp(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_ref_logits[i], y = g_ref_logits[j];
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+/* The definition in sampling.h, written the obvious way: sort everything,
+ * double precision throughout. */
+static void ref_probs(const specd_sampling *s, const float *l, int n, double *out) {
+    memset(out, 0, sizeof(double) * n);
+    int *idx = malloc(sizeof(int) * n);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(l[i]) && l[i] > -INFINITY) idx[m++] = i;
+    g_ref_logits = l;
+    qsort(idx, m, sizeof(int), rank_cmp);
+    double lmax = l[idx[0]];
+    double *w = malloc(sizeof(double) * n);
+    for (int j = 0; j < m; j++) w[j] = exp((l[idx[j]] - lmax) / s->temperature);
+    int kept = m;
+    if (s->top_k > 0 && s->top_k < kept) kept = s->top_k;
+    if (s->top_p < 1.0f) {
+        double tot = 0, cum = 0;
+        for (int j = 0; j < kept; j++) tot += w[j];
+        int j = 0;
+        while (j < kept) {
+            cum += w[j++];
+            if (cum >= s->top_p * tot) break;
+        }
+        kept = j;
+    }
+    double z = 0;
+    for (int j = 0; j < kept; j++)
+        if (w[j] >= s->min_p * w[0]) z += w[j];
+    for (int j = 0; j < kept; j++)
+        if (w[j] >= s->min_p * w[0]) out[idx[j]] = w[j] / z;
+    free(w);
+    free(idx);
+}
+
+static void compare_with_reference(const char *what, const specd_sampling *s, const float *l,
+                                   int n) {
+    float *p = malloc(sizeof(float) * n);
+    double *r = malloc(sizeof(double) * n);
+    probs_of(s, l, n, p);
+    ref_probs(s, l, n, r);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        /* Tokens the reference gives < 1e-40 underflow to 0 in float: fine. */
+        if ((p[i] > 0) != (r[i] > 1e-40) || fabs(p[i] - r[i]) > 1e-7 + 1e-5 * r[i])
+            fail_msg("%s (T=%g k=%d p=%g min_p=%g): token %d got %.9g, reference %.9g", what,
+                     (double)s->temperature, s->top_k, (double)s->top_p, (double)s->min_p, i,
+                     (double)p[i], r[i]);
+        kept += p[i] > 0;
+    }
+    assert_true(fabs(sum_of(p, n) - 1.0) < 1e-5);
+    if (s->top_k > 0) assert_true(kept <= s->top_k);
+    free(p);
+    free(r);
+}
+
+static const float CONFIGS[][4] = {
+    /* temperature, top_k, top_p, min_p */
+    {1.0f, 0, 1.0f, 0.0f},     {0.7f, 50, 1.0f, 0.0f},    {1.0f, 0, 0.9f, 0.0f},
+    {0.8f, 40, 0.95f, 0.05f},  {1.2f, 0, 0.95f, 0.02f},   {1.0f, 1000, 1.0f, 0.0f},
+    {1.0f, 0, 1.0f, 0.1f},     {1.0f, 20000, 0.5f, 0.0f}, {3.0f, 0, 0.99f, 0.0f},
+    {0.3f, 5, 0.3f, 0.0f},     {1.0f, 1, 1.0f, 0.0f},     {2.0f, 49151, 0.999f, 0.0f},
+};
+#define N_CONFIGS (int)(sizeof CONFIGS / sizeof CONFIGS[0])
+
+static void test_large_vocab_matches_reference(void **state) {
+    (void)state;
+    float *l = malloc(sizeof(float) * VOCAB);
+    for (int set = 0; set < 4; set++) {
+        const char *what;
+        if (set == 0) {
+            what = "gaussian logits";
+            gaussian_logits(l, VOCAB, 7, 3.0f);
+        } else if (set == 1) {
+            /* Rounded to 0.5: thousands of ties, checks tie-breaking by id. */
+            what = "tied logits";
+            gaussian_logits(l, VOCAB, 8, 2.0f);
+            for (int i = 0; i < VOCAB; i++) l[i] = roundf(l[i] * 2.0f) / 2.0f;
+        } else if (set == 2) {
+            what = "flat logits"; /* everything in one bucket, all tied */
+            for (int i = 0; i < VOCAB; i++) l[i] = 0.25f;
+        } else {
+            /* A peaked head over a long flat tail, with NaN / -inf holes. */
+            what = "peaked logits";
+            test_fill_random(l, VOCAB, 9, 4.0f);
+            for (int i = 0; i < 20; i++) l[i * 997] += 12.0f - (float)i * 0.5f;
+            for (int i = 5; i < VOCAB; i += 1009) l[i] = (i & 1) ? NAN : -INFINITY;
+        }
+        for (int c = 0; c < N_CONFIGS; c++) {
+            specd_sampling s = params(CONFIGS[c][0], (int)CONFIGS[c][1], CONFIGS[c][2],
+                                      CONFIGS[c][3]);
+            compare_with_reference(what, &s, l, VOCAB);
+        }
+    }
+    free(l);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Prints the cost at vocab 49152 and fails only on something pathological
+ * (the sanitizer build is several times slower than release). */
+static void test_probs_timing(void **state) {
+    (void)state;
+    float *l = malloc(sizeof(float) * VOCAB), *p = malloc(sizeof(float) * VOCAB);
+    void *scratch = malloc(specd_sampling_scratch_size(VOCAB));
+    static const float timed[][4] = {{1.0f, 0, 1.0f, 0.0f},   {0.7f, 50, 1.0f, 0.0f},
+                                     {1.0f, 0, 0.9f, 0.0f},   {0.8f, 40, 0.95f, 0.05f},
+                                     {1.0f, 0, 0.95f, 0.0f},  {1.0f, 0, 1.0f, 0.05f},
+                                     {1.0f, 1000, 0.99f, 0.0f}};
+    for (int flat = 0; flat < 2; flat++) {
+        if (flat) for (int i = 0; i < VOCAB; i++) l[i] = 0.0f;
+        else gaussian_logits(l, VOCAB, 11, 3.0f);
+        for (size_t c = 0; c < sizeof timed / sizeof timed[0]; c++) {
+            specd_sampling s = params(timed[c][0], (int)timed[c][1], timed[c][2], timed[c][3]);
+            int reps = 20;
+            double t0 = now_s();
+            for (int r = 0; r < reps; r++) specd_sampling_probs(&s, l, VOCAB, p, scratch);
+            double us = (now_s() - t0) / reps * 1e6;
+            print_message("probs vocab %d %s T=%.1f top_k=%d top_p=%.2f min_p=%.2f: %.0f us\n",
+                          VOCAB, flat ? "flat    " : "gaussian", (double)s.temperature, s.top_k,
+                          (double)s.top_p, (double)s.min_p, us);
+            assert_true(us < 50000);
+        }
+    }
+    free(scratch);
+    free(p);
+    free(l);
+}
+
+/* --- drawing tokens --------------------------------------------------------- */
+
+static void test_sample_from_probs(void **state) {
+    (void)state;
+    float p[5] = {0.0f, 0.25f, 0.0f, 0.75f, 0.0f};
+    assert_int_equal(specd_sample_from_probs(p, 5, 0.0), 1);
+    assert_int_equal(specd_sample_from_probs(p, 5, 0.2499), 1);
+    assert_int_equal(specd_sample_from_probs(p, 5, 0.25), 3);
+    assert_int_equal(specd_sample_from_probs(p, 5, 0x1.fffffffffffffp-1), 3);
+    assert_int_equal(specd_sample_from_probs(p, 5, 7.0), 3);   /* clamped */
+    assert_int_equal(specd_sample_from_probs(p, 5, -1.0), 1);  /* clamped */
+    assert_int_equal(specd_sample_from_probs(p, 5, NAN), 1);   /* clamped */
+    /* Unnormalized, negative and NaN entries. */
+    float q[5] = {-1.0f, 2.0f, NAN, 6.0f, 0.0f};
+    assert_int_equal(specd_sample_from_probs(q, 5, 0.2), 1);
+    assert_int_equal(specd_sample_from_probs(q, 5, 0.3), 3);
+    /* Nothing positive: argmax, never out of range. */
+    assert_int_equal(specd_sample_from_probs((float[]){0, 0, 0}, 3, 0.5), 0);
+    assert_int_equal(specd_sample_from_probs((float[]){-1, NAN, -0.5f}, 3, 0.5), 2);
+    assert_int_equal(specd_sample_from_probs(NULL, 0, 0.5), -1);
+}
+
+static void test_sample_determinism(void **state) {
+    (void)state;
+    float *l = malloc(sizeof(float) * VOCAB), *p = malloc(sizeof(float) * VOCAB);
+    void *scratch = malloc(specd_sampling_scratch_size(VOCAB));
+    gaussian_logits(l, VOCAB, 21, 1.0f); /* flat enough that draws differ */
+    specd_sampling s = params(1.0f, 0, 0.95f, 0.0f);
+    s.seed = 0xfeedULL;
+
+    /* specd_sample is exactly probs + addressed uniform + inverse CDF. */
+    specd_sampling_probs(&s, l, VOCAB, p, scratch);
+    int distinct = 0, prev = -1;
+    for (uint64_t c = 0; c < 64; c++) {
+        int t = specd_sample(&s, l, VOCAB, 5, c, scratch);
+        assert_int_equal(t, specd_sample(&s, l, VOCAB, 5, c, scratch));
+        assert_int_equal(t, specd_sample_from_probs(p, VOCAB, specd_rng_uniform(s.seed, 5, c)));
+        assert_true(p[t] > 0.0f);
+        distinct += t != prev;
+        prev = t;
+    }
+    assert_true(distinct > 50); /* different counters, different draws */
+
+    /* Another seed gives another sequence. */
+    specd_sampling s2 = s;
+    s2.seed++;
+    int same = 0;
+    for (uint64_t c = 0; c < 64; c++)
+        same += specd_sample(&s, l, VOCAB, 5, c, scratch) == specd_sample(&s2, l, VOCAB, 5, c, scratch);
+    assert_true(same < 8);
+
+    /* Greedy ignores the address. */
+    s.temperature = 0.0f;
+    int am = specd_argmax(l, VOCAB);
+    for (uint64_t c = 0; c < 8; c++) assert_int_equal(specd_sample(&s, l, VOCAB, c, c, scratch), am);
+    free(scratch);
+    free(p);
+    free(l);
+}
+
+/* --- speculative rules ------------------------------------------------------- */
+
+static void test_accept_draft(void **state) {
+    (void)state;
+    assert_int_equal(specd_accept_draft(0.5f, 0.0f, 0.0), 0);  /* q = 0: reject */
+    assert_int_equal(specd_accept_draft(0.5f, -0.1f, 0.0), 0);
+    assert_int_equal(specd_accept_draft(0.5f, NAN, 0.0), 0);
+    assert_int_equal(specd_accept_draft(0.0f, 0.3f, 0.0), 0);  /* p = 0: reject */
+    assert_int_equal(specd_accept_draft(NAN, 0.3f, 0.0), 0);
+    assert_int_equal(specd_accept_draft(0.4f, 0.4f, 0x1.fffffffffffffp-1), 1);
+    assert_int_equal(specd_accept_draft(0.9f, 0.1f, 0.999), 1);
+    assert_int_equal(specd_accept_draft(1.0f, 1.0f, 0.0), 1);
+    assert_int_equal(specd_accept_draft(0.3f, 0.6f, 0.49), 1); /* ratio 0.5 */
+    assert_int_equal(specd_accept_draft(0.3f, 0.6f, 0.51), 0);
+}
+
+static void test_residual(void **state) {
+    (void)state;
+    float out[4], scratch[4];
+    /* max(0, p - q) = (0.3, 0, 0) -> all mass on token 0. */
+    float p[3] = {0.5f, 0.3f, 0.2f}, q[3] = {0.2f, 0.5f, 0.3f};
+    assert_int_equal(specd_residual_probs(p, q, 3, out), 0);
+    assert_true(out[0] == 1.0f && out[1] == 0.0f && out[2] == 0.0f);
+    assert_int_equal(specd_residual_sample(p, q, 3, 0.99, scratch), 0);
+
+    /* q has zeros where p does not: residual is p there. */
+    float p2[4] = {0.25f, 0.25f, 0.5f, 0.0f}, q2[4] = {0.5f, 0.25f, 0.0f, 0.25f};
+    assert_int_equal(specd_residual_probs(p2, q2, 4, out), 0);
+    assert_true(out[2] == 1.0f && out[0] == 0.0f && out[1] == 0.0f && out[3] == 0.0f);
+
+    /* Two residual tokens: (0.2, 0.1) -> (2/3, 1/3). */
+    float p3[3] = {0.5f, 0.4f, 0.1f}, q3[3] = {0.3f, 0.3f, 0.4f};
+    assert_int_equal(specd_residual_probs(p3, q3, 3, out), 0);
+    assert_near(out[0], 2.0 / 3.0, 1e-6);
+    assert_near(out[1], 1.0 / 3.0, 1e-6);
+    assert_int_equal(specd_residual_sample(p3, q3, 3, 0.6, scratch), 0);
+    assert_int_equal(specd_residual_sample(p3, q3, 3, 0.7, scratch), 1);
+
+    /* p == q: residual is empty, fall back to p. */
+    assert_int_equal(specd_residual_probs(p, p, 3, out), 1);
+    for (int i = 0; i < 3; i++) assert_near(out[i], p[i], 1e-7);
+    assert_int_equal(specd_residual_sample(p, p, 3, 0.6, scratch), 1);
+    /* Greedy target (p one-hot) vs a one-hot draft on another token. */
+    float g[3] = {0, 1, 0}, h[3] = {1, 0, 0};
+    assert_int_equal(specd_residual_sample(g, h, 3, 0.0, scratch), 1);
+    assert_int_equal(specd_residual_sample(g, h, 3, 0.999, scratch), 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_philox_kat),
+        cmocka_unit_test(test_rng_addressing),
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_greedy_and_softmax),
+        cmocka_unit_test(test_top_k),
+        cmocka_unit_test(test_top_p),
+        cmocka_unit_test(test_order_top_k_then_top_p),
+        cmocka_unit_test(test_min_p),
+        cmocka_unit_test(test_degenerate_logits),
+        cmocka_unit_test(test_large_vocab_matches_reference),
+        cmocka_unit_test(test_probs_timing),
+        cmocka_unit_test(test_sample_from_probs),
+        cmocka_unit_test(test_sample_determinism),
+        cmocka_unit_test(test_accept_draft),
+        cmocka_unit_test(test_residual),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
