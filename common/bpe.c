@@ -41,15 +41,14 @@ int tok_add_merge(specd_tokenizer *t, const char *left, size_t left_len, const c
 
 /* ---- candidate heap ------------------------------------------------------ */
 
-typedef struct tok_merge_cand {
-    uint32_t rank;
-    uint32_t pos;    /* index of the left symbol */
-    int32_t merged;  /* token the pair becomes */
-} merge_cand;
-
-static int cand_less(const merge_cand *a, const merge_cand *b) {
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
+/* A candidate is (rank << 32 | position of its left symbol): one integer
+ * compare orders by rank, then leftmost, and 8-byte entries keep the heap
+ * cache-friendly on long pieces. The merged token is not stored: when a
+ * candidate is popped, the pair now at that position must still have the
+ * same rank. That is equivalent to Hugging Face's "same merged id" check,
+ * because symbols only grow rightwards, so the pair at a position can
+ * produce the same merged string only if it is the same pair. */
+typedef uint64_t merge_cand;
 
 static int heap_push(tok_bpe_work *w, merge_cand c) {
     if (w->heap_n == w->heap_cap) {
@@ -63,7 +62,7 @@ static int heap_push(tok_bpe_work *w, merge_cand c) {
     size_t i = w->heap_n++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
-        if (!cand_less(&c, &v[parent])) break;
+        if (v[parent] <= c) break;
         v[i] = v[parent];
         i = parent;
     }
@@ -71,20 +70,28 @@ static int heap_push(tok_bpe_work *w, merge_cand c) {
     return 0;
 }
 
+/* Bottom-up deletion: walk the hole down along smaller children without
+ * comparing against the moved element, then sift that element up (it
+ * usually belongs near the bottom); about half the comparisons. */
 static merge_cand heap_pop(tok_bpe_work *w) {
     merge_cand *v = w->heap;
-    merge_cand top = v[0];
-    merge_cand last = v[--w->heap_n];
+    merge_cand top = v[0], last = v[--w->heap_n];
     size_t n = w->heap_n, i = 0;
+    if (n == 0) return top;
     for (;;) {
         size_t child = 2 * i + 1;
         if (child >= n) break;
-        if (child + 1 < n && cand_less(&v[child + 1], &v[child])) child++;
-        if (!cand_less(&v[child], &last)) break;
+        if (child + 1 < n && v[child + 1] < v[child]) child++;
         v[i] = v[child];
         i = child;
     }
-    if (n > 0) v[i] = last;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (v[parent] <= last) break;
+        v[i] = v[parent];
+        i = parent;
+    }
+    v[i] = last;
     return top;
 }
 
@@ -113,8 +120,7 @@ static int push_pair(const specd_tokenizer *t, tok_bpe_work *w, int32_t left) {
     uint64_t m;
     if (!tok_u64map_get(&t->merges, pair_key(w->sym[left], w->sym[w->next[left]]), &m))
         return 0;
-    merge_cand c = {(uint32_t)(m >> 32), (uint32_t)left, (int32_t)(uint32_t)m};
-    return heap_push(w, c);
+    return heap_push(w, (m & 0xFFFFFFFF00000000ull) | (uint32_t)left);
 }
 
 /* One symbol per byte. A byte the vocabulary lacks becomes the unknown
@@ -151,13 +157,13 @@ static int merge_all(const specd_tokenizer *t, tok_bpe_work *w, size_t n) {
         if (push_pair(t, w, (int32_t)i) != 0) return -1;
     while (w->heap_n > 0) {
         merge_cand c = heap_pop(w);
-        int32_t left = (int32_t)c.pos, right = w->next[left];
+        int32_t left = (int32_t)(uint32_t)c, right = w->next[left];
         if (w->dead[left] || right < 0) continue;
         uint64_t m;
         if (!tok_u64map_get(&t->merges, pair_key(w->sym[left], w->sym[right]), &m) ||
-            (int32_t)(uint32_t)m != c.merged)
+            (m >> 32) != (c >> 32))
             continue;
-        w->sym[left] = c.merged;
+        w->sym[left] = (int32_t)(uint32_t)m;
         w->dead[right] = 1;
         w->next[left] = w->next[right];
         if (w->next[right] >= 0) w->prev[w->next[right]] = left;

@@ -129,6 +129,10 @@ static int split_regex(pretok_run *r, size_t k, const uint8_t *s, size_t len) {
     size_t pos = 0, gap = 0;
     while (pos <= len) {
         int rc = pcre2_match(code, s, len, pos, 0, md, NULL);
+        /* The JIT runs on a small fixed stack; the interpreter uses the heap
+         * and gives the same answer, so a deep match is retried there. */
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+            rc = pcre2_match(code, s, len, pos, PCRE2_NO_JIT, md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[160];

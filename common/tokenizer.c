@@ -219,6 +219,7 @@ int specd_tokenize(const specd_tokenizer *t, const char *text, size_t len, int a
 int32_t specd_tokenizer_n_vocab(const specd_tokenizer *t) { return t->n_vocab; }
 int32_t specd_tokenizer_bos(const specd_tokenizer *t) { return t->bos; }
 int32_t specd_tokenizer_eos(const specd_tokenizer *t) { return t->eos; }
+int specd_tokenizer_wants_bos(const specd_tokenizer *t) { return t->wants_bos && t->bos >= 0; }
 
 int specd_tokenizer_is_special(const specd_tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab && t->tokens[id].kind == TOK_CONTROL;

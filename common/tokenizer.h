@@ -32,10 +32,11 @@ typedef struct specd_tokenizer specd_tokenizer;
 /* From GGUF metadata: tokenizer.ggml.model must be "gpt2"; the pre-tokenizer
  * is chosen from tokenizer.ggml.pre as llama.cpp does. */
 specd_tokenizer *specd_tokenizer_from_gguf(const struct gguf_file *f, specd_error *err);
-/* From a Hugging Face tokenizer.json. BOS/EOS come from a tokenizer_config.json
- * in the same directory when there is one (else -1). */
+/* From a Hugging Face tokenizer.json. BOS comes from its post-processor
+ * template; BOS/EOS and add_bos_token from a tokenizer_config.json in the
+ * same directory when there is one (else -1). */
 specd_tokenizer *specd_tokenizer_from_json(const char *path, specd_error *err);
-/* Same, from a buffer (used by the fuzz target); BOS/EOS are -1. */
+/* Same, from a buffer (used by the fuzz target); no tokenizer_config.json. */
 specd_tokenizer *specd_tokenizer_from_json_mem(const char *json, size_t len, specd_error *err);
 /* GGUF model -> its metadata; Hugging Face directory -> its tokenizer.json,
  * with BOS/EOS taken from config.json when it names them. */
@@ -55,6 +56,11 @@ int specd_tokenize(const specd_tokenizer *t, const char *text, size_t len, int a
 int32_t specd_tokenizer_n_vocab(const specd_tokenizer *t);
 int32_t specd_tokenizer_bos(const specd_tokenizer *t); /* -1 if none */
 int32_t specd_tokenizer_eos(const specd_tokenizer *t); /* -1 if none */
+/* 1 if the model expects prompts to start with BOS (Llama 3 does, SmolLM2
+ * does not): GGUF tokenizer.ggml.add_bos_token, or a tokenizer.json
+ * post-processor / tokenizer_config.json that adds it. specd_tokenize never
+ * adds it; callers prepend specd_tokenizer_bos() when this says so. */
+int specd_tokenizer_wants_bos(const specd_tokenizer *t);
 /* 1 for control / special tokens (GGUF token_type 3, tokenizer.json added
  * tokens with "special": true). */
 int specd_tokenizer_is_special(const specd_tokenizer *t, int32_t id);

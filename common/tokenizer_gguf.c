@@ -18,6 +18,7 @@ typedef struct pre_config {
     const char *names; /* tokenizer.ggml.pre values, '|'-separated */
     const char *regexes[3];
     int ignore_merges;
+    int add_bos;       /* llama.cpp's default when add_bos_token is absent */
 } pre_config;
 
 /* Which split patterns each pre-tokenizer name means (llama.cpp's
@@ -25,9 +26,9 @@ typedef struct pre_config {
  * says: Digits(individual_digits) then the GPT-2 ByteLevel regex. */
 static const pre_config PRE_CONFIGS[] = {
     {"|smollm|starcoder|refact|command-r|codeshell|exaone|minerva|",
-     {TOK_REGEX_DIGIT, TOK_REGEX_GPT2, NULL}, 0},
-    {"|gpt2|default|mpt|olmo|", {TOK_REGEX_GPT2, NULL, NULL}, 0},
-    {"|llama3|llama-v3|llama-bpe|falcon3|pixtral|", {TOK_REGEX_LLAMA3, NULL, NULL}, 1},
+     {TOK_REGEX_DIGIT, TOK_REGEX_GPT2, NULL}, 0, 0},
+    {"|gpt2|default|mpt|olmo|", {TOK_REGEX_GPT2, NULL, NULL}, 0, 0},
+    {"|llama3|llama-v3|llama-bpe|falcon3|pixtral|", {TOK_REGEX_LLAMA3, NULL, NULL}, 1, 1},
 };
 
 static const pre_config *find_pre_config(const char *pre) {
@@ -60,6 +61,10 @@ static int configure_pre(specd_tokenizer *t, const struct gguf_file *f, specd_er
     }
     t->ignore_merges = cfg->ignore_merges;
     t->has_byte_level = 1;
+    t->wants_bos = cfg->add_bos;
+    if (gguf_find_kv(f, "tokenizer.ggml.add_bos_token") &&
+        gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &t->wants_bos, err) != 0)
+        return -1;
     return 0;
 }
 

@@ -149,6 +149,7 @@ struct specd_tokenizer {
     int fuse_unk;             /* consecutive unknown bytes give one unk token */
     int has_byte_level;       /* a ByteLevel pre-tokenizer was configured */
     int32_t bos, eos, unk;
+    int wants_bos;            /* prompts should start with bos (not added by us) */
     size_t max_input;         /* longest text specd_tokenize accepts */
 };
 
@@ -180,7 +181,7 @@ typedef struct tok_bpe_work {
     int32_t *prev, *next;
     uint8_t *dead;
     size_t cap;
-    struct tok_merge_cand *heap; /* merge candidates (a binary heap) */
+    uint64_t *heap;    /* merge candidates (a binary heap, see bpe.c) */
     size_t heap_n, heap_cap;
     char *text;        /* byte-level spelling of a piece (ignore_merges) */
     size_t text_cap;

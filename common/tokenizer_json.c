@@ -9,7 +9,8 @@
  *   pre_tokenizer  ByteLevel, Digits, Split (Regex or String, "Isolated"),
  *                  and Sequences of them; a ByteLevel step is required
  *   decoder        ByteLevel
- *   post_processor ignored (specd never adds BOS/EOS by itself)
+ *   post_processor only read for whether prompts start with BOS (specd
+ *                  never adds BOS/EOS by itself)
  * Anything else is refused with a message naming it, rather than producing
  * ids that silently differ from the reference. */
 #include <cjson/cJSON.h>
@@ -251,6 +252,32 @@ static int add_pre_tokenizer(specd_tokenizer *t, const cJSON *p, int depth, spec
     return specd_seterr(err, "tokenizer.json: unsupported pre_tokenizer type '%.40s'", type);
 }
 
+/* ---- post-processor ------------------------------------------------------ */
+
+/* specd never adds special tokens itself, but a TemplateProcessing that
+ * starts every sequence with a special token (Llama 3's <|begin_of_text|>)
+ * says the model expects a BOS: record it for specd_tokenizer_wants_bos. */
+static void read_template_bos(specd_tokenizer *t, const cJSON *proc) {
+    const char *type = type_of(proc);
+    if (!type) return;
+    if (!strcmp(type, "Sequence")) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(proc, "processors"))
+            read_template_bos(t, item);
+        return;
+    }
+    if (strcmp(type, "TemplateProcessing") != 0) return;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(proc, "single");
+    const cJSON *first = cJSON_IsArray(single) ? single->child : NULL;
+    const cJSON *special = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(special, "id");
+    if (!cJSON_IsString(id)) return;
+    int32_t bos = specd_tokenizer_token_id(t, id->valuestring);
+    if (bos < 0) return;
+    t->bos = bos;
+    t->wants_bos = 1;
+}
+
 /* ---- whole file ---------------------------------------------------------- */
 
 static int check_pipeline(const cJSON *root, specd_error *err) {
@@ -294,6 +321,7 @@ static specd_tokenizer *build(const cJSON *root, specd_error *err) {
         (!is_null_or_absent(pre) && add_pre_tokenizer(t, pre, 0, err) != 0) ||
         tok_index_specials(t, err) != 0)
         goto fail;
+    read_template_bos(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
     if (!t->has_byte_level) {
         specd_seterr(err, "tokenizer.json: pre_tokenizer has no ByteLevel step (only byte-level "
                      "BPE is supported)");
@@ -356,7 +384,7 @@ static int32_t config_token(const specd_tokenizer *t, const cJSON *cfg, const ch
     return specd_tokenizer_token_id(t, v->valuestring);
 }
 
-/* Optional: a missing or unreadable tokenizer_config.json leaves -1. */
+/* Optional: a missing or unreadable tokenizer_config.json changes nothing. */
 static void read_sibling_config(specd_tokenizer *t, const char *json_path) {
     char path[4096];
     const char *slash = strrchr(json_path, '/');
@@ -370,8 +398,11 @@ static void read_sibling_config(specd_tokenizer *t, const char *json_path) {
     cJSON *cfg = cJSON_ParseWithLength(buf, len);
     free(buf);
     if (!cfg) return;
-    t->bos = config_token(t, cfg, "bos_token");
-    t->eos = config_token(t, cfg, "eos_token");
+    int32_t bos = config_token(t, cfg, "bos_token"), eos = config_token(t, cfg, "eos_token");
+    if (bos >= 0) t->bos = bos;
+    if (eos >= 0) t->eos = eos;
+    const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+    if (cJSON_IsBool(add_bos)) t->wants_bos = cJSON_IsTrue(add_bos);
     cJSON_Delete(cfg);
 }
 

@@ -125,6 +125,16 @@ static int build_prompt(const gen_opts *o, const specd_model_file *m, const spec
         rc = specd_tokenize(tok, text, strlen(text), 0, ids, n_ids, err);
     }
     free(owned);
+    /* models trained with a BOS token (Llama 3) expect it first; SmolLM2 not */
+    int32_t bos = specd_tokenizer_bos(tok);
+    if (rc == 0 && specd_tokenizer_wants_bos(tok) && bos >= 0) {
+        int32_t *with_bos = realloc(*ids, sizeof(int32_t) * (*n_ids + 1));
+        if (!with_bos) return specd_seterr(err, "out of memory");
+        memmove(with_bos + 1, with_bos, sizeof(int32_t) * *n_ids);
+        with_bos[0] = bos;
+        *ids = with_bos;
+        (*n_ids)++;
+    }
     return rc;
 }
 
@@ -200,7 +210,8 @@ int cmd_generate(int argc, char **argv) {
     int n_gen = 0;
     const char *finish = "length";
     for (int pos = (int)n_ids; n_gen < o.max_tokens; pos++) {
-        int32_t next = specd_sample(&o.sampling, logits, vocab, 0, (uint64_t)n_gen, scratch);
+        /* draw address: stream = output position, counter 0 = "the token itself" */
+        int32_t next = specd_sample(&o.sampling, logits, vocab, (uint64_t)n_gen, 0, scratch);
         out_ids[n_gen++] = next;
         if (!o.ignore_eos && is_end_token(tok, next)) {
             finish = "eos";

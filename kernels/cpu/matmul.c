@@ -100,12 +100,8 @@ void cpu_tensor_row(const specd_tensor *W, int64_t r, float *dst) {
 
 typedef struct mm_job {
     cpu_rows_fn fn;
-    const uint8_t *w;
-    size_t row_bytes;
-    int64_t rows, cols, chunk;
-    const float *x;
-    float *y;
-    int n_tok;
+    cpu_mm_args args;
+    int64_t rows, chunk;
 } mm_job;
 
 static void mm_task(void *ctx, int task, int thread) {
@@ -113,7 +109,7 @@ static void mm_task(void *ctx, int task, int thread) {
     const mm_job *j = ctx;
     int64_t r0 = (int64_t)task * j->chunk;
     int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
-    j->fn(j->w, j->row_bytes, j->cols, j->x, j->n_tok, j->y, j->rows, r0, r1);
+    j->fn(&j->args, r0, r1);
 }
 
 /* Rows per task: about 4 tasks per thread, in multiples of 16 rows, between
@@ -127,6 +123,41 @@ static int64_t chunk_rows(int64_t rows, int n_threads) {
     return c;
 }
 
+/* Per calling thread: the buffer for packed activations, grown on demand
+ * and kept (a forward pass packs hundreds of times), freed at thread exit. */
+static pthread_key_t g_pack_key;
+static pthread_once_t g_pack_once = PTHREAD_ONCE_INIT;
+
+typedef struct pack_buf {
+    float *p;
+    size_t cap; /* floats */
+} pack_buf;
+
+static void pack_buf_free(void *v) {
+    pack_buf *b = v;
+    free(b->p);
+    free(b);
+}
+
+static void pack_key_init(void) { pthread_key_create(&g_pack_key, pack_buf_free); }
+
+static float *pack_buffer(size_t n) {
+    pthread_once(&g_pack_once, pack_key_init);
+    pack_buf *b = pthread_getspecific(g_pack_key);
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        if (!b || pthread_setspecific(g_pack_key, b) != 0) abort();
+    }
+    if (b->cap < n) {
+        free(b->p);
+        /* 64-byte aligned: every packed 32-float run starts a cache line */
+        b->p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        if (!b->p) abort();
+        b->cap = n;
+    }
+    return b->p;
+}
+
 void cpu_matmul(specd_pool *pool, float *y, const specd_tensor *W, const float *x, int n_tok) {
     const cpu_kernel_set *ks = active();
     cpu_rows_fn fn = (unsigned)W->type < SPECD_DTYPE_COUNT ? ks->rows[W->type] : NULL;
@@ -137,14 +168,27 @@ void cpu_matmul(specd_pool *pool, float *y, const specd_tensor *W, const float *
     if (n_tok <= 0) return;
     mm_job j = {
         .fn = fn,
-        .w = W->data,
-        .row_bytes = row_bytes_of(W),
+        .args =
+            {
+                .w = W->data,
+                .row_bytes = row_bytes_of(W),
+                .cols = (int64_t)W->ne[0],
+                .x = x,
+                .xp = NULL,
+                .n_tok = n_tok,
+                .y = y,
+                .ldy = (int64_t)W->ne[1],
+            },
         .rows = (int64_t)W->ne[1],
-        .cols = (int64_t)W->ne[0],
-        .x = x,
-        .y = y,
-        .n_tok = n_tok,
     };
+    if (n_tok > 1 && ks->nt_max > 0) {
+        /* Packing costs one pass over x (n_tok*cols floats), small next to
+         * the rows*cols*n_tok multiply-adds it speeds up. */
+        size_t n = (size_t)n_tok * (size_t)cpu_packed_groups(j.args.cols) * 32;
+        float *xp = pack_buffer(n);
+        cpu_pack_x(x, n_tok, j.args.cols, ks->nt_max, xp);
+        j.args.xp = xp;
+    }
     j.chunk = chunk_rows(j.rows, specd_pool_size(pool));
     int n_tasks = (int)((j.rows + j.chunk - 1) / j.chunk);
     specd_pool_run(pool, n_tasks, mm_task, &j);

@@ -29,35 +29,99 @@ INL __m256i i8x8(const void *p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
-/* ---- expanders: group g (weights 32g..32g+31) into w[0..3] ------------- */
+/* Groups whose scales are converted to fp32 at once (see quant_avx512.c:
+ * converting per segment instead of per block takes the fp16 conversions
+ * and broadcasts out of the group loop). A multiple of 8 (K-quants). */
+#define SEG 64
 
-INL void ex_f32(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    (void)exact;
-    const float *p = (const float *)(const void *)row + 32 * g;
-    for (int i = 0; i < 4; i++) w[i] = _mm256_loadu_ps(p + 8 * i);
+/* ---- scale preparation -------------------------------------------------- */
+
+INL void prep_none(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)row, (void)g0, (void)n, (void)sd, (void)sm;
 }
 
-INL void ex_f16(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    (void)exact;
-    const uint8_t *p = row + 64 * g;
-    for (int i = 0; i < 4; i++)
-        w[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
-}
-
-INL void ex_bf16(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    (void)exact;
-    const uint8_t *p = row + 64 * g;
-    for (int i = 0; i < 4; i++) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
-        w[i] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+INL void prep_blocks(const uint8_t *row, int stride, int64_t g0, int n, float *sd, float *sm) {
+    const uint8_t *b = row + stride * g0;
+    for (int i = 0; i < n; i++, b += stride) {
+        sd[i] = h2f(rd_u16(b));
+        if (sm) sm[i] = h2f(rd_u16(b + 2));
     }
 }
 
-INL void ex_q8_0(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    (void)exact;
+INL void prep_q8_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 34, g0, n, sd, NULL);
+}
+INL void prep_q4_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 18, g0, n, sd, NULL);
+}
+INL void prep_q4_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_blocks(row, 20, g0, n, sd, sm);
+}
+
+INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + 144 * (g0 / 8 + s);
+        const float d = h2f(rd_u16(b + Q4K_D)), dmin = h2f(rd_u16(b + Q4K_DMIN));
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
+            sd[8 * s + j] = d * (float)sc;
+            sm[8 * s + j] = dmin * (float)mn;
+        }
+    }
+}
+
+INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + 210 * (g0 / 8 + s);
+        const float d = h2f(rd_u16(b + Q6K_D));
+        const int8_t *sc = (const int8_t *)(b + Q6K_SCALES);
+        for (int j = 0; j < 16; j++) sd[16 * s + j] = d * (float)sc[j];
+    }
+}
+
+#define prep_f32 prep_none
+#define prep_f16 prep_none
+#define prep_bf16 prep_none
+
+/* ---- expanders: group g (weights 32g..32g+31) into w[0..3] ------------- */
+/* i: g's index in the current segment (for sd/sm); `exact` selects the
+ * reference's operation order over FMA. */
+
+#define EX_ARGS \
+    const uint8_t *row, int64_t g, int64_t i, const float *sd, const float *sm, __m256 w[4], \
+        int exact
+
+INL void ex_f32(EX_ARGS) {
+    (void)i, (void)sd, (void)sm, (void)exact;
+    const float *p = (const float *)(const void *)row + 32 * g;
+    for (int k = 0; k < 4; k++) w[k] = _mm256_loadu_ps(p + 8 * k);
+}
+
+INL void ex_f16(EX_ARGS) {
+    (void)i, (void)sd, (void)sm, (void)exact;
+    const uint8_t *p = row + 64 * g;
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * k)));
+}
+
+INL void ex_bf16(EX_ARGS) {
+    (void)i, (void)sd, (void)sm, (void)exact;
+    const uint8_t *p = row + 64 * g;
+    for (int k = 0; k < 4; k++) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * k)));
+        w[k] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+}
+
+INL void ex_q8_0(EX_ARGS) {
+    (void)sm, (void)exact;
     const uint8_t *b = row + 34 * g;
-    const __m256 d = _mm256_set1_ps(h2f(rd_u16(b)));
-    for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(b + 2 + 8 * i)));
+    const __m256 d = _mm256_set1_ps(sd[i]);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(i8x8(b + 2 + 8 * k)));
 }
 
 /* Nibbles of 16 bytes as 32 int32 values in element order: low nibbles are
@@ -71,44 +135,36 @@ INL void nibbles(const uint8_t *qs, __m256i q[4]) {
     q[3] = _mm256_srli_epi32(b, 4);
 }
 
-INL void ex_q4_0(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    (void)exact;
-    const uint8_t *b = row + 18 * g;
-    const float df = h2f(rd_u16(b));
-    const __m256 d = _mm256_set1_ps(df);
+INL void ex_q4_0(EX_ARGS) {
+    (void)sm, (void)exact;
+    const __m256 d = _mm256_set1_ps(sd[i]);
     /* fma(q, d, -8d) == round((q-8)*d), the reference value (-8d is exact). */
-    const __m256 off = _mm256_set1_ps(-8.0f * df);
+    const __m256 off = _mm256_set1_ps(-8.0f * sd[i]);
     __m256i q[4];
-    nibbles(b + 2, q);
-    for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), d, off);
+    nibbles(row + 18 * g + 2, q);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, off);
 }
 
-INL void ex_q4_1(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    const uint8_t *b = row + 20 * g;
-    const __m256 d = _mm256_set1_ps(h2f(rd_u16(b)));
-    const __m256 m = _mm256_set1_ps(h2f(rd_u16(b + 2)));
+INL void ex_q4_1(EX_ARGS) {
+    const __m256 d = _mm256_set1_ps(sd[i]), m = _mm256_set1_ps(sm[i]);
     __m256i q[4];
-    nibbles(b + 4, q);
-    for (int i = 0; i < 4; i++) {
-        __m256 f = _mm256_cvtepi32_ps(q[i]);
-        w[i] = exact ? _mm256_add_ps(_mm256_mul_ps(f, d), m) : _mm256_fmadd_ps(f, d, m);
+    nibbles(row + 20 * g + 4, q);
+    for (int k = 0; k < 4; k++) {
+        __m256 f = _mm256_cvtepi32_ps(q[k]);
+        w[k] = exact ? _mm256_add_ps(_mm256_mul_ps(f, d), m) : _mm256_fmadd_ps(f, d, m);
     }
 }
 
-INL void ex_q4_k(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    const uint8_t *b = row + 144 * (g >> 3);
+INL void ex_q4_k(EX_ARGS) {
+    const __m256 ds = _mm256_set1_ps(sd[i]), ms = _mm256_set1_ps(sm[i]);
     const int j = (int)(g & 7);
-    uint8_t sc, mn;
-    q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
-    const __m256 ds = _mm256_set1_ps(h2f(rd_u16(b + Q4K_D)) * (float)sc);
-    const __m256 ms = _mm256_set1_ps(h2f(rd_u16(b + Q4K_DMIN)) * (float)mn);
-    const uint8_t *q = b + Q4K_QS + 32 * (j >> 1);
+    const uint8_t *q = row + 144 * (g >> 3) + Q4K_QS + 32 * (j >> 1);
     const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
     const __m256i mask = _mm256_set1_epi32(0x0F);
-    for (int i = 0; i < 4; i++) {
-        __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * i), shift), mask);
+    for (int k = 0; k < 4; k++) {
+        __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * k), shift), mask);
         __m256 f = _mm256_cvtepi32_ps(v);
-        w[i] = exact ? _mm256_sub_ps(_mm256_mul_ps(ds, f), ms) : _mm256_fmsub_ps(ds, f, ms);
+        w[k] = exact ? _mm256_sub_ps(_mm256_mul_ps(ds, f), ms) : _mm256_fmsub_ps(ds, f, ms);
     }
 }
 
@@ -121,17 +177,16 @@ INL __m128i q6k_bytes(const uint8_t *ql, const uint8_t *qh, __m128i sl, __m128i 
     return _mm_sub_epi8(_mm_or_si128(l, h), _mm_set1_epi8(32));
 }
 
-INL void ex_q6_k(const uint8_t *row, int64_t g, __m256 w[4], int exact) {
-    (void)exact;
+INL void ex_q6_k(EX_ARGS) {
+    (void)sm, (void)exact;
     const uint8_t *b = row + 210 * (g >> 3);
     const int j = (int)(g & 7), h = j >> 2, k = j & 3;
-    const float d = h2f(rd_u16(b + Q6K_D));
     const uint8_t *ql = b + Q6K_QL + 64 * h + 32 * (k & 1);
     const uint8_t *qh = b + Q6K_QH + 32 * h;
-    const int8_t *sc = (const int8_t *)(b + Q6K_SCALES) + 8 * h + 2 * k;
     const __m128i sl = _mm_cvtsi32_si128(4 * (k >> 1)), sh = _mm_cvtsi32_si128(2 * k);
     for (int half = 0; half < 2; half++) {
-        const __m256 s = _mm256_set1_ps(d * (float)sc[half]);
+        /* (d*sc) * q, the reference's order */
+        const __m256 s = _mm256_set1_ps(sd[2 * i + half]);
         __m128i q = q6k_bytes(ql + 16 * half, qh + 16 * half, sl, sh);
         __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
         __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
@@ -149,67 +204,13 @@ INL float hsum8(__m256 v) {
 
 /* ---- kernels generated per type (see quant_avx512.c for the layout) ---- */
 
-#define DEF_TILE(TY)                                                                          \
-    INL void tile_##TY(const uint8_t *row, int64_t ng, const float *x, int64_t ldx, int nt,   \
-                       float *out) {                                                          \
-        __m256 acc[NT_MAX][2];                                                                \
-        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();             \
-        for (int64_t g = 0; g < ng; g++) {                                                    \
-            __m256 w[4];                                                                      \
-            ex_##TY(row, g, w, 0);                                                            \
-            const float *xg = x + 32 * g;                                                     \
-            for (int t = 0; t < nt; t++) {                                                    \
-                const float *xt = xg + t * ldx;                                               \
-                acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc[t][0]);            \
-                acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc[t][1]);        \
-                acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc[t][0]);       \
-                acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc[t][1]);       \
-            }                                                                                 \
-        }                                                                                     \
-        for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));    \
-    }
-
-#define DEF_ROWS(TY, TYPE)                                                                    \
-    DEF_TILE(TY)                                                                              \
-    static T256 void rows_##TY(const uint8_t *w, size_t row_bytes, int64_t cols,              \
-                               const float *x, int n_tok, float *y, int64_t ldy, int64_t r0,  \
-                               int64_t r1) {                                                  \
-        const int64_t ng = cols / 32, done = ng * 32;                                         \
-        for (int t0 = 0; t0 < n_tok; t0 += NT_MAX) {                                          \
-            const int nt = n_tok - t0 < NT_MAX ? n_tok - t0 : NT_MAX;                         \
-            const float *xt = x + (int64_t)t0 * cols;                                         \
-            for (int64_t r = r0; r < r1; r++) {                                               \
-                const uint8_t *row = w + r * row_bytes;                                       \
-                float out[NT_MAX] = {0};                                                      \
-                switch (nt) {                                                                 \
-                case 1: tile_##TY(row, ng, xt, cols, 1, out); break;                          \
-                case 2: tile_##TY(row, ng, xt, cols, 2, out); break;                          \
-                case 3: tile_##TY(row, ng, xt, cols, 3, out); break;                          \
-                default: tile_##TY(row, ng, xt, cols, 4, out); break;                         \
-                }                                                                             \
-                if (done < cols) plain_tail(TYPE, row, done, cols, xt, nt, out);              \
-                for (int t = 0; t < nt; t++) y[(int64_t)(t0 + t) * ldy + r] = out[t];         \
-            }                                                                                 \
-        }                                                                                     \
-    }                                                                                         \
-    static T256 void deq_##TY(const void *src, float *dst, int64_t n) {                       \
-        const uint8_t *s = src;                                                               \
-        const int64_t ng = n / 32;                                                            \
-        for (int64_t g = 0; g < ng; g++) {                                                    \
-            __m256 w[4];                                                                      \
-            ex_##TY(s, g, w, 1);                                                              \
-            for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 32 * g + 8 * i, w[i]);         \
-        }                                                                                     \
-        if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                            \
-    }
-
-static void plain_tail(specd_dtype type, const uint8_t *row, int64_t from, int64_t cols,
-                       const float *x, int nt, float *out) {
-    const int64_t esz = type == SPECD_F32 ? 4 : 2;
+static void plain_tail(specd_dtype type, const uint8_t *row, int64_t from, const cpu_mm_args *a,
+                       int t0, int nt, float *out) {
+    const int64_t esz = type == SPECD_F32 ? 4 : 2, cols = a->cols;
     float w[32];
     cpu_dequant_ref_fn(type)(row + from * esz, w, cols - from);
     for (int t = 0; t < nt; t++)
-        for (int64_t c = from; c < cols; c++) out[t] += w[c - from] * x[t * cols + c];
+        for (int64_t c = from; c < cols; c++) out[t] += w[c - from] * a->x[(t0 + t) * cols + c];
 }
 
 static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, int64_t n,
@@ -217,6 +218,70 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
     const int64_t esz = type == SPECD_F32 ? 4 : 2;
     cpu_dequant_ref_fn(type)(src + from * esz, dst + from, n - from);
 }
+
+/* x: packed activations (group g of token t at x + g*32*nt + 32*t). Two
+ * accumulators per token (even and odd 8-float quarters of each group). */
+#define DEF_TILE(TY)                                                                          \
+    INL void tile_##TY(const uint8_t *row, int64_t ng, const float *x, int nt, float *out) {  \
+        __m256 acc[NT_MAX][2];                                                                \
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();             \
+        for (int64_t g0 = 0; g0 < ng; g0 += SEG) {                                            \
+            const int n = ng - g0 < SEG ? (int)(ng - g0) : SEG;                               \
+            float sd[2 * SEG], sm[SEG];                                                       \
+            prep_##TY(row, g0, n, sd, sm);                                                    \
+            for (int i = 0; i < n; i++) {                                                     \
+                __m256 w[4];                                                                  \
+                ex_##TY(row, g0 + i, i, sd, sm, w, 0);                                        \
+                const float *xg = x + 32 * nt * (g0 + i);                                     \
+                for (int t = 0; t < nt; t++) {                                                \
+                    const float *xt = xg + 32 * t;                                            \
+                    acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc[t][0]);        \
+                    acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc[t][1]);    \
+                    acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc[t][0]);   \
+                    acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc[t][1]);   \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));    \
+    }
+
+#define DEF_ROWS(TY, TYPE)                                                                    \
+    DEF_TILE(TY)                                                                              \
+    static T256 void rows_##TY(const cpu_mm_args *a, int64_t r0, int64_t r1) {                \
+        const int64_t cols = a->cols, ng = cols / 32, done = ng * 32;                         \
+        const int64_t ngp = cpu_packed_groups(cols);                                          \
+        for (int t0 = 0; t0 < a->n_tok; t0 += NT_MAX) {                                       \
+            const int nt = a->n_tok - t0 < NT_MAX ? a->n_tok - t0 : NT_MAX;                   \
+            const float *xg = a->n_tok == 1 ? a->x : a->xp + (int64_t)t0 * ngp * 32;          \
+            for (int64_t r = r0; r < r1; r++) {                                               \
+                const uint8_t *row = a->w + r * a->row_bytes;                                 \
+                float out[NT_MAX] = {0};                                                      \
+                switch (nt) {                                                                 \
+                case 1: tile_##TY(row, ng, xg, 1, out); break;                                \
+                case 2: tile_##TY(row, ng, xg, 2, out); break;                                \
+                case 3: tile_##TY(row, ng, xg, 3, out); break;                                \
+                default: tile_##TY(row, ng, xg, 4, out); break;                               \
+                }                                                                             \
+                if (done < cols) plain_tail(TYPE, row, done, a, t0, nt, out);                 \
+                for (int t = 0; t < nt; t++) a->y[(int64_t)(t0 + t) * a->ldy + r] = out[t];   \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    static T256 void deq_##TY(const void *src, float *dst, int64_t n) {                       \
+        const uint8_t *s = src;                                                               \
+        const int64_t ng = n / 32;                                                            \
+        for (int64_t g0 = 0; g0 < ng; g0 += SEG) {                                            \
+            const int cnt = ng - g0 < SEG ? (int)(ng - g0) : SEG;                             \
+            float sd[2 * SEG], sm[SEG];                                                       \
+            prep_##TY(s, g0, cnt, sd, sm);                                                    \
+            for (int i = 0; i < cnt; i++) {                                                   \
+                __m256 w[4];                                                                  \
+                ex_##TY(s, g0 + i, i, sd, sm, w, 1);                                          \
+                for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + 32 * (g0 + i) + 8 * k, w[k]); \
+            }                                                                                 \
+        }                                                                                     \
+        if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                            \
+    }
 
 DEF_ROWS(f32, SPECD_F32)
 DEF_ROWS(f16, SPECD_F16)
@@ -230,6 +295,7 @@ DEF_ROWS(q6_k, SPECD_Q6_K)
 int cpu_kernels_avx2(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
     ks->name = "avx2";
+    ks->nt_max = NT_MAX;
 #define SET(TY, TYPE)                  \
     ks->dequant[TYPE] = deq_##TY;      \
     ks->rows[TYPE] = rows_##TY;

@@ -10,10 +10,24 @@
  *     (decode is n_tok = 1; verifying a tree of 8 drafted tokens costs one
  *     decode of the weights plus 16 extra FMAs per group instead of 8 decodes).
  *
+ * Where the time goes. With 512-bit instructions only two execution ports
+ * (0 and 5) do vector work, so at n_tok = 1 the kernel is bound by the number
+ * of vector instructions per group, not by the FMAs. Two tricks keep that
+ * number low:
+ *
+ *   - Scales are converted from fp16 once per row segment (a gather of the
+ *     16-bit fields of 16 blocks, one conversion), not per block; the group
+ *     loop then reads them as fp32 with broadcast loads, which the load ports
+ *     execute without touching ports 0/5.
+ *   - 4-bit types do not convert nibbles to float at all: the 16 possible
+ *     weights of a block (d*q + m for q = 0..15) are computed with one FMA
+ *     into a register, and vpermps looks each nibble up in it (vpermps reads
+ *     only the low 4 bits of each index, so low nibbles need no masking).
+ *
  * The weights stay in their file format; nothing is repacked or copied. The
- * matmul expanders may use FMA where the reference does a multiply then an
- * add (Q4_1, Q4_K); that moves each weight by at most half an ulp, well
- * inside the 1e-5 relative tolerance the tests use.
+ * matmul may use an FMA where the reference does a multiply then an add
+ * (Q4_1, Q4_K lookup tables); that moves each weight by at most half an ulp,
+ * well inside the 1e-5 relative tolerance the tests use.
  *
  * Compiled with per-function target attributes (no -march), and only called
  * after matmul.c checked __builtin_cpu_supports. */
@@ -22,39 +36,117 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) T512
 
 /* Tokens handled together per weight group: 8 tokens x 2 accumulators = 16
  * of the 32 zmm registers, leaving room for the weights and constants. */
 #define NT_MAX 8
 
-INL float h2f(uint16_t h) { return _cvtsh_ss(h); }
+/* Groups (of 32 weights) whose scales are converted at once: 2048 columns,
+ * a multiple of the 8 groups of a K-quant super-block. The fp32 scales
+ * (at most 2*SEG floats) live on the stack, in L1. */
+#define SEG 64
 
-INL __m512 cvt_u8x16(const uint8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+/* ---- scale preparation: fp16 fields -> fp32 arrays, per segment --------- */
+
+/* For blocks b < n (n <= 16) at p + stride*b, the fp16 at offset 0 goes to
+ * lo[b] and, when hi != NULL, the fp16 at offset 2 to hi[b]. One masked
+ * gather reads both halves of the 32-bit word at each block start (never
+ * past the block: every block is at least 18 bytes). */
+INL void gather_h2(const uint8_t *p, int stride, int n, float *lo, float *hi) {
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(stride));
+    const __mmask16 k = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, p, 1);
+    _mm512_mask_storeu_ps(lo, k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+    if (hi)
+        _mm512_mask_storeu_ps(hi, k,
+                              _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))));
+}
+
+INL void prep_blocks(const uint8_t *row, int stride, int64_t g0, int n, float *sd, float *sm) {
+    for (int i = 0; i < n; i += 16)
+        gather_h2(row + stride * (g0 + i), stride, n - i, sd + i, sm ? sm + i : NULL);
+}
+
+INL void prep_none(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)row, (void)g0, (void)n, (void)sd, (void)sm;
+}
+INL void prep_q8_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 34, g0, n, sd, NULL);
+    /* ex_q8_0 produces q * 2^24; see there. */
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(k, sd + i);
+        _mm512_mask_storeu_ps(sd + i, k, _mm512_mul_ps(v, _mm512_set1_ps(0x1p-24f)));
+    }
+}
+INL void prep_q4_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 18, g0, n, sd, NULL);
+}
+INL void prep_q4_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_blocks(row, 20, g0, n, sd, sm);
+}
+
+/* Q4_K: sd/sm = d*scale and dmin*min of each 32-weight sub-block, computed
+ * exactly as the reference does. g0 and n are multiples of 8. */
+INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + 144 * (g0 / 8 + s);
+        const float d = _cvtsh_ss(rd_u16(b + Q4K_D)), dmin = _cvtsh_ss(rd_u16(b + Q4K_DMIN));
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
+            sd[8 * s + j] = d * (float)sc;
+            sm[8 * s + j] = dmin * (float)mn;
+        }
+    }
+}
+
+/* Q6_K: sd[2i + h] = d*scale of the h-th 16-weight half of group i. The 16
+ * scales of a super-block are in exactly that order. */
+INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + 210 * (g0 / 8 + s);
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(rd_u16(b + Q6K_D)));
+        __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + Q6K_SCALES)));
+        _mm512_storeu_ps(sd + 16 * s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+    }
 }
 
 /* ---- expanders: group g (weights 32g..32g+31) of a row ----------------- */
-/* `exact` (a compile-time constant after inlining) selects the reference
- * operation order instead of FMA where the two differ. */
+/* i is g's index within the current segment (for sd/sm). `exact` (constant
+ * after inlining) selects the reference's operation order over FMA. */
 
-INL void ex_f32(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    (void)exact;
+#define EX_ARGS                                                                              \
+    const uint8_t *row, int64_t g, int64_t i, const float *sd, const float *sm, __m512 *w0, \
+        __m512 *w1, int exact
+
+INL __m512 iota16(void) {
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+INL void ex_f32(EX_ARGS) {
+    (void)i, (void)sd, (void)sm, (void)exact;
     const float *p = (const float *)(const void *)row + 32 * g;
     *w0 = _mm512_loadu_ps(p);
     *w1 = _mm512_loadu_ps(p + 16);
 }
 
-INL void ex_f16(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    (void)exact;
+INL void ex_f16(EX_ARGS) {
+    (void)i, (void)sd, (void)sm, (void)exact;
     const uint8_t *p = row + 64 * g;
     *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
 }
 
-INL void ex_bf16(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    (void)exact;
+INL void ex_bf16(EX_ARGS) {
+    (void)i, (void)sd, (void)sm, (void)exact;
     /* bf16 is the top half of an fp32: widen and shift left 16. */
     const uint8_t *p = row + 64 * g;
     __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
@@ -63,176 +155,110 @@ INL void ex_bf16(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exac
     *w1 = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
 }
 
-INL void ex_q8_0(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    (void)exact;
+/* 16 bytes at p, broadcast to the four 128-bit lanes (a pure load) and
+ * shuffled so that dword j of lane k holds byte 4k+j: in its top byte when
+ * `top`, else in its low byte. vpshufb is one cycle on port 5, where
+ * vpmovzxbd/vpmovsxbd to 512 bits take two. */
+INL __m512i bytes_to_dwords(const uint8_t *p, int top) {
+    const __m512i pat_top = _mm512_set_epi32(
+        0x0F808080, 0x0E808080, 0x0D808080, 0x0C808080, 0x0B808080, 0x0A808080, 0x09808080,
+        0x08808080, 0x07808080, 0x06808080, 0x05808080, 0x04808080, 0x03808080, 0x02808080,
+        0x01808080, 0x00808080);
+    const __m512i pat_low = _mm512_set_epi32(
+        (int)0x8080800F, (int)0x8080800E, (int)0x8080800D, (int)0x8080800C, (int)0x8080800B,
+        (int)0x8080800A, (int)0x80808009, (int)0x80808008, (int)0x80808007, (int)0x80808006,
+        (int)0x80808005, (int)0x80808004, (int)0x80808003, (int)0x80808002, (int)0x80808001,
+        (int)0x80808000);
+    __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_shuffle_epi8(b, top ? pat_top : pat_low);
+}
+
+INL void ex_q8_0(EX_ARGS) {
+    (void)sm, (void)exact;
+    /* The int8 lands in the top byte of each dword, so the dword is q * 2^24
+     * (sign included) and converts to float exactly; sd holds d * 2^-24, and
+     * (d * 2^-24) * (q * 2^24) rounds exactly like the reference's d * q
+     * (power-of-two factors, far from under/overflow). */
     const uint8_t *b = row + 34 * g;
-    const __m512 d = _mm512_set1_ps(h2f(rd_u16(b)));
-    __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-    __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)));
-    *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
-    *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
+    const __m512 d = _mm512_set1_ps(sd[i]);
+    *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_dwords(b + 2, 1)));
+    *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_to_dwords(b + 18, 1)));
 }
 
-INL void ex_q4_0(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    (void)exact;
-    const uint8_t *b = row + 18 * g;
-    const float df = h2f(rd_u16(b));
-    const __m512 d = _mm512_set1_ps(df);
-    /* fma(q, d, -8d) rounds (q-8)*d once, exactly like the reference:
-     * -8d is exact (a power-of-two multiple of an fp16 value). */
-    const __m512 off = _mm512_set1_ps(-8.0f * df);
-    __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-    __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(raw, _mm512_set1_epi32(0x0F)));
-    __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4));
-    *w0 = _mm512_fmadd_ps(lo, d, off);
-    *w1 = _mm512_fmadd_ps(hi, d, off);
+/* Looks the 32 nibbles of 16 bytes up in a 16-entry table (element order:
+ * low nibbles are elements 0..15, high nibbles 16..31). */
+INL void lut_nibbles(const uint8_t *qs, __m512 tab, __m512 *w0, __m512 *w1) {
+    __m512i raw = bytes_to_dwords(qs, 0);
+    *w0 = _mm512_permutexvar_ps(raw, tab);
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(raw, 4), tab);
 }
 
-INL void ex_q4_1(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    const uint8_t *b = row + 20 * g;
-    const __m512 d = _mm512_set1_ps(h2f(rd_u16(b)));
-    const __m512 m = _mm512_set1_ps(h2f(rd_u16(b + 2)));
-    __m512i raw = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 4)));
-    __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(raw, _mm512_set1_epi32(0x0F)));
-    __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(raw, 4));
-    if (exact) {
-        *w0 = _mm512_add_ps(_mm512_mul_ps(lo, d), m);
-        *w1 = _mm512_add_ps(_mm512_mul_ps(hi, d), m);
-    } else {
-        *w0 = _mm512_fmadd_ps(lo, d, m);
-        *w1 = _mm512_fmadd_ps(hi, d, m);
-    }
+INL void ex_q4_0(EX_ARGS) {
+    (void)sm, (void)exact;
+    /* (q-8)*d for q = 0..15, as the reference computes it */
+    const __m512 iota_m8 = _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0f));
+    lut_nibbles(row + 18 * g + 2, _mm512_mul_ps(iota_m8, _mm512_set1_ps(sd[i])), w0, w1);
 }
 
-INL void ex_q4_k(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    const uint8_t *b = row + 144 * (g >> 3);
+INL void ex_q4_1(EX_ARGS) {
+    const __m512 d = _mm512_set1_ps(sd[i]), m = _mm512_set1_ps(sm[i]);
+    __m512 tab = exact ? _mm512_add_ps(_mm512_mul_ps(iota16(), d), m)
+                       : _mm512_fmadd_ps(iota16(), d, m);
+    lut_nibbles(row + 20 * g + 4, tab, w0, w1);
+}
+
+INL void ex_q4_k(EX_ARGS) {
+    const __m512 ds = _mm512_set1_ps(sd[i]), ms = _mm512_set1_ps(sm[i]);
+    __m512 tab = exact ? _mm512_sub_ps(_mm512_mul_ps(ds, iota16()), ms)
+                       : _mm512_fmsub_ps(iota16(), ds, ms);
+    /* Sub-blocks 2k and 2k+1 share bytes 32k..32k+31 (low/high nibbles);
+     * vpermps ignores index bits above 3, so only odd ones need a shift. */
     const int j = (int)(g & 7);
-    uint8_t sc, mn;
-    q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
-    const __m512 ds = _mm512_set1_ps(h2f(rd_u16(b + Q4K_D)) * (float)sc);
-    const __m512 ms = _mm512_set1_ps(h2f(rd_u16(b + Q4K_DMIN)) * (float)mn);
-    /* Sub-blocks 2i and 2i+1 share bytes 32i..32i+31 (low/high nibbles). */
-    const uint8_t *q = b + Q4K_QS + 32 * (j >> 1);
+    const uint8_t *q = row + 144 * (g >> 3) + Q4K_QS + 32 * (j >> 1);
     const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
-    const __m512i mask = _mm512_set1_epi32(0x0F);
-    __m512i r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-    __m512i r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
-    __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(r0, shift), mask));
-    __m512 q1 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(r1, shift), mask));
-    if (exact) {
-        *w0 = _mm512_sub_ps(_mm512_mul_ps(ds, q0), ms);
-        *w1 = _mm512_sub_ps(_mm512_mul_ps(ds, q1), ms);
-    } else {
-        *w0 = _mm512_fmsub_ps(ds, q0, ms);
-        *w1 = _mm512_fmsub_ps(ds, q1, ms);
-    }
+    __m512i r0 = bytes_to_dwords(q, 0), r1 = bytes_to_dwords(q + 16, 0);
+    *w0 = _mm512_permutexvar_ps(_mm512_srl_epi32(r0, shift), tab);
+    *w1 = _mm512_permutexvar_ps(_mm512_srl_epi32(r1, shift), tab);
 }
 
-/* 16 Q6_K quants (signed, q - 32) as bytes: 4 bits from ql (nibble chosen by
- * `sl`), 2 bits from qh (bits sh, sh+1). Byte-wise work in 128-bit lanes is
- * four times denser than working on widened 32-bit lanes. */
-INL __m128i q6k_bytes(const uint8_t *ql, const uint8_t *qh, __m128i sl, __m128i sh) {
-    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x30);
-    __m128i l = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)ql), sl), m4);
-    __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), sh);
-    h = _mm_and_si128(_mm_slli_epi16(h, 4), m2);
-    return _mm_sub_epi8(_mm_or_si128(l, h), _mm_set1_epi8(32));
-}
-
-INL void ex_q6_k(const uint8_t *row, int64_t g, __m512 *w0, __m512 *w1, int exact) {
-    (void)exact;
-    const uint8_t *b = row + 210 * (g >> 3);
-    const int j = (int)(g & 7), h = j >> 2, k = j & 3;
-    const float d = h2f(rd_u16(b + Q6K_D));
+/* The 32 signed quants (q - 32) of Q6_K group j (0..7 within its
+ * super-block) as bytes: 4 bits from ql (low or high nibbles of one of two
+ * 32-byte runs), 2 bits from qh (one bit pair of a 32-byte run). 16-bit
+ * shifts move bits across byte boundaries, but the masks keep only the bits
+ * that belong to each byte. */
+INL __m256i q6k_bytes(const uint8_t *b, int j) {
+    const int h = j >> 2, k = j & 3;
     const uint8_t *ql = b + Q6K_QL + 64 * h + 32 * (k & 1);
     const uint8_t *qh = b + Q6K_QH + 32 * h;
-    const int8_t *sc = (const int8_t *)(b + Q6K_SCALES) + 8 * h + 2 * k;
     const __m128i sl = _mm_cvtsi32_si128(4 * (k >> 1)), sh = _mm_cvtsi32_si128(2 * k);
-    /* The reference computes (d*sc) * q; so do we. */
-    const __m512 s0 = _mm512_set1_ps(d * (float)sc[0]);
-    const __m512 s1 = _mm512_set1_ps(d * (float)sc[1]);
-    __m128i q0 = q6k_bytes(ql, qh, sl, sh);
-    __m128i q1 = q6k_bytes(ql + 16, qh + 16, sl, sh);
-    *w0 = _mm512_mul_ps(s0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
-    *w1 = _mm512_mul_ps(s1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+    __m256i l = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql), sl);
+    __m256i hb = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), sh);
+    l = _mm256_and_si256(l, _mm256_set1_epi8(0x0F));
+    hb = _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30));
+    return _mm256_sub_epi8(_mm256_or_si256(l, hb), _mm256_set1_epi8(32));
+}
+
+INL void ex_q6_k(EX_ARGS) {
+    (void)sm, (void)exact;
+    __m256i q = q6k_bytes(row + 210 * (g >> 3), (int)(g & 7));
+    __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+    __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    /* (d*sc) * q, the reference's order */
+    *w0 = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i]), f0);
+    *w1 = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i + 1]), f1);
 }
 
 /* ---- kernels generated per type ----------------------------------------- */
 
-/* out[t] = row . x_t for nt tokens (x_t = x + t*ldx), over ng groups of 32.
- * nt is a constant at every call site, so the loops over t unroll and the
- * accumulators live in registers. Two accumulators per token keep two
- * independent FMA chains per group. */
-#define DEF_TILE(TY)                                                                          \
-    INL void tile_##TY(const uint8_t *row, int64_t ng, const float *x, int64_t ldx, int nt,   \
-                       float *out) {                                                          \
-        __m512 acc[NT_MAX][2];                                                                \
-        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();             \
-        for (int64_t g = 0; g < ng; g++) {                                                    \
-            __m512 w0, w1;                                                                    \
-            ex_##TY(row, g, &w0, &w1, 0);                                                     \
-            const float *xg = x + 32 * g;                                                     \
-            for (int t = 0; t < nt; t++) {                                                    \
-                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg + t * ldx), acc[t][0]);    \
-                acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + t * ldx + 16), acc[t][1]); \
-            }                                                                                 \
-        }                                                                                     \
-        for (int t = 0; t < nt; t++)                                                          \
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));               \
-    }
-
-/* Rows [r0, r1) for all tokens. Tokens go in groups of up to NT_MAX in the
- * outer loop so that a group's activations (8 x cols floats) stay in L1 while
- * the rows of this task (a few KB of quantized weights) stream past them.
- * `tail` handles row lengths that are not a multiple of 32 (plain types
- * only; quantized rows are whole blocks). */
-#define DEF_ROWS(TY, TYPE)                                                                    \
-    DEF_TILE(TY)                                                                              \
-    static T512 void rows_##TY(const uint8_t *w, size_t row_bytes, int64_t cols,              \
-                               const float *x, int n_tok, float *y, int64_t ldy, int64_t r0,  \
-                               int64_t r1) {                                                  \
-        const int64_t ng = cols / 32, done = ng * 32;                                         \
-        for (int t0 = 0; t0 < n_tok; t0 += NT_MAX) {                                          \
-            const int nt = n_tok - t0 < NT_MAX ? n_tok - t0 : NT_MAX;                         \
-            const float *xt = x + (int64_t)t0 * cols;                                         \
-            for (int64_t r = r0; r < r1; r++) {                                               \
-                const uint8_t *row = w + r * row_bytes;                                       \
-                float out[NT_MAX] = {0};                                                      \
-                switch (nt) {                                                                 \
-                case 1: tile_##TY(row, ng, xt, cols, 1, out); break;                          \
-                case 2: tile_##TY(row, ng, xt, cols, 2, out); break;                          \
-                case 3: tile_##TY(row, ng, xt, cols, 3, out); break;                          \
-                case 4: tile_##TY(row, ng, xt, cols, 4, out); break;                          \
-                case 5: tile_##TY(row, ng, xt, cols, 5, out); break;                          \
-                case 6: tile_##TY(row, ng, xt, cols, 6, out); break;                          \
-                case 7: tile_##TY(row, ng, xt, cols, 7, out); break;                          \
-                default: tile_##TY(row, ng, xt, cols, 8, out); break;                         \
-                }                                                                             \
-                if (done < cols) plain_tail(TYPE, row, done, cols, xt, nt, out);              \
-                for (int t = 0; t < nt; t++) y[(int64_t)(t0 + t) * ldy + r] = out[t];         \
-            }                                                                                 \
-        }                                                                                     \
-    }                                                                                         \
-    static T512 void deq_##TY(const void *src, float *dst, int64_t n) {                       \
-        const uint8_t *s = src;                                                               \
-        const int64_t ng = n / 32;                                                            \
-        for (int64_t g = 0; g < ng; g++) {                                                    \
-            __m512 w0, w1;                                                                    \
-            ex_##TY(s, g, &w0, &w1, 1);                                                       \
-            _mm512_storeu_ps(dst + 32 * g, w0);                                               \
-            _mm512_storeu_ps(dst + 32 * g + 16, w1);                                          \
-        }                                                                                     \
-        if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                            \
-    }
-
-/* The last cols % 32 elements of a plain-typed (F32/F16/BF16) row. */
-static void plain_tail(specd_dtype type, const uint8_t *row, int64_t from, int64_t cols,
-                       const float *x, int nt, float *out) {
-    const int64_t esz = type == SPECD_F32 ? 4 : 2;
+/* The last cols % 32 elements of a plain-typed (F32/F16/BF16) row, for
+ * tokens t0..t0+nt-1. */
+static void plain_tail(specd_dtype type, const uint8_t *row, int64_t from, const cpu_mm_args *a,
+                       int t0, int nt, float *out) {
+    const int64_t esz = type == SPECD_F32 ? 4 : 2, cols = a->cols;
     float w[32];
     cpu_dequant_ref_fn(type)(row + from * esz, w, cols - from);
     for (int t = 0; t < nt; t++)
-        for (int64_t c = from; c < cols; c++) out[t] += w[c - from] * x[t * cols + c];
+        for (int64_t c = from; c < cols; c++) out[t] += w[c - from] * a->x[(t0 + t) * cols + c];
 }
 
 static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, int64_t n,
@@ -241,20 +267,236 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
     cpu_dequant_ref_fn(type)(src + from * esz, dst + from, n - from);
 }
 
-DEF_ROWS(f32, SPECD_F32)
-DEF_ROWS(f16, SPECD_F16)
-DEF_ROWS(bf16, SPECD_BF16)
-DEF_ROWS(q8_0, SPECD_Q8_0)
-DEF_ROWS(q4_0, SPECD_Q4_0)
-DEF_ROWS(q4_1, SPECD_Q4_1)
-DEF_ROWS(q4_k, SPECD_Q4_K)
-DEF_ROWS(q6_k, SPECD_Q6_K)
+/* Horizontal sums of up to 16 vectors at once: lane i of the result is the
+ * sum of the 16 lanes of v[i] (v[i] = 0 for i >= n). A tree of 15 merges,
+ * each two shuffles and an add, costs ~3 instructions per sum instead of
+ * ~8 for one reduction per vector; with short rows (576 columns are only
+ * 18 groups) the reductions are a visible part of a row's work.
+ *
+ * Notation: a vector is 4 chunks of 4 lanes. Level 1 folds each vector to
+ * 2 chunks and pairs vectors; level 2 to one chunk each, 4 vectors per
+ * result; levels 3 and 4 fold lanes inside chunks. The result lane 4k+j then
+ * holds the sum of input 4j+k, so inputs are fed in that transposed order. */
+INL __m512 hsum16(const __m512 *v, int n) {
+    __m512 in[16], l1[8], l2[4], l3[2];
+    for (int s = 0; s < 16; s++) {
+        const int src = 4 * (s & 3) + (s >> 2); /* transpose 4x4 */
+        in[s] = src < n ? v[src] : _mm512_setzero_ps();
+    }
+    for (int i = 0; i < 8; i++) {
+        __m512 a = in[2 * i], b = in[2 * i + 1];
+        l1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512 a = l1[2 * i], b = l1[2 * i + 1];
+        l2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    for (int i = 0; i < 2; i++) {
+        __m512 a = l2[2 * i], b = l2[2 * i + 1];
+        l3[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Rows per tile: with one token, 4 rows share each load of x and their 8
+ * accumulators (2 per row: the two halves of a group, two independent FMA
+ * chains) fill the 4-cycle FMA latency; with more tokens, 2 rows x up to 8
+ * tokens = 16 accumulators, each x load feeding two FMAs. */
+#define R1 4
+#define RN 2
+
+/* Rows whose scales are prepared together at one token (see rows_*): 16
+ * rows of up to SEG groups need 16*SEG*2 + 16*SEG floats = 12 KB of stack. */
+#define RS 16
+
+/* Groups per column block with several tokens: the packed activations of 8
+ * tokens for 16 groups are 16 KB, which stay in L1 while every row of the
+ * task passes by. Whole rows of a 1536-wide matrix would be 48 KB per token
+ * group, all of L1. */
+#define KB 16
+
+/* out[r*nt + t] = sum over groups g in [gb, ge) of row r . x_t, for R rows
+ * (row r at row0 + r*rb) and nt tokens; the 32 activations of group g for
+ * token t are at x + g*32*nt + 32*t (the packed layout; with nt = 1 that is
+ * plain x). With psd/psm the caller has prepared the scales (row r's at
+ * psd + r*SDG*(ge-gb), psm + r*(ge-gb), indexed from gb); without, they are
+ * prepared here, SEG groups at a time. R and nt are constants at every call
+ * site, so all loops over them unroll and the accumulators live in
+ * registers. `out` receives 16 floats. */
+#define DEF_TILE(TY, SDG)                                                                      \
+    INL void tile_##TY(const uint8_t *row0, size_t rb, int R, int64_t gb, int64_t ge,         \
+                       const float *x, int nt, const float *psd, const float *psm,             \
+                       float *out) {                                                           \
+        __m512 acc[16];                                                                        \
+        const int na = nt == 1 ? 2 * R : R * nt;                                               \
+        for (int k = 0; k < na; k++) acc[k] = _mm512_setzero_ps();                             \
+        float sdb[R1 * SDG * SEG], smb[R1 * SEG];                                              \
+        for (int64_t g0 = gb; g0 < ge; g0 += SEG) {                                            \
+            const int n = ge - g0 < SEG ? (int)(ge - g0) : SEG;                                \
+            const float *sd = psd, *sm = psm;                                                  \
+            if (!psd) {                                                                        \
+                for (int r = 0; r < R; r++)                                                    \
+                    prep_##TY(row0 + r * rb, g0, n, sdb + r * SDG * n, smb + r * n);           \
+                sd = sdb, sm = smb;                                                            \
+            }                                                                                  \
+            for (int i = 0; i < n; i++) {                                                      \
+                const float *xg = x + 32 * nt * (g0 + i);                                      \
+                for (int r = 0; r < R; r++) {                                                  \
+                    __m512 w0, w1;                                                             \
+                    ex_##TY(row0 + r * rb, g0 + i, i, sd + r * SDG * n, sm + r * n, &w0, &w1,  \
+                            0);                                                                \
+                    if (nt == 1) {                                                             \
+                        acc[2 * r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), acc[2 * r]);     \
+                        acc[2 * r + 1] =                                                       \
+                            _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), acc[2 * r + 1]);     \
+                    } else {                                                                   \
+                        for (int t = 0; t < nt; t++) {                                         \
+                            __m512 *a = &acc[r * nt + t];                                      \
+                            *a = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg + 32 * t), *a);        \
+                            *a = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 32 * t + 16), *a);   \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        if (nt == 1)                                                                           \
+            for (int r = 0; r < R; r++) acc[r] = _mm512_add_ps(acc[2 * r], acc[2 * r + 1]);   \
+        /* A full-width store: narrower reloads of it forward from the store   \
+         * buffer (they would wait for a masked store to retire). */                          \
+        _mm512_storeu_ps(out, hsum16(acc, R * nt));                                            \
+    }
+
+#define TILE_NT(TY, R, NT) tile_##TY(row, rb, R, gb, ge, xg, NT, sd, sm, out)
+#define TILE_SWITCH(TY, R)                                                                     \
+    switch (nt) {                                                                              \
+    case 2: TILE_NT(TY, R, 2); break;                                                          \
+    case 3: TILE_NT(TY, R, 3); break;                                                          \
+    case 4: TILE_NT(TY, R, 4); break;                                                          \
+    case 5: TILE_NT(TY, R, 5); break;                                                          \
+    case 6: TILE_NT(TY, R, 6); break;                                                          \
+    case 7: TILE_NT(TY, R, 7); break;                                                          \
+    default: TILE_NT(TY, R, 8); break;                                                         \
+    }
+
+/* Rows [r0, r1) for all tokens.
+ *
+ * One token (decode): tiles of 4 whole rows. Scales are prepared for RS rows
+ * at a time (one run of blocks, rows being contiguous), which hides the
+ * gathers' latency behind earlier tiles' work instead of stalling the start
+ * of every tile.
+ *
+ * Several tokens: token groups of up to NT_MAX in the outer loop; inside,
+ * RS rows at a time are swept column block by column block (KB groups), so
+ * the block's packed activations stay in L1 while the RS rows' weights
+ * (L1/L2) pass by; partial sums collect in `part`.
+ *
+ * Row lengths that are not a multiple of 32 (plain types only) finish in
+ * plain_tail. */
+#define DEF_ROWS(TY, TYPE, SDG)                                                                \
+    DEF_TILE(TY, SDG)                                                                          \
+    static T512 void rows_##TY(const cpu_mm_args *a, int64_t r0, int64_t r1) {                 \
+        const int64_t cols = a->cols, ng = cols / 32, done = ng * 32;                          \
+        const int64_t ngp = cpu_packed_groups(cols);                                           \
+        const size_t rb = a->row_bytes;                                                        \
+        float out[16];                                                                         \
+        if (a->n_tok == 1) {                                                                   \
+            float sdp[RS * SDG * SEG], smp[RS * SEG];                                          \
+            const float *xg = a->x;                                                            \
+            const int64_t gb = 0, ge = ng;                                                     \
+            const int nt = 1;                                                                  \
+            for (int64_t rs = r0; rs < r1; rs += RS) {                                         \
+                const int64_t re = r1 - rs < RS ? r1 : rs + RS;                                \
+                if (ng <= SEG) prep_##TY(a->w + rs * rb, 0, (int)((re - rs) * ng), sdp, smp);  \
+                for (int64_t r = rs; r < re; r += R1) {                                        \
+                    const uint8_t *row = a->w + r * rb;                                        \
+                    const float *sd = ng <= SEG ? sdp + (r - rs) * SDG * ng : NULL;            \
+                    const float *sm = ng <= SEG ? smp + (r - rs) * ng : NULL;                  \
+                    const int nr = re - r < R1 ? (int)(re - r) : R1;                           \
+                    switch (nr) {                                                              \
+                    case 4: TILE_NT(TY, 4, 1); break;                                          \
+                    case 3: TILE_NT(TY, 3, 1); break;                                          \
+                    case 2: TILE_NT(TY, 2, 1); break;                                          \
+                    default: TILE_NT(TY, 1, 1); break;                                         \
+                    }                                                                          \
+                    for (int k = 0; k < nr; k++) {                                             \
+                        if (done < cols) plain_tail(TYPE, row + k * rb, done, a, 0, 1, out + k); \
+                        a->y[r + k] = out[k];                                                  \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+            return;                                                                            \
+        }                                                                                      \
+        for (int t0 = 0; t0 < a->n_tok; t0 += NT_MAX) {                                        \
+            const int nt = a->n_tok - t0 < NT_MAX ? a->n_tok - t0 : NT_MAX;                    \
+            const float *xg = a->xp + (int64_t)t0 * ngp * 32;                                  \
+            const float *sd = NULL, *sm = NULL;                                                \
+            for (int64_t rs = r0; rs < r1; rs += RS) {                                         \
+                const int64_t re = r1 - rs < RS ? r1 : rs + RS;                                \
+                float part[RS * NT_MAX] = {0};                                                 \
+                for (int64_t gb = 0; gb < ng; gb += KB) {                                      \
+                    const int64_t ge = ng - gb < KB ? ng : gb + KB;                            \
+                    for (int64_t r = rs; r < re; r += RN) {                                    \
+                        const uint8_t *row = a->w + r * rb;                                    \
+                        const int nr = re - r < RN ? (int)(re - r) : RN;                       \
+                        if (nr == 2) {                                                         \
+                            TILE_SWITCH(TY, 2)                                                 \
+                        } else {                                                               \
+                            TILE_SWITCH(TY, 1)                                                 \
+                        }                                                                      \
+                        float *p = part + (r - rs) * nt;                                       \
+                        for (int k = 0; k < nr * nt; k++) p[k] += out[k];                      \
+                    }                                                                          \
+                }                                                                              \
+                for (int64_t r = rs; r < re; r++) {                                            \
+                    float *p = part + (r - rs) * nt;                                           \
+                    if (done < cols) plain_tail(TYPE, a->w + r * rb, done, a, t0, nt, p);      \
+                    for (int t = 0; t < nt; t++) a->y[(int64_t)(t0 + t) * a->ldy + r] = p[t];  \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    static T512 void deq_##TY(const void *src, float *dst, int64_t n) {                        \
+        const uint8_t *s = src;                                                                \
+        const int64_t ng = n / 32;                                                             \
+        for (int64_t g0 = 0; g0 < ng; g0 += SEG) {                                             \
+            const int cnt = ng - g0 < SEG ? (int)(ng - g0) : SEG;                              \
+            float sd[SDG * SEG], sm[SEG];                                                      \
+            prep_##TY(s, g0, cnt, sd, sm);                                                     \
+            for (int i = 0; i < cnt; i++) {                                                    \
+                __m512 w0, w1;                                                                 \
+                ex_##TY(s, g0 + i, i, sd, sm, &w0, &w1, 1);                                    \
+                _mm512_storeu_ps(dst + 32 * (g0 + i), w0);                                     \
+                _mm512_storeu_ps(dst + 32 * (g0 + i) + 16, w1);                                \
+            }                                                                                  \
+        }                                                                                      \
+        if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                             \
+    }
+
+#define prep_f32 prep_none
+#define prep_f16 prep_none
+#define prep_bf16 prep_none
+
+/* The last argument: fp32 scales per group that prep writes to sd (Q6_K has
+ * one per 16 weights). */
+DEF_ROWS(f32, SPECD_F32, 1)
+DEF_ROWS(f16, SPECD_F16, 1)
+DEF_ROWS(bf16, SPECD_BF16, 1)
+DEF_ROWS(q8_0, SPECD_Q8_0, 1)
+DEF_ROWS(q4_0, SPECD_Q4_0, 1)
+DEF_ROWS(q4_1, SPECD_Q4_1, 1)
+DEF_ROWS(q4_k, SPECD_Q4_K, 1)
+DEF_ROWS(q6_k, SPECD_Q6_K, 2)
 
 int cpu_kernels_avx512(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
     ks->name = "avx512";
-#define SET(TY, TYPE)                  \
-    ks->dequant[TYPE] = deq_##TY;      \
+    ks->nt_max = NT_MAX;
+#define SET(TY, TYPE)             \
+    ks->dequant[TYPE] = deq_##TY; \
     ks->rows[TYPE] = rows_##TY;
     SET(f32, SPECD_F32)
     SET(f16, SPECD_F16)

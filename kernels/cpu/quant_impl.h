@@ -97,17 +97,58 @@ static inline uint16_t rd_u16(const void *p) {
 /* Dequantizes n elements (a whole number of blocks) of `src` into dst. */
 typedef void (*cpu_dequant_fn)(const void *src, float *dst, int64_t n);
 
-/* For rows r in [r0, r1) of W (row r starts at w + r*row_bytes, `cols`
- * elements) and tokens t in [0, n_tok):
- *     y[t*ldy + r] = sum_c W[r][c] * x[t*cols + c]            */
-typedef void (*cpu_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t cols, const float *x,
-                            int n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
+/* One matmul y = x . W^T as the kernels see it. Row r of W starts at
+ * w + r*row_bytes and has `cols` elements; x is [n_tok][cols], y is
+ * [n_tok][ldy].
+ *
+ * xp is x repacked for multi-token kernels (NULL when n_tok == 1 or the set's
+ * nt_max is 0): tokens go in groups of nt_max (the last group may be
+ * smaller), and within a group of nt tokens starting at t0 the 32 floats of
+ * column group g (columns 32g..32g+31) of token t0+i lie at
+ *     xp + t0*ngp*32 + (g*nt + i)*32,        ngp = ceil(cols / 32),
+ * zero-padded past `cols`. A kernel thus finds all its tokens' activations
+ * for one weight group in one contiguous run, read with constant offsets
+ * from one pointer. */
+typedef struct cpu_mm_args {
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t cols;
+    const float *x;
+    const float *xp;
+    int n_tok;
+    float *y;
+    int64_t ldy;
+} cpu_mm_args;
+
+/* Computes y[t*ldy + r] = sum_c W[r][c] * x[t][c] for rows [r0, r1) and all
+ * tokens. */
+typedef void (*cpu_rows_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
+
+static inline int64_t cpu_packed_groups(int64_t cols) { return (cols + 31) / 32; }
+
+/* Writes the packed layout described above (n_tok * ngp * 32 floats). */
+static inline void cpu_pack_x(const float *x, int n_tok, int64_t cols, int nt_max, float *xp) {
+    const int64_t ngp = cpu_packed_groups(cols);
+    for (int t0 = 0; t0 < n_tok; t0 += nt_max) {
+        const int nt = n_tok - t0 < nt_max ? n_tok - t0 : nt_max;
+        float *base = xp + (int64_t)t0 * ngp * 32;
+        for (int64_t g = 0; g < ngp; g++) {
+            const int64_t c0 = 32 * g, n = cols - c0 < 32 ? cols - c0 : 32;
+            for (int i = 0; i < nt; i++) {
+                float *dst = base + (g * nt + i) * 32;
+                memcpy(dst, x + (int64_t)(t0 + i) * cols + c0, (size_t)n * sizeof(float));
+                if (n < 32) memset(dst + n, 0, (size_t)(32 - n) * sizeof(float));
+            }
+        }
+    }
+}
 
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
 
 typedef struct cpu_kernel_set {
     const char *name;
+    int nt_max; /* token group size of the packed x (0: rows use x only) */
     cpu_dequant_fn dequant[SPECD_DTYPE_COUNT];
     cpu_rows_fn rows[SPECD_DTYPE_COUNT];
 } cpu_kernel_set;

@@ -20,27 +20,27 @@ static float dot_f32(const float *a, const float *b, int64_t n) {
 
 /* Generic over types: `deq` expands whole blocks; `be`/`bb` are the block's
  * element count and byte size. */
-static void rows_generic(cpu_dequant_fn deq, int64_t be, int64_t bb, const uint8_t *w,
-                         size_t row_bytes, int64_t cols, const float *x, int n_tok, float *y,
-                         int64_t ldy, int64_t r0, int64_t r1) {
+static void rows_generic(cpu_dequant_fn deq, int64_t be, int64_t bb, const cpu_mm_args *a,
+                         int64_t r0, int64_t r1) {
     float buf[SCALAR_CHUNK];
+    const int64_t cols = a->cols;
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = w + r * row_bytes;
-        for (int t = 0; t < n_tok; t++) y[t * ldy + r] = 0.0f;
+        const uint8_t *row = a->w + r * a->row_bytes;
+        for (int t = 0; t < a->n_tok; t++) a->y[t * a->ldy + r] = 0.0f;
         for (int64_t c = 0; c < cols; c += SCALAR_CHUNK) {
             int64_t n = cols - c < SCALAR_CHUNK ? cols - c : SCALAR_CHUNK;
             deq(row + c / be * bb, buf, n);
-            for (int t = 0; t < n_tok; t++) y[t * ldy + r] += dot_f32(buf, x + t * cols + c, n);
+            for (int t = 0; t < a->n_tok; t++)
+                a->y[t * a->ldy + r] += dot_f32(buf, a->x + t * cols + c, n);
         }
     }
 }
 
-#define SCALAR_ROWS(NAME, TYPE)                                                                \
-    static void NAME(const uint8_t *w, size_t row_bytes, int64_t cols, const float *x,        \
-                     int n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1) {              \
-        const specd_dtype_info *in = specd_dtype_get(TYPE);                                   \
-        rows_generic(cpu_dequant_ref_fn(TYPE), in->block_elems, in->block_bytes, w,          \
-                     row_bytes, cols, x, n_tok, y, ldy, r0, r1);                              \
+#define SCALAR_ROWS(NAME, TYPE)                                                       \
+    static void NAME(const cpu_mm_args *a, int64_t r0, int64_t r1) {                  \
+        const specd_dtype_info *in = specd_dtype_get(TYPE);                           \
+        rows_generic(cpu_dequant_ref_fn(TYPE), in->block_elems, in->block_bytes, a, r0, \
+                     r1);                                                             \
     }
 
 SCALAR_ROWS(rows_f32, SPECD_F32)

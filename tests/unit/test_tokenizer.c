@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
@@ -30,6 +31,7 @@
 #define SMOLLM2_REFS "tests/golden/tokenizer/reference_ids.json"
 #define TINY_JSON "tests/golden/tokenizer/tiny_llama3_tokenizer.json"
 #define TINY_REFS "tests/golden/tokenizer/tiny_llama3_reference.json"
+#define TINY_GGUF "tests/golden/tokenizer/tiny_llama3.gguf"
 
 /* --- shared state, loaded once -------------------------------------------- */
 
@@ -200,6 +202,30 @@ static void test_llama3_config_matches_reference(void **state) {
     free(ids);
     cJSON_Delete(tiny_refs);
     specd_tokenizer_free(t);
+}
+
+/* The same tokenizer as GGUF metadata with tokenizer.ggml.pre "llama-bpe":
+ * the Llama 3 regex and ignore_merges must be chosen from the name alone. */
+static void test_llama3_gguf_matches_reference(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    gguf_file *g = gguf_open(test_path(TINY_GGUF), &err);
+    if (!g) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(g);
+    specd_tokenizer *t = specd_tokenizer_from_gguf(g, &err);
+    if (!t) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(t);
+    cJSON *tiny_refs = load_json(TINY_REFS);
+    assert_true(check_corpus(t, tiny_refs, "llama-bpe gguf"));
+    assert_true(check_decode(t, tiny_refs));
+    assert_int_equal(specd_tokenizer_bos(t), specd_tokenizer_token_id(t, "<|begin_of_text|>"));
+    assert_int_equal(specd_tokenizer_eos(t), specd_tokenizer_token_id(t, "<|eot_id|>"));
+    assert_true(specd_tokenizer_wants_bos(t)); /* llama.cpp's default for llama-bpe */
+    assert_true(specd_tokenizer_is_special(t, specd_tokenizer_bos(t)));
+    assert_false(specd_tokenizer_is_special(t, specd_tokenizer_token_id(t, "plain_added")));
+    cJSON_Delete(tiny_refs);
+    specd_tokenizer_free(t);
+    gguf_close(g);
 }
 
 /* --- accessors and special tokens ------------------------------------------ */
@@ -470,6 +496,7 @@ typedef struct bad_case {
 #define VOCAB "\"vocab\":{\"a\":0,\"b\":1,\"ab\":2}"
 #define BL_DEC "\"decoder\":{\"type\":\"ByteLevel\"}"
 #define BL_PRE "\"pre_tokenizer\":{\"type\":\"ByteLevel\"}"
+#define BL_PRE_NOSPACE "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false}"
 
 static void test_bad_json_errors(void **state) {
     (void)state;
@@ -562,12 +589,94 @@ static void test_minimal_json(void **state) {
     specd_tokenizer_free(t);
 }
 
+/* ignore_merges: a piece that is a vocabulary token is taken whole even
+ * when no merge path leads to it (Hugging Face semantics, Llama 3). */
+static void test_ignore_merges(void **state) {
+    (void)state;
+    static const char *const json[2] = {
+        "{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"abc\":4},"
+        "\"merges\":[\"a b\"],\"ignore_merges\":false}," BL_PRE_NOSPACE "," BL_DEC "}",
+        "{\"model\":{\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"abc\":4},"
+        "\"merges\":[\"a b\"],\"ignore_merges\":true}," BL_PRE_NOSPACE "," BL_DEC "}",
+    };
+    for (int ignore = 0; ignore < 2; ignore++) {
+        specd_error err = {{0}};
+        specd_tokenizer *t = specd_tokenizer_from_json_mem(json[ignore], strlen(json[ignore]), &err);
+        assert_non_null(t);
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(specd_tokenize(t, "abc", 3, 0, &ids, &n, &err), 0);
+        if (ignore) {
+            assert_int_equal(n, 1);
+            assert_int_equal(ids[0], 4);
+        } else {
+            assert_int_equal(n, 2);
+            assert_int_equal(ids[0], 3);
+            assert_int_equal(ids[1], 2);
+        }
+        free(ids);
+        specd_tokenizer_free(t);
+    }
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Whether prompts need a BOS, and which: GGUF add_bos_token, a
+ * TemplateProcessing post-processor, or tokenizer_config.json. */
+static void test_bos_hints(void **state) {
+    (void)state;
+    assert_false(specd_tokenizer_wants_bos(json_tok));
+    if (gguf_tok) assert_false(specd_tokenizer_wants_bos(gguf_tok)); /* add_bos_token false */
+    const char *with_template =
+        "{\"model\":{\"vocab\":{\"a\":0,\"<s>\":1,\"</s>\":2}},"
+        "\"added_tokens\":[{\"id\":1,\"content\":\"<s>\",\"special\":true},"
+        "{\"id\":2,\"content\":\"</s>\",\"special\":true}],"
+        "\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"ByteLevel\"},"
+        "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\","
+        "\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]}]},"
+        BL_PRE "," BL_DEC "}";
+    specd_error err = {{0}};
+    specd_tokenizer *t = specd_tokenizer_from_json_mem(with_template, strlen(with_template), &err);
+    assert_non_null(t);
+    assert_true(specd_tokenizer_wants_bos(t));
+    assert_int_equal(specd_tokenizer_bos(t), 1);
+    assert_int_equal(specd_tokenizer_eos(t), -1);
+    specd_tokenizer_free(t);
+    /* tokenizer_config.json beside tokenizer.json names eos and turns BOS off. */
+    char dir[] = "/tmp/specd_tok_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    write_file(dir, "tokenizer.json", with_template);
+    write_file(dir, "tokenizer_config.json",
+               "{\"add_bos_token\": false, \"eos_token\": {\"content\": \"</s>\"}}");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    t = specd_tokenizer_from_json(path, &err);
+    assert_non_null(t);
+    assert_false(specd_tokenizer_wants_bos(t));
+    assert_int_equal(specd_tokenizer_bos(t), 1);
+    assert_int_equal(specd_tokenizer_eos(t), 2);
+    specd_tokenizer_free(t);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_matches_reference),
         cmocka_unit_test(test_gguf_matches_reference),
         cmocka_unit_test(test_decode_matches_reference),
         cmocka_unit_test(test_llama3_config_matches_reference),
+        cmocka_unit_test(test_llama3_gguf_matches_reference),
         cmocka_unit_test(test_accessors),
         cmocka_unit_test(test_special_tokens_only_when_allowed),
         cmocka_unit_test(test_empty_input),
@@ -578,6 +687,8 @@ int main(void) {
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_bad_json_errors),
         cmocka_unit_test(test_minimal_json),
+        cmocka_unit_test(test_ignore_merges),
+        cmocka_unit_test(test_bos_hints),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,6 +23,9 @@ not run it). From the SmolLM2-135M-Instruct GGUF it writes, next to itself:
                           ByteLevel without regex, ignore_merges, merges
                           written as "a b" strings) and its reference ids,
                           so the other pre-tokenizer path is checked too.
+  tiny_llama3.gguf        the same tokenizer as GGUF metadata only (no
+                          tensors), tokenizer.ggml.pre = "llama-bpe", as
+                          llama.cpp's converter writes it.
   chat_fixtures.json      chat conversations rendered by jinja2 with the GGUF's
                           chat template (what transformers' apply_chat_template
                           does), plus a plain ChatML template.
@@ -232,6 +235,31 @@ def tiny_llama3(corpus, path):
     return Tokenizer.from_file(path)
 
 
+def tiny_llama3_gguf(tok_path, gguf_path):
+    """Writes the tiny tokenizer the way convert_hf_to_gguf.py does for Llama 3."""
+    data = json.load(open(tok_path, encoding="utf-8"))
+    vocab = dict(data["model"]["vocab"])
+    types = {}
+    for a in data["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+        types[a["id"]] = TOKEN_TYPE_CONTROL if a["special"] else TOKEN_TYPE_USER_DEFINED
+    tokens = [None] * (max(vocab.values()) + 1)
+    for text, i in vocab.items():
+        tokens[i] = text
+    w = gguf.GGUFWriter(gguf_path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([types.get(i, 1) for i in range(len(tokens))])
+    w.add_token_merges(data["model"]["merges"])
+    w.add_bos_token_id(vocab["<|begin_of_text|>"])
+    w.add_eos_token_id(vocab["<|eot_id|>"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def chat_fixtures(template):
     plain_chatml = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
                     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
@@ -288,6 +316,8 @@ def main():
             f.write("\n")
 
     tiny = tiny_llama3(corpus, os.path.join(HERE, "tiny_llama3_tokenizer.json"))
+    tiny_llama3_gguf(os.path.join(HERE, "tiny_llama3_tokenizer.json"),
+                     os.path.join(HERE, "tiny_llama3.gguf"))
     tiny_texts = corpus + ["plain_added", "x plain_added y", "<|eot_id|>hi<|begin_of_text|>"]
     tiny_refs = []
     for text in tiny_texts:
