@@ -43,9 +43,8 @@ typedef struct specd_attn_seq {
 
 typedef struct specd_rope_cfg {
     int head_dim;
-    int rot_dim;           /* dims rotated (= head_dim for Llama) */
-    int interleaved;       /* see specd_llama_hparams.rope_interleaved */
-    const float *inv_freq; /* host [rot_dim/2], scaling already applied */
+    int rot_dim;     /* dims rotated (= head_dim for Llama) */
+    int interleaved; /* see specd_llama_hparams.rope_interleaved */
 } specd_rope_cfg;
 
 typedef struct specd_backend_ops {
@@ -73,8 +72,10 @@ typedef struct specd_backend_ops {
     void (*matmul)(specd_backend *be, float *y, const specd_bweight *W, const float *x,
                    int n_tok);
     /* rotates q [n_tok][n_heads*head_dim] and k [n_tok][n_kv_heads*head_dim]
-     * in place at host positions pos[n_tok] */
-    void (*rope)(specd_backend *be, float *q, float *k, const int32_t *pos, int n_tok,
+     * in place; cos_sin is a device table [n_tok][rot_dim/2][2] of (cos, sin)
+     * per token and frequency, computed once per forward pass and shared by
+     * all layers */
+    void (*rope)(specd_backend *be, float *q, float *k, const float *cos_sin, int n_tok,
                  int n_heads, int n_kv_heads, const specd_rope_cfg *cfg);
     /* writes k/v rows of the new tokens into each sequence's cache at
      * n_past.., then out[t] = softmax(q_t . K^T * scale, masked) . V with

@@ -45,6 +45,9 @@ struct specd_transformer {
     float *out_logits; /* [logit_rows][vocab] */
     int logit_rows;
 
+    float *cos_sin;      /* device [max_batch][head_dim/2][2] */
+    float *cos_sin_host; /* the same, built on the host each forward */
+
     /* host scratch */
     int32_t *pos;
     specd_attn_seq *attn_seqs;
@@ -138,9 +141,11 @@ static int alloc_buffers(specd_transformer *t, specd_error *err) {
         t->kv_k[i] = dev_alloc(t, (size_t)t->max_ctx * t->kv_dim * sizeof(float), &failed);
         t->kv_v[i] = dev_alloc(t, (size_t)t->max_ctx * t->kv_dim * sizeof(float), &failed);
     }
+    t->cos_sin = dev_alloc(t, B * hp->head_dim * sizeof(float), &failed);
+    t->cos_sin_host = malloc(B * hp->head_dim * sizeof(float));
     t->pos = malloc(B * sizeof(int32_t));
     t->attn_seqs = malloc(B * sizeof(specd_attn_seq));
-    if (failed || !t->pos || !t->attn_seqs)
+    if (failed || !t->pos || !t->attn_seqs || !t->cos_sin_host)
         return specd_seterr(err, "transformer: out of memory allocating buffers for %d slots x %d "
                                  "context x %d batch tokens",
                             t->n_slots, t->max_ctx, t->max_batch);
@@ -190,8 +195,7 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
         goto fail;
     }
     compute_inv_freq(t->inv_freq, &m->hp, rope_freqs);
-    t->rope = (specd_rope_cfg){m->hp.head_dim, m->hp.head_dim, m->hp.rope_interleaved,
-                               t->inv_freq};
+    t->rope = (specd_rope_cfg){m->hp.head_dim, m->hp.head_dim, m->hp.rope_interleaved};
     if (alloc_buffers(t, err)) goto fail;
     return t;
 fail:
@@ -204,7 +208,7 @@ void specd_transformer_free(specd_transformer *t) {
     specd_backend *be = t->be;
     if (be) {
         void *bufs[] = {t->x,   t->xb,  t->xb2, t->q,          t->k,         t->v,
-                        t->att, t->hb,  t->hb2, t->out_hidden, t->out_logits};
+                        t->att, t->hb,  t->hb2, t->out_hidden, t->out_logits, t->cos_sin};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
         size_t n_caches = (size_t)t->n_slots * t->hp.n_layers;
@@ -229,6 +233,7 @@ void specd_transformer_free(specd_transformer *t) {
     free(t->layers);
     free(t->inv_freq);
     free(t->pos);
+    free(t->cos_sin_host);
     free(t->attn_seqs);
     free(t);
 }
@@ -317,6 +322,19 @@ int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_
         start += in->n_new;
     }
 
+    /* RoPE rotation for every token, shared by all layers. The angle is
+     * computed in double: position x frequency loses too many bits in fp32 at
+     * long contexts for the 1e-4 logit tolerance. */
+    int half = hp->head_dim / 2;
+    for (int i = 0; i < n; i++) {
+        for (int f = 0; f < half; f++) {
+            double angle = (double)t->pos[i] * t->inv_freq[f];
+            t->cos_sin_host[((size_t)i * half + f) * 2] = (float)cos(angle);
+            t->cos_sin_host[((size_t)i * half + f) * 2 + 1] = (float)sin(angle);
+        }
+    }
+    op->from_host(be, t->cos_sin, t->cos_sin_host, (size_t)n * hp->head_dim * sizeof(float));
+
     op->embed(be, t->x, &t->tok_embd, b->tokens, n);
     for (int l = 0; l < hp->n_layers; l++) {
         const layer_weights *L = &t->layers[l];
@@ -330,7 +348,7 @@ int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_
         op->matmul(be, t->q, &L->wq, t->xb, n);
         op->matmul(be, t->k, &L->wk, t->xb, n);
         op->matmul(be, t->v, &L->wv, t->xb, n);
-        op->rope(be, t->q, t->k, t->pos, n, hp->n_heads, hp->n_kv_heads, &t->rope);
+        op->rope(be, t->q, t->k, t->cos_sin, n, hp->n_heads, hp->n_kv_heads, &t->rope);
         op->attention(be, t->att, t->q, t->k, t->v, t->attn_seqs, b->n_seqs, hp->n_heads,
                       hp->n_kv_heads, hp->head_dim);
         op->matmul(be, t->xb2, &L->wo, t->att, n);

@@ -103,13 +103,10 @@ static void cpu_matmul_op(specd_backend *be, float *y, const specd_bweight *W, c
 
 /* Rotates pairs of one head vector. Interleaved pairs are (2i, 2i+1) (GGUF
  * weights), otherwise (i, i + rot/2) (Hugging Face weights). */
-static void rope_head(float *v, int pos, const specd_rope_cfg *cfg) {
+static void rope_head(float *v, const float *cos_sin, const specd_rope_cfg *cfg) {
     int half = cfg->rot_dim / 2;
     for (int i = 0; i < half; i++) {
-        /* angle in double: positions up to 1e5+ times frequencies near 1 lose
-         * too many bits in fp32 for the 1e-4 logit tolerance */
-        double angle = (double)pos * cfg->inv_freq[i];
-        float c = (float)cos(angle), s = (float)sin(angle);
+        float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
         int a = cfg->interleaved ? 2 * i : i;
         int b = cfg->interleaved ? 2 * i + 1 : i + half;
         float x0 = v[a], x1 = v[b];
@@ -118,14 +115,14 @@ static void rope_head(float *v, int pos, const specd_rope_cfg *cfg) {
     }
 }
 
-static void cpu_rope(specd_backend *be, float *q, float *k, const int32_t *pos, int n_tok,
+static void cpu_rope(specd_backend *be, float *q, float *k, const float *cos_sin, int n_tok,
                      int n_heads, int n_kv_heads, const specd_rope_cfg *cfg) {
     (void)be;
     int hd = cfg->head_dim;
     for (int t = 0; t < n_tok; t++) {
-        for (int h = 0; h < n_heads; h++) rope_head(q + ((size_t)t * n_heads + h) * hd, pos[t], cfg);
-        for (int h = 0; h < n_kv_heads; h++)
-            rope_head(k + ((size_t)t * n_kv_heads + h) * hd, pos[t], cfg);
+        const float *cs = cos_sin + (size_t)t * cfg->rot_dim;
+        for (int h = 0; h < n_heads; h++) rope_head(q + ((size_t)t * n_heads + h) * hd, cs, cfg);
+        for (int h = 0; h < n_kv_heads; h++) rope_head(k + ((size_t)t * n_kv_heads + h) * hd, cs, cfg);
     }
 }
 
