@@ -21,9 +21,12 @@
  *      weights come from wherever the real model's weights would;
  *   3. the sum over the whole model (30 layers x 7 matrices + LM head): the
  *      matmul time of one forward pass of n_tok tokens, the floor for decode
- *      (n_tok = 1) and for verifying a draft tree (n_tok > 1). */
+ *      (n_tok = 1) and for verifying a draft tree (n_tok > 1);
+ *   4. the thread pool's hand-off cost: a run of 2 empty tasks back to back
+ *      (workers spinning) and after the workers fell asleep. */
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +178,35 @@ static double time_matmul(specd_pool *pool, int m, const float *x, float *y, int
     return dt / (double)calls;
 }
 
+static void empty_task(void *ctx, int task, int thread) {
+    (void)task, (void)thread;
+    atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+static void bench_pool(void) {
+    printf("\n== thread pool hand-off (2 threads, 2 empty tasks per run) ==\n");
+    specd_pool *pool = specd_pool_create(2);
+    atomic_int n;
+    atomic_init(&n, 0);
+    specd_pool_run(pool, 2, empty_task, &n);
+    const int runs = 100000;
+    double t0 = now_s();
+    for (int i = 0; i < runs; i++) specd_pool_run(pool, 2, empty_task, &n);
+    double hot = (now_s() - t0) / runs;
+    double cold = 0;
+    const int naps = 20;
+    for (int i = 0; i < naps; i++) {
+        struct timespec nap = {0, 10 * 1000 * 1000}; /* past the spin window */
+        nanosleep(&nap, NULL);
+        double t = now_s();
+        specd_pool_run(pool, 2, empty_task, &n);
+        cold += now_s() - t;
+    }
+    printf("  back to back: %.2f us per run;  after 10 ms idle: %.1f us per run\n", hot * 1e6,
+           cold / naps * 1e6);
+    specd_pool_destroy(pool);
+}
+
 int main(int argc, char **argv) {
     int quick = 0;
     const char *paths[3];
@@ -205,6 +237,8 @@ int main(int argc, char **argv) {
     } else {
         printf("  (needs AVX2)\n");
     }
+
+    bench_pool();
 
     /* weights: enough copies of each matrix to span the working set */
     for (int m = 0; m < N_MATS; m++) {

@@ -219,51 +219,124 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
     cpu_dequant_ref_fn(type)(src + from * esz, dst + from, n - from);
 }
 
-/* x: packed activations (group g of token t at x + g*32*nt + 32*t). Two
- * accumulators per token (even and odd 8-float quarters of each group). */
-#define DEF_TILE(TY)                                                                          \
-    INL void tile_##TY(const uint8_t *row, int64_t ng, const float *x, int nt, float *out) {  \
+/* Rows per tile at one token (2 rows x 2 accumulators; 16 ymm registers
+ * leave no room for more), rows whose scales are prepared together, and the
+ * L1 budget of a column block's packed activations with several tokens
+ * (see quant_avx512.c for the reasoning behind each). */
+#define R1 2
+#define RS 16
+#define KB_BYTES (16 * 1024)
+
+static inline int64_t col_block(int64_t ng, int nt) {
+    int64_t max = KB_BYTES / (128 * nt);
+    int64_t nblk = (ng + max - 1) / max;
+    int64_t kb = (ng + nblk - 1) / nblk;
+    return (kb + 7) / 8 * 8;
+}
+
+/* out[r*nt + t] = sum over groups [gb, ge) of row r . x_t (R rows, nt
+ * tokens, packed x: group g of token t at x + g*32*nt + 32*t). With psd/psm
+ * the caller prepared the scales (indexed from gb); without, they are
+ * prepared here SEG groups at a time. R*nt <= 4. Two accumulators per
+ * (row, token): even and odd 8-float quarters of each group. */
+#define DEF_TILE(TY, SDG)                                                                     \
+    INL void tile_##TY(const uint8_t *row0, size_t rb, int R, int64_t gb, int64_t ge,        \
+                       const float *x, int nt, const float *psd, const float *psm,            \
+                       float *out) {                                                          \
         __m256 acc[NT_MAX][2];                                                                \
-        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();             \
-        for (int64_t g0 = 0; g0 < ng; g0 += SEG) {                                            \
-            const int n = ng - g0 < SEG ? (int)(ng - g0) : SEG;                               \
-            float sd[2 * SEG], sm[SEG];                                                       \
-            prep_##TY(row, g0, n, sd, sm);                                                    \
+        for (int k = 0; k < R * nt; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();         \
+        float sdb[R1 * SDG * SEG], smb[R1 * SEG];                                             \
+        for (int64_t g0 = gb; g0 < ge; g0 += SEG) {                                           \
+            const int n = ge - g0 < SEG ? (int)(ge - g0) : SEG;                               \
+            const float *sd = psd, *sm = psm;                                                 \
+            if (!psd) {                                                                       \
+                for (int r = 0; r < R; r++)                                                   \
+                    prep_##TY(row0 + r * rb, g0, n, sdb + r * SDG * n, smb + r * n);          \
+                sd = sdb, sm = smb;                                                           \
+            }                                                                                 \
             for (int i = 0; i < n; i++) {                                                     \
-                __m256 w[4];                                                                  \
-                ex_##TY(row, g0 + i, i, sd, sm, w, 0);                                        \
                 const float *xg = x + 32 * nt * (g0 + i);                                     \
-                for (int t = 0; t < nt; t++) {                                                \
-                    const float *xt = xg + 32 * t;                                            \
-                    acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), acc[t][0]);        \
-                    acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), acc[t][1]);    \
-                    acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), acc[t][0]);   \
-                    acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), acc[t][1]);   \
+                for (int r = 0; r < R; r++) {                                                 \
+                    __m256 w[4];                                                              \
+                    ex_##TY(row0 + r * rb, g0 + i, i, sd + r * SDG * n, sm + r * n, w, 0);    \
+                    for (int t = 0; t < nt; t++) {                                            \
+                        const float *xt = xg + 32 * t;                                        \
+                        __m256 *c = acc[r * nt + t];                                          \
+                        c[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), c[0]);              \
+                        c[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), c[1]);          \
+                        c[0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), c[0]);         \
+                        c[1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), c[1]);         \
+                    }                                                                         \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
-        for (int t = 0; t < nt; t++) out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));    \
+        for (int k = 0; k < R * nt; k++) out[k] = hsum8(_mm256_add_ps(acc[k][0], acc[k][1])); \
     }
 
-#define DEF_ROWS(TY, TYPE)                                                                    \
-    DEF_TILE(TY)                                                                              \
+#define TILE_NT(TY, R, NT) tile_##TY(row, rb, R, gb, ge, xg, NT, sd, sm, out)
+
+/* Rows [r0, r1) for all tokens; the same loop structure as quant_avx512.c
+ * (one token: tiles of whole rows with scales prepared RS rows at a time;
+ * several tokens: token groups, then RS rows swept by column blocks). */
+#define DEF_ROWS(TY, TYPE, SDG)                                                               \
+    DEF_TILE(TY, SDG)                                                                         \
     static T256 void rows_##TY(const cpu_mm_args *a, int64_t r0, int64_t r1) {                \
         const int64_t cols = a->cols, ng = cols / 32, done = ng * 32;                         \
         const int64_t ngp = cpu_packed_groups(cols);                                          \
+        const size_t rb = a->row_bytes;                                                       \
+        float out[NT_MAX];                                                                    \
+        float sdp[RS * SDG * SEG], smp[RS * SEG];                                             \
+        if (a->n_tok == 1) {                                                                  \
+            const float *xg = a->x;                                                           \
+            const int64_t gb = 0, ge = ng;                                                    \
+            for (int64_t rs = r0; rs < r1; rs += RS) {                                        \
+                const int64_t re = r1 - rs < RS ? r1 : rs + RS;                               \
+                if (ng <= SEG) prep_##TY(a->w + rs * rb, 0, (int)((re - rs) * ng), sdp, smp); \
+                for (int64_t r = rs; r < re; r += R1) {                                       \
+                    const uint8_t *row = a->w + r * rb;                                       \
+                    const float *sd = ng <= SEG ? sdp + (r - rs) * SDG * ng : NULL;           \
+                    const float *sm = ng <= SEG ? smp + (r - rs) * ng : NULL;                 \
+                    const int nr = re - r < R1 ? (int)(re - r) : R1;                          \
+                    if (nr == 2) TILE_NT(TY, 2, 1);                                           \
+                    else TILE_NT(TY, 1, 1);                                                   \
+                    for (int k = 0; k < nr; k++) {                                            \
+                        if (done < cols) plain_tail(TYPE, row + k * rb, done, a, 0, 1, out + k); \
+                        a->y[r + k] = out[k];                                                 \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
         for (int t0 = 0; t0 < a->n_tok; t0 += NT_MAX) {                                       \
             const int nt = a->n_tok - t0 < NT_MAX ? a->n_tok - t0 : NT_MAX;                   \
-            const float *xg = a->n_tok == 1 ? a->x : a->xp + (int64_t)t0 * ngp * 32;          \
-            for (int64_t r = r0; r < r1; r++) {                                               \
-                const uint8_t *row = a->w + r * a->row_bytes;                                 \
-                float out[NT_MAX] = {0};                                                      \
-                switch (nt) {                                                                 \
-                case 1: tile_##TY(row, ng, xg, 1, out); break;                                \
-                case 2: tile_##TY(row, ng, xg, 2, out); break;                                \
-                case 3: tile_##TY(row, ng, xg, 3, out); break;                                \
-                default: tile_##TY(row, ng, xg, 4, out); break;                               \
+            const float *xg = a->xp + (int64_t)t0 * ngp * 32;                                 \
+            const int64_t kb = col_block(ng, nt);                                             \
+            const int whole = kb >= ng && ng <= SEG;                                          \
+            for (int64_t rs = r0; rs < r1; rs += RS) {                                        \
+                const int64_t re = r1 - rs < RS ? r1 : rs + RS;                               \
+                float part[RS * NT_MAX] = {0};                                                \
+                if (whole) prep_##TY(a->w + rs * rb, 0, (int)((re - rs) * ng), sdp, smp);    \
+                for (int64_t gb = 0; gb < ng; gb += kb) {                                     \
+                    const int64_t ge = ng - gb < kb ? ng : gb + kb;                           \
+                    for (int64_t r = rs; r < re; r++) {                                       \
+                        const uint8_t *row = a->w + r * rb;                                   \
+                        const float *sd = whole ? sdp + (r - rs) * SDG * ng : NULL;           \
+                        const float *sm = whole ? smp + (r - rs) * ng : NULL;                 \
+                        switch (nt) {                                                         \
+                        case 1: TILE_NT(TY, 1, 1); break;                                     \
+                        case 2: TILE_NT(TY, 1, 2); break;                                     \
+                        case 3: TILE_NT(TY, 1, 3); break;                                     \
+                        default: TILE_NT(TY, 1, 4); break;                                    \
+                        }                                                                     \
+                        float *p = part + (r - rs) * nt;                                      \
+                        for (int t = 0; t < nt; t++) p[t] += out[t];                          \
+                    }                                                                         \
                 }                                                                             \
-                if (done < cols) plain_tail(TYPE, row, done, a, t0, nt, out);                 \
-                for (int t = 0; t < nt; t++) a->y[(int64_t)(t0 + t) * a->ldy + r] = out[t];   \
+                for (int64_t r = rs; r < re; r++) {                                           \
+                    float *p = part + (r - rs) * nt;                                          \
+                    if (done < cols) plain_tail(TYPE, a->w + r * rb, done, a, t0, nt, p);     \
+                    for (int t = 0; t < nt; t++) a->y[(int64_t)(t0 + t) * a->ldy + r] = p[t]; \
+                }                                                                             \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
@@ -272,7 +345,7 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
         const int64_t ng = n / 32;                                                            \
         for (int64_t g0 = 0; g0 < ng; g0 += SEG) {                                            \
             const int cnt = ng - g0 < SEG ? (int)(ng - g0) : SEG;                             \
-            float sd[2 * SEG], sm[SEG];                                                       \
+            float sd[SDG * SEG], sm[SEG];                                                     \
             prep_##TY(s, g0, cnt, sd, sm);                                                    \
             for (int i = 0; i < cnt; i++) {                                                   \
                 __m256 w[4];                                                                  \
@@ -283,14 +356,16 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
         if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                            \
     }
 
-DEF_ROWS(f32, SPECD_F32)
-DEF_ROWS(f16, SPECD_F16)
-DEF_ROWS(bf16, SPECD_BF16)
-DEF_ROWS(q8_0, SPECD_Q8_0)
-DEF_ROWS(q4_0, SPECD_Q4_0)
-DEF_ROWS(q4_1, SPECD_Q4_1)
-DEF_ROWS(q4_k, SPECD_Q4_K)
-DEF_ROWS(q6_k, SPECD_Q6_K)
+/* The last argument: fp32 scales per group that prep writes to sd (Q6_K has
+ * one per 16 weights). */
+DEF_ROWS(f32, SPECD_F32, 1)
+DEF_ROWS(f16, SPECD_F16, 1)
+DEF_ROWS(bf16, SPECD_BF16, 1)
+DEF_ROWS(q8_0, SPECD_Q8_0, 1)
+DEF_ROWS(q4_0, SPECD_Q4_0, 1)
+DEF_ROWS(q4_1, SPECD_Q4_1, 1)
+DEF_ROWS(q4_k, SPECD_Q4_K, 1)
+DEF_ROWS(q6_k, SPECD_Q6_K, 2)
 
 int cpu_kernels_avx2(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);

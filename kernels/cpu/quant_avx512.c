@@ -313,11 +313,19 @@ INL __m512 hsum16(const __m512 *v, int n) {
  * rows of up to SEG groups need 16*SEG*2 + 16*SEG floats = 12 KB of stack. */
 #define RS 16
 
-/* Groups per column block with several tokens: the packed activations of 8
- * tokens for 16 groups are 16 KB, which stay in L1 while every row of the
- * task passes by. Whole rows of a 1536-wide matrix would be 48 KB per token
- * group, all of L1. */
-#define KB 16
+/* Bytes of packed activations per column block with several tokens: they
+ * stay in L1 (48 KB on recent cores) while every row of the task passes by.
+ * Whole rows of a 1536-wide matrix at 8 tokens would be 48 KB. */
+#define KB_BYTES (24 * 1024)
+
+/* Groups per column block for nt tokens: rows split into equal blocks of at
+ * most KB_BYTES, a multiple of 8 groups (a K-quant super-block). */
+static inline int64_t col_block(int64_t ng, int nt) {
+    int64_t max = KB_BYTES / (128 * nt);
+    int64_t nblk = (ng + max - 1) / max;
+    int64_t kb = (ng + nblk - 1) / nblk;
+    return (kb + 7) / 8 * 8;
+}
 
 /* out[r*nt + t] = sum over groups g in [gb, ge) of row r . x_t, for R rows
  * (row r at row0 + r*rb) and nt tokens; the 32 activations of group g for
@@ -373,6 +381,7 @@ INL __m512 hsum16(const __m512 *v, int n) {
 #define TILE_NT(TY, R, NT) tile_##TY(row, rb, R, gb, ge, xg, NT, sd, sm, out)
 #define TILE_SWITCH(TY, R)                                                                     \
     switch (nt) {                                                                              \
+    case 1: TILE_NT(TY, R, 1); break; /* the last of 9, 17, ... tokens */                      \
     case 2: TILE_NT(TY, R, 2); break;                                                          \
     case 3: TILE_NT(TY, R, 3); break;                                                          \
     case 4: TILE_NT(TY, R, 4); break;                                                          \
@@ -407,7 +416,6 @@ INL __m512 hsum16(const __m512 *v, int n) {
             float sdp[RS * SDG * SEG], smp[RS * SEG];                                          \
             const float *xg = a->x;                                                            \
             const int64_t gb = 0, ge = ng;                                                     \
-            const int nt = 1;                                                                  \
             for (int64_t rs = r0; rs < r1; rs += RS) {                                         \
                 const int64_t re = r1 - rs < RS ? r1 : rs + RS;                                \
                 if (ng <= SEG) prep_##TY(a->w + rs * rb, 0, (int)((re - rs) * ng), sdp, smp);  \
@@ -430,17 +438,23 @@ INL __m512 hsum16(const __m512 *v, int n) {
             }                                                                                  \
             return;                                                                            \
         }                                                                                      \
+        float sdp[RS * SDG * SEG], smp[RS * SEG];                                              \
         for (int t0 = 0; t0 < a->n_tok; t0 += NT_MAX) {                                        \
             const int nt = a->n_tok - t0 < NT_MAX ? a->n_tok - t0 : NT_MAX;                    \
             const float *xg = a->xp + (int64_t)t0 * ngp * 32;                                  \
-            const float *sd = NULL, *sm = NULL;                                                \
+            const int64_t kb = col_block(ng, nt);                                              \
+            /* One block per row: prepare RS rows' scales at once, as above. */                \
+            const int whole = kb >= ng && ng <= SEG;                                           \
             for (int64_t rs = r0; rs < r1; rs += RS) {                                         \
                 const int64_t re = r1 - rs < RS ? r1 : rs + RS;                                \
                 float part[RS * NT_MAX] = {0};                                                 \
-                for (int64_t gb = 0; gb < ng; gb += KB) {                                      \
-                    const int64_t ge = ng - gb < KB ? ng : gb + KB;                            \
+                if (whole) prep_##TY(a->w + rs * rb, 0, (int)((re - rs) * ng), sdp, smp);     \
+                for (int64_t gb = 0; gb < ng; gb += kb) {                                      \
+                    const int64_t ge = ng - gb < kb ? ng : gb + kb;                            \
                     for (int64_t r = rs; r < re; r += RN) {                                    \
                         const uint8_t *row = a->w + r * rb;                                    \
+                        const float *sd = whole ? sdp + (r - rs) * SDG * ng : NULL;            \
+                        const float *sm = whole ? smp + (r - rs) * ng : NULL;                  \
                         const int nr = re - r < RN ? (int)(re - r) : RN;                       \
                         if (nr == 2) {                                                         \
                             TILE_SWITCH(TY, 2)                                                 \

@@ -2,21 +2,29 @@
  *
  * A forward pass issues hundreds of small parallel runs back to back (one per
  * matmul, attention, ...), each only tens of microseconds long at decode, so
- * the cost of starting a run matters as much as the work itself. The scheme:
+ * the cost of starting and ending a run matters as much as the work itself.
+ * The scheme:
  *
  *   - The pool keeps n-1 workers; the caller of specd_pool_run is thread 0
  *     and works too, so a 1-thread pool never touches another thread.
- *   - A run is published by bumping `gen` (release). Workers watch `gen`:
- *     right after a run they spin on it for a short while (cheap, answers in
- *     well under a microsecond), then fall asleep on a condition variable
- *     (an idle server must not burn CPU).
+ *   - A run is published by bumping `gen`. Workers watch `gen`: right after a
+ *     run they spin on it for a short while (they notice a new run in well
+ *     under a microsecond), then fall asleep on a condition variable (an idle
+ *     server must not burn CPU).
  *   - Tasks are handed out by an atomic counter (`next`), so uneven tasks and
- *     a late-waking worker balance themselves: whoever is running takes the
- *     next task.
- *   - Every worker checks in once per run by decrementing `pending` after it
- *     finds no task left; the caller returns when `pending` reaches zero. This
- *     guarantees no worker still reads the run's fn/ctx when the caller starts
- *     the next run, so those fields need no further synchronisation.
+ *     a late worker balance themselves: whoever is running takes the next
+ *     task. A run is over when `done` counts every task.
+ *   - The caller never waits for a worker that has not joined the run. On a
+ *     busy machine a worker may not get a CPU for milliseconds; the caller
+ *     then simply does all the tasks itself. To make that safe, a worker
+ *     registers in `active` before it looks at the run, and backs off if the
+ *     run is no longer open (`gen` moved on or `closed` caught up). The
+ *     caller, after the last task, marks the run closed and waits only for
+ *     registered workers to leave; from then on no worker reads this run's
+ *     fn/ctx/counters, so the next run may reuse them. (Registering and
+ *     closing are sequentially consistent, so at least one side sees the
+ *     other: either the worker sees the run closed, or the caller sees the
+ *     worker registered and waits for it.)
  *
  * The shared counters sit on separate cache lines so that spinning readers of
  * one do not slow down writers of another. */
@@ -45,12 +53,10 @@
  * sleeps at once in human terms. Measured in wall time because the cost of a
  * PAUSE instruction varies 10x between CPU generations. */
 #define SPIN_NS 2000000LL
-/* For the first part of that window the worker spins on PAUSE alone (it
- * notices a new run within ~100 ns); after that it calls sched_yield between
- * checks, which costs nothing when the CPU is otherwise idle but hands the
- * core over at once when more threads than cores want it (a busy machine,
- * sanitizer runs), where pure spinning would stall every run by a
- * scheduler time slice. */
+/* For the first part of that window the worker spins on PAUSE alone; after
+ * that it calls sched_yield between checks, which costs nothing when the CPU
+ * is otherwise idle but hands the core over at once when more threads than
+ * cores want it (a busy machine, sanitizer runs). */
 #define SPIN_PURE_NS 50000LL
 
 /* Pauses between clock reads while spinning (a clock read is ~20 ns). */
@@ -73,10 +79,12 @@ struct specd_pool {
     void *ctx;
     int n_tasks;
 
-    _Alignas(CACHE_LINE) atomic_uint gen;      /* bumped once per run */
-    _Alignas(CACHE_LINE) atomic_int next;      /* next task index to take */
-    _Alignas(CACHE_LINE) atomic_int pending;   /* workers yet to check in */
-    _Alignas(CACHE_LINE) atomic_int sleeping;  /* workers on (or going to) cond */
+    _Alignas(CACHE_LINE) atomic_uint gen;     /* id of the latest run */
+    _Alignas(CACHE_LINE) atomic_uint closed;  /* id of the latest closed run */
+    _Alignas(CACHE_LINE) atomic_int next;     /* next task index to take */
+    _Alignas(CACHE_LINE) atomic_int done;     /* tasks finished this run */
+    _Alignas(CACHE_LINE) atomic_int active;   /* workers registered in a run */
+    _Alignas(CACHE_LINE) atomic_int sleeping; /* workers on (or going to) cv */
     atomic_int stop;
 
     pthread_mutex_t mu;
@@ -89,12 +97,15 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Takes tasks until none are left. */
+/* Takes tasks until none are left, counting each finished one. */
 static void drain(specd_pool *pool, specd_task_fn fn, void *ctx, int n_tasks, int thread) {
     for (;;) {
         int t = atomic_fetch_add_explicit(&pool->next, 1, memory_order_relaxed);
         if (t >= n_tasks) break;
         fn(ctx, t, thread);
+        /* release: the task's writes happen before the caller's acquire of
+         * the final count */
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
     }
 }
 
@@ -131,16 +142,18 @@ static unsigned wait_for_run(specd_pool *pool, unsigned seen) {
 static void *worker_main(void *p) {
     worker_arg *arg = p;
     specd_pool *pool = arg->pool;
-    /* Runs are numbered from 1; reading `gen` here instead could skip a run
-     * published before this thread got scheduled, and the caller would then
-     * wait forever for this worker to check in. */
+    /* Runs are numbered from 1. */
     unsigned seen = 0;
     for (;;) {
-        seen = wait_for_run(pool, seen);
+        unsigned g = wait_for_run(pool, seen);
         if (atomic_load_explicit(&pool->stop, memory_order_acquire)) break;
-        /* The acquire load of `gen` makes fn/ctx/n_tasks of this run visible. */
-        drain(pool, pool->fn, pool->ctx, pool->n_tasks, arg->thread);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+        seen = g;
+        atomic_fetch_add(&pool->active, 1);
+        /* Joined only if run g is still open; it then stays open (its fields
+         * stable) until we deregister. */
+        if (atomic_load(&pool->gen) == g && atomic_load(&pool->closed) != g)
+            drain(pool, pool->fn, pool->ctx, pool->n_tasks, arg->thread);
+        atomic_fetch_sub_explicit(&pool->active, 1, memory_order_release);
     }
     return NULL;
 }
@@ -154,8 +167,10 @@ specd_pool *specd_pool_create(int n_threads) {
     if (!pool) return NULL;
     pool->n_threads = n_threads;
     atomic_init(&pool->gen, 0);
+    atomic_init(&pool->closed, 0);
     atomic_init(&pool->next, 0);
-    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->done, 0);
+    atomic_init(&pool->active, 0);
     atomic_init(&pool->sleeping, 0);
     atomic_init(&pool->stop, 0);
     pthread_mutex_init(&pool->mu, NULL);
@@ -201,6 +216,15 @@ void specd_pool_destroy(specd_pool *pool) {
 
 int specd_pool_size(const specd_pool *pool) { return pool ? pool->n_threads : 1; }
 
+/* Spins until *v >= target (acquire), yielding the CPU now and then in case
+ * the thread we wait for was preempted (more threads than cores). */
+static void wait_at_least(atomic_int *v, int target) {
+    for (int i = 1; atomic_load_explicit(v, memory_order_acquire) < target; i++) {
+        SPIN_PAUSE();
+        if (i % (4 * SPIN_CHECK_EVERY) == 0) sched_yield();
+    }
+}
+
 void specd_pool_run(specd_pool *pool, int n_tasks, specd_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     /* One task or one thread: waking workers would only add latency. */
@@ -212,9 +236,9 @@ void specd_pool_run(specd_pool *pool, int n_tasks, specd_task_fn fn, void *ctx) 
     pool->ctx = ctx;
     pool->n_tasks = n_tasks;
     atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
     /* seq_cst: publishes the fields above and orders against `sleeping`. */
-    atomic_fetch_add(&pool->gen, 1);
+    unsigned g = atomic_fetch_add(&pool->gen, 1) + 1;
     if (atomic_load(&pool->sleeping) > 0) {
         pthread_mutex_lock(&pool->mu);
         pthread_cond_broadcast(&pool->cv);
@@ -222,11 +246,12 @@ void specd_pool_run(specd_pool *pool, int n_tasks, specd_task_fn fn, void *ctx) 
     }
 
     drain(pool, fn, ctx, n_tasks, 0);
+    wait_at_least(&pool->done, n_tasks);
 
-    /* Workers are usually finishing their last task; spin, and yield the CPU
-     * now and then in case one of them was preempted (more threads than
-     * cores, e.g. under a sanitizer or a busy CI machine). */
-    for (int i = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
+    /* Close the run, then wait for the workers still registered in it (they
+     * are at most finishing a failed fetch of `next`). */
+    atomic_store(&pool->closed, g);
+    for (int i = 1; atomic_load(&pool->active) > 0; i++) {
         SPIN_PAUSE();
         if (i % (4 * SPIN_CHECK_EVERY) == 0) sched_yield();
     }

@@ -273,10 +273,13 @@ static void check_matmul(specd_pool *pool, const char *path, specd_dtype type, s
 
 static void test_matmul_all(void **state) {
     (void)state;
-    /* Shapes: tiny, rows not a multiple of 16 (the chunk granule), several
-     * chunks with a ragged last one, and the default model's smallest. */
-    const shape shapes_q[] = {{1, 256}, {37, 512}, {300, 256}, {67, 1280}};
-    const shape shapes_plain[] = {{5, 70}, {33, 96}, {130, 576}};
+    /* Shapes: tiny; rows not a multiple of the 16-row chunk granule or of
+     * the kernels' row tiles (2, 4, 16 rows); several chunks with a ragged
+     * last one; rows split into several column blocks at 8 tokens (1280
+     * columns); rows longer than one 2048-column scale segment (2560, 2085);
+     * plain-type rows that are not a multiple of 32 (70, 2085). */
+    const shape shapes_q[] = {{1, 256}, {37, 512}, {300, 256}, {67, 1280}, {19, 2560}};
+    const shape shapes_plain[] = {{5, 70}, {33, 96}, {130, 576}, {7, 2085}};
     const int toks[] = {1, 2, 3, 5, 8, 17};
     specd_pool *pools[4] = {NULL, specd_pool_create(1), specd_pool_create(2),
                             specd_pool_create(3)};
@@ -291,7 +294,8 @@ static void test_matmul_all(void **state) {
             const int64_t be = specd_dtype_get(type)->block_elems;
             for (int set = 0; set < 2; set++) {
                 const shape *shs = set ? shapes_plain : shapes_q;
-                size_t nsh = set ? 3 : 4;
+                size_t nsh = set ? sizeof shapes_plain / sizeof shapes_plain[0]
+                                 : sizeof shapes_q / sizeof shapes_q[0];
                 for (size_t si = 0; si < nsh; si++) {
                     if (shs[si].cols % be) continue;
                     for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++, seed++)
