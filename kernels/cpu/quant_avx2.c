@@ -1,11 +1,16 @@
-/* quant_avx2.c - AVX2 + FMA + F16C dequantization and matmul kernels.
+/* quant_avx2.c - AVX2 + FMA + F16C dequantization and matmul kernels, for
+ * x86 CPUs without AVX-512.
  *
  * Same structure as quant_avx512.c (read that file's header first): each
  * weight type has an expander that turns a group of 32 weights into four
  * registers of 8 floats, the dequantizers store them (bit-identical to the
- * reference), and the matmul multiplies each expanded group with up to 4
- * token vectors. AVX2 has 16 ymm registers: 4 tokens x 2 accumulators + 4
- * weight registers + constants is what fits without spilling.
+ * reference), and the matmul multiplies each expanded group with the
+ * activations of up to 4 tokens. Scales are converted to fp32 once per 16
+ * rows, decode prefetches weights ahead, and several tokens sweep columns in
+ * L1-sized blocks, as there. AVX2 has 16 ymm registers: tiles are 2 rows x
+ * 1 token or 1 row x up to 4 tokens (2 accumulators each), which with the 4
+ * weight registers and constants fit without spilling. AVX2's vpmovzxbd is
+ * a single cycle, so bytes are widened with it directly.
  *
  * Compiled with per-function target attributes (no -march), and only called
  * after matmul.c checked __builtin_cpu_supports. */
@@ -227,6 +232,18 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
 #define RS 16
 #define KB_BYTES (16 * 1024)
 
+/* Software prefetch at decode: see quant_avx512.c. */
+#define PF_BYTES (12 * 1024)
+
+static inline size_t prefetch_distance(size_t rb) {
+    size_t rows = PF_BYTES / rb;
+    return (rows < 4 ? 4 : rows) * rb;
+}
+
+INL void prefetch(const uint8_t *p, size_t ahead) {
+    _mm_prefetch((const char *)(uintptr_t)((uintptr_t)p + ahead), _MM_HINT_T0);
+}
+
 static inline int64_t col_block(int64_t ng, int nt) {
     int64_t max = KB_BYTES / (128 * nt);
     int64_t nblk = (ng + max - 1) / max;
@@ -239,9 +256,9 @@ static inline int64_t col_block(int64_t ng, int nt) {
  * the caller prepared the scales (indexed from gb); without, they are
  * prepared here SEG groups at a time. R*nt <= 4. Two accumulators per
  * (row, token): even and odd 8-float quarters of each group. */
-#define DEF_TILE(TY, SDG)                                                                     \
+#define DEF_TILE(TY, SDG, GB)                                                                 \
     INL void tile_##TY(const uint8_t *row0, size_t rb, int R, int64_t gb, int64_t ge,        \
-                       const float *x, int nt, const float *psd, const float *psm,            \
+                       const float *x, int nt, const float *psd, const float *psm, size_t pf, \
                        float *out) {                                                          \
         __m256 acc[NT_MAX][2];                                                                \
         for (int k = 0; k < R * nt; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();         \
@@ -258,6 +275,7 @@ static inline int64_t col_block(int64_t ng, int nt) {
                 const float *xg = x + 32 * nt * (g0 + i);                                     \
                 for (int r = 0; r < R; r++) {                                                 \
                     __m256 w[4];                                                              \
+                    if (pf) prefetch(row0 + r * rb, pf + (size_t)((g0 + i) * GB));            \
                     ex_##TY(row0 + r * rb, g0 + i, i, sd + r * SDG * n, sm + r * n, w, 0);    \
                     for (int t = 0; t < nt; t++) {                                            \
                         const float *xt = xg + 32 * t;                                        \
@@ -273,13 +291,13 @@ static inline int64_t col_block(int64_t ng, int nt) {
         for (int k = 0; k < R * nt; k++) out[k] = hsum8(_mm256_add_ps(acc[k][0], acc[k][1])); \
     }
 
-#define TILE_NT(TY, R, NT) tile_##TY(row, rb, R, gb, ge, xg, NT, sd, sm, out)
+#define TILE_NT(TY, R, NT) tile_##TY(row, rb, R, gb, ge, xg, NT, sd, sm, pf, out)
 
 /* Rows [r0, r1) for all tokens; the same loop structure as quant_avx512.c
  * (one token: tiles of whole rows with scales prepared RS rows at a time;
  * several tokens: token groups, then RS rows swept by column blocks). */
-#define DEF_ROWS(TY, TYPE, SDG)                                                               \
-    DEF_TILE(TY, SDG)                                                                         \
+#define DEF_ROWS(TY, TYPE, SDG, GB)                                                           \
+    DEF_TILE(TY, SDG, GB)                                                                     \
     static T256 void rows_##TY(const cpu_mm_args *a, int64_t r0, int64_t r1) {                \
         const int64_t cols = a->cols, ng = cols / 32, done = ng * 32;                         \
         const int64_t ngp = cpu_packed_groups(cols);                                          \
@@ -287,6 +305,7 @@ static inline int64_t col_block(int64_t ng, int nt) {
         float out[NT_MAX];                                                                    \
         float sdp[RS * SDG * SEG], smp[RS * SEG];                                             \
         if (a->n_tok == 1) {                                                                  \
+            const size_t pf = prefetch_distance(rb);                                          \
             const float *xg = a->x;                                                           \
             const int64_t gb = 0, ge = ng;                                                    \
             for (int64_t rs = r0; rs < r1; rs += RS) {                                        \
@@ -311,6 +330,7 @@ static inline int64_t col_block(int64_t ng, int nt) {
             const int nt = a->n_tok - t0 < NT_MAX ? a->n_tok - t0 : NT_MAX;                   \
             const float *xg = a->xp + (int64_t)t0 * ngp * 32;                                 \
             const int64_t kb = col_block(ng, nt);                                             \
+            const size_t pf = 0; /* compute-bound: the hardware prefetcher keeps up */        \
             const int whole = kb >= ng && ng <= SEG;                                          \
             for (int64_t rs = r0; rs < r1; rs += RS) {                                        \
                 const int64_t re = r1 - rs < RS ? r1 : rs + RS;                               \
@@ -356,16 +376,17 @@ static inline int64_t col_block(int64_t ng, int nt) {
         if (ng * 32 < n) plain_tail_deq(TYPE, s, ng * 32, n, dst);                            \
     }
 
-/* The last argument: fp32 scales per group that prep writes to sd (Q6_K has
- * one per 16 weights). */
-DEF_ROWS(f32, SPECD_F32, 1)
-DEF_ROWS(f16, SPECD_F16, 1)
-DEF_ROWS(bf16, SPECD_BF16, 1)
-DEF_ROWS(q8_0, SPECD_Q8_0, 1)
-DEF_ROWS(q4_0, SPECD_Q4_0, 1)
-DEF_ROWS(q4_1, SPECD_Q4_1, 1)
-DEF_ROWS(q4_k, SPECD_Q4_K, 1)
-DEF_ROWS(q6_k, SPECD_Q6_K, 2)
+/* The last arguments: fp32 scales per group that prep writes to sd (Q6_K
+ * has one per 16 weights), and bytes per group of 32 weights (for the
+ * prefetch position; rounded down for Q6_K's 26.25). */
+DEF_ROWS(f32, SPECD_F32, 1, 128)
+DEF_ROWS(f16, SPECD_F16, 1, 64)
+DEF_ROWS(bf16, SPECD_BF16, 1, 64)
+DEF_ROWS(q8_0, SPECD_Q8_0, 1, 34)
+DEF_ROWS(q4_0, SPECD_Q4_0, 1, 18)
+DEF_ROWS(q4_1, SPECD_Q4_1, 1, 20)
+DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
+DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 
 int cpu_kernels_avx2(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);

@@ -125,7 +125,7 @@ static void test_dequant_exact(void **state) {
             specd_dtype type = k_types[ti];
             const int64_t be = specd_dtype_get(type)->block_elems;
             /* lengths: one block, odd block counts, and plain tails */
-            const int64_t lens[] = {256, 512, 1280, 32 * 3, 70, 1};
+            const int64_t lens[] = {256, 512, 1280, 4096, 32 * 3, 70, 2085, 1};
             for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
                 int64_t n = lens[li];
                 if (n % be) continue;
