@@ -1,0 +1,248 @@
+/* test_verify_stats.c - speculative sampling through tree verification is
+ * distributed exactly as plain sampling from the target.
+ *
+ * Model: the tiny golden Llama (tests/golden/data/tiny-gqa). Target sampling:
+ * temperature 1.5, top-k 3. Draft: a deliberately different, context-free
+ * distribution q (random weights over a set that covers some but not all of
+ * the target's candidates, plus tokens the target never emits). Each step
+ * sends a tree of 3 children drawn i.i.d. from q, each with 2 children drawn
+ * from q. Over many seeded trials, the joint distribution of the first two
+ * emitted tokens must match the exact plain-sampling distribution
+ * p(t1) * p(t2 | t1), computed from the model's own logits (chi-square,
+ * significance 1e-4). A negative control checks the test has the power to
+ * reject a wrong distribution (the target at another temperature). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "target-svc/transformer.h"
+#include "target-svc/verify.h"
+#include "tests/stats_util.h"
+#include "tests/test_util.h"
+
+#define ALPHA 1e-4
+#ifndef TRIALS
+#define TRIALS 12000
+#endif
+#define TOPK 3
+#define NODES 9 /* 3 children, 2 grandchildren each */
+#define QSET 10
+
+static const int32_t k_prompt[] = {3, 77, 154, 9, 201, 45, 12};
+#define P ((int)(sizeof k_prompt / sizeof k_prompt[0]))
+
+typedef struct fixture {
+    specd_model_file *m;
+    specd_transformer *t;
+    int vocab;
+    specd_sampling s;
+    void *scratch;
+} fixture;
+
+static void forward_rows(fixture *f, const int32_t *toks, int n, int n_past, const uint8_t *mask,
+                         const int32_t *pos, float *logits) {
+    int32_t rows[16];
+    for (int i = 0; i < n; i++) rows[i] = i;
+    specd_seq_input in = {.slot = 0, .n_past = n_past, .n_new = n, .mask = mask, .pos = pos};
+    specd_batch b = {.n_tokens = n, .tokens = toks, .n_seqs = 1, .seqs = &in, .n_out = n,
+                     .out_rows = rows, .logits = logits};
+    specd_error err = {{0}};
+    if (specd_transformer_forward(f->t, &b, &err)) fail_msg("forward: %s", err.msg);
+}
+
+/* p(. | prompt, extra...) after temperature/top-k, as doubles. */
+static void target_probs(fixture *f, const int32_t *extra, int n_extra, double *out) {
+    int32_t toks[8];
+    toks[0] = k_prompt[P - 1];
+    memcpy(toks + 1, extra, sizeof(int32_t) * n_extra);
+    float *logits = malloc(sizeof(float) * (n_extra + 1) * f->vocab);
+    float *probs = malloc(sizeof(float) * f->vocab);
+    forward_rows(f, toks, n_extra + 1, P - 1, NULL, NULL, logits);
+    specd_sampling_probs(&f->s, logits + (size_t)n_extra * f->vocab, f->vocab, probs, f->scratch);
+    for (int i = 0; i < f->vocab; i++) out[i] = probs[i];
+    free(probs);
+    free(logits);
+}
+
+static int top_ids(const double *p, int vocab, int32_t *ids) {
+    int n = 0;
+    for (int i = 0; i < vocab; i++)
+        if (p[i] > 0) ids[n++] = i;
+    return n;
+}
+
+static uint64_t xs(uint64_t *st) {
+    *st ^= *st << 13;
+    *st ^= *st >> 7;
+    *st ^= *st << 17;
+    return *st;
+}
+
+static int32_t draw_q(const specd_sparse_dist *q, uint64_t *st) {
+    double u = (double)(xs(st) >> 11) / 9007199254740992.0, c = 0;
+    for (int j = 0; j < q->n; j++) {
+        c += q->probs[j];
+        if (u < c) return q->ids[j];
+    }
+    return q->ids[q->n - 1];
+}
+
+/* Runs speculative steps from the prompt until two tokens are emitted. */
+static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial, int32_t *out2) {
+    int32_t emitted[2 + NODES + 1];
+    int n_emit = 0, n_past = P - 1;
+    int32_t pending = k_prompt[P - 1];
+    uint64_t st = 0x853c49e6748fea9bULL ^ (trial * 0x9e3779b97f4a7c15ULL);
+    f->s.seed = trial + 1;
+    specd_error err = {{0}};
+    while (n_emit < 2) {
+        int32_t tokens[NODES], parents[NODES];
+        int n = 0;
+        for (int c = 0; c < 3; c++) {
+            int child = n;
+            tokens[n] = draw_q(q, &st);
+            parents[n++] = -1;
+            for (int g = 0; g < 2; g++) {
+                tokens[n] = draw_q(q, &st);
+                parents[n++] = child;
+            }
+        }
+        specd_sparse_dist qs[NODES + 1];
+        for (int i = 0; i <= NODES; i++) qs[i] = *q;
+        specd_tree tree = {NODES, tokens, parents, qs};
+        if (specd_tree_validate(&tree, f->vocab, NODES, 1, &err)) fail_msg("%s", err.msg);
+        uint8_t mask[(NODES + 1) * (NODES + 1)];
+        int32_t pos[NODES + 1], toks[NODES + 1];
+        specd_tree_mask(&tree, n_past, mask, pos);
+        toks[0] = pending;
+        memcpy(toks + 1, tokens, sizeof tokens);
+        float *logits = malloc(sizeof(float) * (NODES + 1) * f->vocab);
+        forward_rows(f, toks, NODES + 1, n_past, mask, pos, logits);
+        int32_t acc[NODES], kept[NODES + 1];
+        specd_verify_result res = {.accepted = acc, .kept_rows = kept};
+        if (specd_verify_walk(&tree, logits, f->vocab, &f->s, (uint64_t)n_emit, f->scratch, &res,
+                              &err))
+            fail_msg("%s", err.msg);
+        free(logits);
+        assert_int_equal(specd_transformer_kv_compact(f->t, 0, n_past, kept, 1 + res.n_accepted,
+                                                      &err), 0);
+        for (int i = 0; i < res.n_accepted; i++) emitted[n_emit++] = acc[i];
+        emitted[n_emit++] = res.next_token;
+        n_past += 1 + res.n_accepted;
+        pending = res.next_token;
+    }
+    out2[0] = emitted[0];
+    out2[1] = emitted[1];
+}
+
+static void test_tree_sampling_lossless(void **state) {
+    (void)state;
+    fixture f = {0};
+    specd_error err = {{0}};
+    f.m = specd_model_open(test_path("tests/golden/data/tiny-gqa/hf"), &err);
+    if (!f.m) fail_msg("%s", err.msg);
+    f.vocab = f.m->hp.vocab_size;
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 1,
+                                .max_ctx = P + 32, .max_batch = 16};
+    f.t = specd_transformer_create(f.m, &o, &err);
+    if (!f.t) fail_msg("%s", err.msg);
+    specd_sampling_init(&f.s);
+    f.s.temperature = 1.5f;
+    f.s.top_k = TOPK;
+    size_t scratch = specd_verify_scratch_size(f.vocab);
+    if (specd_sampling_scratch_size(f.vocab) > scratch) scratch = specd_sampling_scratch_size(f.vocab);
+    f.scratch = malloc(scratch);
+
+    /* prefill all but the last prompt token, which becomes the pending one */
+    float *pl = malloc(sizeof(float) * (P - 1) * f.vocab);
+    forward_rows(&f, k_prompt, P - 1, 0, NULL, NULL, pl);
+    free(pl);
+
+    /* exact plain-sampling distribution of (t1, t2) */
+    double *p1 = malloc(sizeof(double) * f.vocab), *p2 = malloc(sizeof(double) * f.vocab);
+    int32_t t1_ids[TOPK], t2_ids[TOPK][TOPK];
+    double joint[TOPK * TOPK];
+    target_probs(&f, NULL, 0, p1);
+    assert_int_equal(top_ids(p1, f.vocab, t1_ids), TOPK);
+    for (int a = 0; a < TOPK; a++) {
+        target_probs(&f, &t1_ids[a], 1, p2);
+        assert_int_equal(top_ids(p2, f.vocab, t2_ids[a]), TOPK);
+        for (int b = 0; b < TOPK; b++) joint[a * TOPK + b] = p1[t1_ids[a]] * p2[t2_ids[a][b]];
+    }
+
+    /* the draft: random weights over the first candidate of each context,
+     * one more of the root's, and tokens the target never emits (so q has
+     * mass where p has none and vice versa) */
+    int32_t qids[QSET];
+    float qprobs[QSET];
+    int nq = 0;
+    qids[nq++] = t1_ids[0];
+    qids[nq++] = t1_ids[2];
+    for (int a = 0; a < TOPK; a++) {
+        int dup = 0;
+        for (int j = 0; j < nq; j++) dup |= qids[j] == t2_ids[a][0];
+        if (!dup) qids[nq++] = t2_ids[a][0];
+    }
+    for (int32_t tok = 0; nq < QSET && tok < f.vocab; tok++)
+        if (p1[tok] == 0) {
+            int dup = 0;
+            for (int j = 0; j < nq; j++) dup |= qids[j] == tok;
+            if (!dup) qids[nq++] = tok;
+        }
+    double wsum = 0, w[QSET];
+    uint64_t st = 42;
+    for (int j = 0; j < nq; j++) wsum += w[j] = 0.2 + (double)(xs(&st) % 1000) / 1000.0;
+    for (int j = 0; j < nq; j++) qprobs[j] = (float)(w[j] / wsum);
+    specd_sparse_dist q = {nq, qids, qprobs};
+
+    long counts[TOPK * TOPK] = {0}, outside = 0;
+    for (uint64_t trial = 0; trial < TRIALS; trial++) {
+        int32_t two[2];
+        speculate_two(&f, &q, trial, two);
+        int cell = -1;
+        for (int a = 0; a < TOPK; a++)
+            for (int b = 0; b < TOPK; b++)
+                if (two[0] == t1_ids[a] && two[1] == t2_ids[a][b]) cell = a * TOPK + b;
+        if (cell < 0) outside++;
+        else counts[cell]++;
+    }
+    assert_int_equal(outside, 0); /* nothing outside the target's support */
+    double pv = chi2_fit(counts, joint, TOPK * TOPK, TRIALS);
+    printf("  speculative (t1, t2) vs plain sampling: chi-square p-value %.4f over %d trials\n", pv,
+           TRIALS);
+    assert_true(pv >= ALPHA);
+
+    /* negative control: the same counts against the target at temperature
+     * 1.0 (same support, different weights) must be rejected */
+    specd_sampling s1 = f.s;
+    s1.temperature = 1.0f;
+    f.s = s1;
+    double joint_wrong[TOPK * TOPK];
+    target_probs(&f, NULL, 0, p1);
+    for (int a = 0; a < TOPK; a++) {
+        target_probs(&f, &t1_ids[a], 1, p2);
+        for (int b = 0; b < TOPK; b++) joint_wrong[a * TOPK + b] = p1[t1_ids[a]] * p2[t2_ids[a][b]];
+    }
+    double pv_wrong = chi2_fit(counts, joint_wrong, TOPK * TOPK, TRIALS);
+    printf("  negative control (target at T=1.0): p-value %.3g (must be < %g)\n", pv_wrong, ALPHA);
+    assert_true(pv_wrong < ALPHA);
+
+    free(p1);
+    free(p2);
+    free(f.scratch);
+    specd_transformer_free(f.t);
+    specd_model_close(f.m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tree_sampling_lossless),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
