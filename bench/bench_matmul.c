@@ -222,6 +222,7 @@ int main(int argc, char **argv) {
         n_paths = 3;
     }
     const double min_time = quick ? 0.05 : 0.25;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when piped to a file */
 
     /* 1. memory bandwidth */
     printf("== memory bandwidth (streaming read, best of 5) ==\n");

@@ -24,6 +24,8 @@
 
 #include <yaml.h>
 
+#include "utf8.h"
+
 /* ===================================================================== *
  * 1. Small helpers
  * ===================================================================== */
@@ -1295,16 +1297,36 @@ void specd_config_print_help(const specd_cfg_field *fields, size_t n, FILE *fp) 
     }
 }
 
-/* A YAML double-quoted scalar: always valid, whatever the text holds. */
+/* Characters a YAML double-quoted scalar keeps as written: the printable
+ * set of YAML 1.2 (section 5.1) minus the line breaks U+0085, U+2028 and
+ * U+2029, which a double-quoted scalar would fold, and the BOM. */
+static bool yaml_keeps(uint32_t cp) {
+    if (cp < 0x80) return cp >= 0x20 && cp != 0x7f;
+    if (cp < 0xa0 || cp == 0x2028 || cp == 0x2029 || cp == 0xfeff) return false;
+    return cp <= 0xd7ff || (cp >= 0xe000 && cp <= 0xfffd) || cp >= 0x10000;
+}
+
+/* A YAML double-quoted scalar that reads back byte for byte: quotes,
+ * backslashes and every character YAML would not keep are escaped. Bytes
+ * that are not UTF-8 (only a flag can supply them) have no YAML spelling
+ * and are written as they are. */
 static void dump_string(FILE *fp, const char *s) {
+    const uint8_t *p = (const uint8_t *)s;
+    size_t left = strlen(s), len;
     fputc('"', fp);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(fp, "\\%c", c);
-        else if (c == '\n') fputs("\\n", fp);
-        else if (c == '\t') fputs("\\t", fp);
-        else if (c < 0x20 || c == 0x7f) fprintf(fp, "\\x%02x", c);
-        else fputc(c, fp);
+    for (; left; p += len, left -= len) {
+        if (specd_utf8_next(p, left, &len) != SPECD_UTF8_OK) {
+            fwrite(p, 1, len, fp);
+            continue;
+        }
+        uint32_t cp = specd_utf8_decode(p, len);
+        if (cp == '"' || cp == '\\') fprintf(fp, "\\%c", (int)cp);
+        else if (cp == '\n') fputs("\\n", fp);
+        else if (cp == '\t') fputs("\\t", fp);
+        else if (yaml_keeps(cp)) fwrite(p, 1, len, fp);
+        else if (cp <= 0xff) fprintf(fp, "\\x%02X", (unsigned)cp);
+        else if (cp <= 0xffff) fprintf(fp, "\\u%04X", (unsigned)cp);
+        else fprintf(fp, "\\U%08X", (unsigned)cp);
     }
     fputc('"', fp);
 }

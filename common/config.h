@@ -15,12 +15,12 @@
  *     } my_cfg;
  *
  *     static const specd_cfg_field my_fields[] = {
- *         { "listen", SPECD_CFG_STRING, offsetof(my_cfg, listen), "0.0.0.0:50051",
- *           "address to serve gRPC on" },
- *         { "threads", SPECD_CFG_INT64, offsetof(my_cfg, threads), "4",
- *           "compute threads", .min = 1, .max = 1024 },
- *         { "limits.max_sessions", SPECD_CFG_INT64, offsetof(my_cfg, limits.max_sessions),
- *           "64", "most concurrent sessions", .min = 1, .max = INT64_MAX },
+ *         SPECD_CFG_FIELD("listen", SPECD_CFG_STRING, my_cfg, listen, "0.0.0.0:50051",
+ *                         "address to serve gRPC on"),
+ *         SPECD_CFG_FIELD("threads", SPECD_CFG_INT64, my_cfg, threads, "4",
+ *                         "compute threads", .min = 1, .max = 1024),
+ *         SPECD_CFG_FIELD("limits.max_sessions", SPECD_CFG_INT64, my_cfg, limits.max_sessions,
+ *                         "64", "most concurrent sessions", .min = 1, .max = INT64_MAX),
  *     };
  *
  * Names are dotted paths: "limits.max_sessions" is the key max_sessions in the
@@ -120,6 +120,15 @@ typedef struct specd_cfg_field {
     const char *const *choices; /* ENUM: allowed strings, NULL-terminated */
     unsigned flags;             /* SPECD_CFG_SECRET */
 } specd_cfg_field;
+
+/* One table entry: name, type, the struct and member it fills, default text,
+ * help, then any of .min/.max, .fmin/.fmax, .choices, .flags. All members
+ * are designated, so -Wextra's missing-initializer check stays quiet. */
+#define SPECD_CFG_FIELD(name_, type_, cfg_type, member, def_, help_, ...)                  \
+    {                                                                                     \
+        .name = (name_), .type = (type_), .offset = offsetof(cfg_type, member),            \
+        .def = (def_), .help = (help_), __VA_ARGS__                                       \
+    }
 
 /* Checks the table (names, types, choices, that every default parses and is
  * in bounds) and writes every field's default into `out`. `out` is treated

@@ -150,6 +150,9 @@ void rpc_call_on_close(specd_rpc_call *c);
 void rpc_call_on_send(specd_rpc_call *c, int success);
 void rpc_call_on_recv(specd_rpc_call *c, int success);
 void rpc_call_on_status(specd_rpc_call *c, int success);
+/* Queues an encoded message (takes bb) behind the others: the body of
+ * specd_rpc_call_send, shared with specd_rpc_call_send_msg. */
+specd_rpc_io rpc_call_enqueue(specd_rpc_call *c, grpc_byte_buffer *bb, size_t len);
 /* Frees a request slot whose request_call failed (no grpc_call attached). */
 void rpc_call_free_unused(specd_rpc_call *c);
 

@@ -162,7 +162,7 @@ const uint8_t *specd_rpc_call_request(const specd_rpc_call *c, size_t *len);
 specd_rpc_io specd_rpc_call_send(specd_rpc_call *c, const void *buf, size_t len);
 
 /* Waits for the next client message (timeout_ms < 0: no limit except the
- * call's deadline and cancellation). On OK *buf/*len hold the message, valid
+ * call's deadline and cancellation). On OK, *buf and *len hold the message, valid
  * until the next recv or the handler's return. After TIMEOUT the read stays
  * pending and the next recv continues waiting for it. */
 specd_rpc_io specd_rpc_call_recv(specd_rpc_call *c, const uint8_t **buf, size_t *len,

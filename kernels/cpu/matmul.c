@@ -10,7 +10,11 @@
  * once per call however many tokens there are. Chunks are small enough to
  * give every thread several tasks (the atomic task counter then evens out
  * uneven progress) and large enough that the per-task overhead (one atomic
- * increment, an L1-warm start) stays negligible. */
+ * increment, an L1-warm start) stays negligible.
+ *
+ * With several tokens the caller first repacks x so that the activations a
+ * kernel needs for one weight group (32 columns x up to nt_max tokens) are
+ * contiguous (layout in quant_impl.h); the tasks share the packed copy. */
 #include "matmul.h"
 
 #include <pthread.h>
@@ -142,6 +146,7 @@ static void pack_buf_free(void *v) {
 static void pack_key_init(void) { pthread_key_create(&g_pack_key, pack_buf_free); }
 
 static float *pack_buffer(size_t n) {
+    if (n < 16) n = 16; /* never a zero-sized allocation (cols == 0) */
     pthread_once(&g_pack_once, pack_key_init);
     pack_buf *b = pthread_getspecific(g_pack_key);
     if (!b) {
