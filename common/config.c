@@ -164,10 +164,9 @@ static const specd_cfg_field *find_field(const specd_cfg_field *fields, size_t n
 
 /* True if s[0..len) names a section: some field is called "s.<something>". */
 static bool is_section(const specd_cfg_field *fields, size_t n, const char *s, size_t len) {
+    if (memchr(s, 0, len)) return false; /* strncmp would stop at the NUL */
     for (size_t i = 0; i < n; i++)
-        if (strncmp(fields[i].name, s, len) == 0 && fields[i].name[len] == '.' &&
-            memchr(s, 0, len) == NULL)
-            return true;
+        if (strncmp(fields[i].name, s, len) == 0 && fields[i].name[len] == '.') return true;
     return false;
 }
 
@@ -679,35 +678,57 @@ static int check_field(const specd_cfg_field *fields, size_t n, size_t i, specd_
     return 0;
 }
 
-/* Splits "a,b,c" into a fresh list (an empty text gives an empty list). */
-static int split_list(const char *s, specd_cfg_strlist *out, size_t *cap) {
+/* Appends the items of "a,b,c" to out (an empty text adds nothing). An
+ * empty item ("a,,b", "a,") is refused as a typo. */
+static parse_status split_list(const char *s, specd_cfg_strlist *out, size_t *cap) {
     size_t len = strlen(s);
-    if (!len) return 0;
+    if (!len) return PARSE_OK;
     for (size_t start = 0;;) {
         const char *comma = memchr(s + start, ',', len - start);
         size_t end = comma ? (size_t)(comma - s) : len;
-        if (strlist_push(out, cap, s + start, end - start)) return -1;
-        if (!comma) return 0;
+        if (end == start) return PARSE_BAD;
+        if (strlist_push(out, cap, s + start, end - start)) return PARSE_NOMEM;
+        if (!comma) return PARSE_OK;
         start = end + 1;
     }
 }
 
-/* Sets one field from text (a default or a flag value). A STRLIST either
- * replaces the list or, when append is set, adds to it. */
+/* Moves every item of src to the end of dst (src ends empty). */
+static int strlist_move_append(specd_cfg_strlist *dst, specd_cfg_strlist *src) {
+    if (!src->n) return 0;
+    char **items = realloc(dst->items, (dst->n + src->n) * sizeof *items);
+    if (!items) return -1;
+    memcpy(items + dst->n, src->items, src->n * sizeof *items);
+    dst->items = items;
+    dst->n += src->n;
+    free(src->items);
+    *src = (specd_cfg_strlist){NULL, 0};
+    return 0;
+}
+
+/* A STRLIST from "a,b,c" text: replaces the list, or extends it when append
+ * is set. Nothing changes unless the whole text is good. */
+static int set_list_from_text(const specd_cfg_field *f, void *cfg, const char *text, bool append,
+                              const char *where, specd_error *err) {
+    specd_cfg_strlist fresh = {NULL, 0};
+    size_t cap = 0;
+    parse_status st = split_list(text, &fresh, &cap);
+    if (st == PARSE_OK && append && strlist_move_append(field_ptr(cfg, f), &fresh))
+        st = PARSE_NOMEM;
+    if (st != PARSE_OK) {
+        strlist_clear(&fresh);
+        if (st == PARSE_BAD)
+            return specd_seterr(err, "%s: '%s' has an empty item in '%s'", where, f->name, text);
+        return specd_seterr(err, "%s: out of memory", where);
+    }
+    if (!append) store_list(f, cfg, &fresh);
+    return 0;
+}
+
+/* Sets one field from text (a default or a flag value). */
 static int set_from_text(const specd_cfg_field *f, void *cfg, const char *text, bool append,
                          const char *where, specd_error *err) {
-    if (f->type == SPECD_CFG_STRLIST) {
-        specd_cfg_strlist *dst = field_ptr(cfg, f);
-        specd_cfg_strlist fresh = {NULL, 0};
-        size_t cap = append ? dst->n : 0;
-        specd_cfg_strlist *target = append ? dst : &fresh;
-        if (split_list(text, target, &cap)) {
-            strlist_clear(&fresh);
-            return specd_seterr(err, "%s: out of memory", where);
-        }
-        if (!append) store_list(f, cfg, &fresh);
-        return 0;
-    }
+    if (f->type == SPECD_CFG_STRLIST) return set_list_from_text(f, cfg, text, append, where, err);
     cfg_value v;
     parse_status st = parse_value(f, text, strlen(text), &v);
     if (st != PARSE_OK) return value_error(err, where, f, text, strlen(text), st);
@@ -871,8 +892,9 @@ static const char *ev_kind(const yaml_loader *L, char *buf, size_t cap) {
     return buf;
 }
 
-static int where(const yaml_loader *L, char *buf, size_t cap) {
-    return snprintf(buf, cap, "%s:%zu", L->name, ev_line(L));
+/* "file:line" of the current event, the prefix of value errors. */
+static void where(const yaml_loader *L, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s:%zu", L->name, ev_line(L));
 }
 
 /* Records path as set on `line`; an error if this document set it before.
@@ -1103,11 +1125,11 @@ static char *read_bounded(const char *path, size_t *len, specd_error *err) {
         return NULL;
     }
     *len = fread(buf, 1, cap, fp);
-    int failed = ferror(fp);
+    int failed = ferror(fp), saved_errno = errno; /* a directory fails here: EISDIR */
     fclose(fp);
     if (failed) {
         free(buf);
-        specd_seterr(err, "%s: read error", path);
+        specd_seterr(err, "%s: cannot read: %s", path, strerror(saved_errno));
         return NULL;
     }
     if (*len == cap) {

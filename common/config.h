@@ -62,7 +62,8 @@
  *   config.yaml:7: 'batching.max_wait_ms' expects a duration like 5ms, got 'soon'
  *   config.yaml:3: 'threads' expects an integer in 1..1024, got -4
  *   config.yaml:9: duplicate key 'threads' (first set on line 2)
- *   config.yaml:4:10: YAML syntax error: ... (while parsing a block mapping)
+ *   config.yaml:5:1: YAML syntax error: did not find expected ',' or ']' (while
+ *       parsing a flow sequence on line 4)
  *   command line: unknown flag '--thread' (did you mean '--threads'?)
  *
  * Safety (the file may come from anywhere; the loader is fuzzed): inputs over

@@ -532,7 +532,8 @@ static double seconds_since(const struct timespec *t0) {
 static void test_alias_bomb_refused(void **state) {
     (void)state;
     char yaml[4096];
-    size_t o = (size_t)snprintf(yaml, sizeof yaml, "targets: &a0 [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n");
+    size_t o = (size_t)snprintf(yaml, sizeof yaml,
+                                "targets: &a0 [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n");
     for (int i = 1; i <= 9; i++) {
         o += (size_t)snprintf(yaml + o, sizeof yaml - o, "listen%d: &a%d [", i, i);
         for (int j = 0; j < 9; j++)
@@ -588,6 +589,8 @@ static void test_huge_input_refused(void **state) {
 
     assert_int_equal(specd_config_load_file(FIELDS, N_FIELDS, "/nonexistent/x.yaml", &c, &err), -1);
     assert_string_equal(err.msg, "/nonexistent/x.yaml: cannot open: No such file or directory");
+    assert_int_equal(specd_config_load_file(FIELDS, N_FIELDS, "/tmp", &c, &err), -1);
+    assert_string_equal(err.msg, "/tmp: cannot read: Is a directory");
     specd_config_free(FIELDS, N_FIELDS, &c);
 }
 
@@ -648,6 +651,10 @@ static void test_flags_lists(void **state) {
     assert_string_equal(c.targets.items[0], "x:1");
     assert_string_equal(c.targets.items[1], "y:2");
     assert_string_equal(c.targets.items[2], "z:3");
+    char *typo[] = {"svc", "--targets=p,,q"};
+    assert_int_equal(specd_config_apply_flags(FIELDS, N_FIELDS, 2, typo, &c, NULL, &err), -1);
+    assert_string_equal(err.msg, "command line: 'targets' has an empty item in 'p,,q'");
+    assert_int_equal(c.targets.n, 3); /* unchanged */
     char *clear[] = {"svc", "--targets="};
     assert_int_equal(specd_config_apply_flags(FIELDS, N_FIELDS, 2, clear, &c, NULL, &err), 0);
     assert_int_equal(c.targets.n, 0);
@@ -679,15 +686,18 @@ static void test_flags_positionals_and_errors(void **state) {
         char *argv[3];
         const char *msg;
     } bad[] = {
-        {2, {"svc", "--thread=3"}, "command line: unknown flag '--thread' (did you mean '--threads'?)"},
+        {2, {"svc", "--thread=3"},
+         "command line: unknown flag '--thread' (did you mean '--threads'?)"},
         {2, {"svc", "--limits.max_sesions=3"},
-         "command line: unknown flag '--limits.max_sesions' (did you mean '--limits.max_sessions'?)"},
+         "command line: unknown flag '--limits.max_sesions' (did you mean "
+         "'--limits.max_sessions'?)"},
         {2, {"svc", "--bogus"}, "command line: unknown flag '--bogus'"},
         {2, {"svc", "-t"}, "command line: unknown flag '-t'"},
         {2, {"svc", "--threads"}, "command line: '--threads' needs a value"},
         {3, {"svc", "--listen", "--threads=4"}, "command line: '--listen' needs a value"},
         {2, {"svc", "extra"}, "command line: unexpected argument 'extra'"},
-        {2, {"svc", "--verbose=maybe"}, "command line: 'verbose' expects true or false, got 'maybe'"},
+        {2, {"svc", "--verbose=maybe"},
+         "command line: 'verbose' expects true or false, got 'maybe'"},
         {2, {"svc", "--batching.max_wait_ms=soon"},
          "command line: 'batching.max_wait_ms' expects a duration like 5ms, got 'soon'"},
         {2, {"svc", "--config"}, "command line: '--config' needs a value"},
@@ -779,8 +789,9 @@ static void test_help(void **state) {
         "  --backend=cpu|cuda              compute backend (default: cpu)\n",
         "  --limits.kv_memory=SIZE         KV cache budget (>= 1MiB, default: 1GiB)\n",
         "  --token=STRING                  auth token\n",
-        "  --batching.max_batch_tokens=INT tokens per forward pass (in 1..1048576, "
-        "default: 2048)\n",
+        /* a flag exactly as wide as the first column still fits on its line */
+        ("  --batching.max_batch_tokens=INT tokens per forward pass (in 1..1048576, "
+         "default: 2048)\n"),
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         if (!strstr(text, lines[i])) fprintf(stderr, "missing:\n%s\nin:\n%s", lines[i], text);
