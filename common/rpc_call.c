@@ -19,7 +19,8 @@
  * call cancelled (client cancel or disconnect, deadline, shutdown's
  * cancel_all) or when any of our operations fails. Then queued sends are
  * dropped, every waiter wakes up with SPECD_RPC_IO_CANCELLED, and the
- * registered cancellation callback runs once, outside c->mu. */
+ * registered cancellation callback runs once, on the CQ thread that saw it,
+ * outside c->mu. */
 #include "common/rpc_internal.h"
 
 #include <errno.h>
@@ -121,16 +122,33 @@ static void mark_cancelled_locked(specd_rpc_call *c) {
     pthread_cond_broadcast(&c->cv);
 }
 
-/* Runs the registered callback once if the call is cancelled. Called without
- * c->mu by whoever may have just cancelled it, while it holds a reference. */
-static void fire_cancel_cb(specd_rpc_call *c) {
-    if (!atomic_load(&c->cancelled)) return;
+/* Every CQ completion runs between completion_begin and completion_end.
+ * cb_mu is taken *before* the state changes and held until the callback has
+ * run, so the two cannot be pulled apart: a handler that sees the call
+ * cancelled and then unregisters its callback (or returns) waits in
+ * specd_rpc_call_on_cancel until the callback is done, and a callback
+ * registered at the moment of cancellation always runs exactly once.
+ * Lock order: cb_mu before mu. The callback only ever runs here (or at
+ * registration), never inside the handler's send/recv/finish, which may be
+ * called with locks held that the callback wants. (A handler-side batch that
+ * fails to start cancels the grpc_call, and the callback then fires from the
+ * RECV_CLOSE_ON_SERVER completion like any other cancellation.) */
+static void completion_begin(specd_rpc_call *c) {
     pthread_mutex_lock(&c->cb_mu);
-    if (c->cancel_cb && !c->cancel_cb_fired) {
+    pthread_mutex_lock(&c->mu);
+}
+
+static void completion_end(specd_rpc_call *c) {
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (atomic_load(&c->cancelled) && c->cancel_cb && !c->cancel_cb_fired) {
         c->cancel_cb_fired = 1;
         c->cancel_cb(c->cancel_arg);
     }
     pthread_mutex_unlock(&c->cb_mu);
+    /* the completed batch's reference; the call may be freed here */
+    pthread_mutex_lock(&c->mu);
+    unref_unlock(c);
 }
 
 int specd_rpc_call_is_cancelled(const specd_rpc_call *c) {
@@ -293,52 +311,36 @@ void rpc_call_accept(specd_rpc_call *c) {
 /* ---- CQ completions ---------------------------------------------------------- */
 
 void rpc_call_on_close(specd_rpc_call *c) {
-    pthread_mutex_lock(&c->mu);
+    completion_begin(c);
     if (c->close_cancelled) mark_cancelled_locked(c);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c); /* we still hold the close batch's reference */
-    pthread_mutex_lock(&c->mu);
-    unref_unlock(c);
+    completion_end(c);
 }
 
 void rpc_call_on_send(specd_rpc_call *c, int success) {
-    pthread_mutex_lock(&c->mu);
+    completion_begin(c);
     grpc_byte_buffer_destroy(c->send_bb);
     c->send_bb = NULL;
     c->send_in_flight = 0;
     if (!success) mark_cancelled_locked(c);
     else if (!atomic_load(&c->cancelled) && c->q_head) start_next_send_locked(c);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c);
-    pthread_mutex_lock(&c->mu);
-    unref_unlock(c);
+    completion_end(c);
 }
 
 void rpc_call_on_recv(specd_rpc_call *c, int success) {
-    pthread_mutex_lock(&c->mu);
+    completion_begin(c);
     c->recv_in_flight = 0;
     c->recv_ready = 1;
     c->recv_ok = success;
     if (!success) mark_cancelled_locked(c);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c);
-    pthread_mutex_lock(&c->mu);
-    unref_unlock(c);
+    completion_end(c);
 }
 
 void rpc_call_on_status(specd_rpc_call *c, int success) {
-    pthread_mutex_lock(&c->mu);
+    completion_begin(c);
     c->status_in_flight = 0;
     c->status_ok = success;
     if (!success) mark_cancelled_locked(c);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c);
-    pthread_mutex_lock(&c->mu);
-    unref_unlock(c);
+    completion_end(c);
 }
 
 /* ---- the handler thread ------------------------------------------------------ */
@@ -432,7 +434,6 @@ specd_rpc_io rpc_call_enqueue(specd_rpc_call *c, grpc_byte_buffer *bb, size_t le
         grpc_byte_buffer_destroy(bb);
     }
     pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c);
     return r;
 }
 
@@ -525,7 +526,6 @@ specd_rpc_io specd_rpc_call_recv(specd_rpc_call *c, const uint8_t **buf, size_t 
         }
     }
     pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c);
     if (bb) {
         /* only one thread receives at a time, so c->msg is ours here */
         r = copy_message(c, bb);
@@ -562,7 +562,6 @@ int specd_rpc_call_finish(specd_rpc_call *c, grpc_status_code code, const char *
         rc = c->status_ok ? 0 : -1;
     }
     pthread_mutex_unlock(&c->mu);
-    fire_cancel_cb(c);
     return rc;
 }
 

@@ -112,7 +112,8 @@ struct specd_rpc_call {
     /* cancellation: `cancelled` is read without the lock (is_cancelled) */
     atomic_int cancelled;
     int close_cancelled;       /* out-argument of RECV_CLOSE_ON_SERVER */
-    pthread_mutex_t cb_mu;     /* serialises the callback with (un)registration */
+    pthread_mutex_t cb_mu;     /* held by a completion while it may cancel and fire
+                                  the callback, and by (un)registration */
     void (*cancel_cb)(void *);
     void *cancel_arg;
     int cancel_cb_fired;

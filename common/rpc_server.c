@@ -37,6 +37,10 @@
 
 /* PEM files are a few KiB; a bigger one is a wrong path (a log, a binary). */
 #define RPC_MAX_PEM_BYTES (1u << 20)
+/* Server-side keepalive (see the channel args in create): a dead peer is
+ * noticed, and its calls cancelled, within about 40 s. */
+#define RPC_KEEPALIVE_MS 30000
+#define RPC_KEEPALIVE_TIMEOUT_MS 10000
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -112,7 +116,8 @@ static int check_opts(const specd_rpc_server_opts *o, specd_error *err) {
         return specd_seterr(err, "rpc server: no TLS certificate and key given; "
                                  "set insecure = 1 to serve plaintext on purpose");
     if (tls && (!o->tls_cert_path || !o->tls_key_path))
-        return specd_seterr(err, "rpc server: TLS needs both a certificate chain and a private key");
+        return specd_seterr(err, "rpc server: TLS needs both a certificate chain and a "
+                                 "private key");
     if (o->max_message_bytes > INT_MAX)
         return specd_seterr(err, "rpc server: max_message_bytes %zu exceeds %d",
                             o->max_message_bytes, INT_MAX);
@@ -163,7 +168,8 @@ static void on_new_call(specd_rpc_server *s, specd_rpc_call *c, int success) {
 static void *cq_thread_main(void *arg) {
     specd_rpc_server *s = arg;
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break; /* drained after shutdown: done */
         if (ev.type != GRPC_OP_COMPLETE) continue; /* no deadline, so no timeouts */
         rpc_tag *t = ev.tag;
@@ -224,7 +230,7 @@ specd_rpc_server *specd_rpc_server_create(const specd_rpc_server_opts *o, specd_
         server_free(s);
         return NULL;
     }
-    grpc_arg args[3] = {
+    grpc_arg args[6] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = (int)s->max_message},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
@@ -233,8 +239,20 @@ specd_rpc_server *specd_rpc_server_create(const specd_rpc_server_opts *o, specd_
          * port already in use and silently steal half the connections; we
          * want "address in use" instead. */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+        /* A client that vanishes without a TCP reset (node lost, network
+         * partition) must not hold a model slot for the kernel's hours-long
+         * TCP timeout: ping every RPC_KEEPALIVE_MS and drop the connection
+         * (cancelling its calls) if no ack comes back within
+         * RPC_KEEPALIVE_TIMEOUT_MS. Unlimited pings without data, or gRPC
+         * stops pinging after two while a handler computes in silence. */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS,
+         .value.integer = RPC_KEEPALIVE_MS},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+         .value.integer = RPC_KEEPALIVE_TIMEOUT_MS},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
+         .value.integer = 0},
     };
-    grpc_channel_args cargs = {.num_args = 3, .args = args};
+    grpc_channel_args cargs = {.num_args = 6, .args = args};
     s->server = grpc_server_create(&cargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);

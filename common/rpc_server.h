@@ -24,6 +24,10 @@
  *   object is freed when its handler has returned and every operation it
  *   started has completed (a reference count), never earlier.
  *
+ * Dead clients: a client cancel or disconnect cancels its calls at once;
+ * a peer that vanishes silently is found by server keepalive pings within
+ * about 40 s.
+ *
  * Limits: at most `max_calls` handlers run at once (default 256); a call
  * beyond that is answered RESOURCE_EXHAUSTED at once without a thread.
  * Messages larger than `max_message_bytes` (default 4 MiB) are refused in
@@ -107,7 +111,8 @@ int specd_rpc_server_start(specd_rpc_server *s, specd_error *err);
 /* Graceful stop: health turns NOT_SERVING, new calls are refused, calls in
  * flight get up to grace_ms to finish, then the rest are cancelled; returns
  * once every handler has returned and every thread of the server has been
- * joined. Idempotent; concurrent callers all wait for the end. */
+ * joined. Idempotent; concurrent callers all wait for the end. Not from a
+ * handler or a cancellation callback (it waits for those to end). */
 void specd_rpc_server_shutdown(specd_rpc_server *s, int grace_ms);
 
 /* Shuts down (grace 0) if still running, frees everything. NULL is a no-op. */
@@ -183,11 +188,12 @@ int64_t specd_rpc_call_deadline_ms_left(const specd_rpc_call *c);
 int specd_rpc_call_is_cancelled(const specd_rpc_call *c);
 
 /* Registers fn(arg) to run once when the call becomes cancelled (at once, in
- * this thread, if it already is). It runs on a CQ thread: it must be quick
- * and must not call specd_rpc_call_* functions other than is_cancelled
- * (typically it sets a flag and signals the worker's condition variable).
- * fn = NULL unregisters; after that returns, fn is not running and will not
- * run, so arg may be freed. */
+ * this thread, if it already is). It runs on a CQ thread, never inside a
+ * specd_rpc_call_* function of the handler: it must be quick and must not
+ * call specd_rpc_call_* functions other than is_cancelled (typically it sets
+ * a flag and signals the worker's condition variable). fn = NULL unregisters;
+ * after that returns, fn is not running and will not run, so arg may be
+ * freed. The handler's registration is dropped when it returns. */
 void specd_rpc_call_on_cancel(specd_rpc_call *c, void (*fn)(void *arg), void *arg);
 
 /* The client's address ("ipv4:127.0.0.1:53412") into buf; returns buf. */

@@ -1,0 +1,1137 @@
+/* test_rpc_server.c - the gRPC server layer (common/rpc_*.c) against a real
+ * gRPC C-core client over loopback.
+ *
+ * Every server listens on 127.0.0.1:0 (an ephemeral loopback port, never any
+ * other address). The client side is a few helpers over the C core (one
+ * pluck completion queue per call, every wait bounded) so a bug shows up as a
+ * failed assertion, never as a hung suite. Test methods live under
+ * /specd.testing.Echo/ and move raw bytes; only the health service uses
+ * protobuf.
+ *
+ * Covered: unary echo, server streaming order, bidi ping-pong, UNIMPLEMENTED,
+ * deadline -> DEADLINE_EXCEEDED with the handler seeing the cancellation,
+ * client cancel mid-stream (handler stops, callback fires once, call freed),
+ * graceful shutdown draining a stream and cancelling past the grace,
+ * RESOURCE_EXHAUSTED beyond max_calls, message size limits, health
+ * Check/Watch, TLS and mutual TLS (tests/unit/certs/), option checks, the
+ * protobuf-c helpers and the SIGTERM runner. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "common/rpc_health.h"
+#include "common/rpc_server.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "tests/test_util.h"
+
+#define ECHO "/specd.testing.Echo/"
+/* Upper bound on any single client wait: far above what a step needs, far
+ * below ctest's timeout, so a bug fails instead of hanging. */
+#define WAIT_MS 10000
+
+/* ---- time --------------------------------------------------------------------- */
+
+static int64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static gpr_timespec in_ms(int ms) {
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+static void sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* ---- what the handlers saw ------------------------------------------------------ */
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int cancel_cb_count;
+    int saw_cancel;
+    int64_t deadline_left;
+    specd_rpc_io last_io;
+    int finish_rc;
+    int done;
+    int started;
+} T = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void t_reset(void) {
+    pthread_mutex_lock(&T.mu);
+    T.cancel_cb_count = T.saw_cancel = T.done = T.started = 0;
+    T.finish_rc = 99;
+    T.deadline_left = 0;
+    T.last_io = SPECD_RPC_IO_OK;
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* Waits (bounded) until *flag is non-zero; returns it. */
+static int t_wait(int *flag, int ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += ms / 1000;
+    dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&T.mu);
+    while (!*flag && pthread_cond_timedwait(&T.cv, &T.mu, &dl) != ETIMEDOUT) {
+    }
+    int v = *flag;
+    pthread_mutex_unlock(&T.mu);
+    return v;
+}
+
+static void t_set(int *flag, int v) {
+    pthread_mutex_lock(&T.mu);
+    *flag = v;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+static void on_cancel_count(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&T.mu);
+    T.cancel_cb_count++;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* ---- test handlers ---------------------------------------------------------------- */
+
+/* Unary: the request back. */
+static void h_unary(specd_rpc_call *c, void *u) {
+    (void)u;
+    size_t n;
+    const uint8_t *req = specd_rpc_call_request(c, &n);
+    if (specd_rpc_call_send(c, req, n) == SPECD_RPC_IO_OK)
+        specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+}
+
+/* Server streaming: request "N" -> messages "0".."N-1". */
+static void h_count(specd_rpc_call *c, void *u) {
+    (void)u;
+    size_t n;
+    const uint8_t *req = specd_rpc_call_request(c, &n);
+    char num[16] = {0};
+    memcpy(num, req, n < sizeof num - 1 ? n : sizeof num - 1);
+    int count = atoi(num);
+    for (int i = 0; i < count; i++) {
+        char msg[16];
+        int len = snprintf(msg, sizeof msg, "%d", i);
+        if (specd_rpc_call_send(c, msg, (size_t)len) != SPECD_RPC_IO_OK) return;
+    }
+    specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+}
+
+/* Bidi: "x" -> "pong:x" until the client half-closes. */
+static void h_pingpong(specd_rpc_call *c, void *u) {
+    (void)u;
+    for (;;) {
+        const uint8_t *buf;
+        size_t n;
+        specd_rpc_io r = specd_rpc_call_recv(c, &buf, &n, 5000);
+        if (r == SPECD_RPC_IO_END) break;
+        if (r != SPECD_RPC_IO_OK) {
+            specd_rpc_call_finish(c, GRPC_STATUS_ABORTED, "recv failed");
+            return;
+        }
+        char out[300];
+        int len =
+            snprintf(out, sizeof out, "pong:%.*s", (int)(n < 256 ? n : 256), (const char *)buf);
+        if (specd_rpc_call_send(c, out, (size_t)len) != SPECD_RPC_IO_OK) return;
+    }
+    specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+}
+
+/* Waits (at most 5 s) for the call to be cancelled, then tries to finish. */
+static void h_stall(specd_rpc_call *c, void *u) {
+    (void)u;
+    pthread_mutex_lock(&T.mu);
+    T.deadline_left = specd_rpc_call_deadline_ms_left(c);
+    T.started = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    specd_rpc_call_on_cancel(c, on_cancel_count, NULL);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 5;
+    pthread_mutex_lock(&T.mu);
+    while (!specd_rpc_call_is_cancelled(c) &&
+           pthread_cond_timedwait(&T.cv, &T.mu, &dl) != ETIMEDOUT) {
+    }
+    T.saw_cancel = specd_rpc_call_is_cancelled(c);
+    pthread_mutex_unlock(&T.mu);
+    int rc = specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+    pthread_mutex_lock(&T.mu);
+    T.finish_rc = rc;
+    T.done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* Streams until the call dies. */
+static void h_forever(specd_rpc_call *c, void *u) {
+    (void)u;
+    specd_rpc_call_on_cancel(c, on_cancel_count, NULL);
+    specd_rpc_io r;
+    int i = 0;
+    do {
+        char msg[16];
+        int len = snprintf(msg, sizeof msg, "m%d", i++);
+        r = specd_rpc_call_send(c, msg, (size_t)len);
+    } while (r == SPECD_RPC_IO_OK);
+    pthread_mutex_lock(&T.mu);
+    T.last_io = r;
+    T.saw_cancel = specd_rpc_call_is_cancelled(c);
+    T.done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* 5 messages 60 ms apart: a stream still running when shutdown starts. */
+static void h_slow(specd_rpc_call *c, void *u) {
+    (void)u;
+    t_set(&T.started, 1);
+    for (int i = 0; i < 5; i++) {
+        if (i) sleep_ms(60);
+        char msg[16];
+        int len = snprintf(msg, sizeof msg, "s%d", i);
+        if (specd_rpc_call_send(c, msg, (size_t)len) != SPECD_RPC_IO_OK) return;
+    }
+    int rc = specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+    pthread_mutex_lock(&T.mu);
+    T.finish_rc = rc;
+    T.done = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+}
+
+/* Misuse: an oversize send, a send after finish, a double finish. */
+static void h_misuse(specd_rpc_call *c, void *u) {
+    size_t max = *(size_t *)u;
+    uint8_t *big = calloc(1, max + 1);
+    specd_rpc_io big_r = specd_rpc_call_send(c, big, max + 1);
+    free(big);
+    int ok = big_r == SPECD_RPC_IO_INVALID;
+    ok &= specd_rpc_call_finish(c, ok ? GRPC_STATUS_OK : GRPC_STATUS_INTERNAL, NULL) == 0;
+    ok &= specd_rpc_call_send(c, "x", 1) == SPECD_RPC_IO_INVALID;
+    ok &= specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL) == -1;
+    t_set(&T.done, ok ? 1 : -1);
+}
+
+/* Bidi: nothing arrives within 50 ms, so it finishes with the read still
+ * pending; that read must complete and the call be freed anyway. */
+static void h_recv_timeout(specd_rpc_call *c, void *u) {
+    (void)u;
+    const uint8_t *buf;
+    size_t n;
+    specd_rpc_io r = specd_rpc_call_recv(c, &buf, &n, 50);
+    t_set(&T.done, r == SPECD_RPC_IO_TIMEOUT ? 1 : -1);
+    specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+}
+
+/* Returns without a status. */
+static void h_silent(specd_rpc_call *c, void *u) {
+    (void)c;
+    (void)u;
+}
+
+/* ---- server fixture ------------------------------------------------------------ */
+
+/* The running server's message limit: every test method's `user` (Misuse reads it). */
+static size_t g_max_message;
+
+static specd_rpc_server *server_new(specd_rpc_server_opts o) {
+    if (!o.listen_addr) o.listen_addr = "127.0.0.1:0";
+    if (!o.tls_cert_path && !o.tls_key_path) o.insecure = 1;
+    specd_error err = {{0}};
+    specd_rpc_server *s = specd_rpc_server_create(&o, &err);
+    if (!s) fprintf(stderr, "server_new: %s\n", err.msg);
+    assert_non_null(s);
+    assert_true(specd_rpc_server_port(s) > 0);
+    g_max_message = o.max_message_bytes ? o.max_message_bytes : SPECD_RPC_DEFAULT_MAX_MESSAGE;
+    static const struct {
+        const char *path;
+        specd_rpc_kind kind;
+        specd_rpc_handler handler;
+    } methods[] = {
+        {ECHO "Unary", SPECD_RPC_UNARY, h_unary},
+        {ECHO "Count", SPECD_RPC_SERVER_STREAMING, h_count},
+        {ECHO "PingPong", SPECD_RPC_BIDI_STREAMING, h_pingpong},
+        {ECHO "Stall", SPECD_RPC_UNARY, h_stall},
+        {ECHO "Forever", SPECD_RPC_SERVER_STREAMING, h_forever},
+        {ECHO "Slow", SPECD_RPC_SERVER_STREAMING, h_slow},
+        {ECHO "Misuse", SPECD_RPC_UNARY, h_misuse},
+        {ECHO "Silent", SPECD_RPC_UNARY, h_silent},
+        {ECHO "RecvTimeout", SPECD_RPC_BIDI_STREAMING, h_recv_timeout},
+    };
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+        assert_int_equal(specd_rpc_register(s, methods[i].path, methods[i].kind, methods[i].handler,
+                                            &g_max_message),
+                         0);
+    assert_int_equal(specd_rpc_server_start(s, &err), 0);
+    t_reset();
+    return s;
+}
+
+/* Waits (bounded) until no call object or handler is left on the server. */
+static void wait_idle(specd_rpc_server *s) {
+    int64_t end = now_ms() + WAIT_MS;
+    specd_rpc_stats st;
+    for (;;) {
+        specd_rpc_server_stats(s, &st);
+        if ((st.calls_live == 0 && st.handlers_running == 0) || now_ms() > end) break;
+        sleep_ms(5);
+    }
+    assert_int_equal(st.calls_live, 0);
+    assert_int_equal(st.handlers_running, 0);
+}
+
+/* ---- client helpers ---------------------------------------------------------------- */
+
+static grpc_channel *channel_insecure(int port) {
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, cr, NULL);
+    grpc_channel_credentials_release(cr);
+    return ch;
+}
+
+/* TLS channel trusting tests/unit/certs/ca.pem; with_cert: "client" or
+ * "rogue" presents that client certificate, NULL presents none. */
+static grpc_channel *channel_tls(int port, const char *with_cert) {
+    char *ca = test_read_file(test_path("tests/unit/certs/ca.pem"), NULL);
+    assert_non_null(ca);
+    char *cert = NULL, *key = NULL;
+    if (with_cert) {
+        char p[64];
+        snprintf(p, sizeof p, "tests/unit/certs/%s.pem", with_cert);
+        cert = test_read_file(test_path(p), NULL);
+        snprintf(p, sizeof p, "tests/unit/certs/%s.key", with_cert);
+        key = test_read_file(test_path(p), NULL);
+        assert_non_null(cert);
+        assert_non_null(key);
+    }
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+    grpc_channel_credentials *cr =
+        grpc_ssl_credentials_create_ex(ca, with_cert ? &pair : NULL, NULL, NULL);
+    free(ca);
+    free(cert);
+    free(key);
+    /* the certificate is for "localhost"; connect to the literal address */
+    grpc_arg arg = {.type = GRPC_ARG_STRING, .key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
+                    .value.string = "localhost"};
+    grpc_channel_args args = {.num_args = 1, .args = &arg};
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    grpc_channel *ch = grpc_channel_create(target, cr, &args);
+    grpc_channel_credentials_release(cr);
+    return ch;
+}
+
+enum { TAG_STATUS = 1, TAG_SEND, TAG_RECV };
+
+typedef struct ccall {
+    grpc_call *call;
+    grpc_completion_queue *cq;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code status;
+    grpc_slice details;
+    char *msg; /* last received message, NUL-terminated */
+    size_t msg_len;
+} ccall;
+
+static int pluck(ccall *cc, intptr_t tag) {
+    grpc_event ev = grpc_completion_queue_pluck(cc->cq, (void *)tag, in_ms(WAIT_MS), NULL);
+    assert_int_equal(ev.type, GRPC_OP_COMPLETE);
+    return ev.success;
+}
+
+static void cc_start(ccall *cc, grpc_channel *ch, const char *method, int deadline_ms) {
+    memset(cc, 0, sizeof *cc);
+    cc->cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    cc->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cc->cq, m, NULL,
+                                        in_ms(deadline_ms), NULL);
+    grpc_slice_unref(m);
+    grpc_metadata_array_init(&cc->init_md);
+    grpc_metadata_array_init(&cc->trail_md);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[1].data.recv_initial_metadata.recv_initial_metadata = &cc->init_md;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &cc->trail_md;
+    ops[2].data.recv_status_on_client.status = &cc->status;
+    ops[2].data.recv_status_on_client.status_details = &cc->details;
+    assert_int_equal(grpc_call_start_batch(cc->call, ops, 3, (void *)TAG_STATUS, NULL),
+                     GRPC_CALL_OK);
+}
+
+/* Sends one message (and the half-close if close). 1 on success. */
+static int cc_send(ccall *cc, const void *buf, size_t len, int close) {
+    grpc_slice sl = grpc_slice_from_copied_buffer(buf, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = bb;
+    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    assert_int_equal(grpc_call_start_batch(cc->call, ops, close ? 2 : 1, (void *)TAG_SEND, NULL),
+                     GRPC_CALL_OK);
+    int ok = pluck(cc, TAG_SEND);
+    grpc_byte_buffer_destroy(bb);
+    return ok;
+}
+
+static int cc_send_str(ccall *cc, const char *s, int close) {
+    return cc_send(cc, s, strlen(s), close);
+}
+
+static void cc_close(ccall *cc) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    assert_int_equal(grpc_call_start_batch(cc->call, &op, 1, (void *)TAG_SEND, NULL), GRPC_CALL_OK);
+    pluck(cc, TAG_SEND);
+}
+
+/* 1: a message in cc->msg; 0: end of stream or failure. */
+static int cc_recv(ccall *cc) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    assert_int_equal(grpc_call_start_batch(cc->call, &op, 1, (void *)TAG_RECV, NULL), GRPC_CALL_OK);
+    int ok = pluck(cc, TAG_RECV);
+    free(cc->msg);
+    cc->msg = NULL;
+    cc->msg_len = 0;
+    if (!ok || !bb) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        return 0;
+    }
+    grpc_byte_buffer_reader rd;
+    assert_true(grpc_byte_buffer_reader_init(&rd, bb));
+    grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    grpc_byte_buffer_destroy(bb);
+    cc->msg_len = GRPC_SLICE_LENGTH(all);
+    cc->msg = malloc(cc->msg_len + 1);
+    memcpy(cc->msg, GRPC_SLICE_START_PTR(all), cc->msg_len);
+    cc->msg[cc->msg_len] = 0;
+    grpc_slice_unref(all);
+    return 1;
+}
+
+/* Waits for the status and frees the call. */
+static grpc_status_code cc_end(ccall *cc) {
+    pluck(cc, TAG_STATUS);
+    grpc_status_code st = cc->status;
+    if (st != GRPC_STATUS_OK) {
+        char *d = grpc_slice_to_c_string(cc->details);
+        fprintf(stderr, "  (client saw status %d: %s)\n", (int)st, d);
+        gpr_free(d);
+    }
+    grpc_call_unref(cc->call);
+    grpc_slice_unref(cc->details);
+    grpc_metadata_array_destroy(&cc->init_md);
+    grpc_metadata_array_destroy(&cc->trail_md);
+    grpc_completion_queue_shutdown(cc->cq);
+    assert_int_equal(grpc_completion_queue_pluck(cc->cq, NULL, in_ms(WAIT_MS), NULL).type,
+                     GRPC_QUEUE_SHUTDOWN);
+    grpc_completion_queue_destroy(cc->cq);
+    free(cc->msg);
+    return st;
+}
+
+/* One unary call; the response (if any) is left in *resp (malloc'd). */
+static grpc_status_code unary(grpc_channel *ch, const char *method, const void *req, size_t len,
+                              char **resp, size_t *resp_len, int deadline_ms) {
+    ccall cc;
+    cc_start(&cc, ch, method, deadline_ms);
+    cc_send(&cc, req, len, 1);
+    if (cc_recv(&cc)) {
+        if (resp) {
+            *resp = cc.msg;
+            *resp_len = cc.msg_len;
+            cc.msg = NULL;
+        }
+    } else if (resp) {
+        *resp = NULL;
+        *resp_len = 0;
+    }
+    return cc_end(&cc);
+}
+
+/* ---- tests: calls --------------------------------------------------------------- */
+
+static void test_unary_echo(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    char *resp;
+    size_t n;
+    assert_int_equal(unary(ch, ECHO "Unary", "hello", 5, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(n, 5);
+    assert_memory_equal(resp, "hello", 5);
+    free(resp);
+    /* an empty message is a valid request and a valid response */
+    assert_int_equal(unary(ch, ECHO "Unary", "", 0, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_non_null(resp);
+    assert_int_equal(n, 0);
+    free(resp);
+    /* a handler that forgets its status still ends the call */
+    assert_int_equal(unary(ch, ECHO "Silent", "x", 1, NULL, NULL, 5000), GRPC_STATUS_UNKNOWN);
+    wait_idle(s);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_started, 3);
+    assert_int_equal(st.calls_cancelled, 0);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_server_streaming_order(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    ccall cc;
+    cc_start(&cc, ch, ECHO "Count", 5000);
+    cc_send_str(&cc, "200", 1);
+    for (int i = 0; i < 200; i++) {
+        char want[16];
+        snprintf(want, sizeof want, "%d", i);
+        assert_true(cc_recv(&cc));
+        assert_string_equal(cc.msg, want);
+    }
+    assert_false(cc_recv(&cc));
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+    wait_idle(s);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_bidi_pingpong(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    ccall cc;
+    cc_start(&cc, ch, ECHO "PingPong", 5000);
+    for (int i = 0; i < 20; i++) {
+        char ping[16], want[32];
+        snprintf(ping, sizeof ping, "p%d", i);
+        snprintf(want, sizeof want, "pong:p%d", i);
+        assert_true(cc_send_str(&cc, ping, 0));
+        assert_true(cc_recv(&cc));
+        assert_string_equal(cc.msg, want);
+    }
+    cc_close(&cc);
+    assert_false(cc_recv(&cc));
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+    wait_idle(s);
+
+    /* a recv that times out leaves the call live; finishing with that read
+     * still pending ends the call cleanly while the client stays open */
+    cc_start(&cc, ch, ECHO "RecvTimeout", 5000);
+    assert_false(cc_recv(&cc)); /* the status arrives instead of a message */
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+    assert_int_equal(t_wait(&T.done, WAIT_MS), 1);
+    wait_idle(s);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_unknown_method(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    assert_int_equal(unary(ch, ECHO "Nope", "x", 1, NULL, NULL, 5000), GRPC_STATUS_UNIMPLEMENTED);
+    assert_int_equal(unary(ch, "/other.Service/Unary", "x", 1, NULL, NULL, 5000),
+                     GRPC_STATUS_UNIMPLEMENTED);
+    wait_idle(s);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_rejected, 2);
+    assert_int_equal(st.calls_started, 0);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_deadline_exceeded(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    int64_t t0 = now_ms();
+    assert_int_equal(unary(ch, ECHO "Stall", "x", 1, NULL, NULL, 300),
+                     GRPC_STATUS_DEADLINE_EXCEEDED);
+    int64_t took = now_ms() - t0;
+    assert_true(took < 3000);
+    /* the handler saw the deadline, then the cancellation gRPC raised at it */
+    assert_true(t_wait(&T.done, WAIT_MS));
+    assert_true(T.deadline_left > 0 && T.deadline_left <= 300);
+    assert_true(T.saw_cancel);
+    assert_int_equal(T.finish_rc, -1);
+    /* once the call is freed its callback has run, exactly once */
+    wait_idle(s);
+    assert_int_equal(T.cancel_cb_count, 1);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_cancelled, 1);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_client_cancel_mid_stream(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    ccall cc;
+    cc_start(&cc, ch, ECHO "Forever", 5000);
+    cc_send_str(&cc, "go", 1);
+    for (int i = 0; i < 3; i++) {
+        char want[16];
+        snprintf(want, sizeof want, "m%d", i);
+        assert_true(cc_recv(&cc));
+        assert_string_equal(cc.msg, want);
+    }
+    int64_t t0 = now_ms();
+    grpc_call_cancel(cc.call, NULL);
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_CANCELLED);
+    /* promptly: the handler's blocked send returns CANCELLED */
+    assert_true(t_wait(&T.done, WAIT_MS));
+    assert_true(now_ms() - t0 < 2000);
+    assert_int_equal(T.last_io, SPECD_RPC_IO_CANCELLED);
+    assert_true(T.saw_cancel);
+    /* and everything the call held is freed, after its callback ran once */
+    wait_idle(s);
+    assert_int_equal(T.cancel_cb_count, 1);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_cancelled, 1);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_max_calls_resource_exhausted(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){.max_calls = 1});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    ccall busy;
+    cc_start(&busy, ch, ECHO "Stall", 5000);
+    cc_send_str(&busy, "x", 1);
+    assert_true(t_wait(&T.started, WAIT_MS));
+    assert_int_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 5000),
+                     GRPC_STATUS_RESOURCE_EXHAUSTED);
+    grpc_call_cancel(busy.call, NULL);
+    assert_int_equal(cc_end(&busy), GRPC_STATUS_CANCELLED);
+    assert_true(t_wait(&T.done, WAIT_MS));
+    wait_idle(s);
+    /* the slot is free again */
+    assert_int_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_message_size_limits(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){.max_message_bytes = 1024});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    char big[2000];
+    memset(big, 'a', sizeof big);
+    /* gRPC refuses the oversize request before any handler runs */
+    assert_int_equal(unary(ch, ECHO "Unary", big, sizeof big, NULL, NULL, 5000),
+                     GRPC_STATUS_RESOURCE_EXHAUSTED);
+    char *resp;
+    size_t n;
+    assert_int_equal(unary(ch, ECHO "Unary", big, 1024, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(n, 1024);
+    free(resp);
+    /* the handler's oversize send is refused; send/finish after finish too */
+    assert_int_equal(unary(ch, ECHO "Misuse", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
+    assert_int_equal(t_wait(&T.done, WAIT_MS), 1);
+    wait_idle(s);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+typedef struct {
+    grpc_channel *ch;
+    int id, ok;
+} load_arg;
+
+static void *load_thread(void *p) {
+    load_arg *a = p;
+    for (int i = 0; i < 20; i++) {
+        char req[32], *resp = NULL;
+        size_t n = 0;
+        int len = snprintf(req, sizeof req, "t%d-%d", a->id, i);
+        if (i % 2) {
+            /* a short stream every other call */
+            ccall cc;
+            cc_start(&cc, a->ch, ECHO "Count", 5000);
+            cc_send_str(&cc, "5", 1);
+            int got = 0;
+            while (cc_recv(&cc)) got++;
+            a->ok += cc_end(&cc) == GRPC_STATUS_OK && got == 5;
+        } else {
+            grpc_status_code st = unary(a->ch, ECHO "Unary", req, (size_t)len, &resp, &n, 5000);
+            a->ok += st == GRPC_STATUS_OK && n == (size_t)len && !memcmp(resp, req, n);
+            free(resp);
+        }
+    }
+    return NULL;
+}
+
+/* Several clients at once, unary and streaming mixed, over one channel:
+ * every call right, and nothing left behind. */
+static void test_concurrent_calls(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    enum { N = 8 };
+    load_arg a[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (load_arg){.ch = ch, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, load_thread, &a[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(a[i].ok, 20);
+    }
+    wait_idle(s);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_started, N * 20);
+    assert_int_equal(st.calls_cancelled, 0);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+/* ---- tests: shutdown ---------------------------------------------------------- */
+
+typedef struct {
+    specd_rpc_server *s;
+    int grace_ms;
+    int64_t took_ms;
+} shutdown_arg;
+
+static void *shutdown_thread(void *p) {
+    shutdown_arg *a = p;
+    int64_t t0 = now_ms();
+    specd_rpc_server_shutdown(a->s, a->grace_ms);
+    a->took_ms = now_ms() - t0;
+    return NULL;
+}
+
+static void test_graceful_shutdown_drains(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    int port = specd_rpc_server_port(s);
+    grpc_channel *ch = channel_insecure(port);
+    ccall cc;
+    cc_start(&cc, ch, ECHO "Slow", 5000);
+    cc_send_str(&cc, "go", 1);
+    assert_true(cc_recv(&cc));
+    assert_string_equal(cc.msg, "s0");
+    /* shutdown starts with the stream in flight */
+    shutdown_arg a = {.s = s, .grace_ms = 5000};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, shutdown_thread, &a), 0);
+    for (int i = 1; i < 5; i++) {
+        char want[16];
+        snprintf(want, sizeof want, "s%d", i);
+        assert_true(cc_recv(&cc));
+        assert_string_equal(cc.msg, want);
+    }
+    assert_false(cc_recv(&cc));
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+    pthread_join(th, NULL);
+    assert_true(t_wait(&T.done, WAIT_MS));
+    assert_int_equal(T.finish_rc, 0);
+    /* it ended because the call finished, not because the grace ran out */
+    assert_true(a.took_ms < 4000);
+    /* nothing listens any more */
+    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 1000), GRPC_STATUS_OK);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_live, 0);
+    assert_int_equal(st.handlers_running, 0);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s); /* after shutdown: frees only */
+}
+
+static void test_shutdown_cancels_after_grace(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    ccall cc;
+    cc_start(&cc, ch, ECHO "Stall", 8000);
+    cc_send_str(&cc, "x", 1);
+    assert_true(t_wait(&T.started, WAIT_MS));
+    int64_t t0 = now_ms();
+    specd_rpc_server_shutdown(s, 200);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 150 && took < 3000);
+    assert_true(T.done);
+    assert_true(T.saw_cancel);
+    assert_int_equal(T.cancel_cb_count, 1);
+    assert_int_not_equal(cc_end(&cc), GRPC_STATUS_OK);
+    /* a second shutdown is a no-op */
+    specd_rpc_server_shutdown(s, 1000);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+/* ---- tests: health ---------------------------------------------------------------- */
+
+static grpc_status_code health_check(grpc_channel *ch, const char *service, int *status) {
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    size_t len;
+    specd_error err;
+    uint8_t *buf = specd_rpc_pack(&req.base, 1024, &len, &err);
+    assert_non_null(buf);
+    char *resp;
+    size_t n;
+    grpc_status_code st = unary(ch, "/grpc.health.v1.Health/Check", buf, len, &resp, &n, 5000);
+    free(buf);
+    *status = -1;
+    if (resp) {
+        ProtobufCMessage *m;
+        assert_int_equal(specd_rpc_unpack(&grpc__health__v1__health_check_response__descriptor,
+                                          (uint8_t *)resp, n, 1024, &m, &err),
+                         0);
+        *status = ((Grpc__Health__V1__HealthCheckResponse *)m)->status;
+        protobuf_c_message_free_unpacked(m, NULL);
+        free(resp);
+    }
+    return st;
+}
+
+enum {
+    H_SERVING = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING,
+    H_NOT_SERVING = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING,
+    H_UNKNOWN = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN,
+};
+
+static void test_health_check(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    int st;
+    assert_int_equal(health_check(ch, "", &st), GRPC_STATUS_OK);
+    assert_int_equal(st, H_SERVING);
+    specd_rpc_set_health(s, "specd.v1.Target", 0);
+    assert_int_equal(health_check(ch, "specd.v1.Target", &st), GRPC_STATUS_OK);
+    assert_int_equal(st, H_NOT_SERVING);
+    specd_rpc_set_health(s, "specd.v1.Target", 1);
+    assert_int_equal(health_check(ch, "specd.v1.Target", &st), GRPC_STATUS_OK);
+    assert_int_equal(st, H_SERVING);
+    assert_int_equal(health_check(ch, "no.such.Service", &st), GRPC_STATUS_NOT_FOUND);
+    /* garbage is INVALID_ARGUMENT, not a crash */
+    assert_int_equal(unary(ch, "/grpc.health.v1.Health/Check", "\xff\xff\xff", 3, NULL, NULL, 5000),
+                     GRPC_STATUS_INVALID_ARGUMENT);
+    wait_idle(s);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+static int watch_next(ccall *cc) {
+    if (!cc_recv(cc)) return -1;
+    ProtobufCMessage *m;
+    specd_error err;
+    assert_int_equal(specd_rpc_unpack(&grpc__health__v1__health_check_response__descriptor,
+                                      (uint8_t *)cc->msg, cc->msg_len, 1024, &m, &err),
+                     0);
+    int st = ((Grpc__Health__V1__HealthCheckResponse *)m)->status;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return st;
+}
+
+static void watch_start(ccall *cc, grpc_channel *ch, const char *service) {
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    size_t len;
+    uint8_t *buf = specd_rpc_pack(&req.base, 1024, &len, NULL);
+    cc_start(cc, ch, "/grpc.health.v1.Health/Watch", 8000);
+    cc_send(cc, buf, len, 1);
+    free(buf);
+}
+
+static void test_health_watch(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_set_health(s, "svc", 1);
+    ccall w;
+    watch_start(&w, ch, "svc");
+    assert_int_equal(watch_next(&w), H_SERVING);
+    specd_rpc_set_health(s, "svc", 0);
+    assert_int_equal(watch_next(&w), H_NOT_SERVING);
+    specd_rpc_set_health(s, "svc", 0); /* no change, no message */
+    specd_rpc_set_health(s, "svc", 1);
+    assert_int_equal(watch_next(&w), H_SERVING);
+    grpc_call_cancel(w.call, NULL);
+    assert_int_equal(cc_end(&w), GRPC_STATUS_CANCELLED);
+    wait_idle(s); /* the cancelled watcher woke up and ended */
+
+    /* an unknown name is SERVICE_UNKNOWN until it is set */
+    watch_start(&w, ch, "later");
+    assert_int_equal(watch_next(&w), H_UNKNOWN);
+    specd_rpc_set_health(s, "later", 1);
+    assert_int_equal(watch_next(&w), H_SERVING);
+    /* shutdown: the watcher hears NOT_SERVING, then the stream ends, and
+     * the stop is quick, not held up for the whole grace period */
+    int64_t t0 = now_ms();
+    shutdown_arg a = {.s = s, .grace_ms = 5000};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, shutdown_thread, &a), 0);
+    assert_int_equal(watch_next(&w), H_NOT_SERVING);
+    assert_int_equal(watch_next(&w), -1);
+    assert_int_equal(cc_end(&w), GRPC_STATUS_UNAVAILABLE);
+    pthread_join(th, NULL);
+    assert_true(now_ms() - t0 < 4000);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+/* ---- tests: TLS ------------------------------------------------------------------- */
+
+static specd_rpc_server_opts tls_opts(int mutual) {
+    static char cert[4096], key[4096], ca[4096];
+    snprintf(cert, sizeof cert, "%s", test_path("tests/unit/certs/server.pem"));
+    snprintf(key, sizeof key, "%s", test_path("tests/unit/certs/server.key"));
+    snprintf(ca, sizeof ca, "%s", test_path("tests/unit/certs/ca.pem"));
+    return (specd_rpc_server_opts){.tls_cert_path = cert, .tls_key_path = key,
+                                   .tls_client_ca_path = mutual ? ca : NULL};
+}
+
+static void test_tls(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new(tls_opts(0));
+    int port = specd_rpc_server_port(s);
+    grpc_channel *ch = channel_tls(port, NULL);
+    char *resp;
+    size_t n;
+    assert_int_equal(unary(ch, ECHO "Unary", "secret", 6, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(n, 6);
+    assert_memory_equal(resp, "secret", 6);
+    free(resp);
+    grpc_channel_destroy(ch);
+    /* a plaintext client gets nowhere */
+    ch = channel_insecure(port);
+    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
+    grpc_channel_destroy(ch);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_started, 1);
+    specd_rpc_server_destroy(s);
+}
+
+static void test_mutual_tls(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new(tls_opts(1));
+    int port = specd_rpc_server_port(s);
+    grpc_channel *ch = channel_tls(port, "client");
+    assert_int_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
+    grpc_channel_destroy(ch);
+    /* no client certificate: refused in the handshake */
+    ch = channel_tls(port, NULL);
+    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
+    grpc_channel_destroy(ch);
+    /* a certificate the client CA did not sign: refused too */
+    ch = channel_tls(port, "rogue");
+    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
+    grpc_channel_destroy(ch);
+    specd_rpc_stats st;
+    specd_rpc_server_stats(s, &st);
+    assert_int_equal(st.calls_started, 1); /* no handler ever ran for the refused */
+    specd_rpc_server_destroy(s);
+}
+
+/* ---- tests: options, registration, codec, signals ------------------------------ */
+
+static void expect_create_error(specd_rpc_server_opts o, const char *needle) {
+    specd_error err = {{0}};
+    specd_rpc_server *s = specd_rpc_server_create(&o, &err);
+    assert_null(s);
+    if (!strstr(err.msg, needle)) fprintf(stderr, "message was: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, needle));
+}
+
+static void test_options_and_registration(void **state) {
+    (void)state;
+    /* plaintext only on request */
+    expect_create_error((specd_rpc_server_opts){.listen_addr = "127.0.0.1:0"}, "insecure = 1");
+    specd_rpc_server_opts both = tls_opts(0);
+    both.listen_addr = "127.0.0.1:0";
+    both.insecure = 1;
+    expect_create_error(both, "choose one");
+    expect_create_error((specd_rpc_server_opts){.listen_addr = "127.0.0.1:0",
+                                                .tls_cert_path = "/nonexistent/cert.pem",
+                                                .tls_key_path = "/nonexistent/key.pem"},
+                        "/nonexistent/cert.pem");
+    expect_create_error((specd_rpc_server_opts){.insecure = 1}, "listen_addr");
+    /* a PEM that is not a usable key: the listener cannot be built */
+    specd_rpc_server_opts bad = tls_opts(0);
+    bad.listen_addr = "127.0.0.1:0";
+    const char *junk = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+    bad.tls_key_path = test_write_temp(junk, strlen(junk), ".key");
+    expect_create_error(bad, "cannot listen");
+    /* a port in use is an error, not a shared port */
+    specd_rpc_server *a = server_new((specd_rpc_server_opts){0});
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", specd_rpc_server_port(a));
+    expect_create_error((specd_rpc_server_opts){.listen_addr = addr, .insecure = 1},
+                        "cannot listen");
+    /* registration: duplicates, bad paths, after start */
+    assert_int_equal(specd_rpc_register(a, ECHO "Late", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    specd_rpc_server_destroy(a);
+    specd_error err;
+    specd_rpc_server *b = specd_rpc_server_create(
+        &(specd_rpc_server_opts){.listen_addr = "127.0.0.1:0", .insecure = 1}, &err);
+    assert_non_null(b);
+    assert_int_equal(specd_rpc_register(b, ECHO "A", SPECD_RPC_UNARY, h_unary, NULL), 0);
+    assert_int_equal(specd_rpc_register(b, ECHO "A", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    assert_int_equal(specd_rpc_register(b, "NoSlash", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    assert_int_equal(specd_rpc_register(b, "/NoMethod", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    /* the built-in health service owns its paths */
+    assert_int_equal(
+        specd_rpc_register(b, "/grpc.health.v1.Health/Check", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    /* destroyed without ever starting */
+    specd_rpc_server_destroy(b);
+    specd_rpc_server_destroy(NULL);
+}
+
+static void test_codec_limits(void **state) {
+    (void)state;
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = "specd.v1.Target";
+    specd_error err = {{0}};
+    size_t len;
+    uint8_t *buf = specd_rpc_pack(&req.base, 1024, &len, &err);
+    assert_non_null(buf);
+    assert_int_equal(len, 2 + strlen(req.service));
+    assert_null(specd_rpc_pack(&req.base, len - 1, &len, &err));
+    assert_non_null(strstr(err.msg, "grpc.health.v1.HealthCheckRequest"));
+    ProtobufCMessage *m;
+    assert_int_equal(specd_rpc_unpack(&grpc__health__v1__health_check_request__descriptor, buf, 17,
+                                      16, &m, &err),
+                     -1);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "exceeds"));
+    assert_int_equal(specd_rpc_unpack(&grpc__health__v1__health_check_request__descriptor, buf, 5,
+                                      1024, &m, &err),
+                     -1); /* truncated string */
+    assert_non_null(strstr(err.msg, "malformed"));
+    char *service;
+    assert_int_equal(specd_rpc_health_parse_request(buf, 17, &service, &err), 0);
+    assert_string_equal(service, "specd.v1.Target");
+    free(service);
+    assert_int_equal(specd_rpc_health_parse_request(NULL, 0, &service, &err), 0);
+    assert_string_equal(service, "");
+    free(service);
+    free(buf);
+}
+
+typedef struct {
+    specd_rpc_server *s;
+    int sig;
+} signal_arg;
+
+static void *signal_thread(void *p) {
+    signal_arg *a = p;
+    a->sig = specd_rpc_server_run_until_signal(a->s, 1000);
+    return NULL;
+}
+
+static void test_run_until_signal(void **state) {
+    (void)state;
+    specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
+    signal_arg a = {.s = s, .sig = 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, signal_thread, &a), 0);
+    /* send SIGTERM only once the runner's handler is in place */
+    struct sigaction cur;
+    int64_t end = now_ms() + WAIT_MS;
+    do {
+        sleep_ms(2);
+        sigaction(SIGTERM, NULL, &cur);
+    } while (cur.sa_handler == SIG_DFL && now_ms() < end);
+    assert_true(cur.sa_handler != SIG_DFL);
+    kill(getpid(), SIGTERM);
+    pthread_join(th, NULL);
+    assert_int_equal(a.sig, SIGTERM);
+    /* the previous disposition is back, and the server is stopped */
+    sigaction(SIGTERM, NULL, &cur);
+    assert_true(cur.sa_handler == SIG_DFL);
+    grpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 1000), GRPC_STATUS_OK);
+    grpc_channel_destroy(ch);
+    specd_rpc_server_destroy(s);
+}
+
+/* The suite holds one gRPC reference of its own for the client side; the
+ * last grpc_shutdown joins gRPC's threads so LeakSanitizer sees a clean exit. */
+static int suite_setup(void **state) {
+    (void)state;
+    grpc_init();
+    return 0;
+}
+
+static int suite_teardown(void **state) {
+    (void)state;
+    grpc_shutdown();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unary_echo),
+        cmocka_unit_test(test_server_streaming_order),
+        cmocka_unit_test(test_bidi_pingpong),
+        cmocka_unit_test(test_unknown_method),
+        cmocka_unit_test(test_deadline_exceeded),
+        cmocka_unit_test(test_client_cancel_mid_stream),
+        cmocka_unit_test(test_max_calls_resource_exhausted),
+        cmocka_unit_test(test_message_size_limits),
+        cmocka_unit_test(test_concurrent_calls),
+        cmocka_unit_test(test_graceful_shutdown_drains),
+        cmocka_unit_test(test_shutdown_cancels_after_grace),
+        cmocka_unit_test(test_health_check),
+        cmocka_unit_test(test_health_watch),
+        cmocka_unit_test(test_tls),
+        cmocka_unit_test(test_mutual_tls),
+        cmocka_unit_test(test_options_and_registration),
+        cmocka_unit_test(test_codec_limits),
+        cmocka_unit_test(test_run_until_signal),
+    };
+    return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
+}
