@@ -23,7 +23,12 @@ static void bench_usage(void) {
            "  --prompt-len N       prefill length in tokens (default 128)\n"
            "  --gen N              decoded tokens per run (default 128)\n"
            "  --reps N             runs; the median is reported (default 3)\n"
-           "  --no-bandwidth       skip the memory-bandwidth measurement\n",
+           "  --no-bandwidth       skip the memory-bandwidth measurement\n"
+           "  --verify             instead: cost of verifying k tokens per sequence for a\n"
+           "                       batch of B sequences, vs one decode step (ms per step)\n"
+           "  --batches LIST       B values for --verify (default 1,2,4,8,16,32)\n"
+           "  --ks LIST            k values for --verify (default 1,2,4,8,16)\n"
+           "  --ctx N              cached tokens per sequence for --verify (default 64)\n",
            SPECD_DEFAULT_MODEL);
 }
 
@@ -92,9 +97,101 @@ static double measure_bandwidth(int n_threads) {
     return best;
 }
 
+/* Parses "1,2,4" into v (at most cap values, each 1..hi). */
+static int parse_list(const char *opt, const char *s, int *v, int cap, int hi) {
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (n == cap) {
+            fprintf(stderr, "specd bench: %s takes at most %d values\n", opt, cap);
+            exit(2);
+        }
+        v[n++] = (int)cli_int(opt, tok, 1, hi);
+    }
+    return n;
+}
+
+/* Verification cost (the shape of Table 1 in IBM's speculator paper): B
+ * sequences, each with `ctx` cached tokens, each adding k new tokens with
+ * logits for every one of them (a verifier needs the target's distribution
+ * at every node). k = 1 is a plain decode step. */
+static int bench_verify(specd_model_file *m, int threads, const int *batches, int n_b,
+                        const int *ks, int n_k, int ctx, int reps) {
+    int max_b = 0, max_k = 0;
+    for (int i = 0; i < n_b; i++) max_b = batches[i] > max_b ? batches[i] : max_b;
+    for (int i = 0; i < n_k; i++) max_k = ks[i] > max_k ? ks[i] : max_k;
+    int max_tok = max_b * max_k > max_b * ctx ? max_b * max_k : max_b * ctx;
+    specd_error err = {{0}};
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = threads},
+                                .n_slots = max_b, .max_ctx = ctx + max_k,
+                                .max_batch = max_tok};
+    specd_transformer *t = specd_transformer_create(m, &o, &err);
+    if (!t) {
+        fprintf(stderr, "specd bench: %s\n", err.msg);
+        return 1;
+    }
+    int vocab = m->hp.vocab_size;
+    int32_t *toks = malloc(sizeof(int32_t) * max_tok), *rows = malloc(sizeof(int32_t) * max_tok);
+    specd_seq_input *seqs = calloc((size_t)max_b, sizeof *seqs);
+    float *logits = malloc(sizeof(float) * (size_t)max_b * max_k * vocab);
+    for (int i = 0; i < max_tok; i++) {
+        toks[i] = (int32_t)((i * 7919u + 13) % vocab);
+        rows[i] = i;
+    }
+    /* fill every slot's cache once; later steps write after it and are
+     * simply overwritten by the next measurement */
+    for (int s = 0; s < max_b; s++) seqs[s] = (specd_seq_input){.slot = s, .n_past = 0, .n_new = ctx};
+    specd_batch pre = {.n_tokens = max_b * ctx, .tokens = toks, .n_seqs = max_b, .seqs = seqs};
+    int rc = specd_transformer_forward(t, &pre, &err);
+    double *ms = calloc((size_t)n_b * n_k, sizeof(double)), *runs = calloc((size_t)reps, sizeof(double));
+    for (int bi = 0; bi < n_b && !rc; bi++) {
+        for (int ki = 0; ki < n_k && !rc; ki++) {
+            int B = batches[bi], k = ks[ki];
+            for (int s = 0; s < B; s++)
+                seqs[s] = (specd_seq_input){.slot = s, .n_past = ctx, .n_new = k};
+            specd_batch b = {.n_tokens = B * k, .tokens = toks, .n_seqs = B, .seqs = seqs,
+                             .n_out = B * k, .out_rows = rows, .logits = logits};
+            for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
+                double t0 = cli_now();
+                rc = specd_transformer_forward(t, &b, &err);
+                if (r > 0) runs[r - 1] = (cli_now() - t0) * 1e3;
+            }
+            ms[bi * n_k + ki] = median(runs, reps);
+        }
+    }
+    if (rc) {
+        fprintf(stderr, "specd bench: %s\n", err.msg);
+    } else {
+        printf("verification cost: ms per forward step (ratio to k=1 at the same batch), %d cached "
+               "tokens per sequence, backend %s (%s), median of %d\n\n",
+               ctx, specd_transformer_backend_name(t), cpu_simd_name(), reps);
+        printf("| batch |");
+        for (int ki = 0; ki < n_k; ki++) printf("      k=%-2d      |", ks[ki]);
+        printf("\n|------:|");
+        for (int ki = 0; ki < n_k; ki++) printf("----------------:|");
+        printf("\n");
+        for (int bi = 0; bi < n_b; bi++) {
+            printf("| %5d |", batches[bi]);
+            for (int ki = 0; ki < n_k; ki++)
+                printf(" %7.1f (%4.2fx) |", ms[bi * n_k + ki], ms[bi * n_k + ki] / ms[bi * n_k]);
+            printf("\n");
+        }
+    }
+    free(ms);
+    free(runs);
+    free(toks);
+    free(rows);
+    free(seqs);
+    free(logits);
+    specd_transformer_free(t);
+    return rc ? 1 : 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model = SPECD_DEFAULT_MODEL;
-    int threads = 0, prompt_len = 128, gen = 128, reps = 3, bandwidth = 1;
+    int threads = 0, prompt_len = 128, gen = 128, reps = 3, bandwidth = 1, verify = 0, vctx = 64;
+    int batches[16] = {1, 2, 4, 8, 16, 32}, n_batches = 6, ks[16] = {1, 2, 4, 8, 16}, n_ks = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = cli_value(argc, argv, &i);
@@ -105,6 +202,11 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) gen = (int)cli_int(a, cli_value(argc, argv, &i), 1, 8192);
         else if (!strcmp(a, "--reps")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 100);
         else if (!strcmp(a, "--no-bandwidth")) bandwidth = 0;
+        else if (!strcmp(a, "--verify")) verify = 1;
+        else if (!strcmp(a, "--batches"))
+            n_batches = parse_list(a, cli_value(argc, argv, &i), batches, 16, 256);
+        else if (!strcmp(a, "--ks")) n_ks = parse_list(a, cli_value(argc, argv, &i), ks, 16, 256);
+        else if (!strcmp(a, "--ctx")) vctx = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             bench_usage();
             return 0;
@@ -120,6 +222,11 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     const specd_llama_hparams *hp = &m->hp;
+    if (verify) {
+        int vrc = bench_verify(m, threads, batches, n_batches, ks, n_ks, vctx, reps);
+        specd_model_close(m);
+        return vrc;
+    }
     int ctx = prompt_len + gen;
     if (ctx > hp->max_seq_len) {
         fprintf(stderr, "specd bench: --prompt-len + --gen = %d exceeds the model context %d\n",

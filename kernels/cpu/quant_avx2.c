@@ -330,7 +330,7 @@ static inline int64_t col_block(int64_t ng, int nt) {
             const int nt = a->n_tok - t0 < NT_MAX ? a->n_tok - t0 : NT_MAX;                   \
             const float *xg = a->xp + (int64_t)t0 * ngp * 32;                                 \
             const int64_t kb = col_block(ng, nt);                                             \
-            const size_t pf = 0; /* compute-bound: the hardware prefetcher keeps up */        \
+            const size_t pf = prefetch_distance(rb);                                          \
             const int whole = kb >= ng && ng <= SEG;                                          \
             for (int64_t rs = r0; rs < r1; rs += RS) {                                        \
                 const int64_t re = r1 - rs < RS ? r1 : rs + RS;                               \
