@@ -1,13 +1,7 @@
 /* bench_matmul.c - speed of the CPU matmul kernels on the default model's
  * shapes, against this machine's memory bandwidth.
  *
- * Build (after building the libraries in build/):
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -I. bench/bench_matmul.c \
- *       build/libspecd_kernels.a build/libspecd_common.a -lpthread -lm \
- *       -o build/bench_matmul
- * or in CMake:
- *   add_executable(bench_matmul bench/bench_matmul.c)
- *   target_link_libraries(bench_matmul PRIVATE specd_kernels)
+ * Built by CMake as build/bench_matmul.
  * Run: build/bench_matmul [--quick] [path ...]   (paths: scalar avx2 avx512)
  *
  * Prints:
