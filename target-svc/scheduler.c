@@ -1,0 +1,412 @@
+/* scheduler.c - the model worker and its queue (see scheduler.h).
+ *
+ * One mutex guards the queue, the slot free list and every item's private
+ * fields; it is never held during a forward pass, so sessions can submit
+ * (and be cancelled) while the model runs. Each item has its own condition
+ * variable so waking one session never wakes the others. */
+#include "target-svc/scheduler.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* How often a waiting submitter re-checks its call's cancellation probe. */
+#define CANCEL_POLL_MS 10
+
+struct specd_sched {
+    specd_transformer *t;
+    specd_sched_opts o;
+    int vocab, dim, n_slots;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* the worker sleeps here while the queue is empty */
+    pthread_t worker;
+    int stop, started;
+    specd_work *head, *tail; /* FIFO: older items get the budget first */
+    int queued_tokens;       /* tokens still to be run by queued items */
+    int *free_slots, n_free;
+
+    /* Worker-only buffers, grown on demand. */
+    int32_t *tokens, *out_rows;
+    specd_seq_input *seqs;
+    specd_work **items;
+    int *item_rows;   /* first output row of each item in the pass (-1: none) */
+    int *rcs;         /* each item's result in the pass */
+    float *logits, *hidden;
+    size_t out_cap;
+    uint8_t *mask;    /* trees' masks, back to back */
+    int32_t *pos;
+    int32_t *kept;
+    void *scratch;
+};
+
+static int64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Condition variables use CLOCK_MONOTONIC so a wall-clock jump cannot stretch
+ * a wait. */
+static void abs_in_us(struct timespec *ts, int64_t us) {
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    int64_t ns = ts->tv_nsec + (us % 1000000) * 1000;
+    ts->tv_sec += us / 1000000 + ns / 1000000000;
+    ts->tv_nsec = ns % 1000000000;
+}
+
+static void cond_init(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* Tokens an item still needs to run. */
+static int remaining(const specd_work *w) { return w->n_tokens - w->n_done; }
+
+static void unlink_item(specd_sched *s, specd_work *w) {
+    specd_work **pp = &s->head, *prev = NULL;
+    while (*pp && *pp != w) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (!*pp) return;
+    *pp = w->next;
+    if (s->tail == w) s->tail = prev;
+    w->next = NULL;
+    s->queued_tokens -= remaining(w);
+}
+
+/* Marks an item finished and wakes its session. Holds mu. */
+static void complete(specd_work *w, int rc) {
+    w->rc = rc;
+    w->done = 1;
+    w->in_flight = 0;
+    pthread_cond_signal(&w->cv);
+}
+
+static int grow_out(specd_sched *s, size_t rows) {
+    if (rows <= s->out_cap) return 0;
+    size_t cap = rows * 2;
+    float *l = realloc(s->logits, cap * (size_t)s->vocab * sizeof(float));
+    if (!l) return -1;
+    s->logits = l;
+    float *h = realloc(s->hidden, cap * (size_t)s->dim * sizeof(float));
+    if (!h) return -1;
+    s->hidden = h;
+    s->out_cap = cap;
+    return 0;
+}
+
+/* Post-processing of one item whose last tokens rode in this pass; rows are
+ * its output rows starting at `row`. */
+static int finish_item(specd_sched *s, specd_work *w, int row) {
+    const float *logits = s->logits + (size_t)row * s->vocab;
+    int out_row = row;
+    if (w->kind == SPECD_WORK_TREE) {
+        specd_verify_result res = {.accepted = w->accepted, .kept_rows = s->kept};
+        if (specd_verify_walk(w->tree, logits, s->vocab, w->sampling, w->position, s->scratch,
+                              &res, &w->err))
+            return -1;
+        /* The cache keeps pending + the accepted path only: rows are moved in
+         * place, nothing is recomputed. */
+        if (specd_transformer_kv_compact(s->t, w->slot, w->n_past, s->kept, 1 + res.n_accepted,
+                                         &w->err))
+            return -1;
+        for (int i = 0; i < res.n_accepted; i++) w->accepted_nodes[i] = s->kept[1 + i] - 1;
+        w->n_accepted = res.n_accepted;
+        w->next_token = res.next_token;
+        out_row = row + res.next_row;
+    } else {
+        w->n_accepted = 0;
+        w->next_token = specd_sample(w->sampling, logits, s->vocab, w->position, 0, s->scratch);
+    }
+    if (w->hidden)
+        memcpy(w->hidden, s->hidden + (size_t)out_row * s->dim, sizeof(float) * (size_t)s->dim);
+    return 0;
+}
+
+/* Gathers queued items into one batch under the token budget. Holds mu.
+ * Returns the number of items; fills the worker buffers. */
+static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
+    int budget = s->o.max_batch_tokens, n_tok = 0, n_items = 0, n_out = 0;
+    size_t mask_off = 0;
+    specd_work *w = s->head;
+    while (w && n_tok < budget) {
+        specd_work *next = w->next;
+        if (w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
+            /* Dropped before it costs model time; the session returns at once. */
+            unlink_item(s, w);
+            complete(w, SPECD_WORK_CANCELLED);
+            w = next;
+            continue;
+        }
+        int take = remaining(w);
+        if (take > budget - n_tok) {
+            /* Only a prompt can be split; a tree or decode step waits for a
+             * pass with room (create checks every tree fits an empty pass). */
+            if (w->kind != SPECD_WORK_PREFILL) {
+                w = next;
+                continue;
+            }
+            take = budget - n_tok;
+        }
+        int last = w->n_done + take == w->n_tokens; /* produces output this pass */
+        int rows = !last ? 0 : (w->kind == SPECD_WORK_TREE ? w->n_tokens : 1);
+        if (grow_out(s, (size_t)(n_out + rows))) break; /* out of memory: run what we have */
+        specd_seq_input *in = &s->seqs[n_items];
+        *in = (specd_seq_input){.slot = w->slot, .n_past = w->n_past + w->n_done, .n_new = take};
+        memcpy(s->tokens + n_tok, w->tokens + w->n_done, sizeof(int32_t) * (size_t)take);
+        if (w->kind == SPECD_WORK_TREE) {
+            uint8_t *mask = s->mask + mask_off;
+            int32_t *pos = s->pos + n_tok;
+            specd_tree_mask(w->tree, w->n_past, mask, pos);
+            in->mask = mask;
+            in->pos = pos;
+            mask_off += (size_t)take * (size_t)take;
+        }
+        s->item_rows[n_items] = rows ? n_out : -1;
+        for (int r = 0; r < rows; r++)
+            s->out_rows[n_out + r] = n_tok + (w->kind == SPECD_WORK_TREE ? r : take - 1);
+        n_out += rows;
+        s->items[n_items] = w;
+        w->in_flight = take;
+        n_tok += take;
+        n_items++;
+        w = next;
+    }
+    *n_tokens_out = n_tok;
+    *n_out_out = n_out;
+    return n_items;
+}
+
+static void *worker_main(void *arg) {
+    specd_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+        if (s->stop) break;
+        /* A small batch waits a little for others to join: bigger passes
+         * mean more throughput, max_wait bounds the latency it costs. */
+        if (s->o.max_wait_ms > 0 && s->queued_tokens < s->o.max_batch_tokens) {
+            struct timespec until;
+            int64_t waited = now_us() - s->head->t_submit_us;
+            int64_t left = (int64_t)s->o.max_wait_ms * 1000 - waited;
+            if (left > 0) {
+                abs_in_us(&until, left);
+                while (!s->stop && s->queued_tokens < s->o.max_batch_tokens &&
+                       pthread_cond_timedwait(&s->work_cv, &s->mu, &until) != ETIMEDOUT) {
+                }
+            }
+            if (s->stop) break;
+        }
+        int n_tok, n_out;
+        int n_items = gather(s, &n_tok, &n_out);
+        if (n_items == 0) {
+            /* Everything queued was cancelled, or nothing fit (cannot happen:
+             * create checks that every item fits an empty pass). */
+            if (s->head && !n_tok) pthread_cond_wait(&s->work_cv, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        int64_t t0 = now_us();
+        specd_error err = {{0}};
+        specd_batch b = {.n_tokens = n_tok, .tokens = s->tokens, .n_seqs = n_items,
+                         .seqs = s->seqs, .n_out = n_out, .out_rows = s->out_rows,
+                         .logits = s->logits, .hidden = s->hidden};
+        int frc = specd_transformer_forward(s->t, &b, &err);
+        uint32_t fwd_us = (uint32_t)(now_us() - t0);
+        int *rcs = s->rcs;
+        for (int i = 0; i < n_items; i++) {
+            specd_work *w = s->items[i];
+            rcs[i] = SPECD_WORK_OK;
+            if (frc) { /* the forward pass left every cache untouched */
+                w->err = err;
+                rcs[i] = SPECD_WORK_FAILED;
+            } else if (s->item_rows[i] >= 0) {
+                w->queue_us = (uint32_t)(t0 - w->t_submit_us);
+                w->forward_us = fwd_us;
+                w->batch_tokens = (uint32_t)n_tok;
+                if (finish_item(s, w, s->item_rows[i])) rcs[i] = SPECD_WORK_FAILED;
+            }
+        }
+
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < n_items; i++) {
+            specd_work *w = s->items[i];
+            int took = w->in_flight;
+            w->in_flight = 0;
+            if (rcs[i] == SPECD_WORK_OK && s->item_rows[i] < 0) {
+                /* A prompt chunk: the rest stays queued for the next pass. */
+                w->n_done += took;
+                s->queued_tokens -= took;
+                continue;
+            }
+            unlink_item(s, w);
+            complete(w, rcs[i]);
+        }
+    }
+    /* Shutdown: nobody will run what is left. */
+    while (s->head) {
+        specd_work *w = s->head;
+        unlink_item(s, w);
+        specd_seterr(&w->err, "target is shutting down");
+        complete(w, SPECD_WORK_FAILED);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
+                                specd_error *err) {
+    if (!t || !o || o->max_batch_tokens < 1 || o->max_wait_ms < 0 || o->n_slots < 1) {
+        specd_seterr(err, "scheduler: bad options");
+        return NULL;
+    }
+    specd_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        specd_seterr(err, "scheduler: out of memory");
+        return NULL;
+    }
+    const specd_llama_hparams *hp = specd_transformer_hparams(t);
+    s->t = t;
+    s->o = *o;
+    s->vocab = hp->vocab_size;
+    s->dim = hp->dim;
+    /* Every slot starts free; popping from the end hands out slot 0 first. */
+    s->n_slots = o->n_slots;
+    s->free_slots = malloc(sizeof(int) * (size_t)o->n_slots);
+    if (s->free_slots)
+        for (int i = 0; i < o->n_slots; i++) s->free_slots[i] = o->n_slots - 1 - i;
+    s->n_free = o->n_slots;
+    int B = o->max_batch_tokens;
+    s->tokens = malloc(sizeof(int32_t) * (size_t)B);
+    s->out_rows = malloc(sizeof(int32_t) * (size_t)B);
+    s->seqs = malloc(sizeof(specd_seq_input) * (size_t)B);
+    s->items = malloc(sizeof(specd_work *) * (size_t)B);
+    s->item_rows = malloc(sizeof(int) * (size_t)B);
+    s->rcs = malloc(sizeof(int) * (size_t)B);
+    s->pos = malloc(sizeof(int32_t) * (size_t)B);
+    s->kept = malloc(sizeof(int32_t) * (size_t)B);
+    /* Masks of all trees in a pass: sum of n^2 over trees <= B^2. */
+    s->mask = malloc((size_t)B * (size_t)B);
+    size_t sc = specd_verify_scratch_size(s->vocab);
+    size_t ss = specd_sampling_scratch_size(s->vocab);
+    s->scratch = malloc(sc > ss ? sc : ss);
+    if (!s->tokens || !s->out_rows || !s->seqs || !s->items || !s->item_rows || !s->rcs || !s->pos ||
+        !s->kept || !s->mask || !s->scratch || !s->free_slots || grow_out(s, 1)) {
+        specd_seterr(err, "scheduler: out of memory");
+        specd_sched_free(s);
+        return NULL;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    cond_init(&s->work_cv);
+    if (pthread_create(&s->worker, NULL, worker_main, s)) {
+        specd_seterr(err, "scheduler: cannot start the model worker");
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+        specd_sched_free(s);
+        return NULL;
+    }
+    s->started = 1;
+    return s;
+}
+
+void specd_sched_free(specd_sched *s) {
+    if (!s) return;
+    if (s->started) { /* fully created: stop and join the worker */
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->worker, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+    }
+    free(s->tokens);
+    free(s->out_rows);
+    free(s->seqs);
+    free(s->items);
+    free(s->item_rows);
+    free(s->rcs);
+    free(s->pos);
+    free(s->kept);
+    free(s->mask);
+    free(s->scratch);
+    free(s->logits);
+    free(s->hidden);
+    free(s->free_slots);
+    free(s);
+}
+
+int specd_sched_acquire_slot(specd_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int slot = s->n_free > 0 ? s->free_slots[--s->n_free] : -1;
+    pthread_mutex_unlock(&s->mu);
+    return slot;
+}
+
+void specd_sched_release_slot(specd_sched *s, int slot) {
+    if (slot < 0 || slot >= s->n_slots) return;
+    pthread_mutex_lock(&s->mu);
+    /* No reset needed: the next owner starts at n_past = 0 and overwrites. */
+    s->free_slots[s->n_free++] = slot;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int specd_sched_free_slots(specd_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_free;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int specd_sched_run(specd_sched *s, specd_work *w) {
+    w->err.msg[0] = 0;
+    if (w->n_tokens < 1 || (w->kind != SPECD_WORK_PREFILL && w->n_tokens > s->o.max_batch_tokens) ||
+        (w->kind == SPECD_WORK_TREE && (!w->tree || w->n_tokens != 1 + w->tree->n_nodes)) ||
+        w->slot < 0 || w->slot >= s->n_slots) {
+        /* An item that could never run would otherwise wait forever. */
+        specd_seterr(&w->err, "scheduler: a %d-token item does not fit a %d-token pass",
+                     w->n_tokens, s->o.max_batch_tokens);
+        return SPECD_WORK_FAILED;
+    }
+    w->rc = 0;
+    w->done = w->in_flight = w->n_done = 0;
+    w->next = NULL;
+    w->queue_us = w->forward_us = w->batch_tokens = 0;
+    cond_init(&w->cv);
+    pthread_mutex_lock(&s->mu);
+    w->t_submit_us = now_us();
+    if (s->stop) {
+        specd_seterr(&w->err, "target is shutting down");
+        complete(w, SPECD_WORK_FAILED);
+    } else {
+        if (s->tail)
+            s->tail->next = w;
+        else
+            s->head = w;
+        s->tail = w;
+        s->queued_tokens += w->n_tokens;
+        pthread_cond_signal(&s->work_cv);
+    }
+    while (!w->done) {
+        struct timespec until;
+        abs_in_us(&until, (int64_t)CANCEL_POLL_MS * 1000);
+        pthread_cond_timedwait(&w->cv, &s->mu, &until);
+        /* A cancelled call's item leaves the queue now rather than at the
+         * next gather, so its handler can free the slot at once. An item in
+         * a running pass must wait for the pass: the worker still uses it. */
+        if (!w->done && !w->in_flight && w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
+            unlink_item(s, w);
+            complete(w, SPECD_WORK_CANCELLED);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_cond_destroy(&w->cv);
+    return w->rc;
+}

@@ -1,0 +1,111 @@
+/* scheduler.h - continuous batching: one model worker, many sessions.
+ *
+ * The transformer is not thread-safe and a forward pass is far cheaper per
+ * token when it carries many tokens, so exactly one worker thread owns it and
+ * every session hands it work items:
+ *
+ *   PREFILL  the prompt (may be split into chunks across passes when it does
+ *            not fit the token budget); the first token is drawn from the
+ *            last prompt row.
+ *   DECODE   one pending token, then one token drawn from its row (plain
+ *            decoding, Target.Generate).
+ *   TREE     [pending, node 0, node 1, ...] with the tree mask; then the
+ *            acceptance walk and the KV compaction of the accepted path.
+ *
+ * The worker gathers every queued item it can fit under max_batch_tokens into
+ * ONE ragged batch, waiting up to max_wait_ms for more work while the batch
+ * is small, runs the forward pass, post-processes each item and wakes its
+ * session. Sessions come and go between passes.
+ *
+ * KV memory: the transformer has one slot per admissible session; a session
+ * takes a slot from the free list for its lifetime. No free slot means the
+ * KV budget is spent and the session is refused (RESOURCE_EXHAUSTED above).
+ *
+ * Cancellation: a submitter passes an is_cancelled probe. A queued item of a
+ * cancelled call is dropped (by the worker when it gathers, or by the waiting
+ * submitter itself, which polls the probe), so the handler returns and frees
+ * its slot at once; an item already inside a forward pass finishes that pass
+ * (the pass cannot be interrupted) and is then returned. */
+#ifndef SPECD_SCHEDULER_H
+#define SPECD_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/sampling.h"
+#include "target-svc/transformer.h"
+#include "target-svc/verify.h"
+
+typedef struct specd_sched specd_sched;
+
+typedef struct specd_sched_opts {
+    int n_slots;          /* KV slots of the transformer = most sessions */
+    int max_batch_tokens; /* tokens per forward pass; must be the transformer's max_batch */
+    int max_wait_ms;      /* longest wait for more work while the batch is small */
+} specd_sched_opts;
+
+typedef enum specd_work_kind {
+    SPECD_WORK_PREFILL,
+    SPECD_WORK_DECODE,
+    SPECD_WORK_TREE,
+} specd_work_kind;
+
+/* Result codes of specd_sched_run. */
+#define SPECD_WORK_OK 0
+#define SPECD_WORK_FAILED -1    /* err says why (forward error, shutdown) */
+#define SPECD_WORK_CANCELLED -2 /* the probe said the call is gone */
+
+typedef struct specd_work {
+    /* ---- input, set by the session ---- */
+    specd_work_kind kind;
+    int slot;
+    int n_past;              /* cache rows of the slot before this item */
+    const int32_t *tokens;   /* PREFILL: prompt; DECODE: [pending]; TREE: [pending, nodes...] */
+    int n_tokens;
+    const specd_tree *tree;  /* TREE only; n_tokens == 1 + tree->n_nodes */
+    const specd_sampling *sampling;
+    /* Output index of the token drawn by this item (PREFILL: 0, DECODE: tokens
+     * emitted so far, TREE: output index of the pending token's first child);
+     * it addresses the random draws (rng stream), so seeds reproduce. */
+    uint64_t position;
+    float *hidden;           /* NULL or [dim]: final-norm hidden of the row that
+                              * produced next_token */
+    int32_t *accepted;       /* TREE: [n_nodes] accepted tokens */
+    int32_t *accepted_nodes; /* TREE: [n_nodes] their node indices */
+    int (*is_cancelled)(void *arg);
+    void *cancel_arg;
+
+    /* ---- output, set by the worker ---- */
+    int32_t next_token;
+    int n_accepted;
+    uint32_t queue_us, forward_us, batch_tokens;
+    specd_error err;
+
+    /* ---- private to the scheduler ---- */
+    int rc, done, in_flight, n_done; /* n_done: prompt tokens already prefilled */
+    int64_t t_submit_us;
+    pthread_cond_t cv;
+    struct specd_work *next;
+} specd_work;
+
+/* Starts the worker. The transformer must outlive the scheduler and must not
+ * be used by anyone else meanwhile. */
+specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
+                                specd_error *err);
+
+/* Stops the worker (queued items fail with "shutting down"), joins it and
+ * frees everything. Call after every submitter has returned. NULL is a no-op. */
+void specd_sched_free(specd_sched *s);
+
+/* Takes a free KV slot: its index, or -1 when every slot is in use. */
+int specd_sched_acquire_slot(specd_sched *s);
+void specd_sched_release_slot(specd_sched *s, int slot);
+int specd_sched_free_slots(specd_sched *s);
+
+/* Queues the item and blocks until it is done: SPECD_WORK_OK,
+ * SPECD_WORK_FAILED (w->err) or SPECD_WORK_CANCELLED. Thread-safe; the item
+ * (and what it points to) must stay valid until this returns. */
+int specd_sched_run(specd_sched *s, specd_work *w);
+
+#endif

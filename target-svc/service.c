@@ -1,0 +1,502 @@
+/* service.c - specd.v1.Target over the common gRPC server (see service.h).
+ *
+ * Each handler owns its call's thread: it decodes a message, checks it with
+ * the session logic (session.c), hands the model work to the scheduler and
+ * blocks until the worker has run it in a shared batch, then answers. A bad
+ * message ends only its own call, with a status naming the field; the KV slot
+ * a session holds is returned the moment its handler ends (also on cancel). */
+#include "target-svc/service.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/chat.h"
+#include "common/dtype.h"
+#include "common/sha256.h"
+#include "specd.pb-c.h"
+#include "target-svc/scheduler.h"
+#include "target-svc/session.h"
+
+struct specd_target_service {
+    const specd_model_file *m;
+    specd_transformer *t;
+    const specd_tokenizer *tok;
+    specd_target_opts o;
+    specd_sched *sched;
+    specd_session_limits lim;
+    int dim;
+    char tok_sha256[65]; /* "" without a tokenizer */
+    char model_id[1024];
+};
+
+/* The scheduler's cancellation probe: a call that is gone needs no work. */
+static int call_cancelled(void *arg) { return specd_rpc_call_is_cancelled(arg); }
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- Verify ---------------------------------------------------------------- */
+
+/* Per-call buffers, sized once from the limits. */
+typedef struct verify_bufs {
+    int32_t *toks;     /* [pending, nodes...] */
+    int32_t *acc, *acc_nodes, *emitted;
+    float *hidden;
+    uint16_t *hidden16;
+} verify_bufs;
+
+/* Sends one VerifyResponse. `hidden` NULL = no hidden state in it. */
+static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t step,
+                       const int32_t *acc, const int32_t *acc_nodes, int n_acc, int32_t next,
+                       const float *hidden, uint16_t *h16, Specd__V1__FinishReason fr,
+                       const specd_work *w) {
+    Specd__V1__VerifyResponse r = SPECD__V1__VERIFY_RESPONSE__INIT;
+    Specd__V1__StepTimings tm = SPECD__V1__STEP_TIMINGS__INIT;
+    r.step = step;
+    r.n_accepted = r.n_accepted_nodes = (size_t)n_acc;
+    r.accepted = (int32_t *)acc;
+    r.accepted_nodes = (int32_t *)acc_nodes;
+    r.next_token = next;
+    if (hidden) {
+        /* fp16 halves the bytes on the wire; the speculator works in low
+         * precision anyway. Little-endian as the proto says (the host is). */
+        for (int i = 0; i < svc->dim; i++) h16[i] = specd_f32_to_fp16(hidden[i]);
+        r.hidden_fp16.data = (uint8_t *)h16;
+        r.hidden_fp16.len = sizeof(uint16_t) * (size_t)svc->dim;
+    }
+    r.finish_reason = fr;
+    tm.queue_us = w->queue_us;
+    tm.forward_us = w->forward_us;
+    tm.batch_tokens = w->batch_tokens;
+    r.timings = &tm;
+    return specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK ? 0 : -1;
+}
+
+/* Runs one scheduler item; on failure ends the call. 0 = done OK. */
+static int run_work(specd_target_service *svc, specd_rpc_call *c, specd_work *w) {
+    w->is_cancelled = call_cancelled;
+    w->cancel_arg = c;
+    int rc = specd_sched_run(svc->sched, w);
+    if (rc == SPECD_WORK_FAILED) specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, w->err.msg);
+    return rc;
+}
+
+/* Handles one decoded request. Returns 1 when the call is over. */
+static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_session *s,
+                       int *slot, const Specd__V1__VerifyRequest *req, verify_bufs *b) {
+    specd_error err = {{0}};
+    grpc_status_code code;
+    Specd__V1__FinishReason fr;
+    specd_work w;
+    memset(&w, 0, sizeof w);
+    w.sampling = &s->sampling;
+    switch (req->msg_case) {
+    case SPECD__V1__VERIFY_REQUEST__MSG_OPEN:
+        if ((code = specd_session_open(s, req->open, "open", &err))) {
+            specd_rpc_call_finish(c, code, err.msg);
+            return 1;
+        }
+        if ((*slot = specd_sched_acquire_slot(svc->sched)) < 0) {
+            /* Each session reserves a KV slot for its whole life, so a full
+             * slot table is the KV budget being spent. */
+            char msg[160];
+            snprintf(msg, sizeof msg,
+                     "all %d sessions are in use (limits.max_sessions / limits.kv_memory)",
+                     svc->o.max_sessions);
+            specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+            return 1;
+        }
+        w.kind = SPECD_WORK_PREFILL;
+        w.slot = *slot;
+        w.tokens = s->prompt;
+        w.n_tokens = s->n_prompt;
+        w.position = 0; /* the first token is output index 0 */
+        w.hidden = s->return_hidden ? b->hidden : NULL;
+        if (run_work(svc, c, &w)) return 1;
+        specd_session_emit(s, &w.next_token, 1, s->n_prompt, &fr);
+        if (send_verify(c, svc, 0, NULL, NULL, 0, w.next_token, w.hidden, b->hidden16, fr, &w))
+            return 1;
+        break;
+    case SPECD__V1__VERIFY_REQUEST__MSG_TREE: {
+        if ((code = specd_session_tree(s, req->tree, &err))) {
+            specd_rpc_call_finish(c, code, err.msg);
+            return 1;
+        }
+        int n = s->tree.n_nodes;
+        b->toks[0] = s->pending;
+        memcpy(b->toks + 1, s->tree.tokens, sizeof(int32_t) * (size_t)n);
+        w.kind = SPECD_WORK_TREE;
+        w.slot = *slot;
+        w.n_past = s->n_past;
+        w.tokens = b->toks;
+        w.n_tokens = 1 + n;
+        w.tree = &s->tree;
+        w.position = (uint64_t)s->n_out; /* output index of the pending token's child */
+        w.accepted = b->acc;
+        w.accepted_nodes = b->acc_nodes;
+        w.hidden = s->return_hidden ? b->hidden : NULL;
+        if (run_work(svc, c, &w)) return 1;
+        int n_acc = w.n_accepted;
+        memcpy(b->emitted, b->acc, sizeof(int32_t) * (size_t)n_acc);
+        b->emitted[n_acc] = w.next_token;
+        s->step = req->tree->step;
+        int kept = specd_session_emit(s, b->emitted, n_acc + 1, s->n_past + 1 + n_acc, &fr);
+        /* Truncated inside the accepted path: the stop token becomes the
+         * last token (next_token) and the hidden state is left out, since it
+         * belonged to a later row and the session is over anyway. */
+        int full = kept == n_acc + 1;
+        if (send_verify(c, svc, s->step, b->acc, b->acc_nodes, kept - 1, b->emitted[kept - 1],
+                        full ? w.hidden : NULL, b->hidden16, fr, &w))
+            return 1;
+        break;
+    }
+    case SPECD__V1__VERIFY_REQUEST__MSG_CLOSE:
+        specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+        return 1;
+    default:
+        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+                              "VerifyRequest has none of open, tree, close");
+        return 1;
+    }
+    if (s->state == SPECD_SESSION_DONE) { /* the final response went out */
+        specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+        return 1;
+    }
+    return 0;
+}
+
+static void h_verify(specd_rpc_call *c, void *user) {
+    specd_target_service *svc = user;
+    specd_session s;
+    specd_session_init(&s, &svc->lim);
+    int slot = -1, T = svc->o.max_tree_tokens;
+    verify_bufs b = {
+        .toks = malloc(sizeof(int32_t) * (size_t)(T + 1)),
+        .acc = malloc(sizeof(int32_t) * (size_t)T),
+        .acc_nodes = malloc(sizeof(int32_t) * (size_t)T),
+        .emitted = malloc(sizeof(int32_t) * (size_t)(T + 1)),
+        .hidden = malloc(sizeof(float) * (size_t)svc->dim),
+        .hidden16 = malloc(sizeof(uint16_t) * (size_t)svc->dim),
+    };
+    if (!b.toks || !b.acc || !b.acc_nodes || !b.emitted || !b.hidden || !b.hidden16) {
+        specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    for (;;) {
+        Specd__V1__VerifyRequest *req = NULL;
+        specd_error err = {{0}};
+        specd_rpc_io io = specd_rpc_call_recv_msg(c, &specd__v1__verify_request__descriptor,
+                                                  (ProtobufCMessage **)&req, -1, &err);
+        if (io == SPECD_RPC_IO_END) { /* the client half-closed: same as Close */
+            specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+            break;
+        }
+        if (io == SPECD_RPC_IO_CANCELLED) break; /* nobody to answer */
+        if (io != SPECD_RPC_IO_OK) {
+            specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
+            break;
+        }
+        int over = verify_step(svc, c, &s, &slot, req, &b);
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        if (over) break;
+    }
+out:
+    specd_sched_release_slot(svc->sched, slot);
+    specd_session_free(&s);
+    free(b.toks);
+    free(b.acc);
+    free(b.acc_nodes);
+    free(b.emitted);
+    free(b.hidden);
+    free(b.hidden16);
+}
+
+/* ---- Generate ------------------------------------------------------------------ */
+
+/* The request's input as token ids (malloc'd). GRPC_STATUS_OK or a code + err. */
+static grpc_status_code generate_prompt(specd_target_service *svc,
+                                        const Specd__V1__GenerateRequest *req, int32_t **ids,
+                                        size_t *n, specd_error *err) {
+    *ids = NULL;
+    *n = 0;
+    if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT_TOKEN_IDS) {
+        *n = req->token_ids->n_ids;
+        *ids = malloc(sizeof(int32_t) * (*n + 1));
+        if (!*ids) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
+        if (*n) memcpy(*ids, req->token_ids->ids, sizeof(int32_t) * *n);
+        return GRPC_STATUS_OK;
+    }
+    if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT__NOT_SET)
+        return specd_seterr(err, "request.input: one of text, chat, token_ids is required"),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if (!svc->tok)
+        return specd_seterr(err, "request.input: this model has no tokenizer; send token_ids"),
+               GRPC_STATUS_FAILED_PRECONDITION;
+    char *text = NULL;
+    if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT_CHAT) {
+        size_t nm = req->chat->n_messages;
+        specd_chat_msg *msgs = calloc(nm + 1, sizeof *msgs);
+        if (!msgs) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
+        for (size_t i = 0; i < nm; i++) {
+            msgs[i].role = req->chat->messages[i]->role;
+            msgs[i].content = req->chat->messages[i]->content;
+        }
+        text = specd_chat_render(NULL, msgs, nm, 1, err);
+        free(msgs);
+        if (!text) return specd_preferr(err, "request.chat"), GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    const char *src = text ? text : req->text;
+    int32_t *raw = NULL;
+    size_t n_raw = 0;
+    /* Chat templates spell their control tokens as text, so specials are
+     * recognized; for raw text too, as Hugging Face encode() does. */
+    int rc = specd_tokenize(svc->tok, src, strlen(src), 1, &raw, &n_raw, err);
+    free(text);
+    if (rc) return specd_preferr(err, "request.input"), GRPC_STATUS_INVALID_ARGUMENT;
+    int bos = specd_tokenizer_wants_bos(svc->tok) && specd_tokenizer_bos(svc->tok) >= 0;
+    *ids = malloc(sizeof(int32_t) * (n_raw + 2));
+    if (!*ids) {
+        free(raw);
+        return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    if (bos) (*ids)[0] = specd_tokenizer_bos(svc->tok);
+    if (n_raw) memcpy(*ids + bos, raw, sizeof(int32_t) * n_raw);
+    *n = n_raw + (size_t)bos;
+    free(raw);
+    return GRPC_STATUS_OK;
+}
+
+static void h_generate(specd_rpc_call *c, void *user) {
+    specd_target_service *svc = user;
+    Specd__V1__GenerateRequest *req = NULL;
+    specd_error err = {{0}};
+    specd_session s;
+    specd_session_init(&s, &svc->lim);
+    int slot = -1;
+    int32_t *ids = NULL;
+    specd_detok dt;
+    int have_detok = 0;
+    grpc_status_code code;
+    if (specd_rpc_call_request_msg(c, &specd__v1__generate_request__descriptor,
+                                   (ProtobufCMessage **)&req, &err)) {
+        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
+        goto out;
+    }
+    if (req->n_stop) {
+        /* Stop strings need held-back text across token boundaries; the
+         * plain-decoding baseline does not offer them (stop_ids work). */
+        specd_rpc_call_finish(c, GRPC_STATUS_UNIMPLEMENTED,
+                              "request.stop: stop strings are not supported by target-svc; "
+                              "use stop_ids");
+        goto out;
+    }
+    size_t n_ids;
+    if ((code = generate_prompt(svc, req, &ids, &n_ids, &err))) {
+        specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
+    /* Same checks and stop rules as a Verify session: a plain decode is a
+     * session whose every step verifies an empty tree. */
+    Specd__V1__VerifyOpen open = SPECD__V1__VERIFY_OPEN__INIT;
+    open.n_prompt_ids = n_ids;
+    open.prompt_ids = ids;
+    open.sampling = req->sampling;
+    open.max_new_tokens = req->max_new_tokens;
+    open.n_stop_ids = req->n_stop_ids;
+    open.stop_ids = req->stop_ids;
+    open.ignore_eos = req->ignore_eos;
+    if ((code = specd_session_open(&s, &open, "request", &err))) {
+        specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
+    if ((slot = specd_sched_acquire_slot(svc->sched)) < 0) {
+        specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                              "all sessions are in use (limits.max_sessions / limits.kv_memory)");
+        goto out;
+    }
+    if (svc->tok) {
+        specd_detok_init(&dt, svc->tok);
+        have_detok = 1;
+    }
+    double t_start = now_ms(), t_first = 0;
+    int steps = 0;
+    specd_work w;
+    memset(&w, 0, sizeof w);
+    w.kind = SPECD_WORK_PREFILL;
+    w.slot = slot;
+    w.tokens = s.prompt;
+    w.n_tokens = s.n_prompt;
+    w.sampling = &s.sampling;
+    int n_past_after = s.n_prompt;
+    for (;;) {
+        if (run_work(svc, c, &w)) goto out;
+        steps++;
+        Specd__V1__FinishReason fr;
+        int32_t tok = w.next_token;
+        specd_session_emit(&s, &tok, 1, n_past_after, &fr);
+        if (steps == 1) t_first = now_ms();
+        Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
+        Specd__V1__GenerateStats st = SPECD__V1__GENERATE_STATS__INIT;
+        char *text = NULL;
+        if (have_detok) {
+            size_t len, tlen;
+            const char *piece = specd_detok_push(&dt, tok, &len, &err);
+            if (!piece) {
+                specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, err.msg);
+                goto out;
+            }
+            const char *tail = fr ? specd_detok_flush(&dt, &tlen) : "";
+            if (!fr) tlen = 0;
+            text = malloc(len + tlen + 1);
+            if (!text) {
+                specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+                goto out;
+            }
+            memcpy(text, piece, len);
+            memcpy(text + len, tail, tlen);
+            text[len + tlen] = 0;
+            r.text = text;
+        }
+        r.n_token_ids = 1;
+        r.token_ids = &tok;
+        if (fr) {
+            double end = now_ms();
+            r.finish_reason = fr;
+            st.prompt_tokens = s.n_prompt;
+            st.generated_tokens = s.n_out;
+            st.target_steps = steps;
+            st.mean_accepted_length = 1.0f; /* plain decoding: one token per step */
+            st.time_to_first_token_ms = (float)(t_first - t_start);
+            st.time_per_output_token_ms =
+                s.n_out > 1 ? (float)((end - t_first) / (s.n_out - 1)) : 0.0f;
+            r.stats = &st;
+        }
+        int sent = specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK;
+        free(text);
+        if (!sent) goto out;
+        if (fr) break;
+        /* Next step: the pending token goes into the cache, one token out. */
+        memset(&w, 0, sizeof w);
+        w.kind = SPECD_WORK_DECODE;
+        w.slot = slot;
+        w.n_past = s.n_past;
+        w.tokens = &s.pending;
+        w.n_tokens = 1;
+        w.sampling = &s.sampling;
+        w.position = (uint64_t)s.n_out;
+        n_past_after = s.n_past + 1;
+    }
+    specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+out:
+    if (have_detok) specd_detok_free(&dt);
+    specd_sched_release_slot(svc->sched, slot);
+    specd_session_free(&s);
+    free(ids);
+    if (req) protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* ---- GetInfo ---------------------------------------------------------------------- */
+
+static void h_info(specd_rpc_call *c, void *user) {
+    specd_target_service *svc = user;
+    const specd_llama_hparams *hp = &svc->m->hp;
+    Specd__V1__Info r = SPECD__V1__INFO__INIT;
+    r.service = "specd.v1.Target";
+    r.version = SPECD_TARGET_VERSION;
+    r.model_id = svc->model_id;
+    r.vocab_size = hp->vocab_size;
+    r.hidden_size = hp->dim;
+    r.context_length = svc->lim.context;
+    r.tokenizer_sha256 = svc->tok_sha256;
+    r.bos_token_id = svc->tok ? specd_tokenizer_bos(svc->tok) : hp->bos_id;
+    r.eos_token_id = svc->lim.eos_id;
+    r.backend = (char *)specd_transformer_backend_name(svc->t);
+    r.max_tree_tokens = svc->o.max_tree_tokens;
+    r.max_sessions = svc->o.max_sessions;
+    if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
+        specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
+
+specd_target_service *specd_target_service_create(const specd_model_file *m,
+                                                  specd_transformer *t,
+                                                  const specd_tokenizer *tok,
+                                                  const specd_target_opts *o, specd_error *err) {
+    if (o->max_sessions < 1 || o->max_prompt_tokens < 1 || o->max_tree_tokens < 1 ||
+        o->max_tree_tokens + 1 > o->max_batch_tokens) {
+        /* A tree rides in one pass with its pending token, so it must fit. */
+        specd_seterr(err, "target: need max_sessions, max_prompt_tokens, max_tree_tokens >= 1 "
+                          "and max_tree_tokens + 1 <= max_batch_tokens");
+        return NULL;
+    }
+    specd_target_service *svc = calloc(1, sizeof *svc);
+    if (!svc) {
+        specd_seterr(err, "out of memory");
+        return NULL;
+    }
+    svc->m = m;
+    svc->t = t;
+    svc->tok = tok;
+    svc->o = *o;
+    svc->dim = m->hp.dim;
+    svc->lim = (specd_session_limits){
+        .vocab = m->hp.vocab_size,
+        .context = specd_transformer_max_ctx(t),
+        .max_prompt_tokens = o->max_prompt_tokens,
+        .max_tree_tokens = o->max_tree_tokens,
+        .eos_id = tok && specd_tokenizer_eos(tok) >= 0 ? specd_tokenizer_eos(tok) : m->hp.eos_id,
+    };
+    /* model_id: the file or directory name, the most recognizable thing a
+     * model file carries. */
+    const char *base = strrchr(m->path, '/');
+    base = base && base[1] ? base + 1 : m->path;
+    snprintf(svc->model_id, sizeof svc->model_id, "%s", base);
+    if (tok) {
+        /* Fingerprint of the vocabulary: SHA-256 over every token's byte
+         * string, concatenated in id order. Two tokenizers with the same
+         * hash map ids to the same bytes. */
+        specd_sha256 h;
+        uint8_t d[32];
+        specd_sha256_init(&h);
+        for (int32_t id = 0; id < specd_tokenizer_n_vocab(tok); id++) {
+            size_t len = 0;
+            const uint8_t *p = specd_token_bytes(tok, id, &len);
+            if (p) specd_sha256_update(&h, p, len);
+        }
+        specd_sha256_final(&h, d);
+        specd_sha256_to_hex(d, svc->tok_sha256);
+    }
+    specd_sched_opts so = {.n_slots = o->max_sessions, .max_batch_tokens = o->max_batch_tokens,
+                           .max_wait_ms = o->max_wait_ms};
+    svc->sched = specd_sched_create(t, &so, err);
+    if (!svc->sched) {
+        free(svc);
+        return NULL;
+    }
+    return svc;
+}
+
+int specd_target_service_register(specd_target_service *svc, specd_rpc_server *srv,
+                                  specd_error *err) {
+    if (specd_rpc_register(srv, "/specd.v1.Target/Verify", SPECD_RPC_BIDI_STREAMING, h_verify,
+                           svc) ||
+        specd_rpc_register(srv, "/specd.v1.Target/Generate", SPECD_RPC_SERVER_STREAMING,
+                           h_generate, svc) ||
+        specd_rpc_register(srv, "/specd.v1.Target/GetInfo", SPECD_RPC_UNARY, h_info, svc))
+        return specd_seterr(err, "target: cannot register the Target methods");
+    specd_rpc_set_health(srv, "specd.v1.Target", 1);
+    specd_rpc_set_health(srv, "", 1);
+    return 0;
+}
+
+void specd_target_service_free(specd_target_service *svc) {
+    if (!svc) return;
+    specd_sched_free(svc->sched);
+    free(svc);
+}

@@ -1,0 +1,47 @@
+/* service.h - the specd.v1.Target gRPC service.
+ *
+ *   /specd.v1.Target/Verify    BIDI: one speculative session per stream
+ *   /specd.v1.Target/Generate  SERVER_STREAMING: plain decoding
+ *   /specd.v1.Target/GetInfo   UNARY: what model this target serves
+ *
+ * Every handler runs on its own thread (common/rpc_server.h) and hands its
+ * model work to the one scheduler (scheduler.h), so all sessions share each
+ * forward pass. The service does not own the model, transformer or tokenizer;
+ * they must outlive it. */
+#ifndef SPECD_SERVICE_H
+#define SPECD_SERVICE_H
+
+#include "common/error.h"
+#include "common/model_file.h"
+#include "common/rpc_server.h"
+#include "common/tokenizer.h"
+#include "target-svc/transformer.h"
+
+#define SPECD_TARGET_VERSION "0.1.0"
+
+typedef struct specd_target_service specd_target_service;
+
+typedef struct specd_target_opts {
+    int max_sessions;      /* = the transformer's n_slots */
+    int max_prompt_tokens;
+    int max_tree_tokens;   /* + 1 (the pending token) must be <= max_batch_tokens */
+    int max_batch_tokens;  /* = the transformer's max_batch */
+    int max_wait_ms;
+} specd_target_opts;
+
+/* Starts the scheduler's model worker. tok may be NULL (a model without a
+ * tokenizer: Generate then takes token_ids only, tokenizer_sha256 is empty). */
+specd_target_service *specd_target_service_create(const specd_model_file *m,
+                                                  specd_transformer *t,
+                                                  const specd_tokenizer *tok,
+                                                  const specd_target_opts *o, specd_error *err);
+
+/* Registers the three methods and marks "specd.v1.Target" SERVING (the
+ * server's own "" is SERVING from create). Before specd_rpc_server_start. */
+int specd_target_service_register(specd_target_service *svc, specd_rpc_server *srv,
+                                  specd_error *err);
+
+/* After the server has shut down (no handler running). NULL is a no-op. */
+void specd_target_service_free(specd_target_service *svc);
+
+#endif

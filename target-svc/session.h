@@ -1,0 +1,91 @@
+/* session.h - the Verify session state machine, without the model.
+ *
+ * A Verify stream is one session:
+ *
+ *     NEW --Open--> (prefill) --step 0--> OPEN --Tree k--> (verify) --> OPEN ...
+ *                                          \__ a finish reason --> DONE
+ *
+ * This file holds everything about a session that does not need the model:
+ * checking Open and Tree messages against the limits (so the fuzz target can
+ * drive it with arbitrary bytes), and deciding where generation stops. The
+ * service (service.c) couples it to the scheduler. Every check answers with a
+ * gRPC status code and a message naming the offending field, e.g.
+ * "tree.parents[3] = 5 is not -1 or an earlier node". */
+#ifndef SPECD_SESSION_H
+#define SPECD_SESSION_H
+
+#include <stdint.h>
+
+#include <grpc/status.h>
+
+#include "common/error.h"
+#include "common/sampling.h"
+#include "specd.pb-c.h"
+#include "target-svc/verify.h"
+
+typedef struct specd_session_limits {
+    int vocab;             /* token ids are 0..vocab-1 */
+    int context;           /* cache rows per session (the slot size) */
+    int max_prompt_tokens;
+    int max_tree_tokens;
+    int eos_id;            /* -1 if the model has none */
+} specd_session_limits;
+
+typedef enum specd_session_state {
+    SPECD_SESSION_NEW,  /* waiting for Open */
+    SPECD_SESSION_OPEN, /* has a pending token, waiting for a Tree */
+    SPECD_SESSION_DONE, /* a finish reason was sent */
+} specd_session_state;
+
+typedef struct specd_session {
+    specd_session_limits lim;
+    specd_session_state state;
+    /* From Open (owned copies). */
+    int32_t *prompt;
+    int n_prompt;
+    specd_sampling sampling;
+    int max_new_tokens;
+    int32_t *stop_ids;
+    int n_stop;
+    int ignore_eos, return_hidden;
+    /* Progress. */
+    uint32_t step;   /* last answered step (0 after Open) */
+    int n_past;      /* cache rows */
+    int32_t pending; /* last emitted token, not yet in the cache */
+    int n_out;       /* tokens emitted so far (pending included) */
+    /* The current Tree, pointing into the request message (valid while it
+     * lives), plus the q table converted to the verifier's form. */
+    specd_tree tree;
+    specd_sparse_dist *q;
+    int q_cap;
+} specd_session;
+
+void specd_session_init(specd_session *s, const specd_session_limits *lim);
+void specd_session_free(specd_session *s);
+
+/* SamplingParams (NULL = greedy) -> specd_sampling; top_p 0 reads as 1. */
+void specd_session_sampling_from_proto(const Specd__V1__SamplingParams *p, specd_sampling *out);
+
+/* Checks an Open and takes its settings: GRPC_STATUS_OK, or
+ * FAILED_PRECONDITION (not the first message) / INVALID_ARGUMENT + err. On OK
+ * the caller prefills s->prompt and then calls specd_session_emit with the
+ * first token. field names the message in errors ("open" -> "open.prompt_ids[2] = ..."). */
+grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
+                                    const char *field, specd_error *err);
+
+/* Checks a Tree (state, step number, size, ids, parents, q, context room) and
+ * makes s->tree describe it. GRPC_STATUS_OK or an error code + err. */
+grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTree *t,
+                                    specd_error *err);
+
+/* Takes the tokens one step produced, in order (a tree step: the accepted
+ * tokens then next_token; step 0: the first token), with n_past_after the
+ * cache rows after the step. Returns how many of them are emitted: generation
+ * stops at the first EOS (unless ignore_eos), stop id, or the max_new_tokens-th
+ * token, and nothing past it is emitted. *finish gets the reason (UNSPECIFIED
+ * while the session goes on); a session whose context cannot hold one more
+ * tree node ends with CONTEXT. Updates pending, n_past, n_out and the state. */
+int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_after,
+                       Specd__V1__FinishReason *finish);
+
+#endif

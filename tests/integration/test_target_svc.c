@@ -1,0 +1,676 @@
+/* test_target_svc.c - target-svc end to end over loopback gRPC.
+ *
+ * The Target service runs in-process on 127.0.0.1:0 (plaintext) with the
+ * tiny golden model; a gRPC C-core client drives it:
+ *   1. greedy Verify sessions fed all-correct, all-wrong and mixed trees give
+ *      exactly the tokens of plain greedy decoding (run on a separate
+ *      transformer, no service involved);
+ *   2. concurrent sessions (threads) with different prompts and trees give
+ *      the same tokens as each alone;
+ *   3. every kind of bad input ends its own call with the right status and a
+ *      message naming the field, while a healthy session goes on;
+ *   4. too many sessions is RESOURCE_EXHAUSTED, and a client cancel frees the
+ *      slot for the next session (max_sessions = 1);
+ *   5. Generate streams the plain greedy tokens;
+ *   6. GetInfo describes the model.
+ * Every call has a deadline and every wait is bounded, so it cannot hang.
+ * Client helpers report errors by return value (no cmocka asserts) because
+ * they also run on worker threads. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "common/rpc_server.h"
+#include "common/sampling.h"
+#include "common/tokenizer.h"
+#include "specd.pb-c.h"
+#include "target-svc/service.h"
+#include "target-svc/transformer.h"
+#include "tests/test_util.h"
+
+#define MODEL "tests/golden/data/tiny-gqa/hf"
+#define CALL_DEADLINE_MS 20000
+#define WAIT_MS 20000
+#define CTX 128
+#define MAX_TREE 16
+#define N_GEN 24
+
+/* ---- a served model ---------------------------------------------------------- */
+
+typedef struct served {
+    specd_model_file *m;
+    specd_tokenizer *tok;
+    specd_transformer *t;
+    specd_target_service *svc;
+    specd_rpc_server *srv;
+    grpc_channel *ch;
+} served;
+
+static void serve(served *s, int max_sessions) {
+    specd_error err = {{0}};
+    memset(s, 0, sizeof *s);
+    s->m = specd_model_open(test_path(MODEL), &err);
+    if (!s->m) fail_msg("%s", err.msg);
+    s->tok = specd_tokenizer_from_model(s->m, &err); /* the tiny model has none: NULL */
+    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1},
+                                 .n_slots = max_sessions, .max_ctx = CTX, .max_batch = 64};
+    s->t = specd_transformer_create(s->m, &to, &err);
+    if (!s->t) fail_msg("%s", err.msg);
+    specd_target_opts o = {.max_sessions = max_sessions, .max_prompt_tokens = 32,
+                           .max_tree_tokens = MAX_TREE, .max_batch_tokens = 64,
+                           .max_wait_ms = 1};
+    s->svc = specd_target_service_create(s->m, s->t, s->tok, &o, &err);
+    if (!s->svc) fail_msg("%s", err.msg);
+    specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1};
+    s->srv = specd_rpc_server_create(&ro, &err);
+    if (!s->srv) fail_msg("%s", err.msg);
+    assert_int_equal(specd_target_service_register(s->svc, s->srv, &err), 0);
+    assert_int_equal(specd_rpc_server_start(s->srv, &err), 0);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", specd_rpc_server_port(s->srv));
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    s->ch = grpc_channel_create(target, cr, NULL);
+    grpc_channel_credentials_release(cr);
+}
+
+static void unserve(served *s) {
+    grpc_channel_destroy(s->ch);
+    specd_rpc_server_destroy(s->srv);
+    specd_target_service_free(s->svc);
+    specd_transformer_free(s->t);
+    specd_tokenizer_free(s->tok);
+    specd_model_close(s->m);
+}
+
+/* Plain greedy on its own transformer: the reference the service must match. */
+static void plain_greedy(const int32_t *prompt, int n_prompt, int n_gen, int32_t *out) {
+    specd_error err = {{0}};
+    specd_model_file *m = specd_model_open(test_path(MODEL), &err);
+    if (!m) fail_msg("%s", err.msg);
+    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 1,
+                                 .max_ctx = CTX, .max_batch = 64};
+    specd_transformer *t = specd_transformer_create(m, &to, &err);
+    int vocab = m->hp.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    int32_t last = n_prompt - 1, zero = 0;
+    specd_seq_input in = {.slot = 0, .n_past = 0, .n_new = n_prompt};
+    specd_batch b = {.n_tokens = n_prompt, .tokens = prompt, .n_seqs = 1, .seqs = &in,
+                     .n_out = 1, .out_rows = &last, .logits = logits};
+    assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
+    for (int g = 0; g < n_gen; g++) {
+        out[g] = specd_argmax(logits, vocab);
+        in = (specd_seq_input){.slot = 0, .n_past = n_prompt + g, .n_new = 1};
+        b = (specd_batch){.n_tokens = 1, .tokens = &out[g], .n_seqs = 1, .seqs = &in,
+                          .n_out = 1, .out_rows = &zero, .logits = logits};
+        assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
+    }
+    free(logits);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
+/* ---- a minimal C-core client ---------------------------------------------------- */
+
+enum { TAG_STATUS = 1, TAG_SEND, TAG_RECV };
+
+typedef struct ccall {
+    grpc_call *call;
+    grpc_completion_queue *cq;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code status;
+    grpc_slice details;
+    char detail[512];
+    uint8_t *msg;
+    size_t msg_len;
+} ccall;
+
+static gpr_timespec in_ms(int ms) {
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+/* 1 if the op succeeded, 0 if it failed, -1 if nothing came within WAIT_MS. */
+static int pluck(ccall *cc, intptr_t tag) {
+    grpc_event ev = grpc_completion_queue_pluck(cc->cq, (void *)tag, in_ms(WAIT_MS), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) return -1;
+    return ev.success;
+}
+
+static int cc_start(ccall *cc, grpc_channel *ch, const char *method) {
+    memset(cc, 0, sizeof *cc);
+    cc->cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    cc->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cc->cq, m, NULL,
+                                        in_ms(CALL_DEADLINE_MS), NULL);
+    grpc_slice_unref(m);
+    grpc_metadata_array_init(&cc->init_md);
+    grpc_metadata_array_init(&cc->trail_md);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[1].data.recv_initial_metadata.recv_initial_metadata = &cc->init_md;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &cc->trail_md;
+    ops[2].data.recv_status_on_client.status = &cc->status;
+    ops[2].data.recv_status_on_client.status_details = &cc->details;
+    return grpc_call_start_batch(cc->call, ops, 3, (void *)TAG_STATUS, NULL) == GRPC_CALL_OK ? 0
+                                                                                             : -1;
+}
+
+static int cc_send_msg(ccall *cc, const ProtobufCMessage *msg, int close) {
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = malloc(len + 1);
+    protobuf_c_message_pack(msg, buf);
+    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)buf, len);
+    free(buf);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = bb;
+    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    int ok = grpc_call_start_batch(cc->call, ops, close ? 2 : 1, (void *)TAG_SEND, NULL) ==
+             GRPC_CALL_OK;
+    ok = ok && pluck(cc, TAG_SEND) == 1;
+    grpc_byte_buffer_destroy(bb);
+    return ok ? 0 : -1;
+}
+
+/* 1: a message in cc->msg; 0: end of stream or failure. */
+static int cc_recv(ccall *cc) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    free(cc->msg);
+    cc->msg = NULL;
+    if (grpc_call_start_batch(cc->call, &op, 1, (void *)TAG_RECV, NULL) != GRPC_CALL_OK) return 0;
+    int ok = pluck(cc, TAG_RECV) == 1;
+    if (!ok || !bb) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        return 0;
+    }
+    grpc_byte_buffer_reader rd;
+    grpc_byte_buffer_reader_init(&rd, bb);
+    grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    grpc_byte_buffer_destroy(bb);
+    cc->msg_len = GRPC_SLICE_LENGTH(all);
+    cc->msg = malloc(cc->msg_len + 1);
+    memcpy(cc->msg, GRPC_SLICE_START_PTR(all), cc->msg_len);
+    grpc_slice_unref(all);
+    return 1;
+}
+
+/* Waits for the status (detail text in cc->detail) and frees the call. */
+static grpc_status_code cc_end(ccall *cc) {
+    grpc_status_code st = pluck(cc, TAG_STATUS) < 0 ? GRPC_STATUS_DEADLINE_EXCEEDED : cc->status;
+    char *d = grpc_slice_to_c_string(cc->details);
+    snprintf(cc->detail, sizeof cc->detail, "%s", d);
+    gpr_free(d);
+    grpc_call_unref(cc->call);
+    grpc_slice_unref(cc->details);
+    grpc_metadata_array_destroy(&cc->init_md);
+    grpc_metadata_array_destroy(&cc->trail_md);
+    grpc_completion_queue_shutdown(cc->cq);
+    while (grpc_completion_queue_pluck(cc->cq, NULL, in_ms(WAIT_MS), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cc->cq);
+    free(cc->msg);
+    cc->msg = NULL;
+    return st;
+}
+
+/* ---- Verify client ------------------------------------------------------------- */
+
+static int v_open(ccall *cc, const int32_t *prompt, int n, int max_new) {
+    Specd__V1__VerifyRequest r = SPECD__V1__VERIFY_REQUEST__INIT;
+    Specd__V1__VerifyOpen o = SPECD__V1__VERIFY_OPEN__INIT;
+    o.n_prompt_ids = (size_t)n;
+    o.prompt_ids = (int32_t *)prompt;
+    o.max_new_tokens = max_new;
+    o.ignore_eos = 1; /* plain greedy does not stop at EOS either */
+    o.return_hidden = 1;
+    r.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_OPEN;
+    r.open = &o;
+    return cc_send_msg(cc, &r.base, 0);
+}
+
+static int v_tree(ccall *cc, uint32_t step, const int32_t *tokens, const int32_t *parents,
+                  int n) {
+    Specd__V1__VerifyRequest r = SPECD__V1__VERIFY_REQUEST__INIT;
+    Specd__V1__VerifyTree t = SPECD__V1__VERIFY_TREE__INIT;
+    t.step = step;
+    t.n_tokens = t.n_parents = (size_t)n;
+    t.tokens = (int32_t *)tokens;
+    t.parents = (int32_t *)parents;
+    r.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_TREE;
+    r.tree = &t;
+    return cc_send_msg(cc, &r.base, 0);
+}
+
+static Specd__V1__VerifyResponse *v_recv(ccall *cc) {
+    if (!cc_recv(cc)) return NULL;
+    return specd__v1__verify_response__unpack(NULL, cc->msg_len, cc->msg);
+}
+
+static uint64_t rnd(uint64_t *st) {
+    *st ^= *st << 13;
+    *st ^= *st >> 7;
+    *st ^= *st << 17;
+    return *st;
+}
+
+/* A tree after out[0..n_out) knowing the reference ref[]:
+ * 0 all-correct chain, 1 all-wrong, 2 correct path among wrong siblings,
+ * 3 a mix of the three. */
+static int make_tree(int kind, int n_out, const int32_t *ref, int n_ref, int vocab,
+                     uint64_t *st, int32_t *tokens, int32_t *parents) {
+    if (kind == 3) kind = (int)(rnd(st) % 3);
+    int n = 0, parent = -1;
+    if (kind == 1) {
+        int32_t want = n_out < n_ref ? ref[n_out] : -1;
+        for (int i = 0; i < 4; i++) {
+            int32_t tok = (int32_t)(rnd(st) % (uint64_t)vocab);
+            if (tok == want) tok = (tok + 1) % vocab;
+            tokens[n] = tok;
+            parents[n++] = i == 0 ? -1 : (int32_t)(rnd(st) % 2 ? -1 : i - 1);
+        }
+        return n;
+    }
+    int len = 1 + (int)(rnd(st) % 5);
+    for (int d = 0; d < len && n_out + d < n_ref && n + 2 < MAX_TREE; d++) {
+        if (kind == 2) {
+            tokens[n] = (ref[n_out + d] + 1 + (int32_t)(rnd(st) % 50)) % vocab;
+            parents[n++] = parent;
+        }
+        tokens[n] = ref[n_out + d];
+        parents[n] = parent;
+        parent = n++;
+    }
+    if (n == 0) {
+        tokens[0] = 1;
+        parents[n++] = -1;
+    }
+    return n;
+}
+
+/* One greedy Verify session to the end; the tokens go to out[]. 0 or -1 with
+ * why in msg. */
+static int verify_session(grpc_channel *ch, const int32_t *prompt, int n_prompt, int n_gen,
+                          const int32_t *ref, int n_ref, int kind, int vocab, int32_t *out,
+                          char *msg, size_t msg_cap) {
+    ccall cc;
+    if (cc_start(&cc, ch, "/specd.v1.Target/Verify") || v_open(&cc, prompt, n_prompt, n_gen)) {
+        snprintf(msg, msg_cap, "cannot start the call");
+        return -1;
+    }
+    int n_out = 0, rc = -1, finished = 0;
+    uint64_t st = 0x9e3779b97f4a7c15ULL + (uint64_t)kind * 7 + (uint64_t)n_prompt;
+    Specd__V1__VerifyResponse *r = v_recv(&cc);
+    for (uint32_t step = 1; r; step++) {
+        /* The hidden state may be left out only on the final response. */
+        if (r->step != step - 1 || (r->hidden_fp16.len != 64 * 2 && !r->finish_reason) ||
+            n_out + (int)r->n_accepted + 1 > n_gen) {
+            snprintf(msg, msg_cap, "bad response at step %u", r->step);
+            break;
+        }
+        for (size_t i = 0; i < r->n_accepted; i++) out[n_out++] = r->accepted[i];
+        out[n_out++] = r->next_token;
+        finished = r->finish_reason != SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+        if (finished) {
+            if (r->finish_reason != SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH ||
+                n_out != n_gen)
+                snprintf(msg, msg_cap, "finished with reason %d after %d tokens",
+                         r->finish_reason, n_out);
+            else
+                rc = 0;
+            break;
+        }
+        specd__v1__verify_response__free_unpacked(r, NULL);
+        r = NULL;
+        int32_t tokens[MAX_TREE], parents[MAX_TREE];
+        int n = make_tree(kind, n_out, ref, n_ref, vocab, &st, tokens, parents);
+        if (v_tree(&cc, step, tokens, parents, n)) break;
+        r = v_recv(&cc);
+    }
+    if (r) specd__v1__verify_response__free_unpacked(r, NULL);
+    grpc_status_code code = cc_end(&cc);
+    if (rc == 0 && code != GRPC_STATUS_OK) {
+        snprintf(msg, msg_cap, "status %d: %.200s", code, cc.detail);
+        rc = -1;
+    }
+    if (rc && !msg[0]) snprintf(msg, msg_cap, "stream ended early: %d %.200s", code, cc.detail);
+    return rc;
+}
+
+static void prompt_for(int i, int32_t *p, int *n) {
+    *n = 3 + (i * 5) % 11;
+    for (int k = 0; k < *n; k++) p[k] = (int32_t)((7 + i * 31 + k * 13) % 200 + 3);
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+static served S;        /* max_sessions = 4 */
+static int VOCAB;
+
+static int setup(void **state) {
+    (void)state;
+    grpc_init(); /* the client side's own reference */
+    serve(&S, 4);
+    VOCAB = S.m->hp.vocab_size;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unserve(&S);
+    grpc_shutdown();
+    return 0;
+}
+
+static void test_greedy_lossless(void **state) {
+    (void)state;
+    int32_t prompt[32], ref[N_GEN + MAX_TREE], out[N_GEN];
+    int n;
+    prompt_for(0, prompt, &n);
+    plain_greedy(prompt, n, N_GEN + MAX_TREE, ref);
+    for (int kind = 0; kind <= 3; kind++) {
+        char msg[256] = "";
+        memset(out, 0xff, sizeof out);
+        if (verify_session(S.ch, prompt, n, N_GEN, ref, N_GEN + MAX_TREE, kind, VOCAB, out, msg,
+                           sizeof msg))
+            fail_msg("tree kind %d: %s", kind, msg);
+        for (int i = 0; i < N_GEN; i++)
+            if (out[i] != ref[i])
+                fail_msg("tree kind %d: token %d is %d, plain greedy gave %d", kind, i, out[i],
+                         ref[i]);
+    }
+}
+
+typedef struct job {
+    int idx, n_prompt, rc;
+    int32_t prompt[32], ref[N_GEN + MAX_TREE], out[N_GEN];
+    char msg[256];
+} job;
+
+static void *run_job(void *arg) {
+    job *j = arg;
+    j->rc = verify_session(S.ch, j->prompt, j->n_prompt, N_GEN, j->ref, N_GEN + MAX_TREE,
+                           j->idx % 4, VOCAB, j->out, j->msg, sizeof j->msg);
+    return NULL;
+}
+
+static void test_concurrent_sessions(void **state) {
+    (void)state;
+    enum { N = 4 };
+    job jobs[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].idx = i + 1;
+        prompt_for(i + 1, jobs[i].prompt, &jobs[i].n_prompt);
+        plain_greedy(jobs[i].prompt, jobs[i].n_prompt, N_GEN + MAX_TREE, jobs[i].ref);
+    }
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        if (jobs[i].rc) fail_msg("session %d: %s", i, jobs[i].msg);
+        for (int k = 0; k < N_GEN; k++)
+            if (jobs[i].out[k] != jobs[i].ref[k])
+                fail_msg("session %d: token %d is %d, alone it is %d", i, k, jobs[i].out[k],
+                         jobs[i].ref[k]);
+    }
+}
+
+/* Sends an Open (good or not) and optionally a tree; expects the call to end
+ * with `want` and a detail containing `field`. */
+static void expect_bad(const int32_t *prompt, int n_prompt, int send_open, uint32_t step,
+                       const int32_t *tokens, const int32_t *parents, int n_nodes,
+                       grpc_status_code want, const char *field) {
+    ccall cc;
+    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Verify"), 0);
+    if (send_open) {
+        assert_int_equal(v_open(&cc, prompt, n_prompt, 8), 0);
+        if (tokens || n_nodes == 0) {
+            Specd__V1__VerifyResponse *r = v_recv(&cc);
+            if (r) { /* a good Open is answered first */
+                specd__v1__verify_response__free_unpacked(r, NULL);
+                v_tree(&cc, step, tokens, parents, n_nodes);
+            }
+        }
+    } else {
+        v_tree(&cc, step, tokens, parents, n_nodes);
+    }
+    while (cc_recv(&cc)) {
+    }
+    grpc_status_code st = cc_end(&cc);
+    if (st != want || !strstr(cc.detail, field))
+        fail_msg("expected status %d naming '%s', got %d: %s", want, field, st, cc.detail);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    int32_t prompt[40], ref[N_GEN + MAX_TREE];
+    int n;
+    prompt_for(9, prompt, &n);
+    plain_greedy(prompt, n, N_GEN + MAX_TREE, ref);
+
+    /* A healthy session opens first and is continued after the bad calls. */
+    ccall good;
+    assert_int_equal(cc_start(&good, S.ch, "/specd.v1.Target/Verify"), 0);
+    assert_int_equal(v_open(&good, prompt, n, N_GEN), 0);
+    Specd__V1__VerifyResponse *r = v_recv(&good);
+    assert_non_null(r);
+    int32_t out[N_GEN];
+    int n_out = 0;
+    out[n_out++] = r->next_token;
+    specd__v1__verify_response__free_unpacked(r, NULL);
+
+    int32_t bad_prompt[] = {5, VOCAB};
+    expect_bad(bad_prompt, 2, 1, 0, NULL, NULL, -1, GRPC_STATUS_INVALID_ARGUMENT,
+               "open.prompt_ids[1]");
+    int32_t long_prompt[33];
+    for (int i = 0; i < 33; i++) long_prompt[i] = 5;
+    expect_bad(long_prompt, 33, 1, 0, NULL, NULL, -1, GRPC_STATUS_INVALID_ARGUMENT,
+               "open.prompt_ids has 33");
+    int32_t tok_oob[] = {3, VOCAB + 7}, par_ok[] = {-1, 0};
+    expect_bad(prompt, n, 1, 1, tok_oob, par_ok, 2, GRPC_STATUS_INVALID_ARGUMENT,
+               "tree.tokens[1]");
+    int32_t toks4[] = {3, 4, 5, 6}, par_bad[] = {-1, 0, 1, 3};
+    expect_bad(prompt, n, 1, 1, toks4, par_bad, 4, GRPC_STATUS_INVALID_ARGUMENT,
+               "tree.parents[3]");
+    expect_bad(prompt, n, 1, 1, toks4, par_ok, 0, GRPC_STATUS_INVALID_ARGUMENT,
+               "tree.tokens is empty");
+    int32_t big[MAX_TREE + 1], big_par[MAX_TREE + 1];
+    for (int i = 0; i <= MAX_TREE; i++) {
+        big[i] = 3;
+        big_par[i] = i - 1;
+    }
+    expect_bad(prompt, n, 1, 1, big, big_par, MAX_TREE + 1, GRPC_STATUS_INVALID_ARGUMENT,
+               "tree.tokens has 17 nodes");
+    expect_bad(prompt, n, 0, 1, toks4, par_ok, 2, GRPC_STATUS_FAILED_PRECONDITION, "tree");
+    expect_bad(prompt, n, 1, 2, toks4, par_ok, 2, GRPC_STATUS_INVALID_ARGUMENT, "tree.step");
+
+    /* The healthy session goes on, untouched, to plain greedy's tokens. */
+    uint64_t st = 42;
+    for (uint32_t step = 1;; step++) {
+        int32_t tokens[MAX_TREE], parents[MAX_TREE];
+        int nn = make_tree(3, n_out, ref, N_GEN + MAX_TREE, VOCAB, &st, tokens, parents);
+        assert_int_equal(v_tree(&good, step, tokens, parents, nn), 0);
+        r = v_recv(&good);
+        assert_non_null(r);
+        assert_true(n_out + (int)r->n_accepted + 1 <= N_GEN);
+        for (size_t i = 0; i < r->n_accepted; i++) out[n_out++] = r->accepted[i];
+        out[n_out++] = r->next_token;
+        int fin = r->finish_reason != 0;
+        specd__v1__verify_response__free_unpacked(r, NULL);
+        if (fin) break;
+    }
+    assert_int_equal(cc_end(&good), GRPC_STATUS_OK);
+    assert_int_equal(n_out, N_GEN);
+    for (int i = 0; i < N_GEN; i++) assert_int_equal(out[i], ref[i]);
+}
+
+static void test_limit_and_cancel(void **state) {
+    (void)state;
+    served one;
+    serve(&one, 1);
+    int32_t prompt[32];
+    int n;
+    prompt_for(3, prompt, &n);
+
+    ccall a, b;
+    assert_int_equal(cc_start(&a, one.ch, "/specd.v1.Target/Verify"), 0);
+    assert_int_equal(v_open(&a, prompt, n, 8), 0);
+    Specd__V1__VerifyResponse *r = v_recv(&a);
+    assert_non_null(r);
+    int32_t pending = r->next_token;
+    specd__v1__verify_response__free_unpacked(r, NULL);
+
+    /* Too many sessions: the second is refused, the first is unaffected. */
+    assert_int_equal(cc_start(&b, one.ch, "/specd.v1.Target/Verify"), 0);
+    assert_int_equal(v_open(&b, prompt, n, 8), 0);
+    while (cc_recv(&b)) {
+    }
+    assert_int_equal(cc_end(&b), GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(b.detail, "limits.max_sessions"));
+    int32_t t1[] = {pending}, p1[] = {-1};
+    assert_int_equal(v_tree(&a, 1, t1, p1, 1), 0);
+    r = v_recv(&a);
+    assert_non_null(r);
+    assert_int_equal(r->step, 1);
+    specd__v1__verify_response__free_unpacked(r, NULL);
+
+    /* Cancel: the slot comes back, so a new session gets it. The handler
+     * notices at once; allow a short bounded time for the round trip. */
+    grpc_call_cancel(a.call, NULL);
+    assert_int_equal(cc_end(&a), GRPC_STATUS_CANCELLED);
+    int opened = 0;
+    for (int attempt = 0; attempt < 100 && !opened; attempt++) {
+        assert_int_equal(cc_start(&b, one.ch, "/specd.v1.Target/Verify"), 0);
+        assert_int_equal(v_open(&b, prompt, n, 8), 0);
+        r = v_recv(&b);
+        if (r) {
+            opened = 1;
+            specd__v1__verify_response__free_unpacked(r, NULL);
+            Specd__V1__VerifyRequest close = SPECD__V1__VERIFY_REQUEST__INIT;
+            Specd__V1__VerifyClose cl = SPECD__V1__VERIFY_CLOSE__INIT;
+            close.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_CLOSE;
+            close.close = &cl;
+            cc_send_msg(&b, &close.base, 1);
+            assert_int_equal(cc_end(&b), GRPC_STATUS_OK);
+        } else {
+            assert_int_equal(cc_end(&b), GRPC_STATUS_RESOURCE_EXHAUSTED);
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(opened);
+    unserve(&one);
+}
+
+static void test_generate(void **state) {
+    (void)state;
+    int32_t prompt[32], ref[N_GEN];
+    int n;
+    prompt_for(5, prompt, &n);
+    plain_greedy(prompt, n, N_GEN, ref);
+    Specd__V1__GenerateRequest g = SPECD__V1__GENERATE_REQUEST__INIT;
+    Specd__V1__TokenIds ids = SPECD__V1__TOKEN_IDS__INIT;
+    ids.n_ids = (size_t)n;
+    ids.ids = prompt;
+    g.input_case = SPECD__V1__GENERATE_REQUEST__INPUT_TOKEN_IDS;
+    g.token_ids = &ids;
+    g.max_new_tokens = N_GEN;
+    g.ignore_eos = 1;
+    ccall cc;
+    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Generate"), 0);
+    assert_int_equal(cc_send_msg(&cc, &g.base, 1), 0);
+    int got = 0, finished = 0;
+    while (cc_recv(&cc)) {
+        Specd__V1__GenerateResponse *r =
+            specd__v1__generate_response__unpack(NULL, cc.msg_len, cc.msg);
+        assert_non_null(r);
+        assert_false(finished); /* nothing after the final message */
+        for (size_t i = 0; i < r->n_token_ids; i++) {
+            assert_true(got < N_GEN);
+            assert_int_equal(r->token_ids[i], ref[got]);
+            got++;
+        }
+        if (r->finish_reason) {
+            finished = 1;
+            assert_int_equal(r->finish_reason, SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+            assert_non_null(r->stats);
+            assert_int_equal(r->stats->generated_tokens, N_GEN);
+            assert_int_equal(r->stats->prompt_tokens, n);
+        }
+        specd__v1__generate_response__free_unpacked(r, NULL);
+    }
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+    assert_true(finished);
+    assert_int_equal(got, N_GEN);
+
+    /* Text input needs a tokenizer, which the tiny model lacks. */
+    Specd__V1__GenerateRequest t = SPECD__V1__GENERATE_REQUEST__INIT;
+    t.input_case = SPECD__V1__GENERATE_REQUEST__INPUT_TEXT;
+    t.text = "hello";
+    t.max_new_tokens = 4;
+    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Generate"), 0);
+    assert_int_equal(cc_send_msg(&cc, &t.base, 1), 0);
+    while (cc_recv(&cc)) {
+    }
+    assert_int_equal(cc_end(&cc), S.tok ? GRPC_STATUS_OK : GRPC_STATUS_FAILED_PRECONDITION);
+}
+
+static void test_get_info(void **state) {
+    (void)state;
+    Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
+    ccall cc;
+    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/GetInfo"), 0);
+    assert_int_equal(cc_send_msg(&cc, &q.base, 1), 0);
+    assert_true(cc_recv(&cc));
+    Specd__V1__Info *info = specd__v1__info__unpack(NULL, cc.msg_len, cc.msg);
+    assert_non_null(info);
+    assert_string_equal(info->service, "specd.v1.Target");
+    assert_string_equal(info->version, SPECD_TARGET_VERSION);
+    assert_string_equal(info->model_id, "hf");
+    assert_int_equal(info->vocab_size, VOCAB);
+    assert_int_equal(info->hidden_size, 64);
+    assert_int_equal(info->context_length, CTX);
+    assert_int_equal(info->eos_token_id, 2);
+    assert_string_equal(info->backend, "cpu");
+    assert_int_equal(info->max_tree_tokens, MAX_TREE);
+    assert_int_equal(info->max_sessions, 4);
+    /* No tokenizer in the tiny model: no fingerprint to compare. */
+    assert_int_equal(strlen(info->tokenizer_sha256), S.tok ? 64 : 0);
+    specd__v1__info__free_unpacked(info, NULL);
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_lossless),
+        cmocka_unit_test(test_concurrent_sessions),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_limit_and_cancel),
+        cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_get_info),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
