@@ -15,6 +15,7 @@
 #include "common/chat.h"
 #include "common/dtype.h"
 #include "common/sha256.h"
+#include "common/stop_strings.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
@@ -281,18 +282,20 @@ static void h_generate(specd_rpc_call *c, void *user) {
     int32_t *ids = NULL;
     specd_detok dt;
     int have_detok = 0;
+    specd_stopper stopper = {0};
     grpc_status_code code;
     if (specd_rpc_call_request_msg(c, &specd__v1__generate_request__descriptor,
                                    (ProtobufCMessage **)&req, &err)) {
         specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
         goto out;
     }
-    if (req->n_stop) {
-        /* Stop strings need held-back text across token boundaries; the
-         * plain-decoding baseline does not offer them (stop_ids work). */
-        specd_rpc_call_finish(c, GRPC_STATUS_UNIMPLEMENTED,
-                              "request.stop: stop strings are not supported by target-svc; "
-                              "use stop_ids");
+    if (req->n_stop && !svc->tok) {
+        specd_rpc_call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
+                              "request.stop: stop strings need a tokenizer, and this model has none");
+        goto out;
+    }
+    if (specd_stopper_init(&stopper, req->stop, req->n_stop, "request.stop", &err)) {
+        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
         goto out;
     }
     size_t n_ids;
@@ -360,6 +363,28 @@ static void h_generate(specd_rpc_call *c, void *user) {
             memcpy(text, piece, len);
             memcpy(text + len, tail, tlen);
             text[len + tlen] = 0;
+            /* stop strings: release only text that can no longer become one;
+             * a match ends the generation right before it */
+            size_t safe_len, held_len = 0;
+            const char *safe = specd_stopper_push(&stopper, text, len + tlen, &safe_len);
+            if (stopper.stopped && !fr) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+            const char *held = fr && !stopper.stopped ? specd_stopper_flush(&stopper, &held_len) : "";
+            if (!safe || !held) {
+                free(text);
+                specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+                goto out;
+            }
+            char *released = malloc(safe_len + held_len + 1);
+            if (!released) {
+                free(text);
+                specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+                goto out;
+            }
+            memcpy(released, safe, safe_len);
+            memcpy(released + safe_len, held, held_len);
+            released[safe_len + held_len] = 0;
+            free(text);
+            text = released;
             r.text = text;
         }
         r.n_token_ids = 1;
@@ -394,6 +419,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
     specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 out:
     if (have_detok) specd_detok_free(&dt);
+    specd_stopper_free(&stopper);
     specd_sched_release_slot(svc->sched, slot);
     specd_session_free(&s);
     free(ids);
