@@ -60,7 +60,7 @@ static void forward_rows(fixture *f, const int32_t *toks, int n, int n_past, con
 static void target_probs(fixture *f, const int32_t *extra, int n_extra, double *out) {
     int32_t toks[8];
     toks[0] = k_prompt[P - 1];
-    memcpy(toks + 1, extra, sizeof(int32_t) * n_extra);
+    if (n_extra > 0) memcpy(toks + 1, extra, sizeof(int32_t) * n_extra);
     float *logits = malloc(sizeof(float) * (n_extra + 1) * f->vocab);
     float *probs = malloc(sizeof(float) * f->vocab);
     forward_rows(f, toks, n_extra + 1, P - 1, NULL, NULL, logits);
