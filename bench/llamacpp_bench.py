@@ -10,9 +10,16 @@ own llama_perf_context counters) on models/SmolLM2-135M-Instruct.Q4_1.gguf:
 One untimed warm-up run first, then --runs measured runs (KV cache cleared in between); the table shows
 the median and the best of llama.cpp's counters, plus our own wall clock around the same calls.
 
-Setup (compiles llama.cpp from source, several minutes on 2 cores; it builds with -march=native, so
-the numbers are for the machine it was built on):
+Setup (compiles llama.cpp from source, 20-40 minutes on 2 busy cores; it builds with -march=native,
+so the numbers are for the machine it was built on):
     pip install llama-cpp-python
+On CPUs that advertise AMX but where the VM does not enable it (this dev VM: Sapphire Rapids flags,
+yet `tileloadd` raises SIGILL as soon as a quantized matmul has more than one row), build without AMX:
+    CMAKE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+      -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'" \
+      pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python
+The table also says how much CPU other processes took while it measured: on a shared 2-core machine
+llama.cpp's OpenMP threads spin, so any other load hurts it badly; compare only quiet runs.
 Run:
     python3 bench/llamacpp_bench.py [--threads 2] [--model PATH] [--prompt-tokens 128]
                                     [--gen-tokens 128] [--runs 3] [--json out.json]
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,6 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+_LOG_CB = None
 
 PROMPT_TEXT = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -44,6 +53,17 @@ PROMPT_TEXT = (
     "heavy. Also give me some advice on how to train during the month before the trip.<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
 
 
 def die(msg: str) -> None:
@@ -70,7 +90,10 @@ def main() -> int:
         die(f"{args.model}: not found (run the setup script first)")
 
     L.llama_backend_init()
-    L.llama_log_set(L.llama_log_callback(lambda level, text, user: None), ctypes.c_void_p())
+    # keep a reference: llama.cpp calls this pointer for the whole run
+    global _LOG_CB
+    _LOG_CB = L.llama_log_callback(lambda level, text, user: None)
+    L.llama_log_set(_LOG_CB, ctypes.c_void_p())
     mparams = L.llama_model_default_params()
     mparams.n_gpu_layers = 0
     model = L.llama_model_load_from_file(args.model.encode(), mparams)
@@ -137,7 +160,15 @@ def main() -> int:
         }
 
     one_run(16)  # warm-up: page in the weights, spin up the thread pool
+    j0, t0 = cpu_jiffies(), os.times()
     runs = [one_run(args.gen_tokens) for _ in range(args.runs)]
+    j1, t1 = cpu_jiffies(), os.times()
+    # CPU time other processes used while we measured, as a share of the machine
+    other = None
+    if j0 and j1 and j1[1] > j0[1]:
+        hz = os.sysconf("SC_CLK_TCK")
+        ours = ((t1.user - t0.user) + (t1.system - t0.system)) * hz
+        other = max(0.0, (j1[0] - j0[0]) - ours) / (j1[1] - j0[1])
 
     def rate(tok_key: str, ms_key: str) -> list[float]:
         return [r[tok_key] / (r[ms_key] / 1e3) for r in runs if r[ms_key] > 0]
@@ -152,6 +183,9 @@ def main() -> int:
     print(f"threads {args.threads}, n_ctx {args.ctx}, prompt {len(ids)} tokens, decode {args.gen_tokens} "
           f"tokens greedy, {args.runs} runs after 1 warm-up")
     print(f"system: {sysinfo}")
+    if other is not None:
+        print(f"other processes used {100 * other:.0f}% of the {os.cpu_count()} CPUs during the runs"
+              + ("  (WARNING: not an idle machine; numbers are pessimistic)" if other > 0.05 else ""))
     print()
     print(f"{'phase':<10} {'tokens':>7} {'median tok/s':>13} {'best tok/s':>11} {'wall median tok/s':>18}")
     print(f"{'prefill':<10} {runs[0]['prefill_tokens']:>7} {statistics.median(pre):>13.1f} {max(pre):>11.1f} "
@@ -166,7 +200,7 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({
             "engine": "llama.cpp", "llama_cpp_python": L.__version__, "model": str(args.model),
             "threads": args.threads, "n_ctx": args.ctx, "prompt_tokens": len(ids),
-            "gen_tokens": args.gen_tokens, "system_info": sysinfo,
+            "gen_tokens": args.gen_tokens, "system_info": sysinfo, "other_cpu_share": other,
             "prefill_tok_s": {"median": statistics.median(pre), "best": max(pre)},
             "decode_tok_s": {"median": statistics.median(dec), "best": max(dec)},
             "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs],

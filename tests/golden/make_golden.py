@@ -58,7 +58,7 @@ GGUF LAYOUT (what llama.cpp's convert_hf_to_gguf.py writes for LlamaForCausalLM)
       w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
   (n_head = n_kv_heads for K), which turns HF's rotate-halves RoPE into llama.cpp's adjacent-pair RoPE.
 
-HOW TO RUN (from the repository root; ~10 minutes on 2 CPU cores, most of it smollm2):
+HOW TO RUN (from the repository root; 15-30 minutes on 2 CPU cores, most of it smollm2's fp64 check):
     python3 tests/golden/make_golden.py                 # everything
     python3 tests/golden/make_golden.py --only tiny-gqa # one set (tiny-gqa, tiny-tied, smollm2)
     python3 tests/golden/make_golden.py --verify        # re-check committed fixtures, write nothing
@@ -134,7 +134,8 @@ SMOL_CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
     [{"role": "user", "content": "What is 1234 + 5678? Show your work."}],
-    [{"role": "user", "content": "Once upon a time, in a small village by the sea,"}],
+    [{"role": "user", "content": "Continue this story: Once upon a time, a little dragon lived in a cave "
+                                 "on a mountain."}],
     [{"role": "user", "content": "List five fruits that are red."}],
     [{"role": "system", "content": "You are a terse assistant. Answer in one sentence."},
      {"role": "user", "content": "Why is the sky blue?"}],
@@ -753,7 +754,8 @@ def verify() -> int:
                 toks, _ = greedy(m, c["prompt"], logits[-1], past)
                 el = float(np.abs(logits.numpy() - lg).max())
                 eh = float(np.abs(hidden.numpy() - hd).max())
-                ok = el <= 1e-5 * max(1, np.abs(lg).max()) and eh <= 1e-5 * max(1, np.abs(hd).max()) \
+                rel = ref["tolerance"]["logits_rel"]
+                ok = el <= rel * max(1, np.abs(lg).max()) and eh <= rel * max(1, np.abs(hd).max()) \
                     and toks == c["greedy"]
                 fails += not ok
                 log(f"  {name} {c['name']}: recomputed from the file: logits err {el:.2e}, "
@@ -785,7 +787,7 @@ def verify() -> int:
             logits, hidden, past = forward_all(model, prompt)
             lg = read_f32(DATA / "smollm2" / c["logits"]["path"], (1, c["logits"]["cols"]))
             el = float(np.abs(logits[-1].numpy() - lg[0]).max())
-            ok = prompt == c["prompt"] and el <= 1e-5 * np.abs(lg).max()
+            ok = prompt == c["prompt"] and el <= ref["tolerance"]["logits_rel"] * np.abs(lg).max()
             fails += not ok
             log(f"  smollm2 {c['name']}: prompt ids equal {prompt == c['prompt']}, last-logits err {el:.2e}")
     log("verify: " + ("all ok" if not fails else f"{fails} FAILURES"))
@@ -799,7 +801,9 @@ def verify() -> int:
 LLAMACPP_WORKER = r"""
 import json, sys, numpy as np, llama_cpp
 path, prompt, n_vocab = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-m = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=2, logits_all=True, verbose=False, n_batch=512)
+# F32 KV cache and no flash attention: otherwise llama.cpp rounds K/V to F16 (~1e-3 logit error)
+m = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=256, n_threads=2, logits_all=True, verbose=False,
+                    type_k=0, type_v=0, flash_attn=False)
 m.eval(prompt)
 np.save(sys.argv[4], np.array(m.scores[:len(prompt), :n_vocab], dtype=np.float32))
 """
