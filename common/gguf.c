@@ -10,15 +10,12 @@
  * duplicates in linear time and makes lookups O(1). */
 #include "gguf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+
+#include "mmap_file.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 /* Nested arrays are legal GGUF; a bound on the depth keeps the recursion
@@ -502,27 +499,15 @@ gguf_file *gguf_open_memory(const void *buf, size_t len, specd_error *err) {
 }
 
 gguf_file *gguf_open(const char *path, specd_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        specd_seterr(err, "gguf: cannot open '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size == 0) {
-        specd_seterr(err, "gguf: '%s' is not a regular, non-empty file", path);
-        close(fd);
-        return NULL;
-    }
-    size_t len = (size_t)st.st_size;
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED) {
-        specd_seterr(err, "gguf: cannot mmap '%s': %s", path, strerror(errno));
+    void *map;
+    size_t len;
+    if (specd_map_file(path, &map, &len, err)) {
+        specd_preferr(err, "gguf");
         return NULL;
     }
     gguf_file *f = gguf_open_memory(map, len, err);
     if (!f) {
-        munmap(map, len);
+        specd_unmap_file(map, len);
         specd_preferr(err, "%s", path);
         return NULL;
     }
@@ -538,7 +523,7 @@ void gguf_close(gguf_file *f) {
     free(f->kv_index.slots);
     free(f->tensors);
     free(f->tensor_index.slots);
-    if (f->map) munmap(f->map, f->map_len);
+    if (f->map) specd_unmap_file(f->map, f->map_len);
     free(f);
 }
 

@@ -10,9 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "mmap_file.h"
 
 #include "gguf.h"
 
@@ -66,7 +67,7 @@ specd_model_file *specd_model_open(const char *path, specd_error *err) {
 void specd_model_close(specd_model_file *m) {
     if (!m) return;
     free(m->tensors);
-    for (size_t i = 0; i < m->n_maps; i++) munmap(m->maps[i].addr, m->maps[i].len);
+    for (size_t i = 0; i < m->n_maps; i++) specd_unmap_file(m->maps[i].addr, m->maps[i].len);
     free(m->maps);
     gguf_close(m->gguf);
     free(m);
@@ -77,19 +78,10 @@ int specd_model_map_file(specd_model_file *m, const char *path, const void **add
     specd_mapping *maps = realloc(m->maps, (m->n_maps + 1) * sizeof *maps);
     if (!maps) return specd_seterr(err, "model: out of memory");
     m->maps = maps;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return specd_seterr(err, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size == 0) {
-        close(fd);
-        return specd_seterr(err, "'%s' is not a regular, non-empty file", path);
-    }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd); /* the mapping keeps the file alive */
-    if (p == MAP_FAILED) return specd_seterr(err, "cannot mmap '%s': %s", path, strerror(errno));
-    m->maps[m->n_maps++] = (specd_mapping){p, (size_t)st.st_size};
+    void *p;
+    if (specd_map_file(path, &p, len, err)) return -1;
+    m->maps[m->n_maps++] = (specd_mapping){p, *len};
     *addr = p;
-    *len = (size_t)st.st_size;
     return 0;
 }
 

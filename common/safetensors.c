@@ -4,14 +4,11 @@
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+
+#include "mmap_file.h"
 
 /* JSON numbers are doubles: integers above 2^53 are not exact, so a shape or
  * offset beyond it cannot be trusted. */
@@ -211,27 +208,15 @@ safetensors_file *safetensors_open_memory(const void *buf, size_t len, specd_err
 }
 
 safetensors_file *safetensors_open(const char *path, specd_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        specd_seterr(err, "safetensors: cannot open '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size == 0) {
-        specd_seterr(err, "safetensors: '%s' is not a regular, non-empty file", path);
-        close(fd);
-        return NULL;
-    }
-    size_t len = (size_t)st.st_size;
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED) {
-        specd_seterr(err, "safetensors: cannot mmap '%s': %s", path, strerror(errno));
+    void *map;
+    size_t len;
+    if (specd_map_file(path, &map, &len, err)) {
+        specd_preferr(err, "safetensors");
         return NULL;
     }
     safetensors_file *f = safetensors_open_memory(map, len, err);
     if (!f) {
-        munmap(map, len);
+        specd_unmap_file(map, len);
         specd_preferr(err, "%s", path);
         return NULL;
     }
@@ -245,7 +230,7 @@ void safetensors_close(safetensors_file *f) {
     for (size_t i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
     free(f->by_name);
-    if (f->map) munmap(f->map, f->map_len);
+    if (f->map) specd_unmap_file(f->map, f->map_len);
     free(f);
 }
 
