@@ -139,19 +139,18 @@ static int check_model_type(const cJSON *root, specd_error *err) {
                              "[\"LlamaForCausalLM\"]; specd supports only Llama models");
 }
 
-static int parse_rope_scaling(const cJSON *root, specd_llama_hparams *hp, specd_error *err) {
-    hp->rope_scaling = SPECD_ROPE_SCALING_NONE;
-    hp->rope_factor = 1.0f;
-    const cJSON *rs = member(root, "rope_scaling");
-    if (!rs) return 0;
+/* The scaling rule in a rope_scaling / rope_parameters object; `key` names
+ * the object in messages. */
+static int parse_rope_object(const cJSON *rs, const char *key, specd_llama_hparams *hp,
+                             specd_error *err) {
     if (!cJSON_IsObject(rs))
-        return specd_seterr(err, CONFIG ": 'rope_scaling' must be an object, got %s",
+        return specd_seterr(err, CONFIG ": '%s' must be an object, got %s", key,
                             json_type_name(rs));
     /* newer transformers write rope_type, older ones type */
     const cJSON *type = member(rs, "rope_type");
     if (!type) type = member(rs, "type");
     if (!cJSON_IsString(type))
-        return specd_seterr(err, CONFIG ": 'rope_scaling' needs a string 'rope_type' or 'type'");
+        return specd_seterr(err, CONFIG ": '%s' needs a string 'rope_type' or 'type'", key);
     const char *t = type->valuestring;
     if (strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "linear") == 0) {
@@ -168,8 +167,32 @@ static int parse_rope_scaling(const cJSON *root, specd_llama_hparams *hp, specd_
             return -1;
         return 0;
     }
-    return specd_seterr(err, CONFIG ": rope_scaling type '%.32s' is not supported (specd knows "
-                                    "default, linear, llama3)", t);
+    return specd_seterr(err, CONFIG ": %s type '%.32s' is not supported (specd knows "
+                                    "default, linear, llama3)", key, t);
+}
+
+/* RoPE base and scaling. transformers >= 5 writes them together as
+ * "rope_parameters": {rope_theta, rope_type, factor, ...}; earlier versions
+ * (and most published checkpoints) write top-level "rope_theta" and an
+ * optional "rope_scaling" object. Reading only the old keys would silently
+ * fall back to theta = 10000 on new files. */
+static int parse_rope(const cJSON *root, specd_llama_hparams *hp, specd_error *err) {
+    hp->rope_scaling = SPECD_ROPE_SCALING_NONE;
+    hp->rope_factor = 1.0f;
+    const cJSON *rp = member(root, "rope_parameters");
+    if (rp) {
+        if (!cJSON_IsObject(rp))
+            return specd_seterr(err, CONFIG ": 'rope_parameters' must be an object, got %s",
+                                json_type_name(rp));
+        return get_float(rp, "rope_theta", 0, 10000.0f, &hp->rope_theta, err) ||
+                       parse_rope_object(rp, "rope_parameters", hp, err)
+                   ? -1
+                   : 0;
+    }
+    if (get_float(root, "rope_theta", 0, 10000.0f, &hp->rope_theta, err)) return -1;
+    const cJSON *rs = member(root, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs)) return 0;
+    return parse_rope_object(rs, "rope_scaling", hp, err);
 }
 
 /* Defaults are transformers' LlamaConfig defaults, for keys a real
@@ -187,8 +210,7 @@ static int parse_config_object(const cJSON *root, specd_llama_hparams *hp, specd
         get_int(root, "head_dim", 0, hp->n_heads > 0 ? hp->dim / hp->n_heads : 0,
                 &hp->head_dim, err) ||
         get_int(root, "max_position_embeddings", 0, 2048, &hp->max_seq_len, err) ||
-        get_float(root, "rope_theta", 0, 10000.0f, &hp->rope_theta, err) ||
-        parse_rope_scaling(root, hp, err) ||
+        parse_rope(root, hp, err) ||
         get_float(root, "rms_norm_eps", 0, 1e-6f, &hp->norm_eps, err) ||
         get_bool(root, "tie_word_embeddings", 0, &hp->tied_embeddings, err) ||
         get_token_id(root, "bos_token_id", 1, &hp->bos_id, err) ||

@@ -489,6 +489,33 @@ static int parse(const char *json, specd_llama_hparams *hp, specd_error *err) {
     "\"vocab_size\":100,\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"   \
     "\"num_attention_heads\":4"
 
+/* transformers >= 5 nests theta and scaling under rope_parameters; a loader
+ * that only knew the old keys would silently use theta = 10000. */
+static void test_config_rope_parameters(void **state) {
+    (void)state;
+    specd_llama_hparams hp;
+    specd_error err = {{0}};
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":"
+                           "{\"rope_theta\":500000.0,\"rope_type\":\"llama3\",\"factor\":8.0,"
+                           "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                           "\"original_max_position_embeddings\":8192}}",
+                           &hp, &err),
+                     0);
+    assert_true(hp.rope_theta == 500000.0f);
+    assert_int_equal(hp.rope_scaling, SPECD_ROPE_SCALING_LLAMA3);
+    assert_true(hp.rope_factor == 8.0f);
+    assert_int_equal(hp.rope_original_max_pos, 8192);
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":"
+                           "{\"rope_theta\":250000.0,\"rope_type\":\"default\"}}",
+                           &hp, &err),
+                     0);
+    assert_true(hp.rope_theta == 250000.0f);
+    assert_int_equal(hp.rope_scaling, SPECD_ROPE_SCALING_NONE);
+    assert_int_equal(parse("{\"model_type\":\"llama\"," BASE ",\"rope_parameters\":7}", &hp, &err),
+                     -1);
+    assert_non_null(strstr(err.msg, "rope_parameters"));
+}
+
 static void test_config_defaults(void **state) {
     (void)state;
     specd_llama_hparams hp;
@@ -673,6 +700,7 @@ int main(void) {
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_config_rope_scaling),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_config_rope_parameters),
         cmocka_unit_test(test_validate_hparams),
         cmocka_unit_test(test_real_model),
     };
