@@ -17,79 +17,21 @@
 #include "common/rpc_server.h"
 #include "common/tokenizer.h"
 #include "target-svc/service.h"
+#include "target-svc/target_config.h"
 #include "target-svc/transformer.h"
 
 /* Long enough for a session to finish a few hundred tokens; Kubernetes'
  * default terminationGracePeriodSeconds (30 s) must be longer. */
 #define DRAIN_GRACE_MS 20000
 
-typedef struct target_cfg {
-    char *listen;
-    char *model;
-    int backend;
-    int64_t device;
-    int64_t threads;
-    struct {
-        int64_t max_sessions, max_prompt_tokens, max_tree_tokens;
-        uint64_t kv_memory;
-    } limits;
-    struct {
-        int64_t max_batch_tokens, max_wait;
-    } batching;
-    struct {
-        char *cert, *key, *client_ca;
-        bool insecure;
-    } tls;
-} target_cfg;
-
-static const char *const BACKENDS[] = {"cpu", "cuda", NULL};
-
-/* Keep in step with deploy/config/target-svc.example.yaml. */
-static const specd_cfg_field FIELDS[] = {
-    SPECD_CFG_FIELD("listen", SPECD_CFG_STRING, target_cfg, listen, "0.0.0.0:50052",
-                    "address to serve gRPC on (host:port)"),
-    SPECD_CFG_FIELD("model", SPECD_CFG_STRING, target_cfg, model, NULL,
-                    "target model: a .gguf file or a Hugging Face directory"),
-    SPECD_CFG_FIELD("backend", SPECD_CFG_ENUM, target_cfg, backend, "cpu", "compute backend",
-                    .choices = BACKENDS),
-    SPECD_CFG_FIELD("device", SPECD_CFG_INT64, target_cfg, device, "0", "CUDA device id",
-                    .min = 0, .max = 1024),
-    SPECD_CFG_FIELD("threads", SPECD_CFG_INT64, target_cfg, threads, "0",
-                    "CPU compute threads (0 = one per core)", .min = 0, .max = 1024),
-    SPECD_CFG_FIELD("limits.max_sessions", SPECD_CFG_INT64, target_cfg, limits.max_sessions,
-                    "64", "concurrent sessions (each holds a KV cache)", .min = 1, .max = 65536),
-    SPECD_CFG_FIELD("limits.max_prompt_tokens", SPECD_CFG_INT64, target_cfg,
-                    limits.max_prompt_tokens, "4096", "longest prompt, in tokens", .min = 1,
-                    .max = 1 << 24),
-    SPECD_CFG_FIELD("limits.max_tree_tokens", SPECD_CFG_INT64, target_cfg,
-                    limits.max_tree_tokens, "64", "most tokens in one candidate tree", .min = 1,
-                    .max = 4096),
-    SPECD_CFG_FIELD("limits.kv_memory", SPECD_CFG_SIZE, target_cfg, limits.kv_memory, "2GiB",
-                    "memory for all KV caches together", .min = 1, .max = INT64_MAX),
-    SPECD_CFG_FIELD("batching.max_batch_tokens", SPECD_CFG_INT64, target_cfg,
-                    batching.max_batch_tokens, "2048", "most tokens in one forward pass",
-                    .min = 2, .max = 1 << 20),
-    SPECD_CFG_FIELD("batching.max_wait", SPECD_CFG_DURATION, target_cfg, batching.max_wait,
-                    "2ms", "how long a small batch waits for more work", .min = 0,
-                    .max = 10000),
-    SPECD_CFG_FIELD("tls.cert", SPECD_CFG_STRING, target_cfg, tls.cert, NULL,
-                    "server certificate chain (PEM)"),
-    SPECD_CFG_FIELD("tls.key", SPECD_CFG_STRING, target_cfg, tls.key, NULL,
-                    "server private key (PEM)", .flags = SPECD_CFG_SECRET),
-    SPECD_CFG_FIELD("tls.client_ca", SPECD_CFG_STRING, target_cfg, tls.client_ca, NULL,
-                    "CA for client certificates (mutual TLS)"),
-    SPECD_CFG_FIELD("tls.insecure", SPECD_CFG_BOOL, target_cfg, tls.insecure, "false",
-                    "serve plaintext (development only)"),
-};
-#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
 int main(int argc, char **argv) {
-    target_cfg cfg;
+    specd_target_cfg cfg;
     specd_error err = {{0}};
-    int rc = specd_config_load(FIELDS, N_FIELDS, argc, argv, &cfg, &err);
+    int rc = specd_config_load(specd_target_cfg_fields, specd_target_cfg_n_fields, argc, argv, &cfg, &err);
     if (rc == 1) {
         printf("usage: target-svc [--config FILE] [--key=value ...]\n");
-        specd_config_print_help(FIELDS, N_FIELDS, stdout);
+        specd_config_print_help(specd_target_cfg_fields, specd_target_cfg_n_fields, stdout);
         return 0;
     }
     if (rc) {
@@ -129,7 +71,7 @@ int main(int argc, char **argv) {
         goto out;
     }
     specd_transformer_opts to = {
-        .backend = {.name = BACKENDS[cfg.backend], .n_threads = (int)cfg.threads,
+        .backend = {.name = specd_target_backends[cfg.backend], .n_threads = (int)cfg.threads,
                     .device = (int)cfg.device},
         .n_slots = (int)cfg.limits.max_sessions,
         .max_ctx = ctx,
@@ -159,7 +101,7 @@ int main(int argc, char **argv) {
     if (specd_target_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
     fprintf(stderr, "target-svc: serving %s on port %d (%s, %d sessions x %d context)\n",
-            cfg.model, specd_rpc_server_port(srv), BACKENDS[cfg.backend],
+            cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],
             (int)cfg.limits.max_sessions, ctx);
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
     if (sig < 0) {
@@ -177,6 +119,6 @@ out:
     specd_transformer_free(t);
     specd_tokenizer_free(tok);
     specd_model_close(m);
-    specd_config_free(FIELDS, N_FIELDS, &cfg);
+    specd_config_free(specd_target_cfg_fields, specd_target_cfg_n_fields, &cfg);
     return status;
 }

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "common/config.h"
+#include "target-svc/target_config.h"
 #include "tests/test_util.h"
 
 /* ---- the test schema ---------------------------------------------------- */
@@ -918,67 +919,13 @@ static void test_schema_checks(void **state) {
 
 /* ---- deploy/config/target-svc.example.yaml ------------------------------ */
 
-/* Stands in for target-svc's own schema until the service exists. */
-typedef struct target_cfg {
-    char *listen;
-    char *model;
-    int backend;
-    int64_t device;
-    int64_t threads;
-    struct {
-        int64_t max_sessions, max_prompt_tokens, max_tree_tokens;
-        uint64_t kv_memory;
-    } limits;
-    struct {
-        int64_t max_batch_tokens;
-        int64_t max_wait_ms;
-    } batching;
-    struct {
-        char *cert, *key, *client_ca;
-        bool insecure;
-    } tls;
-} target_cfg;
-
-static const specd_cfg_field TARGET_FIELDS[] = {
-    SPECD_CFG_FIELD("listen", SPECD_CFG_STRING, target_cfg, listen, "0.0.0.0:50052",
-                    "address to serve gRPC on (host:port)"),
-    SPECD_CFG_FIELD("model", SPECD_CFG_STRING, target_cfg, model, NULL,
-                    ".gguf file or Hugging Face directory"),
-    SPECD_CFG_FIELD("backend", SPECD_CFG_ENUM, target_cfg, backend, "cpu", "compute backend",
-                    .choices = BACKENDS),
-    SPECD_CFG_FIELD("device", SPECD_CFG_INT64, target_cfg, device, "0", "CUDA device id",
-                    .min = 0, .max = 255),
-    SPECD_CFG_FIELD("threads", SPECD_CFG_INT64, target_cfg, threads, "0",
-                    "CPU threads (0 = one per core)", .min = 0, .max = 1024),
-    SPECD_CFG_FIELD("limits.max_sessions", SPECD_CFG_INT64, target_cfg, limits.max_sessions,
-                    "64", "concurrent sessions", .min = 1, .max = 1 << 20),
-    SPECD_CFG_FIELD("limits.max_prompt_tokens", SPECD_CFG_INT64, target_cfg,
-                    limits.max_prompt_tokens, "4096", "longest prompt", .min = 1,
-                    .max = 1 << 24),
-    SPECD_CFG_FIELD("limits.max_tree_tokens", SPECD_CFG_INT64, target_cfg,
-                    limits.max_tree_tokens, "64", "most tokens in one tree", .min = 1,
-                    .max = 4096),
-    SPECD_CFG_FIELD("limits.kv_memory", SPECD_CFG_SIZE, target_cfg, limits.kv_memory, "2GiB",
-                    "KV cache budget", .min = 1 << 20, .max = INT64_MAX),
-    SPECD_CFG_FIELD("batching.max_batch_tokens", SPECD_CFG_INT64, target_cfg,
-                    batching.max_batch_tokens, "2048", "tokens per forward pass", .min = 1,
-                    .max = 1 << 20),
-    SPECD_CFG_FIELD("batching.max_wait", SPECD_CFG_DURATION, target_cfg, batching.max_wait_ms,
-                    "2ms", "how long a batch waits to fill", .min = 0, .max = 10000),
-    SPECD_CFG_FIELD("tls.cert", SPECD_CFG_STRING, target_cfg, tls.cert, NULL,
-                    "server certificate"),
-    SPECD_CFG_FIELD("tls.key", SPECD_CFG_STRING, target_cfg, tls.key, NULL,
-                    "server private key"),
-    SPECD_CFG_FIELD("tls.client_ca", SPECD_CFG_STRING, target_cfg, tls.client_ca, NULL,
-                    "CA for client certificates (mutual TLS)"),
-    SPECD_CFG_FIELD("tls.insecure", SPECD_CFG_BOOL, target_cfg, tls.insecure, "false",
-                    "serve plaintext"),
-};
-#define N_TARGET (sizeof TARGET_FIELDS / sizeof TARGET_FIELDS[0])
+/* target-svc's real schema (target-svc/target_config.c) against its example. */
+#define TARGET_FIELDS specd_target_cfg_fields
+#define N_TARGET specd_target_cfg_n_fields
 
 static void test_target_example_parses(void **state) {
     (void)state;
-    target_cfg c;
+    specd_target_cfg c;
     specd_error err = {{0}};
     char *argv[] = {"target-svc", "--config",
                     (char *)test_path("deploy/config/target-svc.example.yaml"),
@@ -996,7 +943,7 @@ static void test_target_example_parses(void **state) {
     assert_int_equal(c.limits.max_tree_tokens, 64);
     assert_true(c.limits.kv_memory == 2ull << 30);
     assert_int_equal(c.batching.max_batch_tokens, 2048);
-    assert_int_equal(c.batching.max_wait_ms, 5); /* the flag */
+    assert_int_equal(c.batching.max_wait, 5); /* the flag */
     assert_string_equal(c.tls.cert, "/etc/specd/tls/target-svc.crt");
     assert_string_equal(c.tls.key, "/etc/specd/tls/target-svc.key");
     assert_string_equal(c.tls.client_ca, "/etc/specd/tls/ca.crt");

@@ -1,0 +1,44 @@
+/* target_config.c - see target_config.h. */
+#include "target_config.h"
+
+const char *const specd_target_backends[] = {"cpu", "cuda", NULL};
+
+/* Keep in step with deploy/config/target-svc.example.yaml. */
+const specd_cfg_field specd_target_cfg_fields[] = {
+    SPECD_CFG_FIELD("listen", SPECD_CFG_STRING, specd_target_cfg, listen, "0.0.0.0:50052",
+                    "address to serve gRPC on (host:port)"),
+    SPECD_CFG_FIELD("model", SPECD_CFG_STRING, specd_target_cfg, model, NULL,
+                    "target model: a .gguf file or a Hugging Face directory"),
+    SPECD_CFG_FIELD("backend", SPECD_CFG_ENUM, specd_target_cfg, backend, "cpu", "compute backend",
+                    .choices = specd_target_backends),
+    SPECD_CFG_FIELD("device", SPECD_CFG_INT64, specd_target_cfg, device, "0", "CUDA device id",
+                    .min = 0, .max = 1024),
+    SPECD_CFG_FIELD("threads", SPECD_CFG_INT64, specd_target_cfg, threads, "0",
+                    "CPU compute threads (0 = one per core)", .min = 0, .max = 1024),
+    SPECD_CFG_FIELD("limits.max_sessions", SPECD_CFG_INT64, specd_target_cfg, limits.max_sessions,
+                    "64", "concurrent sessions (each holds a KV cache)", .min = 1, .max = 65536),
+    SPECD_CFG_FIELD("limits.max_prompt_tokens", SPECD_CFG_INT64, specd_target_cfg,
+                    limits.max_prompt_tokens, "4096", "longest prompt, in tokens", .min = 1,
+                    .max = 1 << 24),
+    SPECD_CFG_FIELD("limits.max_tree_tokens", SPECD_CFG_INT64, specd_target_cfg,
+                    limits.max_tree_tokens, "64", "most tokens in one candidate tree", .min = 1,
+                    .max = 4096),
+    SPECD_CFG_FIELD("limits.kv_memory", SPECD_CFG_SIZE, specd_target_cfg, limits.kv_memory, "2GiB",
+                    "memory for all KV caches together", .min = 1, .max = INT64_MAX),
+    SPECD_CFG_FIELD("batching.max_batch_tokens", SPECD_CFG_INT64, specd_target_cfg,
+                    batching.max_batch_tokens, "2048", "most tokens in one forward pass",
+                    .min = 2, .max = 1 << 20),
+    SPECD_CFG_FIELD("batching.max_wait", SPECD_CFG_DURATION, specd_target_cfg, batching.max_wait,
+                    "2ms", "how long a small batch waits for more work", .min = 0,
+                    .max = 10000),
+    SPECD_CFG_FIELD("tls.cert", SPECD_CFG_STRING, specd_target_cfg, tls.cert, NULL,
+                    "server certificate chain (PEM)"),
+    SPECD_CFG_FIELD("tls.key", SPECD_CFG_STRING, specd_target_cfg, tls.key, NULL,
+                    "server private key (PEM)", .flags = SPECD_CFG_SECRET),
+    SPECD_CFG_FIELD("tls.client_ca", SPECD_CFG_STRING, specd_target_cfg, tls.client_ca, NULL,
+                    "CA for client certificates (mutual TLS)"),
+    SPECD_CFG_FIELD("tls.insecure", SPECD_CFG_BOOL, specd_target_cfg, tls.insecure, "false",
+                    "serve plaintext (development only)"),
+};
+const size_t specd_target_cfg_n_fields =
+    sizeof specd_target_cfg_fields / sizeof specd_target_cfg_fields[0];

@@ -1,0 +1,40 @@
+/* target_config.h - target-svc's settings: the struct and its schema.
+ *
+ * The schema is a table for the one config loader (common/config.h), so the
+ * defaults, the YAML keys, the flags and `--help` all come from here. The
+ * example file deploy/config/target-svc.example.yaml documents every key;
+ * tests/unit/test_config.c checks that it parses with this very schema. */
+#ifndef SPECD_TARGET_CONFIG_H
+#define SPECD_TARGET_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+
+typedef struct specd_target_cfg {
+    char *listen;
+    char *model;
+    int backend;
+    int64_t device;
+    int64_t threads;
+    struct {
+        int64_t max_sessions, max_prompt_tokens, max_tree_tokens;
+        uint64_t kv_memory;
+    } limits;
+    struct {
+        int64_t max_batch_tokens, max_wait;
+    } batching;
+    struct {
+        char *cert, *key, *client_ca;
+        bool insecure;
+    } tls;
+} specd_target_cfg;
+
+/* Names of the `backend` enum values, indexed by specd_target_cfg.backend. */
+extern const char *const specd_target_backends[];
+extern const specd_cfg_field specd_target_cfg_fields[];
+extern const size_t specd_target_cfg_n_fields;
+
+#endif
