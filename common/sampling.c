@@ -50,7 +50,8 @@ void specd_sampling_init(specd_sampling *s) {
     s->seed = 0;
 }
 
-int specd_sampling_validate(const specd_sampling *s, specd_error *err) {
+int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err) {
+    (void)vocab; /* logit-bias ids: checked once logit bias lands */
     if (!s) return specd_seterr(err, "sampling parameters missing");
     /* Written as !(x >= 0) so that NaN fails too. */
     if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))

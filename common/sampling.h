@@ -56,15 +56,81 @@ typedef struct specd_sampling {
     float top_p;       /* in (0, 1]; 1 = off */
     float min_p;       /* in [0, 1]; 0 = off */
     uint64_t seed;     /* address of this request's draws, see rng.h */
+    /* Logit adjustments, applied by specd_logits_adjust() before everything
+     * above (see there). Unlike the filters they depend on the tokens so far,
+     * so they need a specd_token_counts. */
+    float repetition_penalty; /* in (0, 10]; 1 or 0 = off */
+    float frequency_penalty;  /* in [-2, 2]; 0 = off */
+    float presence_penalty;   /* in [-2, 2]; 0 = off */
+    int n_logit_bias;         /* 0..SPECD_MAX_LOGIT_BIAS entries */
+    const int32_t *bias_ids;  /* [n_logit_bias] distinct token ids (not owned) */
+    const float *bias_values; /* [n_logit_bias] in [-100, 100] (not owned) */
 } specd_sampling;
+
+#define SPECD_MAX_LOGIT_BIAS 1024
+#define SPECD_MAX_TOP_LOGPROBS 20
 
 /* Plain sampling from the model's distribution: temperature 1, every filter
  * off, seed 0. (A zeroed struct is not neutral: top_p = 0 is invalid.) */
 void specd_sampling_init(specd_sampling *s);
 
 /* 0 if every field is in range; else -1 with a message naming the field, e.g.
- * "top_p must be in (0, 1] (1 disables it), got 1.5". */
-int specd_sampling_validate(const specd_sampling *s, specd_error *err);
+ * "top_p must be in (0, 1] (1 disables it), got 1.5". vocab > 0 also checks
+ * the logit-bias ids (in range, no duplicates); vocab <= 0 skips that. */
+int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err);
+
+/* --- penalties and logit bias ---------------------------------------------
+ *
+ * The logits of a position depend on the tokens before it: the prompt and
+ * the tokens generated so far. specd_token_counts keeps what the penalties
+ * need in O(1) per token; a speculative tree adds each path's own tokens on
+ * top without copying it (`path` below), so every node of a tree sees exactly
+ * the history plain decoding would have at that position.
+ *
+ * Order (documented in proto/specd.proto, SamplingParams):
+ *   1. logit_bias:          l[t] += bias[t]
+ *   2. repetition_penalty:  for t seen in prompt or output (each t once):
+ *                           l = l > 0 ? l / r : l * r   (CTRL; HF's processor)
+ *   3. frequency/presence:  for t generated c > 0 times:
+ *                           l -= c * frequency + presence   (OpenAI)
+ * then temperature and the filters of specd_sampling_probs(). */
+typedef struct specd_token_counts {
+    int vocab;
+    int32_t *out_count; /* [vocab] times generated */
+    uint8_t *seen;      /* [vocab] 1 if in the prompt or generated */
+    int32_t *seen_list; /* distinct seen tokens, in first-seen order */
+    int n_seen;
+} specd_token_counts;
+
+int specd_token_counts_init(specd_token_counts *c, int vocab, specd_error *err);
+void specd_token_counts_free(specd_token_counts *c);
+/* generated = 0 for a prompt token, 1 for an output token. Ids outside the
+ * vocabulary are ignored. */
+void specd_token_counts_add(specd_token_counts *c, int32_t tok, int generated);
+void specd_token_counts_reset(specd_token_counts *c);
+
+/* 1 if any of bias / repetition / frequency / presence is on. */
+int specd_sampling_adjusts_logits(const specd_sampling *s);
+
+/* Applies steps 1-3 above to logits[0..vocab) in place, for the position
+ * after the counted history followed by path[0..n_path) (generated tokens not
+ * yet in c, e.g. a tree node's ancestors). counts may be NULL (= empty
+ * history). A no-op when specd_sampling_adjusts_logits() is 0. Cost:
+ * O(n_seen + n_path + n_logit_bias); with a path the scratch is
+ * specd_logits_adjust_scratch_size(n_path) bytes (NULL is fine for n_path 0). */
+void specd_logits_adjust(const specd_sampling *s, const specd_token_counts *c,
+                         const int32_t *path, int n_path, float *logits, int vocab,
+                         void *scratch);
+size_t specd_logits_adjust_scratch_size(int n_path);
+
+/* --- log-probabilities ------------------------------------------------------ */
+
+/* Log-softmax of raw logits at token `tok` into *lp, and the top_n most
+ * likely tokens (descending, ties: lower id first) into top_ids/top_lps
+ * (top_n <= SPECD_MAX_TOP_LOGPROBS; may be 0). Computed in double for the
+ * normalizer, so it is a pure function of the logits. */
+void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, float *lp,
+                    int32_t *top_ids, float *top_lps);
 
 /* Index of the largest value, lowest index on ties. NaNs are skipped; if all
  * values are NaN the answer is 0. -1 only when n <= 0. */

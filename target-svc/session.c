@@ -54,7 +54,7 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     specd_sampling sp;
     specd_session_sampling_from_proto(o->sampling, &sp);
     specd_error e2 = {{0}};
-    if (specd_sampling_validate(&sp, &e2))
+    if (specd_sampling_validate(&sp, 0, &e2))
         return specd_seterr(err, "%s.sampling: %s", field, e2.msg), GRPC_STATUS_INVALID_ARGUMENT;
     if (o->max_new_tokens <= 0)
         return specd_seterr(err, "%s.max_new_tokens = %d must be > 0", field, o->max_new_tokens),

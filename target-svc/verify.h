@@ -37,25 +37,7 @@
 
 #include "common/error.h"
 #include "common/sampling.h"
-
-/* A draft distribution in sparse form: the tokens with nonzero probability.
- * Drafters sample from a top-k/top-p-filtered distribution, so this is exact,
- * not an approximation. */
-typedef struct specd_sparse_dist {
-    int n;
-    const int32_t *ids;
-    const float *probs;
-} specd_sparse_dist;
-
-typedef struct specd_tree {
-    int n_nodes;
-    const int32_t *tokens;  /* [n_nodes] */
-    const int32_t *parents; /* [n_nodes]: -1 = the pending token, else < own index */
-    /* Sampling only (NULL for greedy): q[0] is the distribution the pending
-     * token's children were drawn from, q[1 + i] that of node i's children
-     * (ignored for leaves). */
-    const specd_sparse_dist *q;
-} specd_tree;
+#include "common/tree.h"
 
 typedef struct specd_verify_result {
     int n_accepted;        /* accepted draft tokens along the chosen path */
@@ -65,13 +47,6 @@ typedef struct specd_verify_result {
     int32_t next_token;    /* the target's own token after the path */
     int next_row;          /* batch row whose logits produced next_token */
 } specd_verify_result;
-
-/* Checks tokens (0..vocab-1), parent order, tree size (1..max_nodes), and for
- * sampling that each q is a valid distribution that contains every child
- * drawn from it. The message names the field: "tree.parents[3] = 5 is not an
- * earlier node". */
-int specd_tree_validate(const specd_tree *tree, int vocab, int max_nodes, int sampling,
-                        specd_error *err);
 
 /* Fills the (n_nodes+1)^2 mask and n_nodes+1 positions for the forward pass
  * over [pending, nodes...]: row 0 is the pending token at n_past. */

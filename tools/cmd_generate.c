@@ -165,7 +165,7 @@ int cmd_generate(int argc, char **argv) {
     int prc = parse_args(argc, argv, &o);
     if (prc) return prc == 1 ? 0 : prc;
     specd_error err = {{0}};
-    if (specd_sampling_validate(&o.sampling, &err)) {
+    if (specd_sampling_validate(&o.sampling, 0, &err)) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
         return 2;
     }

@@ -147,7 +147,7 @@ static void test_rng_addressing(void **state) {
 
 static void expect_invalid(specd_sampling s, const char *field) {
     specd_error err = {{0}};
-    assert_int_equal(specd_sampling_validate(&s, &err), -1);
+    assert_int_equal(specd_sampling_validate(&s, 0, &err), -1);
     if (!strstr(err.msg, field)) fail_msg("message '%s' does not name '%s'", err.msg, field);
 }
 
@@ -156,17 +156,17 @@ static void test_validate(void **state) {
     specd_sampling s;
     specd_sampling_init(&s);
     specd_error err = {{0}};
-    assert_int_equal(specd_sampling_validate(&s, &err), 0);
-    assert_int_equal(specd_sampling_validate(&s, NULL), 0);
-    assert_int_equal(specd_sampling_validate(NULL, &err), -1);
-    assert_int_equal(specd_sampling_validate(NULL, NULL), -1);
+    assert_int_equal(specd_sampling_validate(&s, 0, &err), 0);
+    assert_int_equal(specd_sampling_validate(&s, 0, NULL), 0);
+    assert_int_equal(specd_sampling_validate(NULL, 0, &err), -1);
+    assert_int_equal(specd_sampling_validate(NULL, 0, NULL), -1);
 
     s = params(0.0f, 0, 1.0f, 0.0f); /* greedy */
-    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+    assert_int_equal(specd_sampling_validate(&s, 0, &err), 0);
     s = params(0.7f, 50, 0.95f, 0.05f);
-    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+    assert_int_equal(specd_sampling_validate(&s, 0, &err), 0);
     s = params(1.0f, 0, 1.0f, 1.0f); /* min_p = 1: only ties with the best */
-    assert_int_equal(specd_sampling_validate(&s, &err), 0);
+    assert_int_equal(specd_sampling_validate(&s, 0, &err), 0);
 
     expect_invalid(params(-0.1f, 0, 1.0f, 0.0f), "temperature");
     expect_invalid(params(NAN, 0, 1.0f, 0.0f), "temperature");
@@ -180,7 +180,7 @@ static void test_validate(void **state) {
     expect_invalid(params(1.0f, 0, 1.0f, 1.01f), "min_p");
     expect_invalid(params(1.0f, 0, 1.0f, NAN), "min_p");
 
-    specd_sampling_validate(&(specd_sampling){.temperature = 1, .top_p = 2}, &err);
+    specd_sampling_validate(&(specd_sampling){.temperature = 1, .top_p = 2}, 0, &err);
     assert_string_equal(err.msg, "top_p must be in (0, 1] (1 disables it), got 2");
 }
 

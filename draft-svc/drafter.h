@@ -1,0 +1,118 @@
+/* drafter.h - the one interface every drafter implements.
+ *
+ * A drafter guesses how the text goes on, as a tree of candidate tokens that
+ * target-svc then verifies. Three live behind this interface:
+ *
+ *   mlp       IBM's MLP speculator (draft-svc/mlp_speculator.h): conditions
+ *             on the target's final hidden state and the newest token; one
+ *             stage per draft position. Needs hidden states from the target.
+ *   draft_lm  a small Llama-family model with the target's tokenizer, run by
+ *             the same transformer code, with its own KV cache per session.
+ *   ngram     prompt lookup: the continuation after the latest earlier
+ *             occurrence of the text's last few tokens. No model.
+ *
+ * Batching: propose() takes every session that is ready at once (the session
+ * driver's batcher gathers them), so N concurrent streams cost one
+ * speculator call per round, not N.
+ *
+ * Losslessness does not depend on the drafter: the target accepts only what
+ * its own rule allows. What a drafter must get right in sampling mode is to
+ * draw each node's children i.i.d. from the q it reports (tree_builder.h),
+ * and to apply the request's sampling settings (penalties, bias, temperature,
+ * filters) along each path the same way the target does, so q is close to p.
+ * Its random draws use its own address space (SPECD_DRAFT_RNG_SALT), so they
+ * are independent of the target's acceptance tests. */
+#ifndef SPECD_DRAFTER_H
+#define SPECD_DRAFTER_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/sampling.h"
+#include "draft-svc/tree_builder.h"
+
+/* Drafters draw with seed ^ SPECD_DRAFT_RNG_SALT, stream = output index of
+ * the node being drawn, counter = a per-drafter purpose; the target draws
+ * with the plain seed (target-svc/verify.h), so the two never share an
+ * address. */
+#define SPECD_DRAFT_RNG_SALT 0x9e3779b97f4a7c15ull
+
+typedef struct specd_drafter specd_drafter;
+
+typedef struct specd_draft_job {
+    /* ---- input, set by the session driver ---- */
+    void *state;              /* from session_open (NULL for stateless drafters) */
+    const int32_t *history;   /* prompt then every emitted token; the last one is
+                               * the pending token, the root of the tree */
+    int n_history;
+    int n_prompt;             /* history[0..n_prompt) is the prompt */
+    const float *hidden;      /* [hidden_size] target's final-norm hidden state of the
+                               * position that produced the pending token; NULL if
+                               * the target sent none */
+    const specd_sampling *sampling;      /* temperature 0 = greedy mode */
+    const specd_token_counts *counts;    /* history as penalty counts (prompt: not
+                                          * generated; the rest: generated) */
+    uint64_t position;        /* output index of the root's children (rng streams) */
+    int candidates;           /* paths wanted, >= 1 */
+    int depth;                /* longest path, >= 1 */
+    /* ---- output ---- */
+    specd_tree_buf *out;      /* reset by the caller; capacity = the target's
+                               * max_tree_tokens. Leaving it empty is allowed
+                               * (nothing to propose: the step decodes plainly). */
+} specd_draft_job;
+
+typedef struct specd_drafter_ops {
+    const char *name; /* "mlp", "draft_lm", "ngram" */
+    /* Per-session state (KV slot, scratch). NULL ops = stateless. -1 + err
+     * when out of capacity (the session then runs without drafting). */
+    int (*session_open)(specd_drafter *d, void **state, specd_error *err);
+    void (*session_close)(specd_drafter *d, void *state);
+    /* Fills jobs[i].out for all n jobs (n <= max_batch). -1 + err fails the
+     * whole batch (the driver then decodes those steps plainly). */
+    int (*propose)(specd_drafter *d, specd_draft_job *jobs, int n, specd_error *err);
+    void (*destroy)(specd_drafter *d);
+} specd_drafter_ops;
+
+struct specd_drafter {
+    const specd_drafter_ops *ops;
+    int vocab;        /* must equal the target's vocab_size */
+    int hidden_size;  /* > 0: needs the target's hidden states of this width */
+    int max_batch;    /* most jobs per propose() */
+    int max_depth;    /* longest path it can draft (n_predict for mlp) */
+    void *impl;
+};
+
+/* Convenience wrappers (NULL-safe where it makes sense). */
+int specd_drafter_session_open(specd_drafter *d, void **state, specd_error *err);
+void specd_drafter_session_close(specd_drafter *d, void *state);
+int specd_drafter_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_error *err);
+void specd_drafter_free(specd_drafter *d);
+
+/* ---- the three drafters ---------------------------------------------------- */
+
+typedef struct specd_mlp_drafter_opts {
+    const char *path;       /* MLPSpeculator directory (config.json + safetensors) */
+    int n_threads;          /* CPU threads, 0 = one per core */
+    int max_batch;          /* jobs per call, default 64 */
+    int top_k_per_stage[8]; /* 0s = the checkpoint's top_k_tokens_per_head */
+} specd_mlp_drafter_opts;
+specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_error *err);
+
+typedef struct specd_lm_drafter_opts {
+    const char *path;   /* .gguf file or Hugging Face directory */
+    int n_threads;
+    int max_sessions;   /* KV slots */
+    int max_ctx;        /* rows per slot; 0 = the model's context. Sessions longer
+                         * than this simply get no drafts (never an error). */
+    int max_batch;      /* jobs per call, default 32 */
+} specd_lm_drafter_opts;
+specd_drafter *specd_lm_drafter_create(const specd_lm_drafter_opts *o, specd_error *err);
+
+typedef struct specd_ngram_drafter_opts {
+    int vocab;
+    int min_n, max_n;   /* n-gram lengths tried, longest first; default 1..4 */
+    int max_scan;       /* history tokens searched backwards; default 8192 */
+} specd_ngram_drafter_opts;
+specd_drafter *specd_ngram_drafter_create(const specd_ngram_drafter_opts *o, specd_error *err);
+
+#endif

@@ -1,0 +1,83 @@
+/* tree_builder.h - building a candidate tree, the drafters' common output.
+ *
+ * Every drafter turns its guesses into a specd_tree_buf: nodes with a token,
+ * a parent, the draft's log-probability of the path so far, and (sampling
+ * mode) the distribution q each node's children were drawn from. The buffer
+ * owns all its memory; specd_tree_buf_view() gives the specd_tree (common/
+ * tree.h) that goes on the wire.
+ *
+ * Shapes. A request asks for `candidates` paths of at most `depth` tokens.
+ *
+ *   greedy mode: a drafter proposes, at each node, its top few children with
+ *     their log-probabilities; specd_tree_beam_select() keeps the
+ *     `candidates` most likely frontier nodes per depth (by cumulative
+ *     log-probability) and the final tree is the union of the surviving
+ *     paths, shared prefixes merged (they are merged by construction: a
+ *     child is added under its one parent node).
+ *
+ *   sampling mode: the verifier's recursive rejection rule is only lossless
+ *     if the children of a node are drawn i.i.d. from the q sent with it, and
+ *     their number is fixed before they are drawn. So the shape is decided
+ *     from (candidates, depth) alone: specd_tree_sampling_branching() gives
+ *     the number of children per depth (the root gets `candidates`, deeper
+ *     nodes one each: `candidates` independent chains), never from the drawn
+ *     values. Duplicates among siblings are kept (that is what i.i.d. means).
+ */
+#ifndef SPECD_TREE_BUILDER_H
+#define SPECD_TREE_BUILDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/tree.h"
+
+typedef struct specd_tree_buf {
+    int cap;        /* most nodes */
+    int n_nodes;
+    int32_t *tokens;  /* [cap] */
+    int32_t *parents; /* [cap] */
+    int32_t *depth;   /* [cap] 1 for a child of the root */
+    float *logq;      /* [cap] draft log-probability of the path root..node */
+    /* Sampling mode: q[0] the root's children's distribution, q[1 + i] node
+     * i's; n = 0 where unset. Entries live in one pool. */
+    specd_sparse_dist *q; /* [cap + 1] */
+    int32_t *q_ids;
+    float *q_probs;
+    size_t q_pool_cap, q_pool_used;
+} specd_tree_buf;
+
+/* cap nodes; q_pool entries for the sampling distributions (0 = greedy only). */
+int specd_tree_buf_init(specd_tree_buf *b, int cap, size_t q_pool, specd_error *err);
+void specd_tree_buf_free(specd_tree_buf *b);
+void specd_tree_buf_reset(specd_tree_buf *b); /* no nodes, empty q pool */
+
+/* Adds a node under parent (-1 = root) with its path log-probability; the
+ * new index, or -1 when the buffer is full. */
+int specd_tree_buf_add(specd_tree_buf *b, int parent, int32_t token, float logq);
+
+/* Copies q for the children of `node` (-1 = root) into the pool. -1 if the
+ * pool is full. */
+int specd_tree_buf_set_q(specd_tree_buf *b, int node, const int32_t *ids, const float *probs,
+                         int n);
+
+/* The wire view (q = NULL in greedy mode). Valid while b is unchanged. */
+void specd_tree_buf_view(const specd_tree_buf *b, int sampling, specd_tree *out);
+
+/* Greedy-mode pruning: of the n frontier candidates (each a parent node, a
+ * token and the cumulative log-probability it would have), marks the `keep`
+ * best in keep_mask (ties: lower index first) and returns how many were
+ * kept. */
+int specd_tree_beam_select(const float *cand_logq, int n, int keep, uint8_t *keep_mask);
+
+/* Sampling-mode shape: children per node at depth d (0 = root) for d in
+ * 0..depth-1 into branching[], so the tree has candidates * depth nodes;
+ * capped so it fits max_nodes (fewer chains, then shorter ones). Returns
+ * the resulting depth (>= 1 when max_nodes >= 1). */
+int specd_tree_sampling_branching(int candidates, int depth, int max_nodes, int *branching);
+
+/* Top-k of a log-probability (or logit) row: the k largest, descending, ties
+ * broken by lower id; k is clamped to n. Returns the count written. O(n log k). */
+int specd_topk(const float *x, int n, int k, int32_t *ids, float *vals);
+
+#endif
