@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sha256.h"
 #include "model_file.h"
 #include "tokenizer_internal.h"
 
@@ -259,4 +260,17 @@ specd_tokenizer *specd_tokenizer_from_model(const specd_model_file *m, specd_err
     if (m->hp.bos_id >= 0 && m->hp.bos_id < t->n_vocab) t->bos = m->hp.bos_id;
     if (m->hp.eos_id >= 0 && m->hp.eos_id < t->n_vocab) t->eos = m->hp.eos_id;
     return t;
+}
+
+void specd_tokenizer_sha256_hex(const specd_tokenizer *t, char hex[65]) {
+    specd_sha256 h;
+    uint8_t d[32];
+    specd_sha256_init(&h);
+    for (int32_t id = 0; id < specd_tokenizer_n_vocab(t); id++) {
+        size_t len = 0;
+        const uint8_t *p = specd_token_bytes(t, id, &len);
+        if (p) specd_sha256_update(&h, p, len);
+    }
+    specd_sha256_final(&h, d);
+    specd_sha256_to_hex(d, hex);
 }

@@ -73,6 +73,12 @@ int32_t specd_tokenizer_token_id(const specd_tokenizer *t, const char *text);
  * id outside the vocabulary. Not NUL-terminated; owned by the tokenizer. */
 const uint8_t *specd_token_bytes(const specd_tokenizer *t, int32_t id, size_t *len);
 
+/* Fingerprint of the vocabulary (Info.tokenizer_sha256): hex SHA-256 over
+ * every token's byte string, concatenated in id order, into hex[65]. Two
+ * tokenizers with the same fingerprint map ids to the same bytes, which is
+ * what draft-svc and target-svc must agree on. */
+void specd_tokenizer_sha256_hex(const specd_tokenizer *t, char hex[65]);
+
 /* Decodes a whole sequence into a malloc'd, NUL-terminated UTF-8 string,
  * replacing invalid sequences with U+FFFD (as Hugging Face decode() does).
  * NULL with a message for an id outside the vocabulary. */

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "common/config.h"
+#include "draft-svc/draft_config.h"
 #include "target-svc/target_config.h"
 #include "tests/test_util.h"
 
@@ -967,6 +968,52 @@ static void test_target_example_is_complete(void **state) {
     free(text);
 }
 
+/* ---- deploy/config/draft-svc.example.yaml ------------------------------- */
+
+static void test_draft_example_parses(void **state) {
+    (void)state;
+    specd_draft_cfg c;
+    specd_error err = {{0}};
+    char *argv[] = {"draft-svc", "--config",
+                    (char *)test_path("deploy/config/draft-svc.example.yaml"),
+                    "--targets", "a:1,dns:b:2"};
+    int rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, 5, argv, &c,
+                               &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(c.listen, "0.0.0.0:50051");
+    assert_string_equal(c.tokenizer, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_int_equal(c.targets.n, 2); /* the flag */
+    assert_string_equal(c.targets.items[1], "dns:b:2");
+    assert_int_equal(c.drafter.def, 2); /* ngram */
+    assert_null(c.drafter.mlp.path);
+    assert_true(c.drafter.ngram.enabled);
+    assert_int_equal(c.speculation.load_table.n, 3);
+    assert_string_equal(c.speculation.load_table.items[1], "4:2x4");
+    assert_int_equal(c.speculation.off_above, 32);
+    assert_int_equal(c.target.step_timeout, 30000);
+    assert_string_equal(c.target.tls.server_name, "target-svc");
+    assert_false(c.tls.insecure);
+    specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &c);
+}
+
+static void test_draft_example_is_complete(void **state) {
+    (void)state;
+    char *text = test_read_file(test_path("deploy/config/draft-svc.example.yaml"), NULL);
+    assert_non_null(text);
+    for (size_t i = 0; i < specd_draft_cfg_n_fields; i++) {
+        const char *name = specd_draft_cfg_fields[i].name, *dot = strrchr(name, '.');
+        char key[80];
+        /* Indented once per dot: "drafter.ngram.min_n" is "    min_n:". */
+        int depth = 0;
+        for (const char *p = name; *p; p++) depth += *p == '.';
+        snprintf(key, sizeof key, "\n%*s%s:", 2 * depth, "", dot ? dot + 1 : name);
+        if (!strstr(text, key)) fprintf(stderr, "example lacks '%s'\n", name);
+        assert_non_null(strstr(text, key));
+    }
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -1001,6 +1048,8 @@ int main(void) {
         cmocka_unit_test(test_schema_checks),
         cmocka_unit_test(test_target_example_parses),
         cmocka_unit_test(test_target_example_is_complete),
+        cmocka_unit_test(test_draft_example_parses),
+        cmocka_unit_test(test_draft_example_is_complete),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

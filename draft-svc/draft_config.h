@@ -1,0 +1,52 @@
+/* draft_config.h - draft-svc's settings: the struct and its schema.
+ *
+ * One table for the one config loader (common/config.h): defaults, YAML
+ * keys, flags and --help all come from here. deploy/config/
+ * draft-svc.example.yaml documents every key; tests/unit/test_config.c
+ * checks that it parses with this very schema. */
+#ifndef SPECD_DRAFT_CONFIG_H
+#define SPECD_DRAFT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+
+typedef struct specd_draft_cfg {
+    char *listen;
+    char *tokenizer;
+    int64_t threads;
+    specd_cfg_strlist targets;
+    struct {
+        int def;
+        struct { char *path; } mlp;
+        struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
+        struct { bool enabled; int64_t min_n, max_n, max_scan; } ngram;
+    } drafter;
+    struct {
+        specd_cfg_strlist load_table;
+        int64_t off_above;
+        double min_acceptance;
+        int64_t warmup_steps, cooldown_steps;
+    } speculation;
+    struct {
+        int64_t max_prompt_tokens, max_new_tokens, default_max_new_tokens, max_tree_tokens;
+        int64_t max_calls;
+    } limits;
+    struct {
+        int64_t step_timeout, open_timeout, max_failovers, resolve_interval;
+        struct { char *ca, *cert, *key, *server_name; bool insecure; } tls;
+    } target;
+    struct {
+        char *cert, *key, *client_ca;
+        bool insecure;
+    } tls;
+} specd_draft_cfg;
+
+/* `drafter.default` choices, in the order of service.h's drafter indices. */
+extern const char *const specd_draft_default_choices[];
+extern const specd_cfg_field specd_draft_cfg_fields[];
+extern const size_t specd_draft_cfg_n_fields;
+
+#endif

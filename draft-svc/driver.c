@@ -1,0 +1,513 @@
+/* driver.c - one request through a target's Verify stream, with failover
+ * (driver.h). */
+#include "draft-svc/driver.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dtype.h"
+
+/* Names for logs ("UNAVAILABLE"); the C core has no such function. */
+static const char *status_name(grpc_status_code c) {
+    static const char *const names[] = {
+        "OK",          "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS", "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+        "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",    "DATA_LOSS",
+        "UNAUTHENTICATED"};
+    return (unsigned)c < sizeof names / sizeof names[0] ? names[c] : "?";
+}
+
+/* ---- cancellation ------------------------------------------------------------ */
+
+void specd_gen_cancel_init(specd_gen_cancel *c) {
+    pthread_mutex_init(&c->mu, NULL);
+    c->cancelled = 0;
+    c->stream = NULL;
+}
+
+void specd_gen_cancel_destroy(specd_gen_cancel *c) { pthread_mutex_destroy(&c->mu); }
+
+void specd_gen_cancel_fire(specd_gen_cancel *c) {
+    pthread_mutex_lock(&c->mu);
+    c->cancelled = 1;
+    if (c->stream) specd_rpc_stream_cancel(c->stream);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int is_cancelled(specd_gen_cancel *c) {
+    pthread_mutex_lock(&c->mu);
+    int v = c->cancelled;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+/* Publishes the stream for specd_gen_cancel_fire; 0, or -1 if cancelled
+ * already (then the stream is left alone: the caller frees it). */
+static int set_stream(specd_gen_cancel *c, specd_rpc_stream *st) {
+    pthread_mutex_lock(&c->mu);
+    int cancelled = c->cancelled;
+    c->stream = cancelled ? NULL : st;
+    pthread_mutex_unlock(&c->mu);
+    return cancelled ? -1 : 0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- per-request state ------------------------------------------------------- */
+
+typedef struct gen {
+    const specd_driver_env *env;
+    const specd_gen_request *req;
+    const specd_gen_sink *sink;
+    specd_gen_cancel *cancel;
+    specd_gen_stats *st;
+    int32_t *hist; /* prompt then every token handed to the sink */
+    int n_hist, cap_hist;
+    int n_gen;     /* tokens generated (handed to the sink) */
+    specd_token_counts counts;
+    float *hidden; /* target hidden state of the newest token, if have_hidden */
+    int hidden_size, have_hidden;
+    void *draft_state;
+    int drafting; /* 0 once the drafter has no session for us */
+    specd_tree_buf tb;
+    specd_accept_state acc;
+    int target_load; /* active sessions the target reported last */
+    double t_start, t_first;
+    int done;        /* finish reason reached */
+} gen;
+
+/* What the step loop tells the failover loop. */
+typedef enum step_rc {
+    STEP_DONE,     /* finished (st->finish set) */
+    STEP_RETRY,    /* the target failed: try another one */
+    STEP_FATAL,    /* give up with *code + err */
+} step_rc;
+
+/* Codes after which another target may well succeed. INVALID_ARGUMENT,
+ * FAILED_PRECONDITION and the like mean the request itself is refused, and
+ * would be refused everywhere. */
+static int retryable(grpc_status_code c) {
+    return c == GRPC_STATUS_UNAVAILABLE || c == GRPC_STATUS_CANCELLED ||
+           c == GRPC_STATUS_ABORTED || c == GRPC_STATUS_DEADLINE_EXCEEDED ||
+           c == GRPC_STATUS_RESOURCE_EXHAUSTED || c == GRPC_STATUS_INTERNAL ||
+           c == GRPC_STATUS_UNKNOWN;
+}
+
+/* Hands the step's tokens to the sink and updates the history. Returns 1
+ * when the request is over (finish or sink stop), 0 to go on, -1 when the
+ * sink aborted. */
+static int deliver(gen *g, const int32_t *toks, int n, Specd__V1__TokenLogprob **lps, int n_lps,
+                   Specd__V1__FinishReason fr) {
+    if (n > 0 && g->n_gen == 0) g->t_first = now_ms();
+    int stop = 0;
+    int took = g->sink->on_tokens(g->sink->arg, toks, n, lps, n_lps, fr, &stop);
+    if (took < 0) return -1;
+    if (took > n) took = n;
+    for (int i = 0; i < took; i++) {
+        g->hist[g->n_hist++] = toks[i];
+        specd_token_counts_add(&g->counts, toks[i], 1);
+    }
+    g->n_gen += took;
+    if (stop) {
+        g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+        return 1;
+    }
+    if (fr != SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED) {
+        g->st->finish = fr;
+        return 1;
+    }
+    return 0;
+}
+
+static void take_hidden(gen *g, const Specd__V1__VerifyResponse *r) {
+    g->have_hidden = 0;
+    if (!g->hidden || r->hidden_fp16.len != sizeof(uint16_t) * (size_t)g->hidden_size) return;
+    const uint8_t *b = r->hidden_fp16.data;
+    for (int i = 0; i < g->hidden_size; i++)
+        g->hidden[i] = specd_fp16_to_f32((uint16_t)(b[2 * i] | (b[2 * i + 1] << 8)));
+    g->have_hidden = 1;
+}
+
+/* Drafts the next tree into g->tb (left empty for a plain step). */
+static void draft(gen *g, const specd_target_info *info) {
+    const specd_gen_request *q = g->req;
+    if (!q->drafter) return; /* g->tb was never allocated: it stays empty */
+    specd_tree_buf_reset(&g->tb);
+    if (!g->drafting) return;
+    int cand = q->candidates, depth = q->depth;
+    if (!cand || !depth) {
+        int pc = 1, pd = 1;
+        if (!specd_policy_shape(g->env->policy, g->target_load, &pc, &pd)) return;
+        if (!cand) cand = pc;
+        if (!depth) depth = pd;
+    }
+    if (!specd_accept_allows(g->env->policy, &g->acc)) return;
+    if (q->drafter->hidden_size > 0 && !g->have_hidden) return;
+    if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
+    if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
+    /* A tree may not exceed what this target takes, nor the context it has
+     * left (the pending token and every node need a cache row). */
+    int room = info->context_length - g->n_hist - 1;
+    int cap = g->env->max_tree_tokens;
+    if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
+    if (room < cap) cap = room;
+    if (cap < 1 || depth < 1) return;
+    int alloc_cap = g->tb.cap;
+    g->tb.cap = cap < alloc_cap ? cap : alloc_cap;
+    specd_draft_job job = {
+        .state = g->draft_state,
+        .history = g->hist,
+        .n_history = g->n_hist,
+        .n_prompt = g->req->n_prompt,
+        .hidden = g->have_hidden ? g->hidden : NULL,
+        .sampling = &q->sampling,
+        .counts = &g->counts,
+        .position = (uint64_t)g->n_gen,
+        .candidates = cand,
+        .depth = depth,
+        .out = &g->tb,
+    };
+    specd_error err = {{0}};
+    if (specd_batcher_run(q->batcher, &job, &err)) {
+        /* A drafter failure costs speed, not correctness: decode plainly. */
+        fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
+        specd_tree_buf_reset(&g->tb);
+    }
+    g->tb.cap = alloc_cap;
+}
+
+/* Reads one response with a deadline; maps failures to step codes. */
+static step_rc recv_resp(gen *g, specd_rpc_stream *s, int timeout_ms,
+                         Specd__V1__VerifyResponse **out, grpc_status_code *code,
+                         specd_error *err) {
+    *out = NULL;
+    specd_rpc_cio io = specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
+                                             (ProtobufCMessage **)out, timeout_ms, err);
+    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
+    if (io == SPECD_RPC_CIO_TIMEOUT) {
+        specd_seterr(err, "target step took longer than %d ms", timeout_ms);
+        *code = GRPC_STATUS_DEADLINE_EXCEEDED;
+        return STEP_RETRY;
+    }
+    if (io == SPECD_RPC_CIO_INVALID) {
+        *code = GRPC_STATUS_INTERNAL;
+        return STEP_RETRY;
+    }
+    /* END before the finish reason, or a dead call: its status says which. */
+    *code = specd_rpc_stream_finish(s, err);
+    if (is_cancelled(g->cancel)) {
+        *code = GRPC_STATUS_CANCELLED;
+        specd_seterr(err, "request cancelled");
+        return STEP_FATAL;
+    }
+    if (*code == GRPC_STATUS_OK) {
+        *code = GRPC_STATUS_UNAVAILABLE;
+        specd_seterr(err, "target ended the session without a finish reason");
+    }
+    return retryable(*code) ? STEP_RETRY : STEP_FATAL;
+}
+
+/* Checks that the target's answer is a path of the tree we sent. A target
+ * that answers something else is broken; trusting it could emit garbage. */
+static int check_resp(const gen *g, const Specd__V1__VerifyResponse *r, int vocab,
+                      specd_error *err) {
+    if (r->n_accepted != r->n_accepted_nodes)
+        return specd_seterr(err, "target answer: accepted and accepted_nodes differ in length");
+    int prev = -1;
+    for (size_t i = 0; i < r->n_accepted; i++) {
+        int node = r->accepted_nodes[i];
+        if (node < 0 || node >= g->tb.n_nodes || g->tb.parents[node] != prev ||
+            g->tb.tokens[node] != r->accepted[i])
+            return specd_seterr(err, "target answer: accepted node %d is not on a tree path",
+                                node);
+        prev = node;
+    }
+    if (r->next_token < 0 || r->next_token >= vocab)
+        return specd_seterr(err, "target answer: next_token %d outside the vocabulary",
+                            r->next_token);
+    return 0;
+}
+
+/* Handles one response: stats, delivery. 1 = over, 0 = go on, -1 = abort. */
+static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
+    int n_acc = (int)r->n_accepted;
+    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)n_acc + 1));
+    if (!toks) return -1;
+    memcpy(toks, r->accepted, sizeof(int32_t) * (size_t)n_acc);
+    toks[n_acc] = r->next_token;
+    g->st->target_steps++;
+    if (r->timings) g->target_load = (int)r->timings->active_sessions;
+    if (r->step > 0 && g->tb.n_nodes > 0) {
+        int maxd = 0;
+        for (int i = 0; i < g->tb.n_nodes; i++)
+            if (g->tb.depth[i] > maxd) maxd = g->tb.depth[i];
+        if (maxd > SPECD_MAX_DRAFT_DEPTH) maxd = SPECD_MAX_DRAFT_DEPTH;
+        for (int d = 0; d < maxd; d++) g->st->drafted_at[d]++;
+        for (int d = 0; d < n_acc && d < maxd; d++) g->st->accepted_at[d]++;
+        if (maxd > g->st->max_depth_seen) g->st->max_depth_seen = maxd;
+        g->st->drafted_tokens += g->tb.n_nodes;
+        g->st->accepted_tokens += n_acc;
+        specd_accept_update(g->env->policy, &g->acc, maxd, n_acc);
+    }
+    take_hidden(g, r);
+    int rc = deliver(g, toks, n_acc + 1, r->n_logprobs ? r->logprobs : NULL, (int)r->n_logprobs,
+                     r->finish_reason);
+    free(toks);
+    return rc;
+}
+
+/* One session on one target, from Open to the end or a failure. */
+static step_rc run_session(gen *g, specd_pool_member *m, grpc_status_code *code,
+                           specd_error *err) {
+    const specd_target_info *info = specd_pool_member_info(m);
+    const specd_gen_request *q = g->req;
+    if (g->n_hist + 1 > info->context_length) {
+        /* Nothing more fits: the request ends as a full context would. */
+        g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
+        return STEP_DONE;
+    }
+    specd_rpc_stream *s = specd_rpc_stream_start(specd_pool_member_channel(m),
+                                                 "/specd.v1.Target/Verify", 0, err);
+    if (!s) {
+        *code = GRPC_STATUS_UNAVAILABLE;
+        return STEP_RETRY;
+    }
+    step_rc rc = STEP_FATAL;
+    Specd__V1__VerifyResponse *r = NULL;
+    if (set_stream(g->cancel, s)) {
+        *code = GRPC_STATUS_CANCELLED;
+        specd_seterr(err, "request cancelled");
+        goto out;
+    }
+    Specd__V1__VerifyOpen open = SPECD__V1__VERIFY_OPEN__INIT;
+    open.n_prompt_ids = (size_t)g->n_hist;
+    open.prompt_ids = g->hist;
+    open.sampling = (Specd__V1__SamplingParams *)q->sampling_pb;
+    open.max_new_tokens = q->max_new_tokens - g->n_gen;
+    open.n_stop_ids = (size_t)q->n_stop_ids;
+    open.stop_ids = (int32_t *)q->stop_ids;
+    open.ignore_eos = q->ignore_eos;
+    open.return_hidden = q->drafter && q->drafter->hidden_size > 0;
+    open.resumed_tokens = g->n_gen;
+    open.logprobs = q->logprobs;
+    open.top_logprobs = q->top_logprobs;
+    Specd__V1__VerifyRequest vr = SPECD__V1__VERIFY_REQUEST__INIT;
+    vr.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_OPEN;
+    vr.open = &open;
+    if (specd_rpc_stream_send(s, &vr.base, 0, err) != SPECD_RPC_CIO_OK) {
+        *code = specd_rpc_stream_finish(s, err);
+        rc = is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
+        goto out;
+    }
+    g->have_hidden = 0;
+    rc = recv_resp(g, s, g->env->open_timeout_ms, &r, code, err);
+    if (rc != STEP_DONE) goto out;
+    uint32_t step = 0;
+    for (;;) {
+        if (r->step != step || (step > 0 && check_resp(g, r, info->vocab_size, err)) ||
+            (step == 0 && (r->n_accepted || r->next_token < 0 ||
+                           r->next_token >= info->vocab_size))) {
+            if (r->step != step) specd_seterr(err, "target answered step %u, expected %u",
+                                              r->step, step);
+            *code = GRPC_STATUS_INTERNAL;
+            rc = STEP_RETRY;
+            goto out;
+        }
+        int over = on_resp(g, r);
+        protobuf_c_message_free_unpacked(&r->base, NULL);
+        r = NULL;
+        if (over < 0) {
+            *code = GRPC_STATUS_CANCELLED;
+            specd_seterr(err, "client went away");
+            rc = STEP_FATAL;
+            goto out;
+        }
+        if (over) {
+            rc = STEP_DONE;
+            goto out;
+        }
+        draft(g, info);
+        Specd__V1__VerifyTree tree = SPECD__V1__VERIFY_TREE__INIT;
+        Specd__V1__DraftDistribution *qd = NULL, **qp = NULL;
+        tree.step = ++step;
+        tree.n_tokens = tree.n_parents = (size_t)g->tb.n_nodes;
+        tree.tokens = g->tb.tokens;
+        tree.parents = g->tb.parents;
+        int sampling = q->sampling.temperature > 0 && g->tb.n_nodes > 0;
+        if (sampling) {
+            size_t nq = (size_t)g->tb.n_nodes + 1;
+            qd = calloc(nq, sizeof *qd);
+            qp = calloc(nq, sizeof *qp);
+            if (!qd || !qp) {
+                free(qd);
+                free(qp);
+                *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                specd_seterr(err, "out of memory");
+                rc = STEP_FATAL;
+                goto out;
+            }
+            for (size_t i = 0; i < nq; i++) {
+                specd__v1__draft_distribution__init(&qd[i]);
+                qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
+                qd[i].ids = (int32_t *)g->tb.q[i].ids;
+                qd[i].probs = (float *)g->tb.q[i].probs;
+                qp[i] = &qd[i];
+            }
+            tree.n_q = nq;
+            tree.q = qp;
+        }
+        vr.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_TREE;
+        vr.tree = &tree;
+        specd_rpc_cio io = specd_rpc_stream_send(s, &vr.base, 0, err);
+        free(qd);
+        free(qp);
+        if (io != SPECD_RPC_CIO_OK) {
+            *code = specd_rpc_stream_finish(s, err);
+            if (io == SPECD_RPC_CIO_INVALID) *code = GRPC_STATUS_INTERNAL;
+            rc = is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
+            if (rc == STEP_FATAL) *code = GRPC_STATUS_CANCELLED;
+            goto out;
+        }
+        rc = recv_resp(g, s, g->env->step_timeout_ms, &r, code, err);
+        if (rc != STEP_DONE) goto out;
+    }
+out:
+    if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    set_stream(g->cancel, NULL);
+    /* Ending the stream early cancels it, which the target sees as the
+     * session closing: its KV slot is freed at once. A finished session has
+     * already ended on the target's side. */
+    specd_rpc_stream_free(s);
+    return rc;
+}
+
+grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_gen_request *req,
+                                       const specd_gen_sink *sink, specd_gen_cancel *cancel,
+                                       specd_gen_stats *st, specd_error *err) {
+    memset(st, 0, sizeof *st);
+    st->prompt_tokens = req->n_prompt;
+    gen g;
+    memset(&g, 0, sizeof g);
+    g.env = env;
+    g.req = req;
+    g.sink = sink;
+    g.cancel = cancel;
+    g.st = st;
+    g.t_start = now_ms();
+    g.target_load = 1;
+    specd_accept_state_init(&g.acc);
+    grpc_status_code code = GRPC_STATUS_OK;
+    specd_pool_member *m = NULL, *failed = NULL;
+    int vocab = 0;
+    /* Room for the prompt, every token, and one step's overshoot. */
+    g.cap_hist = req->n_prompt + req->max_new_tokens + env->max_tree_tokens + 2;
+    g.hist = malloc(sizeof(int32_t) * (size_t)g.cap_hist);
+    if (!g.hist) {
+        specd_seterr(err, "out of memory");
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    memcpy(g.hist, req->prompt, sizeof(int32_t) * (size_t)req->n_prompt);
+    g.n_hist = req->n_prompt;
+    if (req->drafter) {
+        vocab = req->drafter->vocab;
+        g.hidden_size = req->drafter->hidden_size;
+        if (g.hidden_size > 0 && !(g.hidden = malloc(sizeof(float) * (size_t)g.hidden_size))) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            specd_seterr(err, "out of memory");
+            goto out;
+        }
+        if (specd_tree_buf_init(&g.tb, env->max_tree_tokens,
+                                req->sampling.temperature > 0 ? (size_t)vocab * 4 : 0, err)) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            goto out;
+        }
+        specd_error derr = {{0}};
+        if (specd_drafter_session_open(req->drafter, &g.draft_state, &derr))
+            /* Out of drafter capacity (e.g. draft LM slots): this request
+             * still runs, just without speculation. */
+            fprintf(stderr, "draft-svc: %s drafter: %s; decoding without drafts\n",
+                    req->drafter->ops->name, derr.msg);
+        else
+            g.drafting = 1;
+    }
+    if (!vocab) {
+        specd_target_info info;
+        if (specd_pool_any_info(env->pool, &info, err)) {
+            code = GRPC_STATUS_UNAVAILABLE;
+            goto out;
+        }
+        vocab = info.vocab_size;
+    }
+    if (specd_token_counts_init(&g.counts, vocab, err)) {
+        code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        goto out;
+    }
+    for (int i = 0; i < req->n_prompt; i++) specd_token_counts_add(&g.counts, req->prompt[i], 0);
+
+    for (;;) {
+        if (is_cancelled(cancel)) {
+            code = GRPC_STATUS_CANCELLED;
+            specd_seterr(err, "request cancelled");
+            break;
+        }
+        specd_error perr = {{0}};
+        m = specd_pool_acquire(env->pool, failed, &perr);
+        if (!m) {
+            code = GRPC_STATUS_UNAVAILABLE;
+            specd_seterr(err, "%s", perr.msg);
+            if (st->failovers) specd_preferr(err, "after %d failovers", st->failovers);
+            break;
+        }
+        specd_error serr = {{0}};
+        grpc_status_code scode = GRPC_STATUS_OK;
+        step_rc rc = run_session(&g, m, &scode, &serr);
+        if (rc == STEP_DONE) {
+            specd_pool_release(env->pool, m, 0);
+            m = NULL;
+            code = GRPC_STATUS_OK;
+            break;
+        }
+        if (rc == STEP_FATAL || st->failovers >= env->max_failovers) {
+            specd_pool_release(env->pool, m, 0);
+            m = NULL;
+            code = scode ? scode : GRPC_STATUS_INTERNAL;
+            specd_seterr(err, "%s", serr.msg);
+            if (rc == STEP_RETRY) {
+                code = GRPC_STATUS_UNAVAILABLE;
+                specd_preferr(err, "gave up after %d failovers", st->failovers);
+            }
+            break;
+        }
+        /* Another target gets the whole history; the sink has seen every
+         * token in it, and only those. */
+        fprintf(stderr, "draft-svc: target %s failed (%s: %s); resuming on another target "
+                        "after %d tokens\n",
+                specd_pool_member_addr(m), status_name(scode), serr.msg,
+                g.n_gen);
+        st->failovers++;
+        /* Only compared by address, to steer the next pick elsewhere. */
+        failed = m;
+        specd_pool_release(env->pool, m, 1);
+        m = NULL;
+    }
+out:
+    st->generated_tokens = g.n_gen;
+    if (g.n_gen > 0) {
+        double end = now_ms();
+        st->ttft_ms = g.t_first - g.t_start;
+        st->tpot_ms = g.n_gen > 1 ? (end - g.t_first) / (g.n_gen - 1) : 0;
+    }
+    if (req->drafter) specd_drafter_session_close(req->drafter, g.draft_state);
+    specd_token_counts_free(&g.counts);
+    specd_tree_buf_free(&g.tb);
+    free(g.hidden);
+    free(g.hist);
+    return code;
+}

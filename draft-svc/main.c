@@ -1,0 +1,159 @@
+/* main.c - the draft-svc executable.
+ *
+ *     draft-svc --config deploy/config/draft-svc.example.yaml [--flag=value ...]
+ *
+ * Loads the configuration (defaults -> --config file -> flags), the
+ * tokenizer, the configured drafters, builds the pool of targets, starts the
+ * gRPC server with the Draft service and runs until SIGTERM/SIGINT, then
+ * drains: health turns NOT_SERVING, new calls are refused and requests in
+ * flight get DRAIN_GRACE_MS to finish before they are cancelled. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/config.h"
+#include "common/model_file.h"
+#include "common/rpc_server.h"
+#include "common/tokenizer.h"
+#include "draft-svc/draft_config.h"
+#include "draft-svc/drafter.h"
+#include "draft-svc/service.h"
+#include "draft-svc/target_pool.h"
+
+/* As target-svc: shorter than Kubernetes' default 30 s termination grace. */
+#define DRAIN_GRACE_MS 20000
+
+int main(int argc, char **argv) {
+    specd_draft_cfg cfg;
+    specd_error err = {{0}};
+    int rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, argc, argv, &cfg,
+                               &err);
+    if (rc == 1) {
+        printf("usage: draft-svc [--config FILE] [--key=value ...]\n");
+        specd_config_print_help(specd_draft_cfg_fields, specd_draft_cfg_n_fields, stdout);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "draft-svc: %s\n", err.msg);
+        return 2;
+    }
+    int status = 1;
+    specd_model_file *tok_model = NULL;
+    specd_tokenizer *tok = NULL;
+    specd_drafter *drafters[SPECD_N_DRAFTERS] = {0};
+    specd_pool *pool = NULL;
+    specd_draft_service *svc = NULL;
+    specd_rpc_server *srv = NULL;
+    char tok_sha[65] = "";
+    int vocab = 0, hidden = 0;
+
+    if (cfg.tokenizer) {
+        if (!(tok_model = specd_model_open(cfg.tokenizer, &err)) ||
+            !(tok = specd_tokenizer_from_model(tok_model, &err))) {
+            specd_preferr(&err, "tokenizer");
+            goto fail;
+        }
+        specd_tokenizer_sha256_hex(tok, tok_sha);
+        vocab = specd_tokenizer_n_vocab(tok);
+    } else {
+        fprintf(stderr, "draft-svc: no tokenizer configured; text input and stop strings are off\n");
+    }
+    if (cfg.drafter.mlp.path) {
+        specd_mlp_drafter_opts o = {.path = cfg.drafter.mlp.path, .n_threads = (int)cfg.threads};
+        if (!(drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&o, &err))) goto fail;
+        hidden = drafters[SPECD_DRAFTER_MLP]->hidden_size;
+    }
+    if (cfg.drafter.draft_lm.path) {
+        specd_lm_drafter_opts o = {.path = cfg.drafter.draft_lm.path,
+                                   .n_threads = (int)cfg.threads,
+                                   .max_sessions = (int)cfg.drafter.draft_lm.max_sessions,
+                                   .max_ctx = (int)cfg.drafter.draft_lm.max_ctx};
+        if (!(drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&o, &err))) goto fail;
+    }
+    for (int i = 0; i < SPECD_N_DRAFTERS && !vocab; i++)
+        if (drafters[i]) vocab = drafters[i]->vocab;
+    if (cfg.drafter.ngram.enabled) {
+        if (!vocab) {
+            /* n-gram lookup has no model: it learns nothing about the
+             * vocabulary by itself, and the service needs it for checks. */
+            fprintf(stderr, "draft-svc: the ngram drafter needs a tokenizer (or another drafter) "
+                            "to know the vocabulary; it is off\n");
+        } else {
+            specd_ngram_drafter_opts o = {.vocab = vocab,
+                                          .min_n = (int)cfg.drafter.ngram.min_n,
+                                          .max_n = (int)cfg.drafter.ngram.max_n,
+                                          .max_scan = (int)cfg.drafter.ngram.max_scan};
+            if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&o, &err))) goto fail;
+        }
+    }
+
+    specd_pool_opts po = {
+        .targets = (const char *const *)cfg.targets.items,
+        .n_targets = (int)cfg.targets.n,
+        .channel = {.tls_ca_path = cfg.target.tls.ca,
+                    .tls_cert_path = cfg.target.tls.cert,
+                    .tls_key_path = cfg.target.tls.key,
+                    .tls_server_name = cfg.target.tls.server_name,
+                    .insecure = cfg.target.tls.insecure},
+        .resolve_interval_ms = (int)cfg.target.resolve_interval,
+        .expect_vocab = vocab,
+        .expect_hidden = hidden,
+        .expect_tokenizer_sha256 = tok_sha,
+    };
+    if (!(pool = specd_pool_create(&po, &err))) goto fail;
+
+    specd_draft_opts dop = {
+        .tok = tok,
+        .pool = pool,
+        .default_drafter = cfg.drafter.def,
+        .max_prompt_tokens = (int)cfg.limits.max_prompt_tokens,
+        .max_new_tokens = (int)cfg.limits.max_new_tokens,
+        .default_max_new_tokens = (int)cfg.limits.default_max_new_tokens,
+        .max_tree_tokens = (int)cfg.limits.max_tree_tokens,
+        .step_timeout_ms = (int)cfg.target.step_timeout,
+        .open_timeout_ms = (int)cfg.target.open_timeout,
+        .max_failovers = (int)cfg.target.max_failovers,
+    };
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = drafters[i];
+    dop.policy.off_above = (int)cfg.speculation.off_above;
+    dop.policy.min_acceptance = cfg.speculation.min_acceptance;
+    dop.policy.warmup_steps = (int)cfg.speculation.warmup_steps;
+    dop.policy.cooldown_steps = (int)cfg.speculation.cooldown_steps;
+    dop.policy.ewma_alpha = 0.2;
+    if (specd_policy_parse_table(&dop.policy, cfg.speculation.load_table.items,
+                                 (int)cfg.speculation.load_table.n, "speculation.load_table", &err))
+        goto fail;
+    if (!(svc = specd_draft_service_create(&dop, &err))) goto fail;
+    specd_rpc_server_opts ro = {
+        .listen_addr = cfg.listen,
+        .tls_cert_path = cfg.tls.insecure ? NULL : cfg.tls.cert,
+        .tls_key_path = cfg.tls.insecure ? NULL : cfg.tls.key,
+        .tls_client_ca_path = cfg.tls.insecure ? NULL : cfg.tls.client_ca,
+        .insecure = cfg.tls.insecure,
+        .max_calls = (int)cfg.limits.max_calls,
+    };
+    if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
+    if (specd_draft_service_register(svc, srv, &err)) goto fail;
+    if (specd_rpc_server_start(srv, &err)) goto fail;
+    fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
+            specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
+            specd_draft_default_choices[cfg.drafter.def]);
+    int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
+    if (sig < 0) {
+        fprintf(stderr, "draft-svc: cannot install signal handlers\n");
+        goto out;
+    }
+    fprintf(stderr, "draft-svc: signal %d, drained, exiting\n", sig);
+    status = 0;
+    goto out;
+fail:
+    fprintf(stderr, "draft-svc: %s\n", err.msg);
+out:
+    specd_rpc_server_destroy(srv);
+    specd_draft_service_free(svc);
+    specd_pool_free(pool);
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) specd_drafter_free(drafters[i]);
+    specd_tokenizer_free(tok);
+    specd_model_close(tok_model);
+    specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &cfg);
+    return status;
+}

@@ -1,0 +1,359 @@
+/* service.c - specd.v1.Draft over the common gRPC server (service.h). */
+#include "draft-svc/service.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/prompt.h"
+#include "common/sampling_proto.h"
+#include "common/text_stream.h"
+#include "draft-svc/batcher.h"
+#include "draft-svc/driver.h"
+#include "specd.pb-c.h"
+
+const char *const specd_drafter_names[SPECD_N_DRAFTERS + 2] = {"mlp", "draft_lm", "ngram", "none",
+                                                                NULL};
+
+#define MAX_STOP_IDS 64
+
+struct specd_draft_service {
+    specd_draft_opts o;
+    specd_batcher *batchers[SPECD_N_DRAFTERS];
+    specd_driver_env env;
+    char tok_sha256[65];
+    int vocab; /* from the tokenizer or a drafter; 0 = learn from the targets */
+};
+
+/* ---- Generate ------------------------------------------------------------------ */
+
+/* What the sink needs to turn a step's tokens into one response message. */
+typedef struct gen_sink {
+    specd_rpc_call *call;
+    specd_text_stream ts;
+    int logprobs;
+    specd_error err;
+    int failed; /* send failed or detok error: abort */
+} gen_sink;
+
+static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogprob **lps,
+                     int n_lps, Specd__V1__FinishReason finish, int *stop) {
+    gen_sink *gs = arg;
+    (void)finish; /* the final message is sent by the handler, with the stats */
+    /* Tokens after the one that completed a stop string are dropped: never
+     * sent, never counted. */
+    int took = n;
+    for (int i = 0; i < n; i++) {
+        int rc = specd_text_stream_push(&gs->ts, toks[i], &gs->err);
+        if (rc < 0) {
+            gs->failed = 1;
+            return -1;
+        }
+        if (rc == 1) {
+            took = i + 1;
+            *stop = 1;
+            break;
+        }
+    }
+    Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
+    size_t len;
+    r.text = (char *)specd_text_stream_take(&gs->ts, &len);
+    r.n_token_ids = (size_t)took;
+    r.token_ids = (int32_t *)toks;
+    if (gs->logprobs && lps) {
+        r.n_logprobs = (size_t)(n_lps < took ? n_lps : took);
+        r.logprobs = lps;
+    }
+    if (specd_rpc_call_send_msg(gs->call, &r.base) != SPECD_RPC_IO_OK) {
+        gs->failed = 1;
+        return -1;
+    }
+    return took;
+}
+
+static void on_cancel(void *arg) { specd_gen_cancel_fire(arg); }
+
+/* The drafter a request asked for: index, SPECD_N_DRAFTERS for none, -1 for
+ * an unknown or unavailable one. */
+static int pick_drafter(const specd_draft_service *svc, const char *name) {
+    if (!name || !*name) return svc->o.default_drafter;
+    for (int i = 0; i <= SPECD_N_DRAFTERS; i++)
+        if (!strcmp(name, specd_drafter_names[i]))
+            return i == SPECD_N_DRAFTERS || svc->o.drafters[i] ? i : -1;
+    return -1;
+}
+
+static void offered(const specd_draft_service *svc, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i <= SPECD_N_DRAFTERS; i++) {
+        if (i < SPECD_N_DRAFTERS && !svc->o.drafters[i]) continue;
+        k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%s", k ? ", " : "",
+                              specd_drafter_names[i]);
+    }
+}
+
+/* Checks everything about a request that does not need a target.
+ * GRPC_STATUS_OK or a code + err. */
+static grpc_status_code check_request(specd_draft_service *svc,
+                                      const Specd__V1__GenerateRequest *req, int *drafter,
+                                      specd_error *err) {
+    if (req->max_new_tokens < 0 || req->max_new_tokens > svc->o.max_new_tokens)
+        return specd_seterr(err, "request.max_new_tokens = %d: must be in 1..%d (0 = %d)",
+                            req->max_new_tokens, svc->o.max_new_tokens,
+                            svc->o.default_max_new_tokens),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if ((*drafter = pick_drafter(svc, req->drafter)) < 0) {
+        char have[128];
+        offered(svc, have, sizeof have);
+        return specd_seterr(err, "request.drafter: '%s' is not offered here (offered: %s)",
+                            req->drafter, have),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (req->n_stop_ids > MAX_STOP_IDS)
+        return specd_seterr(err, "request.stop_ids: %zu ids, at most %d", req->n_stop_ids,
+                            MAX_STOP_IDS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    for (size_t i = 0; i < req->n_stop_ids; i++)
+        if (req->stop_ids[i] < 0 || (svc->vocab > 0 && req->stop_ids[i] >= svc->vocab))
+            return specd_seterr(err, "request.stop_ids[%zu] = %d is outside the vocabulary", i,
+                                req->stop_ids[i]),
+                   GRPC_STATUS_INVALID_ARGUMENT;
+    if (req->top_logprobs < 0 || req->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
+        return specd_seterr(err, "request.top_logprobs = %d: must be in 0..%d", req->top_logprobs,
+                            SPECD_MAX_TOP_LOGPROBS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if (req->top_logprobs > 0 && !req->logprobs)
+        return specd_seterr(err, "request.top_logprobs needs request.logprobs = true"),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    const Specd__V1__Speculation *sp = req->speculation;
+    if (sp && (sp->candidates < 0 || sp->candidates > 64))
+        return specd_seterr(err, "request.speculation.candidates = %d: must be in 0..64",
+                            sp->candidates),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if (sp && (sp->depth < 0 || sp->depth > SPECD_MAX_DRAFT_DEPTH))
+        return specd_seterr(err, "request.speculation.depth = %d: must be in 0..%d", sp->depth,
+                            SPECD_MAX_DRAFT_DEPTH),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    return GRPC_STATUS_OK;
+}
+
+static void h_generate(specd_rpc_call *c, void *user) {
+    specd_draft_service *svc = user;
+    Specd__V1__GenerateRequest *req = NULL;
+    specd_error err = {{0}};
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int drafter = SPECD_N_DRAFTERS;
+    grpc_status_code code;
+    specd_sampling_owned samp = {0};
+    gen_sink gs = {0};
+    int have_ts = 0;
+    specd_gen_cancel cancel;
+    specd_gen_cancel_init(&cancel);
+    gs.call = c;
+    if (specd_rpc_call_request_msg(c, &specd__v1__generate_request__descriptor,
+                                   (ProtobufCMessage **)&req, &err)) {
+        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
+        goto out;
+    }
+    if ((code = check_request(svc, req, &drafter, &err))) {
+        specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
+    if (specd_sampling_from_proto(req->sampling, svc->vocab, "request.sampling", &samp, &err)) {
+        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
+        goto out;
+    }
+    if (specd_text_stream_init(&gs.ts, svc->o.tok, req->stop, req->n_stop, "request.stop",
+                               &err)) {
+        specd_rpc_call_finish(c, svc->o.tok ? GRPC_STATUS_INVALID_ARGUMENT
+                                            : GRPC_STATUS_FAILED_PRECONDITION,
+                              err.msg);
+        goto out;
+    }
+    have_ts = 1;
+    if ((code = specd_prompt_from_request(svc->o.tok, req, svc->vocab, svc->o.max_prompt_tokens,
+                                          &ids, &n_ids, &err))) {
+        specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
+    const Specd__V1__Speculation *sp = req->speculation;
+    int spec_off = drafter == SPECD_N_DRAFTERS || (sp && sp->off);
+    specd_gen_request gr = {
+        .prompt = ids,
+        .n_prompt = (int)n_ids,
+        .max_new_tokens =
+            req->max_new_tokens ? req->max_new_tokens : svc->o.default_max_new_tokens,
+        .sampling_pb = req->sampling,
+        .sampling = samp.s,
+        .stop_ids = req->stop_ids,
+        .n_stop_ids = (int)req->n_stop_ids,
+        .ignore_eos = req->ignore_eos,
+        .logprobs = req->logprobs,
+        .top_logprobs = req->top_logprobs,
+        .drafter = spec_off ? NULL : svc->o.drafters[drafter],
+        .batcher = spec_off ? NULL : svc->batchers[drafter],
+        .candidates = sp ? sp->candidates : 0,
+        .depth = sp ? sp->depth : 0,
+    };
+    gs.logprobs = req->logprobs;
+    specd_rpc_call_on_cancel(c, on_cancel, &cancel);
+    specd_gen_sink sink = {on_tokens, &gs};
+    specd_gen_stats st;
+    code = specd_driver_generate(&svc->env, &gr, &sink, &cancel, &st, &err);
+    /* After this returns the callback is not running and never will. */
+    specd_rpc_call_on_cancel(c, NULL, NULL);
+    if (gs.failed) {
+        /* The client is gone (nothing to say) or the tokens did not decode. */
+        if (!specd_rpc_call_is_cancelled(c))
+            specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, gs.err.msg);
+        goto out;
+    }
+    if (code != GRPC_STATUS_OK) {
+        specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
+    if (st.finish != SPECD__V1__FINISH_REASON__FINISH_REASON_STOP || !gs.ts.stopped)
+        specd_text_stream_finish(&gs.ts);
+    Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
+    Specd__V1__GenerateStats gst = SPECD__V1__GENERATE_STATS__INIT;
+    size_t len;
+    r.text = (char *)specd_text_stream_take(&gs.ts, &len);
+    r.finish_reason = st.finish;
+    gst.prompt_tokens = st.prompt_tokens;
+    gst.generated_tokens = st.generated_tokens;
+    gst.target_steps = st.target_steps;
+    gst.drafted_tokens = st.drafted_tokens;
+    gst.accepted_tokens = st.accepted_tokens;
+    gst.mean_accepted_length =
+        st.target_steps ? (float)st.generated_tokens / (float)st.target_steps : 0.0f;
+    float acc_by_pos[SPECD_MAX_DRAFT_DEPTH];
+    for (int d = 0; d < st.max_depth_seen; d++)
+        acc_by_pos[d] = st.drafted_at[d] ? (float)st.accepted_at[d] / (float)st.drafted_at[d] : 0;
+    gst.n_acceptance_by_position = (size_t)st.max_depth_seen;
+    gst.acceptance_by_position = acc_by_pos;
+    gst.time_to_first_token_ms = (float)st.ttft_ms;
+    gst.time_per_output_token_ms = (float)st.tpot_ms;
+    gst.failovers = st.failovers;
+    gst.drafter = (char *)(gr.drafter ? specd_drafter_names[drafter] : "none");
+    r.stats = &gst;
+    if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
+        specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+out:
+    if (have_ts) specd_text_stream_free(&gs.ts);
+    specd_sampling_owned_free(&samp);
+    specd_gen_cancel_destroy(&cancel);
+    free(ids);
+    if (req) protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+/* ---- GetInfo --------------------------------------------------------------------- */
+
+static void h_info(specd_rpc_call *c, void *user) {
+    specd_draft_service *svc = user;
+    Specd__V1__Info r = SPECD__V1__INFO__INIT;
+    specd_target_info ti;
+    specd_error err = {{0}};
+    /* The model is the targets': without one up there is nothing to describe. */
+    if (specd_pool_any_info(svc->o.pool, &ti, &err)) {
+        specd_rpc_call_finish(c, GRPC_STATUS_UNAVAILABLE, err.msg);
+        return;
+    }
+    r.service = "specd.v1.Draft";
+    r.version = SPECD_DRAFT_VERSION;
+    r.model_id = ti.model_id;
+    r.vocab_size = ti.vocab_size;
+    r.hidden_size = ti.hidden_size;
+    r.context_length = ti.context_length;
+    r.tokenizer_sha256 = svc->tok_sha256[0] ? svc->tok_sha256 : ti.tokenizer_sha256;
+    r.bos_token_id = ti.bos_token_id;
+    r.eos_token_id = ti.eos_token_id;
+    r.backend = ti.backend;
+    r.max_tree_tokens = svc->o.max_tree_tokens < ti.max_tree_tokens ? svc->o.max_tree_tokens
+                                                                    : ti.max_tree_tokens;
+    char *names[SPECD_N_DRAFTERS + 1];
+    size_t nn = 0;
+    for (int i = 0; i <= SPECD_N_DRAFTERS; i++)
+        if (i == SPECD_N_DRAFTERS || svc->o.drafters[i])
+            names[nn++] = (char *)specd_drafter_names[i];
+    r.n_drafters = nn;
+    r.drafters = names;
+    r.default_drafter = (char *)specd_drafter_names[svc->o.default_drafter];
+    char *targets[64];
+    int nt = specd_pool_list_up(svc->o.pool, targets, 64);
+    r.n_targets = (size_t)nt;
+    r.targets = targets;
+    if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
+        specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
+    for (int i = 0; i < nt; i++) free(targets[i]);
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
+
+specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd_error *err) {
+    if (o->max_prompt_tokens < 1 || o->max_new_tokens < 1 || o->default_max_new_tokens < 1 ||
+        o->default_max_new_tokens > o->max_new_tokens || o->max_tree_tokens < 1 || !o->pool) {
+        specd_seterr(err, "draft: need max_prompt_tokens, max_tree_tokens >= 1, "
+                          "1 <= default_max_new_tokens <= max_new_tokens, and targets");
+        return NULL;
+    }
+    if (o->default_drafter < 0 || o->default_drafter > SPECD_N_DRAFTERS ||
+        (o->default_drafter < SPECD_N_DRAFTERS && !o->drafters[o->default_drafter])) {
+        specd_seterr(err, "drafter.default: '%s' is not configured",
+                     o->default_drafter >= 0 && o->default_drafter <= SPECD_N_DRAFTERS
+                         ? specd_drafter_names[o->default_drafter]
+                         : "?");
+        return NULL;
+    }
+    specd_draft_service *svc = calloc(1, sizeof *svc);
+    if (!svc) {
+        specd_seterr(err, "out of memory");
+        return NULL;
+    }
+    svc->o = *o;
+    svc->vocab = o->tok ? specd_tokenizer_n_vocab(o->tok) : 0;
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) {
+        specd_drafter *d = o->drafters[i];
+        if (!d) continue;
+        /* Every drafter must speak the same vocabulary as the tokenizer. */
+        if (svc->vocab && d->vocab != svc->vocab) {
+            specd_seterr(err, "%s drafter: vocabulary of %d tokens, the tokenizer has %d",
+                         specd_drafter_names[i], d->vocab, svc->vocab);
+            specd_draft_service_free(svc);
+            return NULL;
+        }
+        if (!svc->vocab) svc->vocab = d->vocab;
+        if (!(svc->batchers[i] = specd_batcher_create(d, err))) {
+            specd_draft_service_free(svc);
+            return NULL;
+        }
+    }
+    if (o->tok) specd_tokenizer_sha256_hex(o->tok, svc->tok_sha256);
+    svc->env = (specd_driver_env){
+        .pool = o->pool,
+        .policy = &svc->o.policy,
+        .max_tree_tokens = o->max_tree_tokens,
+        .step_timeout_ms = o->step_timeout_ms > 0 ? o->step_timeout_ms : 30000,
+        .open_timeout_ms = o->open_timeout_ms > 0 ? o->open_timeout_ms : 120000,
+        .max_failovers = o->max_failovers,
+    };
+    return svc;
+}
+
+int specd_draft_service_register(specd_draft_service *svc, specd_rpc_server *srv,
+                                 specd_error *err) {
+    if (specd_rpc_register(srv, "/specd.v1.Draft/Generate", SPECD_RPC_SERVER_STREAMING,
+                           h_generate, svc) ||
+        specd_rpc_register(srv, "/specd.v1.Draft/GetInfo", SPECD_RPC_UNARY, h_info, svc))
+        return specd_seterr(err, "draft: cannot register the Draft methods");
+    specd_rpc_set_health(srv, "specd.v1.Draft", 1);
+    specd_rpc_set_health(srv, "", 1);
+    return 0;
+}
+
+void specd_draft_service_free(specd_draft_service *svc) {
+    if (!svc) return;
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) specd_batcher_free(svc->batchers[i]);
+    free(svc);
+}

@@ -1,0 +1,85 @@
+/* target_pool.h - the target services a draft-svc sends its sessions to.
+ *
+ * Configured as a list of entries, each either a fixed "host:port" or
+ * "dns:NAME:PORT": a DNS name resolved (getaddrinfo) to every address it has
+ * and re-resolved every resolve_interval, which is what a Kubernetes headless
+ * Service gives (one A record per ready target pod). Every address becomes a
+ * member with its own gRPC channel.
+ *
+ * Picking: the member with the fewest sessions this draft-svc has open on it
+ * among those that are up and compatible, round robin among equals, so load
+ * spreads even when one member is slower to finish.
+ *
+ * Health: a member whose session failed (connection lost, UNAVAILABLE, full)
+ * is marked down and skipped for a backoff that doubles with each
+ * consecutive failure (min_backoff .. max_backoff); after it, the next
+ * acquire tries it again, so a restarted target is used again without any
+ * operator action. A member is checked with Target.GetInfo before its first
+ * session (and again after it was down): vocabulary size, hidden size and
+ * tokenizer fingerprint must match what draft-svc expects, else it is
+ * marked incompatible (and logged) rather than served wrong tokens.
+ *
+ * Thread-safe. Members are reference counted: a session keeps its member
+ * (and channel) alive even if a re-resolution drops the address. */
+#ifndef SPECD_TARGET_POOL_H
+#define SPECD_TARGET_POOL_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/rpc_client.h"
+
+typedef struct specd_pool specd_pool;
+typedef struct specd_pool_member specd_pool_member;
+
+/* What the pool learned from a member's GetInfo. */
+typedef struct specd_target_info {
+    int vocab_size, hidden_size, context_length, max_tree_tokens, max_sessions;
+    int eos_token_id, bos_token_id;
+    char tokenizer_sha256[65];
+    char model_id[256];
+    char backend[16];
+} specd_target_info;
+
+typedef struct specd_pool_opts {
+    const char *const *targets; /* "host:port" or "dns:NAME:PORT" */
+    int n_targets;
+    /* TLS towards the targets (insecure = plaintext); target is filled per
+     * member. */
+    specd_rpc_channel_opts channel;
+    int resolve_interval_ms;    /* DNS re-resolution; default 10000 */
+    int min_backoff_ms;         /* default 500 */
+    int max_backoff_ms;         /* default 30000 */
+    int info_timeout_ms;        /* GetInfo deadline; default 2000 */
+    /* What a member must match (0 / "" = do not check that field). */
+    int expect_vocab;
+    int expect_hidden;
+    const char *expect_tokenizer_sha256;
+} specd_pool_opts;
+
+specd_pool *specd_pool_create(const specd_pool_opts *o, specd_error *err);
+void specd_pool_free(specd_pool *p); /* every member must have been released */
+
+/* A member for a new session (its session count goes up), not `avoid` if
+ * there is any other choice (failover prefers a different target). NULL +
+ * err (UNAVAILABLE-worthy: "no target available: ...") when none is up. */
+specd_pool_member *specd_pool_acquire(specd_pool *p, const specd_pool_member *avoid,
+                                      specd_error *err);
+
+/* Ends a session on the member. failed = 1 marks it down (backoff). */
+void specd_pool_release(specd_pool *p, specd_pool_member *m, int failed);
+
+specd_rpc_channel *specd_pool_member_channel(const specd_pool_member *m);
+const char *specd_pool_member_addr(const specd_pool_member *m);
+const specd_target_info *specd_pool_member_info(const specd_pool_member *m);
+/* Sessions this draft-svc has open on the member right now. */
+int specd_pool_member_sessions(const specd_pool_member *m);
+
+/* Info of any compatible member (fetching one if needed): 0, or -1 + err. */
+int specd_pool_any_info(specd_pool *p, specd_target_info *out, specd_error *err);
+
+/* Addresses of the members currently up, as "addr" strings written into
+ * out[0..cap) (malloc'd; the caller frees each). Returns the count. */
+int specd_pool_list_up(specd_pool *p, char **out, int cap);
+
+#endif
