@@ -1014,6 +1014,28 @@ static void test_draft_example_is_complete(void **state) {
     free(text);
 }
 
+/* The Kubernetes configs (deploy/k8s/config/) load with the real schemas,
+ * so a manifest never ships a key a service would refuse at startup. */
+static void test_k8s_configs_parse(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_target_cfg t;
+    char *ta[] = {"target-svc", "--config", (char *)test_path("deploy/k8s/config/target-svc.yaml")};
+    int rc = specd_config_load(TARGET_FIELDS, N_TARGET, 3, ta, &t, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_true(t.tls.insecure);
+    specd_config_free(TARGET_FIELDS, N_TARGET, &t);
+    specd_draft_cfg d;
+    char *da[] = {"draft-svc", "--config", (char *)test_path("deploy/k8s/config/draft-svc.yaml")};
+    rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, 3, da, &d, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(d.targets.n, 1);
+    assert_string_equal(d.targets.items[0], "dns:target-svc:50052");
+    specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -1050,6 +1072,7 @@ int main(void) {
         cmocka_unit_test(test_target_example_is_complete),
         cmocka_unit_test(test_draft_example_parses),
         cmocka_unit_test(test_draft_example_is_complete),
+        cmocka_unit_test(test_k8s_configs_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
