@@ -53,7 +53,11 @@ typedef struct specd_rpc_channel_opts {
     /* 1 = plaintext. Must be said explicitly, as for the server. */
     int insecure;
     size_t max_message_bytes; /* 0 = SPECD_RPC_DEFAULT_MAX_MESSAGE (4 MiB) */
-    int connect_timeout_ms;   /* 0 = 5000: how long a call waits for a connection */
+    /* 0 = 5000: how long one connection attempt (TCP + TLS handshake) may
+     * take before the calls waiting on it fail with UNAVAILABLE. A refused
+     * connection fails them at once; so does any call made while the
+     * channel waits to retry (1 s doubling to 10 s), so failover is quick. */
+    int connect_timeout_ms;
 } specd_rpc_channel_opts;
 
 /* Creates the channel (connects lazily, on the first call). Reads the TLS
@@ -66,7 +70,10 @@ const char *specd_rpc_channel_target(const specd_rpc_channel *ch);
 /* One request, one response. timeout_ms <= 0 = no deadline. Returns the
  * call's status: GRPC_STATUS_OK with *resp decoded as resp_desc (free with
  * protobuf_c_message_free_unpacked), or the failure code with err holding
- * the server's message (or what went wrong locally). */
+ * the server's message (or what went wrong locally) and *resp = NULL.
+ * Local failures use gRPC's codes: RESOURCE_EXHAUSTED for a request over
+ * the channel's message limit (nothing is sent), INTERNAL for a response
+ * that does not decode or is missing. */
 grpc_status_code specd_rpc_unary(specd_rpc_channel *ch, const char *method,
                                  const ProtobufCMessage *req,
                                  const ProtobufCMessageDescriptor *resp_desc,
@@ -82,16 +89,23 @@ specd_rpc_stream *specd_rpc_stream_start(specd_rpc_channel *ch, const char *meth
 /* Result of the stream helpers: the same codes as the server side. */
 typedef enum specd_rpc_cio {
     SPECD_RPC_CIO_OK = 0,      /* sent / received one message */
-    SPECD_RPC_CIO_END = 1,     /* recv: the server ended the stream; see finish */
+    SPECD_RPC_CIO_END = 1,     /* recv: the server ended the stream with status OK
+                                * after its last message (finish returns OK) */
     SPECD_RPC_CIO_TIMEOUT = 2, /* recv: nothing within timeout_ms; the read stays
                                 * pending and the next recv goes on waiting */
-    SPECD_RPC_CIO_FAILED = -1, /* the call is dead (cancelled, connection lost,
-                                * deadline): specd_rpc_stream_finish says why */
-    SPECD_RPC_CIO_INVALID = -2,/* a message that does not encode/decode or is too big */
+    SPECD_RPC_CIO_FAILED = -1, /* the call is dead: it ended with any other status
+                                * (the server's error, cancelled, connection lost,
+                                * deadline). recv puts that status in err; finish
+                                * returns it. Repeated calls return FAILED again. */
+    SPECD_RPC_CIO_INVALID = -2,/* a message that does not encode/decode or is too
+                                * big, or a send after half-close; the call lives on */
 } specd_rpc_cio;
 
 /* Sends one message (encoded here); close = 1 also half-closes (no more
- * sends). Blocks until gRPC has taken it (flow control). */
+ * sends). Blocks until gRPC has taken it (flow control), at most as long as
+ * the call lives. FAILED when the call is already over (recv or finish then
+ * give its status); INVALID, with nothing sent, for a message over the
+ * channel's limit or a send after the half-close. */
 specd_rpc_cio specd_rpc_stream_send(specd_rpc_stream *st, const ProtobufCMessage *msg, int close,
                                     specd_error *err);
 /* Half-closes without a message. */
@@ -99,20 +113,48 @@ specd_rpc_cio specd_rpc_stream_close_send(specd_rpc_stream *st, specd_error *err
 
 /* Receives the next message, decoded as desc (free with
  * protobuf_c_message_free_unpacked). timeout_ms < 0 = wait as long as the
- * call lives. */
+ * call lives (its deadline, a cancel, or keepalive noticing a dead peer end
+ * the wait). A message that does not decode is INVALID and skipped; the
+ * next recv reads the one after it. */
 specd_rpc_cio specd_rpc_stream_recv(specd_rpc_stream *st, const ProtobufCMessageDescriptor *desc,
                                     ProtobufCMessage **out, int timeout_ms, specd_error *err);
 
-/* Cancels the call (the server sees CANCELLED). Thread-safe, idempotent; a
- * recv blocked in another thread returns FAILED soon after. */
+/* Cancels the call (the server sees CANCELLED). Idempotent, and callable
+ * from any thread at any time between start and free, even after finish; a
+ * recv or send blocked in another thread returns FAILED soon after. It must
+ * not run concurrently with or after specd_rpc_stream_free: unregister
+ * whatever may call it (e.g. specd_rpc_call_on_cancel(c, NULL, NULL)) before
+ * freeing the stream. */
 void specd_rpc_stream_cancel(specd_rpc_stream *st);
 
-/* Waits for the call's final status (after END, after FAILED, or to end a
- * stream early: a live call is cancelled first) and returns it, with the
- * server's message in err (CANCELLED for a call we cancelled). */
+/* Returns the call's final status, with "method on target: CODE: message"
+ * in err when it is not OK (the server's message, or gRPC's own reason).
+ * After END or FAILED from recv the status is already known. Otherwise:
+ *   - if the status has arrived it is returned (gRPC delivers a status only
+ *     once every message sent before it has been read);
+ *   - after a FAILED send the call is over: messages still unread are read
+ *     and dropped to reach its real status (the server's, or UNAVAILABLE);
+ *   - else the call is live and is cancelled (ending a stream early): the
+ *     status is CANCELLED.
+ * So to see a server's OK after half-closing, recv until END first. Calling
+ * it again returns the same status. */
 grpc_status_code specd_rpc_stream_finish(specd_rpc_stream *st, specd_error *err);
 
 /* Frees the stream, cancelling it first if it is still live. NULL is a no-op. */
 void specd_rpc_stream_free(specd_rpc_stream *st);
+
+/* Raw-bytes twins of specd_rpc_unary, specd_rpc_stream_send and
+ * specd_rpc_stream_recv, for payloads already encoded and for bytes that are
+ * deliberately not valid protobuf (tests feeding a server malformed input).
+ * Same results and errors. *resp / *buf is malloc'd with a NUL byte after
+ * its *len bytes (free with free(); non-NULL even for an empty message),
+ * NULL unless the result is OK. */
+grpc_status_code specd_rpc_unary_bytes(specd_rpc_channel *ch, const char *method, const void *req,
+                                       size_t req_len, uint8_t **resp, size_t *resp_len,
+                                       int timeout_ms, specd_error *err);
+specd_rpc_cio specd_rpc_stream_send_bytes(specd_rpc_stream *st, const void *buf, size_t len,
+                                          int close, specd_error *err);
+specd_rpc_cio specd_rpc_stream_recv_bytes(specd_rpc_stream *st, uint8_t **buf, size_t *len,
+                                          int timeout_ms, specd_error *err);
 
 #endif

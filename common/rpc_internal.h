@@ -159,6 +159,13 @@ void rpc_call_free_unused(specd_rpc_call *c);
 
 /* rpc_server.c */
 const rpc_method *rpc_server_find_method(const specd_rpc_server *s, const char *path, size_t len);
+/* PEM files are a few KiB; a bigger one is a wrong path (a log, a binary). */
+#define RPC_MAX_PEM_BYTES (1u << 20)
+/* A whole PEM file as a NUL-terminated string (gRPC wants C strings), or
+ * NULL + err "<who>: <what> <path>: why" (also shared by rpc_client.c, which
+ * reports its TLS files the same way). Checks that it holds a PEM block at
+ * all, so a wrong path is reported now rather than at the first handshake. */
+char *rpc_read_pem(const char *path, const char *who, const char *what, specd_error *err);
 
 /* rpc_health.c */
 void rpc_health_init(rpc_health *h);

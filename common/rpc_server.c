@@ -35,20 +35,20 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
-/* PEM files are a few KiB; a bigger one is a wrong path (a log, a binary). */
-#define RPC_MAX_PEM_BYTES (1u << 20)
 /* Server-side keepalive (see the channel args in create): a dead peer is
  * noticed, and its calls cancelled, within about 40 s. */
 #define RPC_KEEPALIVE_MS 30000
 #define RPC_KEEPALIVE_TIMEOUT_MS 10000
+/* Clients may ping this often without it counting as abuse: half of
+ * rpc_client.c's keepalive interval, so timer jitter never makes a strike. */
+#define RPC_MIN_RECV_PING_INTERVAL_MS 5000
 
 /* ---- small helpers --------------------------------------------------------- */
 
-/* Whole PEM file as a NUL-terminated string (gRPC wants C strings). */
-static char *read_pem(const char *path, const char *what, specd_error *err) {
+char *rpc_read_pem(const char *path, const char *who, const char *what, specd_error *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        specd_seterr(err, "rpc server: %s %s: %s", what, path, strerror(errno));
+        specd_seterr(err, "%s: %s %s: %s", who, what, path, strerror(errno));
         return NULL;
     }
     char *buf = malloc(RPC_MAX_PEM_BYTES + 1);
@@ -56,13 +56,13 @@ static char *read_pem(const char *path, const char *what, specd_error *err) {
     int rerr = ferror(f);
     fclose(f);
     if (!buf || rerr) {
-        specd_seterr(err, "rpc server: %s %s: %s", what, path,
+        specd_seterr(err, "%s: %s %s: %s", who, what, path,
                      buf ? "read error" : "out of memory");
         free(buf);
         return NULL;
     }
     if (n > RPC_MAX_PEM_BYTES) {
-        specd_seterr(err, "rpc server: %s %s: larger than %u bytes, not a PEM file", what, path,
+        specd_seterr(err, "%s: %s %s: larger than %u bytes, not a PEM file", who, what, path,
                      RPC_MAX_PEM_BYTES);
         free(buf);
         return NULL;
@@ -70,7 +70,7 @@ static char *read_pem(const char *path, const char *what, specd_error *err) {
     buf[n] = 0;
     /* gRPC would only notice at the first handshake; say it now, by name */
     if (!strstr(buf, "-----BEGIN ")) {
-        specd_seterr(err, "rpc server: %s %s: no PEM block (-----BEGIN ...)", what, path);
+        specd_seterr(err, "%s: %s %s: no PEM block (-----BEGIN ...)", who, what, path);
         free(buf);
         return NULL;
     }
@@ -82,10 +82,11 @@ static char *read_pem(const char *path, const char *what, specd_error *err) {
 static grpc_server_credentials *make_credentials(const specd_rpc_server_opts *o,
                                                  specd_error *err) {
     if (o->insecure) return grpc_insecure_server_credentials_create();
-    char *cert = read_pem(o->tls_cert_path, "TLS certificate", err);
-    char *key = cert ? read_pem(o->tls_key_path, "TLS private key", err) : NULL;
+    char *cert = rpc_read_pem(o->tls_cert_path, "rpc server", "TLS certificate", err);
+    char *key = cert ? rpc_read_pem(o->tls_key_path, "rpc server", "TLS private key", err) : NULL;
     char *ca = NULL;
-    if (key && o->tls_client_ca_path) ca = read_pem(o->tls_client_ca_path, "TLS client CA", err);
+    if (key && o->tls_client_ca_path)
+        ca = rpc_read_pem(o->tls_client_ca_path, "rpc server", "TLS client CA", err);
     grpc_server_credentials *creds = NULL;
     if (cert && key && (ca || !o->tls_client_ca_path)) {
         grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
@@ -230,7 +231,7 @@ specd_rpc_server *specd_rpc_server_create(const specd_rpc_server_opts *o, specd_
         server_free(s);
         return NULL;
     }
-    grpc_arg args[6] = {
+    grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = (int)s->max_message},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
@@ -251,8 +252,19 @@ specd_rpc_server *specd_rpc_server_create(const specd_rpc_server_opts *o, specd_
          .value.integer = RPC_KEEPALIVE_TIMEOUT_MS},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
          .value.integer = 0},
+        /* Accept the keepalive pings of our own clients (rpc_client.c pings
+         * every 10 s, idle connections included). gRPC's server defaults
+         * count a ping as abuse when it comes less than 5 minutes after the
+         * last one while the server has sent no data, or at all on a
+         * connection with no calls, and after two such strikes it sends
+         * GOAWAY "too_many_pings", killing every stream on the connection:
+         * a Verify session waiting on a slow client would die after ~30 s. */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         .value.integer = RPC_MIN_RECV_PING_INTERVAL_MS},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+         .value.integer = 1},
     };
-    grpc_channel_args cargs = {.num_args = 6, .args = args};
+    grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0], .args = args};
     s->server = grpc_server_create(&cargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);

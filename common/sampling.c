@@ -23,6 +23,7 @@
 #include "sampling.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rng.h"
@@ -48,10 +49,70 @@ void specd_sampling_init(specd_sampling *s) {
     s->top_p = 1.0f;
     s->min_p = 0.0f;
     s->seed = 0;
+    s->repetition_penalty = 0.0f;
+    s->frequency_penalty = 0.0f;
+    s->presence_penalty = 0.0f;
+    s->n_logit_bias = 0;
+    s->bias_ids = NULL;
+    s->bias_values = NULL;
+}
+
+/* One logit-bias entry and where it came from, for the duplicate check. */
+typedef struct bias_ref {
+    int32_t id;
+    int index;
+} bias_ref;
+
+/* Orders by id, then by position in the request, so equal ids end up
+ * adjacent with the earlier entry first. */
+static int bias_ref_cmp(const void *a, const void *b) {
+    const bias_ref *x = a, *y = b;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* The logit-bias list: size, values, and (vocab > 0) ids. */
+static int validate_bias(const specd_sampling *s, int vocab, specd_error *err) {
+    if (s->n_logit_bias < 0 || s->n_logit_bias > SPECD_MAX_LOGIT_BIAS)
+        return specd_seterr(err, "logit_bias has %d entries, at most %d are allowed",
+                            s->n_logit_bias, SPECD_MAX_LOGIT_BIAS);
+    if (s->n_logit_bias == 0) return 0;
+    if (!s->bias_ids || !s->bias_values)
+        return specd_seterr(err, "logit_bias: %d entries but no ids or values", s->n_logit_bias);
+    for (int i = 0; i < s->n_logit_bias; i++) {
+        float b = s->bias_values[i];
+        if (!(b >= -100.0f && b <= 100.0f))
+            return specd_seterr(err, "logit_bias[%d].bias must be in [-100, 100], got %g", i,
+                                (double)b);
+    }
+    if (vocab <= 0) return 0; /* ids are checked by whoever knows the vocabulary */
+    for (int i = 0; i < s->n_logit_bias; i++)
+        if (s->bias_ids[i] < 0 || s->bias_ids[i] >= vocab)
+            return specd_seterr(err, "logit_bias[%d].token_id = %d is outside 0..%d", i,
+                                s->bias_ids[i], vocab - 1);
+    /* Duplicates: sorting a copy is O(n log n) for the 1024-entry worst case,
+     * where comparing all pairs would be half a million comparisons; the
+     * bounded size lets the copy live on the stack. Of all repeated pairs the
+     * one whose second entry comes first in the request is reported, so the
+     * message does not depend on the sort. */
+    bias_ref refs[SPECD_MAX_LOGIT_BIAS];
+    for (int i = 0; i < s->n_logit_bias; i++) refs[i] = (bias_ref){s->bias_ids[i], i};
+    qsort(refs, (size_t)s->n_logit_bias, sizeof refs[0], bias_ref_cmp);
+    int first = -1, second = -1;
+    for (int i = 1; i < s->n_logit_bias; i++) {
+        if (refs[i].id != refs[i - 1].id) continue;
+        if (second < 0 || refs[i].index < second) {
+            first = refs[i - 1].index;
+            second = refs[i].index;
+        }
+    }
+    if (second >= 0)
+        return specd_seterr(err, "logit_bias[%d].token_id = %d repeats logit_bias[%d] (each token "
+                                 "at most once)", second, s->bias_ids[second], first);
+    return 0;
 }
 
 int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err) {
-    (void)vocab; /* logit-bias ids: checked once logit bias lands */
     if (!s) return specd_seterr(err, "sampling parameters missing");
     /* Written as !(x >= 0) so that NaN fails too. */
     if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))
@@ -65,7 +126,232 @@ int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err
     if (!(s->min_p >= 0.0f && s->min_p <= 1.0f))
         return specd_seterr(err, "min_p must be in [0, 1] (0 disables it), got %g",
                             (double)s->min_p);
+    /* 0 is accepted as "off" besides 1 because it is what an unset proto3
+     * float reads as; any other value <= 0 would flip or zero the logits. */
+    if (!(s->repetition_penalty >= 0.0f && s->repetition_penalty <= 10.0f))
+        return specd_seterr(err, "repetition_penalty must be in (0, 10] (0 or 1 disables it), got %g",
+                            (double)s->repetition_penalty);
+    if (!(s->frequency_penalty >= -2.0f && s->frequency_penalty <= 2.0f))
+        return specd_seterr(err, "frequency_penalty must be in [-2, 2], got %g",
+                            (double)s->frequency_penalty);
+    if (!(s->presence_penalty >= -2.0f && s->presence_penalty <= 2.0f))
+        return specd_seterr(err, "presence_penalty must be in [-2, 2], got %g",
+                            (double)s->presence_penalty);
+    return validate_bias(s, vocab, err);
+}
+
+/* --- penalties and logit bias ---------------------------------------------- */
+
+int specd_token_counts_init(specd_token_counts *c, int vocab, specd_error *err) {
+    memset(c, 0, sizeof *c);
+    if (vocab <= 0) return specd_seterr(err, "token counts: vocabulary size %d must be > 0", vocab);
+    c->out_count = calloc((size_t)vocab, sizeof *c->out_count);
+    c->seen = calloc((size_t)vocab, sizeof *c->seen);
+    c->seen_list = malloc((size_t)vocab * sizeof *c->seen_list);
+    if (!c->out_count || !c->seen || !c->seen_list) {
+        specd_token_counts_free(c);
+        return specd_seterr(err, "out of memory (penalty counts for %d tokens)", vocab);
+    }
+    c->vocab = vocab;
     return 0;
+}
+
+void specd_token_counts_free(specd_token_counts *c) {
+    if (!c) return;
+    free(c->out_count);
+    free(c->seen);
+    free(c->seen_list);
+    memset(c, 0, sizeof *c);
+}
+
+void specd_token_counts_add(specd_token_counts *c, int32_t tok, int generated) {
+    if (!c || tok < 0 || tok >= c->vocab) return;
+    if (!c->seen[tok]) {
+        c->seen[tok] = 1;
+        c->seen_list[c->n_seen++] = tok;
+    }
+    if (generated) c->out_count[tok]++;
+}
+
+void specd_token_counts_reset(specd_token_counts *c) {
+    if (!c) return;
+    /* Only the seen tokens can be nonzero: O(distinct tokens), not O(vocab). */
+    for (int i = 0; i < c->n_seen; i++) {
+        c->seen[c->seen_list[i]] = 0;
+        c->out_count[c->seen_list[i]] = 0;
+    }
+    c->n_seen = 0;
+}
+
+/* Repetition penalty on, i.e. neither 0 nor 1 (NaN or negative values, which
+ * validation refuses, also count as off so they cannot corrupt logits). */
+static int repetition_on(const specd_sampling *s) {
+    return s->repetition_penalty > 0.0f && s->repetition_penalty != 1.0f;
+}
+
+int specd_sampling_adjusts_logits(const specd_sampling *s) {
+    return s->n_logit_bias > 0 || repetition_on(s) || s->frequency_penalty != 0.0f ||
+           s->presence_penalty != 0.0f;
+}
+
+size_t specd_logits_adjust_scratch_size(int n_path) {
+    return n_path > 0 ? (size_t)n_path * sizeof(int32_t) : 0;
+}
+
+/* CTRL's rule as Hugging Face writes it (score < 0 ? score * r : score / r);
+ * for 0 both branches give 0, so it equals the header's l > 0 form. */
+static inline float repeat_penalized(float l, float r) { return l < 0.0f ? l * r : l / r; }
+
+/* OpenAI's subtraction for a token generated cnt > 0 times. The whole amount
+ * is formed first and subtracted once, from the total count: subtracting the
+ * history's part and then the path's part would round differently, and tree
+ * nodes must get bit-identical logits to plain decoding, whose counts already
+ * include the path. */
+static inline float count_penalized(float l, int32_t cnt, const specd_sampling *s) {
+    return l - ((float)cnt * s->frequency_penalty + s->presence_penalty);
+}
+
+static int int32_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* 1 if x occurs in the ascending array a[0..n). */
+static int sorted_contains(const int32_t *a, int n, int32_t x) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (a[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && a[lo] == x;
+}
+
+void specd_logits_adjust(const specd_sampling *s, const specd_token_counts *c,
+                         const int32_t *path, int n_path, float *logits, int vocab,
+                         void *scratch) {
+    if (!specd_sampling_adjusts_logits(s) || vocab <= 0) return;
+    /* Counts for another vocabulary size are read only where both have ids. */
+    int cv = c ? (c->vocab < vocab ? c->vocab : vocab) : 0;
+    int n_seen = c ? c->n_seen : 0;
+
+    /* 1. logit bias. Out-of-range ids are skipped: validation with vocab <= 0
+     * does not check them. */
+    for (int i = 0; i < s->n_logit_bias; i++) {
+        int32_t t = s->bias_ids[i];
+        if (t >= 0 && t < vocab) logits[t] += s->bias_values[i];
+    }
+
+    /* The path's tokens in ascending order: equal tokens form runs (a run's
+     * length is how often the path generated it) and membership is a binary
+     * search. Ids outside the vocabulary are dropped, as counts_add does. */
+    int32_t *ps = scratch;
+    int np = 0;
+    for (int i = 0; i < n_path; i++)
+        if (path[i] >= 0 && path[i] < vocab) ps[np++] = path[i];
+    if (np > 1) qsort(ps, (size_t)np, sizeof *ps, int32_cmp);
+
+    /* 2. repetition penalty, once per distinct token of history + path. A
+     * path token already in the history was handled by the first loop. */
+    if (repetition_on(s)) {
+        float r = s->repetition_penalty;
+        for (int j = 0; j < n_seen; j++) {
+            int32_t t = c->seen_list[j];
+            if (t < vocab) logits[t] = repeat_penalized(logits[t], r);
+        }
+        for (int i = 0; i < np; i++) {
+            int32_t t = ps[i];
+            if (i > 0 && ps[i - 1] == t) continue; /* once per token */
+            if (t < cv && c->seen[t]) continue;
+            logits[t] = repeat_penalized(logits[t], r);
+        }
+    }
+
+    /* 3. frequency and presence, with the generated count of history + path
+     * taken together (see count_penalized). */
+    if (s->frequency_penalty != 0.0f || s->presence_penalty != 0.0f) {
+        for (int j = 0; j < n_seen; j++) {
+            int32_t t = c->seen_list[j];
+            if (t >= cv || c->out_count[t] <= 0) continue;
+            if (np && sorted_contains(ps, np, t)) continue; /* the path loop does it */
+            logits[t] = count_penalized(logits[t], c->out_count[t], s);
+        }
+        for (int i = 0; i < np;) {
+            int32_t t = ps[i];
+            int run = 1;
+            while (i + run < np && ps[i + run] == t) run++;
+            int32_t cnt = run + (t < cv ? c->out_count[t] : 0);
+            logits[t] = count_penalized(logits[t], cnt, s);
+            i += run;
+        }
+    }
+}
+
+/* --- log-probabilities ------------------------------------------------------ */
+
+/* 1 if logit a (token ia) ranks before b (token ib): larger first, lower id
+ * on ties. */
+static inline int ranks_before(float a, int32_t ia, float b, int32_t ib) {
+    return a > b || (a == b && ia < ib);
+}
+
+/* How the log-probabilities of one row are formed (see specd_logprobs). */
+typedef struct lp_norm {
+    int mode;    /* 0: l - lse; 1: some logit is +inf; 2: no usable logit */
+    double lse;  /* mode 0: log(sum exp(l)) */
+    double linf; /* mode 1: log-probability of each +inf token */
+} lp_norm;
+
+static float logprob_of(float l, const lp_norm *z) {
+    if (isnan(l) || z->mode == 2) return -INFINITY;
+    if (z->mode == 1) return l == INFINITY ? (float)z->linf : -INFINITY;
+    return (float)((double)l - z->lse);
+}
+
+void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, float *lp,
+                    int32_t *top_ids, float *top_lps) {
+    if (top_n < 0) top_n = 0;
+    if (top_n > SPECD_MAX_TOP_LOGPROBS) top_n = SPECD_MAX_TOP_LOGPROBS;
+    /* The normalizer: log(sum exp(l)) = m + log(sum exp(l - m)) in double,
+     * summed in id order, so it is one fixed function of the logits. NaN
+     * logits take no part (as in sampling: probability 0, log-prob -inf). */
+    int top = vocab > 0 ? specd_argmax(logits, vocab) : -1;
+    float m = top >= 0 ? logits[top] : NAN;
+    lp_norm z = {0, 0.0, 0.0};
+    if (isnan(m) || m == -INFINITY) {
+        z.mode = 2;
+    } else if (m == INFINITY) {
+        /* The softmax limit, as in specd_sampling_probs: the +inf tokens
+         * share the mass equally. */
+        int n_inf = 0;
+        for (int i = 0; i < vocab; i++) n_inf += logits[i] == INFINITY;
+        z.mode = 1;
+        z.linf = -log((double)n_inf);
+    } else {
+        double sum = 0.0;
+        for (int i = 0; i < vocab; i++)
+            if (!isnan(logits[i])) sum += exp((double)logits[i] - (double)m);
+        z.lse = (double)m + log(sum);
+    }
+    if (lp) *lp = logprob_of(tok >= 0 && tok < vocab ? logits[tok] : NAN, &z);
+
+    /* Top-n by insertion into a sorted array of at most 20: most tokens fail
+     * the first comparison against the current n-th, so this is one pass. */
+    int n = 0;
+    int32_t ids[SPECD_MAX_TOP_LOGPROBS];
+    for (int32_t i = 0; i < vocab && top_n > 0; i++) {
+        float x = logits[i];
+        if (isnan(x)) continue;
+        if (n == top_n && !ranks_before(x, i, logits[ids[n - 1]], ids[n - 1])) continue;
+        int j = n < top_n ? n++ : n - 1;
+        for (; j > 0 && ranks_before(x, i, logits[ids[j - 1]], ids[j - 1]); j--) ids[j] = ids[j - 1];
+        ids[j] = i;
+    }
+    for (int j = 0; j < top_n; j++) {
+        /* Fewer usable tokens than asked: the rest is marked empty. */
+        if (top_ids) top_ids[j] = j < n ? ids[j] : -1;
+        if (top_lps) top_lps[j] = j < n ? logprob_of(logits[ids[j]], &z) : -INFINITY;
+    }
 }
 
 int specd_argmax(const float *x, int n) {

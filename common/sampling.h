@@ -75,8 +75,11 @@ typedef struct specd_sampling {
 void specd_sampling_init(specd_sampling *s);
 
 /* 0 if every field is in range; else -1 with a message naming the field, e.g.
- * "top_p must be in (0, 1] (1 disables it), got 1.5". vocab > 0 also checks
- * the logit-bias ids (in range, no duplicates); vocab <= 0 skips that. */
+ * "top_p must be in (0, 1] (1 disables it), got 1.5" or
+ * "logit_bias[3].token_id = 7 repeats logit_bias[1] (each token at most
+ * once)"; callers prefix where the parameters came from ("open.sampling.").
+ * vocab > 0 also checks the logit-bias ids (in range, no duplicates); vocab
+ * <= 0 skips that. */
 int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err);
 
 /* --- penalties and logit bias ---------------------------------------------
@@ -128,7 +131,11 @@ size_t specd_logits_adjust_scratch_size(int n_path);
 /* Log-softmax of raw logits at token `tok` into *lp, and the top_n most
  * likely tokens (descending, ties: lower id first) into top_ids/top_lps
  * (top_n <= SPECD_MAX_TOP_LOGPROBS; may be 0). Computed in double for the
- * normalizer, so it is a pure function of the logits. */
+ * normalizer, so it is a pure function of the logits. Degenerate rows follow
+ * specd_sampling_probs: NaN logits get -inf and take no part; if some logit
+ * is +inf, those tokens get -log(their count) and the rest -inf; with no
+ * usable logit everything is -inf. If fewer than top_n logits are not NaN,
+ * the missing entries are id -1, -inf. lp, top_ids, top_lps may be NULL. */
 void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, float *lp,
                     int32_t *top_ids, float *top_lps);
 

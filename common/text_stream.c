@@ -78,6 +78,11 @@ const char *specd_text_stream_take(specd_text_stream *ts, size_t *len) {
      * buffer is only rewritten by later pushes; resetting len here makes the
      * next append start over at offset 0. */
     *len = ts->len;
+    /* Nothing released since the last take: the buffer still holds the text
+     * already taken (append writes the NUL only when it runs, and nothing
+     * runs after a stop), and callers send it as a C string, so hand out ""
+     * rather than that stale text (it used to be streamed twice). */
+    if (ts->len == 0) return "";
     ts->len = 0;
     return ts->text;
 }

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Largest batch the worker gathers, whatever the drafter allows. */
+#define SPECD_BATCHER_MAX_BATCH 256
+
 typedef struct pending {
     specd_draft_job *job;
     int done, rc;
@@ -20,6 +23,7 @@ struct specd_batcher {
     pending *head, *tail;
     int stopping;
     pthread_t worker;
+    int cap;    /* most jobs per batch */
     long calls, jobs;
     /* The worker's batch arrays, max_batch long. */
     pending **batch;
@@ -28,7 +32,7 @@ struct specd_batcher {
 
 static void *worker_main(void *arg) {
     specd_batcher *b = arg;
-    int cap = b->d->max_batch;
+    int cap = b->cap;
     pthread_mutex_lock(&b->mu);
     for (;;) {
         while (!b->head && !b->stopping) pthread_cond_wait(&b->work_cv, &b->mu);
@@ -78,7 +82,13 @@ specd_batcher *specd_batcher_create(specd_drafter *d, specd_error *err) {
         return NULL;
     }
     b->d = d;
+    /* A model-free drafter says "any batch" with INT_MAX (ngram does); the
+     * batch arrays are allocated up front, so cap them: more sessions than
+     * this are never ready in the same instant anyway, and the rest simply
+     * form the next batch. */
     int cap = d->max_batch > 0 ? d->max_batch : 1;
+    if (cap > SPECD_BATCHER_MAX_BATCH) cap = SPECD_BATCHER_MAX_BATCH;
+    b->cap = cap;
     b->batch = calloc((size_t)cap, sizeof *b->batch);
     b->jobs_arr = calloc((size_t)cap, sizeof *b->jobs_arr);
     if (!b->batch || !b->jobs_arr) {

@@ -216,15 +216,14 @@ static step_rc recv_resp(gen *g, specd_rpc_stream *s, int timeout_ms,
 
 /* Checks that the target's answer is a path of the tree we sent. A target
  * that answers something else is broken; trusting it could emit garbage. */
-static int check_resp(const gen *g, const Specd__V1__VerifyResponse *r, int vocab,
-                      specd_error *err) {
+static int check_resp(const int32_t *tokens, const int32_t *parents, int n_nodes,
+                      const Specd__V1__VerifyResponse *r, int vocab, specd_error *err) {
     if (r->n_accepted != r->n_accepted_nodes)
         return specd_seterr(err, "target answer: accepted and accepted_nodes differ in length");
     int prev = -1;
     for (size_t i = 0; i < r->n_accepted; i++) {
         int node = r->accepted_nodes[i];
-        if (node < 0 || node >= g->tb.n_nodes || g->tb.parents[node] != prev ||
-            g->tb.tokens[node] != r->accepted[i])
+        if (node < 0 || node >= n_nodes || parents[node] != prev || tokens[node] != r->accepted[i])
             return specd_seterr(err, "target answer: accepted node %d is not on a tree path",
                                 node);
         prev = node;
@@ -264,16 +263,16 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
 }
 
 /* One session on one target, from Open to the end or a failure. */
-static step_rc run_session(gen *g, specd_pool_member *m, grpc_status_code *code,
+static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code,
                            specd_error *err) {
-    const specd_target_info *info = specd_pool_member_info(m);
+    const specd_target_info *info = specd_tpool_member_info(m);
     const specd_gen_request *q = g->req;
     if (g->n_hist + 1 > info->context_length) {
         /* Nothing more fits: the request ends as a full context would. */
         g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
         return STEP_DONE;
     }
-    specd_rpc_stream *s = specd_rpc_stream_start(specd_pool_member_channel(m),
+    specd_rpc_stream *s = specd_rpc_stream_start(specd_tpool_member_channel(m),
                                                  "/specd.v1.Target/Verify", 0, err);
     if (!s) {
         *code = GRPC_STATUS_UNAVAILABLE;
@@ -310,8 +309,13 @@ static step_rc run_session(gen *g, specd_pool_member *m, grpc_status_code *code,
     rc = recv_resp(g, s, g->env->open_timeout_ms, &r, code, err);
     if (rc != STEP_DONE) goto out;
     uint32_t step = 0;
+    /* The tree last sent (what the answer is checked against). */
+    const int32_t *sent_tokens = NULL, *sent_parents = NULL;
+    int sent_n = 0;
+    int32_t filler_tok = 0, filler_parent = -1;
     for (;;) {
-        if (r->step != step || (step > 0 && check_resp(g, r, info->vocab_size, err)) ||
+        if (r->step != step ||
+            (step > 0 && check_resp(sent_tokens, sent_parents, sent_n, r, info->vocab_size, err)) ||
             (step == 0 && (r->n_accepted || r->next_token < 0 ||
                            r->next_token >= info->vocab_size))) {
             if (r->step != step) specd_seterr(err, "target answered step %u, expected %u",
@@ -334,15 +338,32 @@ static step_rc run_session(gen *g, specd_pool_member *m, grpc_status_code *code,
             goto out;
         }
         draft(g, info);
+        /* A Tree must hold at least one node (the wire contract; target-svc
+         * refuses an empty one), so a step without drafts (drafter "none",
+         * speculation off by load or collapse, nothing to propose) sends a
+         * one-node filler: the pending token repeated, "drawn" from the
+         * one-hot q at it. That keeps the step lossless in both modes (it is
+         * just a draft that is usually rejected), costs the target one more
+         * row, and is not counted as drafted in the stats. */
+        int filler = g->tb.n_nodes == 0;
+        sent_tokens = g->tb.tokens;
+        sent_parents = g->tb.parents;
+        sent_n = g->tb.n_nodes;
+        if (filler) {
+            filler_tok = g->hist[g->n_hist - 1];
+            sent_tokens = &filler_tok;
+            sent_parents = &filler_parent;
+            sent_n = 1;
+        }
         Specd__V1__VerifyTree tree = SPECD__V1__VERIFY_TREE__INIT;
         Specd__V1__DraftDistribution *qd = NULL, **qp = NULL;
         tree.step = ++step;
-        tree.n_tokens = tree.n_parents = (size_t)g->tb.n_nodes;
-        tree.tokens = g->tb.tokens;
-        tree.parents = g->tb.parents;
-        int sampling = q->sampling.temperature > 0 && g->tb.n_nodes > 0;
+        tree.n_tokens = tree.n_parents = (size_t)sent_n;
+        tree.tokens = (int32_t *)sent_tokens;
+        tree.parents = (int32_t *)sent_parents;
+        int sampling = q->sampling.temperature > 0;
         if (sampling) {
-            size_t nq = (size_t)g->tb.n_nodes + 1;
+            size_t nq = (size_t)sent_n + 1;
             qd = calloc(nq, sizeof *qd);
             qp = calloc(nq, sizeof *qp);
             if (!qd || !qp) {
@@ -353,11 +374,21 @@ static step_rc run_session(gen *g, specd_pool_member *m, grpc_status_code *code,
                 rc = STEP_FATAL;
                 goto out;
             }
+            static const float one = 1.0f;
             for (size_t i = 0; i < nq; i++) {
                 specd__v1__draft_distribution__init(&qd[i]);
-                qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
-                qd[i].ids = (int32_t *)g->tb.q[i].ids;
-                qd[i].probs = (float *)g->tb.q[i].probs;
+                if (filler) {
+                    /* q[0] one-hot at the filler; q[1] empty (a leaf) */
+                    if (i == 0) {
+                        qd[i].n_ids = qd[i].n_probs = 1;
+                        qd[i].ids = &filler_tok;
+                        qd[i].probs = (float *)&one;
+                    }
+                } else {
+                    qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
+                    qd[i].ids = (int32_t *)g->tb.q[i].ids;
+                    qd[i].probs = (float *)g->tb.q[i].probs;
+                }
                 qp[i] = &qd[i];
             }
             tree.n_q = nq;
@@ -404,7 +435,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
     g.target_load = 1;
     specd_accept_state_init(&g.acc);
     grpc_status_code code = GRPC_STATUS_OK;
-    specd_pool_member *m = NULL, *failed = NULL;
+    specd_tpool_member *m = NULL, *failed = NULL;
     int vocab = 0;
     /* Room for the prompt, every token, and one step's overshoot. */
     g.cap_hist = req->n_prompt + req->max_new_tokens + env->max_tree_tokens + 2;
@@ -424,7 +455,9 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
             goto out;
         }
         if (specd_tree_buf_init(&g.tb, env->max_tree_tokens,
-                                req->sampling.temperature > 0 ? (size_t)vocab * 4 : 0, err)) {
+                                req->sampling.temperature > 0
+                                    ? (size_t)SPECD_DRAFT_Q_MAX * ((size_t)env->max_tree_tokens + 1)
+                                    : 0, err)) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             goto out;
         }
@@ -439,7 +472,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
     }
     if (!vocab) {
         specd_target_info info;
-        if (specd_pool_any_info(env->pool, &info, err)) {
+        if (specd_tpool_any_info(env->pool, &info, err)) {
             code = GRPC_STATUS_UNAVAILABLE;
             goto out;
         }
@@ -458,7 +491,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
             break;
         }
         specd_error perr = {{0}};
-        m = specd_pool_acquire(env->pool, failed, &perr);
+        m = specd_tpool_acquire(env->pool, failed, &perr);
         if (!m) {
             code = GRPC_STATUS_UNAVAILABLE;
             specd_seterr(err, "%s", perr.msg);
@@ -469,13 +502,13 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
         grpc_status_code scode = GRPC_STATUS_OK;
         step_rc rc = run_session(&g, m, &scode, &serr);
         if (rc == STEP_DONE) {
-            specd_pool_release(env->pool, m, 0);
+            specd_tpool_release(env->pool, m, 0);
             m = NULL;
             code = GRPC_STATUS_OK;
             break;
         }
         if (rc == STEP_FATAL || st->failovers >= env->max_failovers) {
-            specd_pool_release(env->pool, m, 0);
+            specd_tpool_release(env->pool, m, 0);
             m = NULL;
             code = scode ? scode : GRPC_STATUS_INTERNAL;
             specd_seterr(err, "%s", serr.msg);
@@ -489,12 +522,12 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
          * token in it, and only those. */
         fprintf(stderr, "draft-svc: target %s failed (%s: %s); resuming on another target "
                         "after %d tokens\n",
-                specd_pool_member_addr(m), status_name(scode), serr.msg,
+                specd_tpool_member_addr(m), status_name(scode), serr.msg,
                 g.n_gen);
         st->failovers++;
         /* Only compared by address, to steer the next pick elsewhere. */
         failed = m;
-        specd_pool_release(env->pool, m, 1);
+        specd_tpool_release(env->pool, m, 1);
         m = NULL;
     }
 out:

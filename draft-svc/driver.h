@@ -40,7 +40,7 @@
 
 /* Shared by every request of a draft-svc. */
 typedef struct specd_driver_env {
-    specd_pool *pool;
+    specd_tpool *pool;
     const specd_policy *policy;
     int max_tree_tokens;   /* own cap on tree size (also capped by each target's) */
     int step_timeout_ms;   /* a target step slower than this counts as a failure */

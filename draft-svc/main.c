@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
     specd_model_file *tok_model = NULL;
     specd_tokenizer *tok = NULL;
     specd_drafter *drafters[SPECD_N_DRAFTERS] = {0};
-    specd_pool *pool = NULL;
+    specd_tpool *pool = NULL;
     specd_draft_service *svc = NULL;
     specd_rpc_server *srv = NULL;
     char tok_sha[65] = "";
@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
         }
     }
 
-    specd_pool_opts po = {
+    specd_tpool_opts po = {
         .targets = (const char *const *)cfg.targets.items,
         .n_targets = (int)cfg.targets.n,
         .channel = {.tls_ca_path = cfg.target.tls.ca,
@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
         .expect_hidden = hidden,
         .expect_tokenizer_sha256 = tok_sha,
     };
-    if (!(pool = specd_pool_create(&po, &err))) goto fail;
+    if (!(pool = specd_tpool_create(&po, &err))) goto fail;
 
     specd_draft_opts dop = {
         .tok = tok,
@@ -150,7 +150,7 @@ fail:
 out:
     specd_rpc_server_destroy(srv);
     specd_draft_service_free(svc);
-    specd_pool_free(pool);
+    specd_tpool_free(pool);
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) specd_drafter_free(drafters[i]);
     specd_tokenizer_free(tok);
     specd_model_close(tok_model);

@@ -5,24 +5,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/prompt.h"
-#include "common/sampling_proto.h"
-#include "common/text_stream.h"
 #include "draft-svc/batcher.h"
 #include "draft-svc/driver.h"
+#include "draft-svc/request_check.h"
 #include "specd.pb-c.h"
 
 const char *const specd_drafter_names[SPECD_N_DRAFTERS + 2] = {"mlp", "draft_lm", "ngram", "none",
                                                                 NULL};
-
-#define MAX_STOP_IDS 64
 
 struct specd_draft_service {
     specd_draft_opts o;
     specd_batcher *batchers[SPECD_N_DRAFTERS];
     specd_driver_env env;
     char tok_sha256[65];
-    int vocab; /* from the tokenizer or a drafter; 0 = learn from the targets */
+    int vocab; /* from the tokenizer or a drafter; 0 = unknown (the targets check ids) */
+    specd_draft_limits lim; /* what request_check.h checks against */
 };
 
 /* ---- Generate ------------------------------------------------------------------ */
@@ -30,7 +27,7 @@ struct specd_draft_service {
 /* What the sink needs to turn a step's tokens into one response message. */
 typedef struct gen_sink {
     specd_rpc_call *call;
-    specd_text_stream ts;
+    specd_text_stream *ts; /* the request's (specd_draft_prepared) */
     int logprobs;
     specd_error err;
     int failed; /* send failed or detok error: abort */
@@ -44,7 +41,7 @@ static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogp
      * sent, never counted. */
     int took = n;
     for (int i = 0; i < n; i++) {
-        int rc = specd_text_stream_push(&gs->ts, toks[i], &gs->err);
+        int rc = specd_text_stream_push(gs->ts, toks[i], &gs->err);
         if (rc < 0) {
             gs->failed = 1;
             return -1;
@@ -57,7 +54,7 @@ static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogp
     }
     Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
     size_t len;
-    r.text = (char *)specd_text_stream_take(&gs->ts, &len);
+    r.text = (char *)specd_text_stream_take(gs->ts, &len);
     r.n_token_ids = (size_t)took;
     r.token_ids = (int32_t *)toks;
     if (gs->logprobs && lps) {
@@ -73,82 +70,14 @@ static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogp
 
 static void on_cancel(void *arg) { specd_gen_cancel_fire(arg); }
 
-/* The drafter a request asked for: index, SPECD_N_DRAFTERS for none, -1 for
- * an unknown or unavailable one. */
-static int pick_drafter(const specd_draft_service *svc, const char *name) {
-    if (!name || !*name) return svc->o.default_drafter;
-    for (int i = 0; i <= SPECD_N_DRAFTERS; i++)
-        if (!strcmp(name, specd_drafter_names[i]))
-            return i == SPECD_N_DRAFTERS || svc->o.drafters[i] ? i : -1;
-    return -1;
-}
-
-static void offered(const specd_draft_service *svc, char *buf, size_t cap) {
-    size_t k = 0;
-    buf[0] = 0;
-    for (int i = 0; i <= SPECD_N_DRAFTERS; i++) {
-        if (i < SPECD_N_DRAFTERS && !svc->o.drafters[i]) continue;
-        k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%s", k ? ", " : "",
-                              specd_drafter_names[i]);
-    }
-}
-
-/* Checks everything about a request that does not need a target.
- * GRPC_STATUS_OK or a code + err. */
-static grpc_status_code check_request(specd_draft_service *svc,
-                                      const Specd__V1__GenerateRequest *req, int *drafter,
-                                      specd_error *err) {
-    if (req->max_new_tokens < 0 || req->max_new_tokens > svc->o.max_new_tokens)
-        return specd_seterr(err, "request.max_new_tokens = %d: must be in 1..%d (0 = %d)",
-                            req->max_new_tokens, svc->o.max_new_tokens,
-                            svc->o.default_max_new_tokens),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    if ((*drafter = pick_drafter(svc, req->drafter)) < 0) {
-        char have[128];
-        offered(svc, have, sizeof have);
-        return specd_seterr(err, "request.drafter: '%s' is not offered here (offered: %s)",
-                            req->drafter, have),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    if (req->n_stop_ids > MAX_STOP_IDS)
-        return specd_seterr(err, "request.stop_ids: %zu ids, at most %d", req->n_stop_ids,
-                            MAX_STOP_IDS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    for (size_t i = 0; i < req->n_stop_ids; i++)
-        if (req->stop_ids[i] < 0 || (svc->vocab > 0 && req->stop_ids[i] >= svc->vocab))
-            return specd_seterr(err, "request.stop_ids[%zu] = %d is outside the vocabulary", i,
-                                req->stop_ids[i]),
-                   GRPC_STATUS_INVALID_ARGUMENT;
-    if (req->top_logprobs < 0 || req->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
-        return specd_seterr(err, "request.top_logprobs = %d: must be in 0..%d", req->top_logprobs,
-                            SPECD_MAX_TOP_LOGPROBS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    if (req->top_logprobs > 0 && !req->logprobs)
-        return specd_seterr(err, "request.top_logprobs needs request.logprobs = true"),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    const Specd__V1__Speculation *sp = req->speculation;
-    if (sp && (sp->candidates < 0 || sp->candidates > 64))
-        return specd_seterr(err, "request.speculation.candidates = %d: must be in 0..64",
-                            sp->candidates),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    if (sp && (sp->depth < 0 || sp->depth > SPECD_MAX_DRAFT_DEPTH))
-        return specd_seterr(err, "request.speculation.depth = %d: must be in 0..%d", sp->depth,
-                            SPECD_MAX_DRAFT_DEPTH),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    return GRPC_STATUS_OK;
-}
-
 static void h_generate(specd_rpc_call *c, void *user) {
     specd_draft_service *svc = user;
     Specd__V1__GenerateRequest *req = NULL;
     specd_error err = {{0}};
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    int drafter = SPECD_N_DRAFTERS;
     grpc_status_code code;
-    specd_sampling_owned samp = {0};
+    specd_draft_prepared pr;
+    memset(&pr, 0, sizeof pr);
     gen_sink gs = {0};
-    int have_ts = 0;
     specd_gen_cancel cancel;
     specd_gen_cancel_init(&cancel);
     gs.call = c;
@@ -157,36 +86,20 @@ static void h_generate(specd_rpc_call *c, void *user) {
         specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
         goto out;
     }
-    if ((code = check_request(svc, req, &drafter, &err))) {
+    /* Every check that needs no target (request_check.h, fuzzed on its own). */
+    if ((code = specd_draft_prepare(&svc->lim, req, &pr, &err))) {
         specd_rpc_call_finish(c, code, err.msg);
         goto out;
     }
-    if (specd_sampling_from_proto(req->sampling, svc->vocab, "request.sampling", &samp, &err)) {
-        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
-        goto out;
-    }
-    if (specd_text_stream_init(&gs.ts, svc->o.tok, req->stop, req->n_stop, "request.stop",
-                               &err)) {
-        specd_rpc_call_finish(c, svc->o.tok ? GRPC_STATUS_INVALID_ARGUMENT
-                                            : GRPC_STATUS_FAILED_PRECONDITION,
-                              err.msg);
-        goto out;
-    }
-    have_ts = 1;
-    if ((code = specd_prompt_from_request(svc->o.tok, req, svc->vocab, svc->o.max_prompt_tokens,
-                                          &ids, &n_ids, &err))) {
-        specd_rpc_call_finish(c, code, err.msg);
-        goto out;
-    }
+    int drafter = pr.drafter;
     const Specd__V1__Speculation *sp = req->speculation;
     int spec_off = drafter == SPECD_N_DRAFTERS || (sp && sp->off);
     specd_gen_request gr = {
-        .prompt = ids,
-        .n_prompt = (int)n_ids,
-        .max_new_tokens =
-            req->max_new_tokens ? req->max_new_tokens : svc->o.default_max_new_tokens,
+        .prompt = pr.ids,
+        .n_prompt = (int)pr.n_ids,
+        .max_new_tokens = pr.max_new_tokens,
         .sampling_pb = req->sampling,
-        .sampling = samp.s,
+        .sampling = pr.samp.s,
         .stop_ids = req->stop_ids,
         .n_stop_ids = (int)req->n_stop_ids,
         .ignore_eos = req->ignore_eos,
@@ -198,6 +111,8 @@ static void h_generate(specd_rpc_call *c, void *user) {
         .depth = sp ? sp->depth : 0,
     };
     gs.logprobs = req->logprobs;
+    /* The sink streams through the request's text stream; pr keeps owning it. */
+    gs.ts = &pr.ts;
     specd_rpc_call_on_cancel(c, on_cancel, &cancel);
     specd_gen_sink sink = {on_tokens, &gs};
     specd_gen_stats st;
@@ -214,12 +129,12 @@ static void h_generate(specd_rpc_call *c, void *user) {
         specd_rpc_call_finish(c, code, err.msg);
         goto out;
     }
-    if (st.finish != SPECD__V1__FINISH_REASON__FINISH_REASON_STOP || !gs.ts.stopped)
-        specd_text_stream_finish(&gs.ts);
+    if (st.finish != SPECD__V1__FINISH_REASON__FINISH_REASON_STOP || !gs.ts->stopped)
+        specd_text_stream_finish(gs.ts);
     Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
     Specd__V1__GenerateStats gst = SPECD__V1__GENERATE_STATS__INIT;
     size_t len;
-    r.text = (char *)specd_text_stream_take(&gs.ts, &len);
+    r.text = (char *)specd_text_stream_take(gs.ts, &len);
     r.finish_reason = st.finish;
     gst.prompt_tokens = st.prompt_tokens;
     gst.generated_tokens = st.generated_tokens;
@@ -241,10 +156,8 @@ static void h_generate(specd_rpc_call *c, void *user) {
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
         specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 out:
-    if (have_ts) specd_text_stream_free(&gs.ts);
-    specd_sampling_owned_free(&samp);
+    specd_draft_prepared_free(&pr);
     specd_gen_cancel_destroy(&cancel);
-    free(ids);
     if (req) protobuf_c_message_free_unpacked(&req->base, NULL);
 }
 
@@ -256,7 +169,7 @@ static void h_info(specd_rpc_call *c, void *user) {
     specd_target_info ti;
     specd_error err = {{0}};
     /* The model is the targets': without one up there is nothing to describe. */
-    if (specd_pool_any_info(svc->o.pool, &ti, &err)) {
+    if (specd_tpool_any_info(svc->o.pool, &ti, &err)) {
         specd_rpc_call_finish(c, GRPC_STATUS_UNAVAILABLE, err.msg);
         return;
     }
@@ -281,7 +194,7 @@ static void h_info(specd_rpc_call *c, void *user) {
     r.drafters = names;
     r.default_drafter = (char *)specd_drafter_names[svc->o.default_drafter];
     char *targets[64];
-    int nt = specd_pool_list_up(svc->o.pool, targets, 64);
+    int nt = specd_tpool_list_up(svc->o.pool, targets, 64);
     r.n_targets = (size_t)nt;
     r.targets = targets;
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
@@ -330,6 +243,15 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         }
     }
     if (o->tok) specd_tokenizer_sha256_hex(o->tok, svc->tok_sha256);
+    svc->lim = (specd_draft_limits){
+        .tok = o->tok,
+        .vocab = svc->vocab,
+        .default_drafter = o->default_drafter,
+        .max_prompt_tokens = o->max_prompt_tokens,
+        .max_new_tokens = o->max_new_tokens,
+        .default_max_new_tokens = o->default_max_new_tokens,
+    };
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) svc->lim.offered[i] = o->drafters[i] != NULL;
     svc->env = (specd_driver_env){
         .pool = o->pool,
         .policy = &svc->o.policy,

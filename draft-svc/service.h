@@ -31,7 +31,7 @@ extern const char *const specd_drafter_names[SPECD_N_DRAFTERS + 2];
 
 typedef struct specd_draft_opts {
     const specd_tokenizer *tok;               /* NULL = token-id input only */
-    specd_pool *pool;                         /* not owned */
+    specd_tpool *pool;                         /* not owned */
     specd_drafter *drafters[SPECD_N_DRAFTERS];/* NULL = not offered; owned by the caller */
     int default_drafter;                      /* index, or SPECD_N_DRAFTERS = none */
     specd_policy policy;

@@ -22,7 +22,7 @@ typedef enum member_state {
     MEMBER_INCOMPATIBLE, /* answered, but with another model or tokenizer */
 } member_state;
 
-struct specd_pool_member {
+struct specd_tpool_member {
     char addr[300];
     int source;           /* index of the configured entry it came from */
     specd_rpc_channel *ch;
@@ -35,12 +35,12 @@ struct specd_pool_member {
     specd_target_info info;
 };
 
-struct specd_pool {
-    specd_pool_opts o;
+struct specd_tpool {
+    specd_tpool_opts o;
     char **targets; /* owned copies of o.targets */
     char *ca, *cert, *key, *server_name;
     pthread_mutex_t mu;
-    specd_pool_member *m[POOL_MAX_MEMBERS];
+    specd_tpool_member *m[POOL_MAX_MEMBERS];
     int n;
     unsigned rr;            /* round-robin cursor */
     int64_t resolved_at_ms; /* last DNS pass; 0 = never */
@@ -56,21 +56,21 @@ static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 /* ---- membership ------------------------------------------------------------ */
 
-static void member_unref(specd_pool_member *m) {
+static void member_unref(specd_tpool_member *m) {
     if (--m->refs > 0) return;
     specd_rpc_channel_free(m->ch);
     free(m);
 }
 
-static specd_pool_member *find_member(specd_pool *p, const char *addr) {
+static specd_tpool_member *find_member(specd_tpool *p, const char *addr) {
     for (int i = 0; i < p->n; i++)
         if (!strcmp(p->m[i]->addr, addr)) return p->m[i];
     return NULL;
 }
 
 /* Adds addr (or marks it listed again). Caller holds mu. */
-static void add_member(specd_pool *p, const char *addr, int source) {
-    specd_pool_member *m = find_member(p, addr);
+static void add_member(specd_tpool *p, const char *addr, int source) {
+    specd_tpool_member *m = find_member(p, addr);
     if (m) {
         m->listed = 1;
         return;
@@ -95,7 +95,7 @@ static void add_member(specd_pool *p, const char *addr, int source) {
 }
 
 /* "dns:NAME:PORT" -> every address NAME has, as "ip:port" / "[ip6]:port". */
-static void resolve_entry(specd_pool *p, const char *entry, int source) {
+static void resolve_entry(specd_tpool *p, const char *entry, int source) {
     const char *spec = entry + 4;
     const char *colon = strrchr(spec, ':');
     if (!colon || colon == spec) {
@@ -138,7 +138,7 @@ static void resolve_entry(specd_pool *p, const char *entry, int source) {
  * (sessions on them keep their reference until they end). Caller holds mu.
  * getaddrinfo blocks, but only once per resolve_interval, and a pool lookup
  * that waits behind it is a session start, not a token step. */
-static void refresh(specd_pool *p) {
+static void refresh(specd_tpool *p) {
     int64_t t = now_ms();
     if (p->resolved_at_ms && t - p->resolved_at_ms < p->o.resolve_interval_ms) return;
     p->resolved_at_ms = t;
@@ -165,7 +165,7 @@ static void refresh(specd_pool *p) {
 
 /* GetInfo and the compatibility check, without the pool lock (it is a
  * network call). 1 = compatible, 0 = incompatible, -1 = unreachable. */
-static int check_member(specd_pool *p, specd_pool_member *m, specd_target_info *info) {
+static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info *info) {
     Specd__V1__InfoRequest req = SPECD__V1__INFO_REQUEST__INIT;
     Specd__V1__Info *r = NULL;
     specd_error err = {{0}};
@@ -211,12 +211,12 @@ static int check_member(specd_pool *p, specd_pool_member *m, specd_target_info *
 
 /* ---- public ----------------------------------------------------------------- */
 
-specd_pool *specd_pool_create(const specd_pool_opts *o, specd_error *err) {
+specd_tpool *specd_tpool_create(const specd_tpool_opts *o, specd_error *err) {
     if (o->n_targets < 1) {
         specd_seterr(err, "targets: at least one target address is required");
         return NULL;
     }
-    specd_pool *p = calloc(1, sizeof *p);
+    specd_tpool *p = calloc(1, sizeof *p);
     if (!p) {
         specd_seterr(err, "out of memory");
         return NULL;
@@ -242,7 +242,7 @@ specd_pool *specd_pool_create(const specd_pool_opts *o, specd_error *err) {
     for (int i = 0; i < o->n_targets; i++) {
         if (!o->targets[i] || !*o->targets[i]) {
             specd_seterr(err, "targets[%d]: empty address", i);
-            specd_pool_free(p);
+            specd_tpool_free(p);
             return NULL;
         }
         if (!(p->targets[i] = strdup(o->targets[i]))) goto oom;
@@ -254,11 +254,11 @@ specd_pool *specd_pool_create(const specd_pool_opts *o, specd_error *err) {
     return p;
 oom:
     specd_seterr(err, "out of memory");
-    specd_pool_free(p);
+    specd_tpool_free(p);
     return NULL;
 }
 
-void specd_pool_free(specd_pool *p) {
+void specd_tpool_free(specd_tpool *p) {
     if (!p) return;
     for (int i = 0; i < p->n; i++) member_unref(p->m[i]);
     if (p->targets)
@@ -274,13 +274,13 @@ void specd_pool_free(specd_pool *p) {
 }
 
 /* Usable now: up, or unchecked, or down with its backoff over. */
-static int usable(const specd_pool_member *m, int64_t t) {
+static int usable(const specd_tpool_member *m, int64_t t) {
     if (m->state == MEMBER_INCOMPATIBLE) return 0;
     if (m->state == MEMBER_DOWN) return t >= m->down_until_ms;
     return 1;
 }
 
-static void mark_down(specd_pool *p, specd_pool_member *m) {
+static void mark_down(specd_tpool *p, specd_tpool_member *m) {
     m->failures++;
     int64_t backoff = p->o.min_backoff_ms;
     for (int i = 1; i < m->failures && backoff < p->o.max_backoff_ms; i++) backoff *= 2;
@@ -289,7 +289,7 @@ static void mark_down(specd_pool *p, specd_pool_member *m) {
     m->down_until_ms = now_ms() + backoff;
 }
 
-specd_pool_member *specd_pool_acquire(specd_pool *p, const specd_pool_member *avoid,
+specd_tpool_member *specd_tpool_acquire(specd_tpool *p, const specd_tpool_member *avoid,
                                       specd_error *err) {
     /* Each round picks the best candidate; one that fails its check is
      * marked and the next round picks again, at most once per member. */
@@ -297,10 +297,10 @@ specd_pool_member *specd_pool_acquire(specd_pool *p, const specd_pool_member *av
         pthread_mutex_lock(&p->mu);
         refresh(p);
         int64_t t = now_ms();
-        specd_pool_member *best = NULL;
+        specd_tpool_member *best = NULL;
         int best_avoided = 1;
         for (int k = 0; k < p->n; k++) {
-            specd_pool_member *m = p->m[(p->rr + (unsigned)k) % (unsigned)p->n];
+            specd_tpool_member *m = p->m[(p->rr + (unsigned)k) % (unsigned)p->n];
             if (!usable(m, t)) continue;
             int avoided = m == avoid;
             /* Prefer not-avoided, then fewest sessions; the rotating start
@@ -345,7 +345,7 @@ specd_pool_member *specd_pool_acquire(specd_pool *p, const specd_pool_member *av
     return NULL;
 }
 
-void specd_pool_release(specd_pool *p, specd_pool_member *m, int failed) {
+void specd_tpool_release(specd_tpool *p, specd_tpool_member *m, int failed) {
     if (!m) return;
     pthread_mutex_lock(&p->mu);
     m->sessions--;
@@ -357,13 +357,13 @@ void specd_pool_release(specd_pool *p, specd_pool_member *m, int failed) {
     pthread_mutex_unlock(&p->mu);
 }
 
-specd_rpc_channel *specd_pool_member_channel(const specd_pool_member *m) { return m->ch; }
-const char *specd_pool_member_addr(const specd_pool_member *m) { return m->addr; }
-const specd_target_info *specd_pool_member_info(const specd_pool_member *m) { return &m->info; }
-int specd_pool_member_sessions(const specd_pool_member *m) { return m->sessions; }
+specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m) { return m->ch; }
+const char *specd_tpool_member_addr(const specd_tpool_member *m) { return m->addr; }
+const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m) { return &m->info; }
+int specd_tpool_member_sessions(const specd_tpool_member *m) { return m->sessions; }
 
-int specd_pool_any_info(specd_pool *p, specd_target_info *out, specd_error *err) {
-    specd_pool_member *m = specd_pool_acquire(p, NULL, err);
+int specd_tpool_any_info(specd_tpool *p, specd_target_info *out, specd_error *err) {
+    specd_tpool_member *m = specd_tpool_acquire(p, NULL, err);
     if (!m) return -1;
     *out = m->info;
     pthread_mutex_lock(&p->mu);
@@ -373,7 +373,7 @@ int specd_pool_any_info(specd_pool *p, specd_target_info *out, specd_error *err)
     return 0;
 }
 
-int specd_pool_list_up(specd_pool *p, char **out, int cap) {
+int specd_tpool_list_up(specd_tpool *p, char **out, int cap) {
     int k = 0;
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n && k < cap; i++)

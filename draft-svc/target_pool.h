@@ -19,6 +19,11 @@
  * tokenizer fingerprint must match what draft-svc expects, else it is
  * marked incompatible (and logged) rather than served wrong tokens.
  *
+ * Names: specd_tpool ("target pool"), not specd_pool, which is the CPU
+ * kernels' thread pool (kernels/cpu/threadpool.h); both end up in one
+ * binary (the specd tool, the tests), where the same function names clashed
+ * at link time.
+ *
  * Thread-safe. Members are reference counted: a session keeps its member
  * (and channel) alive even if a re-resolution drops the address. */
 #ifndef SPECD_TARGET_POOL_H
@@ -29,8 +34,8 @@
 #include "common/error.h"
 #include "common/rpc_client.h"
 
-typedef struct specd_pool specd_pool;
-typedef struct specd_pool_member specd_pool_member;
+typedef struct specd_tpool specd_tpool;
+typedef struct specd_tpool_member specd_tpool_member;
 
 /* What the pool learned from a member's GetInfo. */
 typedef struct specd_target_info {
@@ -41,7 +46,7 @@ typedef struct specd_target_info {
     char backend[16];
 } specd_target_info;
 
-typedef struct specd_pool_opts {
+typedef struct specd_tpool_opts {
     const char *const *targets; /* "host:port" or "dns:NAME:PORT" */
     int n_targets;
     /* TLS towards the targets (insecure = plaintext); target is filled per
@@ -55,31 +60,31 @@ typedef struct specd_pool_opts {
     int expect_vocab;
     int expect_hidden;
     const char *expect_tokenizer_sha256;
-} specd_pool_opts;
+} specd_tpool_opts;
 
-specd_pool *specd_pool_create(const specd_pool_opts *o, specd_error *err);
-void specd_pool_free(specd_pool *p); /* every member must have been released */
+specd_tpool *specd_tpool_create(const specd_tpool_opts *o, specd_error *err);
+void specd_tpool_free(specd_tpool *p); /* every member must have been released */
 
 /* A member for a new session (its session count goes up), not `avoid` if
  * there is any other choice (failover prefers a different target). NULL +
  * err (UNAVAILABLE-worthy: "no target available: ...") when none is up. */
-specd_pool_member *specd_pool_acquire(specd_pool *p, const specd_pool_member *avoid,
+specd_tpool_member *specd_tpool_acquire(specd_tpool *p, const specd_tpool_member *avoid,
                                       specd_error *err);
 
 /* Ends a session on the member. failed = 1 marks it down (backoff). */
-void specd_pool_release(specd_pool *p, specd_pool_member *m, int failed);
+void specd_tpool_release(specd_tpool *p, specd_tpool_member *m, int failed);
 
-specd_rpc_channel *specd_pool_member_channel(const specd_pool_member *m);
-const char *specd_pool_member_addr(const specd_pool_member *m);
-const specd_target_info *specd_pool_member_info(const specd_pool_member *m);
+specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m);
+const char *specd_tpool_member_addr(const specd_tpool_member *m);
+const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m);
 /* Sessions this draft-svc has open on the member right now. */
-int specd_pool_member_sessions(const specd_pool_member *m);
+int specd_tpool_member_sessions(const specd_tpool_member *m);
 
 /* Info of any compatible member (fetching one if needed): 0, or -1 + err. */
-int specd_pool_any_info(specd_pool *p, specd_target_info *out, specd_error *err);
+int specd_tpool_any_info(specd_tpool *p, specd_target_info *out, specd_error *err);
 
 /* Addresses of the members currently up, as "addr" strings written into
  * out[0..cap) (malloc'd; the caller frees each). Returns the count. */
-int specd_pool_list_up(specd_pool *p, char **out, int cap);
+int specd_tpool_list_up(specd_tpool *p, char **out, int cap);
 
 #endif

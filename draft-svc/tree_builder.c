@@ -177,3 +177,30 @@ int specd_topk(const float *x, int n, int k, int32_t *ids, float *vals) {
     }
     return m;
 }
+
+int specd_draft_q_truncate(float *probs, int vocab, int32_t *ids, float *sparse) {
+    int nz = 0;
+    for (int i = 0; i < vocab; i++) nz += probs[i] > 0.0f;
+    int n;
+    if (nz <= SPECD_DRAFT_Q_MAX) {
+        n = 0;
+        for (int i = 0; i < vocab; i++)
+            if (probs[i] > 0.0f) {
+                ids[n] = i;
+                sparse[n++] = probs[i];
+            }
+    } else {
+        n = specd_topk(probs, vocab, SPECD_DRAFT_Q_MAX, ids, sparse);
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) sum += sparse[j];
+    if (n == 0 || !(sum > 0)) return 0;
+    /* Rewrite the dense vector as the truncated q so the draw that follows
+     * uses exactly the distribution that is sent. */
+    memset(probs, 0, sizeof(float) * (size_t)vocab);
+    for (int j = 0; j < n; j++) {
+        sparse[j] = (float)(sparse[j] / sum);
+        probs[ids[j]] = sparse[j];
+    }
+    return n;
+}

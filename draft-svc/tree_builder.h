@@ -76,6 +76,21 @@ int specd_tree_beam_select(const float *cand_logq, int n, int keep, uint8_t *kee
  * the resulting depth (>= 1 when max_nodes >= 1). */
 int specd_tree_sampling_branching(int candidates, int depth, int max_nodes, int *branching);
 
+/* Sampling-mode drafters draw each node's children from a q with at most
+ * this many tokens. The verifier is lossless for ANY q as long as the q sent
+ * is the one drawn from, so a drafter may truncate its distribution; without
+ * this a dense q over a 49k vocabulary would make each Tree megabytes (past
+ * gRPC's message limit for a few dozen nodes) for mass the draft almost never
+ * samples. */
+#define SPECD_DRAFT_Q_MAX 256
+
+/* Truncates a dense draft distribution probs[0..vocab) to its SPECD_DRAFT_Q_MAX
+ * most likely tokens (ties: lower id), renormalized, IN PLACE (so the caller
+ * then draws from exactly the q it sends), and writes its sparse form to
+ * ids/sparse (capacity SPECD_DRAFT_Q_MAX). Returns the number of entries (>= 1
+ * for a distribution with any positive entry, else 0). */
+int specd_draft_q_truncate(float *probs, int vocab, int32_t *ids, float *sparse);
+
 /* Top-k of a log-probability (or logit) row: the k largest, descending, ties
  * broken by lower id; k is clamped to n. Returns the count written. O(n log k). */
 int specd_topk(const float *x, int n, int k, int32_t *ids, float *vals);

@@ -108,9 +108,18 @@ static int finish_item(specd_sched *s, specd_work *w, int row) {
     int out_row = row;
     if (w->kind == SPECD_WORK_TREE) {
         specd_verify_result res = {.accepted = w->accepted, .kept_rows = s->kept};
-        if (specd_verify_walk(w->tree, logits, s->vocab, w->sampling, w->position, s->scratch,
-                              &res, &w->err))
+        if (specd_verify_walk(w->tree, logits, s->vocab, w->sampling, w->counts, w->position,
+                              s->scratch, &res, &w->err))
             return -1;
+        /* Emitted token i came from row kept[i] (the pending token's row for
+         * the first, then each accepted node's row): the same raw logits a
+         * plain decode of that position would produce. */
+        if (w->logprobs)
+            for (int i = 0; i <= res.n_accepted; i++)
+                specd_token_logprob_fill(&w->logprobs[i], logits + (size_t)s->kept[i] * s->vocab,
+                                         s->vocab,
+                                         i < res.n_accepted ? res.accepted[i] : res.next_token,
+                                         w->top_logprobs);
         /* The cache keeps pending + the accepted path only: rows are moved in
          * place, nothing is recomputed. */
         if (specd_transformer_kv_compact(s->t, w->slot, w->n_past, s->kept, 1 + res.n_accepted,
@@ -122,7 +131,11 @@ static int finish_item(specd_sched *s, specd_work *w, int row) {
         out_row = row + res.next_row;
     } else {
         w->n_accepted = 0;
-        w->next_token = specd_sample(w->sampling, logits, s->vocab, w->position, 0, s->scratch);
+        w->next_token =
+            specd_decode_token(logits, s->vocab, w->sampling, w->counts, w->position, s->scratch);
+        if (w->logprobs)
+            specd_token_logprob_fill(&w->logprobs[0], logits, s->vocab, w->next_token,
+                                     w->top_logprobs);
     }
     if (w->hidden)
         memcpy(w->hidden, s->hidden + (size_t)out_row * s->dim, sizeof(float) * (size_t)s->dim);
@@ -174,6 +187,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
         n_out += rows;
         s->items[n_items] = w;
         w->in_flight = take;
+        w->active_sessions = (uint32_t)(s->n_slots - s->n_free);
         n_tok += take;
         n_items++;
         w = next;
@@ -294,9 +308,9 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
     s->kept = malloc(sizeof(int32_t) * (size_t)B);
     /* Masks of all trees in a pass: sum of n^2 over trees <= B^2. */
     s->mask = malloc((size_t)B * (size_t)B);
-    size_t sc = specd_verify_scratch_size(s->vocab);
-    size_t ss = specd_sampling_scratch_size(s->vocab);
-    s->scratch = malloc(sc > ss ? sc : ss);
+    /* A tree rides in one pass with its pending token: at most B - 1 nodes.
+     * This size also covers specd_decode_token. */
+    s->scratch = malloc(specd_verify_scratch_size(s->vocab, B > 1 ? B - 1 : 1));
     if (!s->tokens || !s->out_rows || !s->seqs || !s->items || !s->item_rows || !s->rcs || !s->pos ||
         !s->kept || !s->mask || !s->scratch || !s->free_slots || grow_out(s, 1)) {
         specd_seterr(err, "scheduler: out of memory");
@@ -378,7 +392,7 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
     w->rc = 0;
     w->done = w->in_flight = w->n_done = 0;
     w->next = NULL;
-    w->queue_us = w->forward_us = w->batch_tokens = 0;
+    w->queue_us = w->forward_us = w->batch_tokens = w->active_sessions = 0;
     cond_init(&w->cv);
     pthread_mutex_lock(&s->mu);
     w->t_submit_us = now_us();

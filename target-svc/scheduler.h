@@ -65,14 +65,25 @@ typedef struct specd_work {
     int n_tokens;
     const specd_tree *tree;  /* TREE only; n_tokens == 1 + tree->n_nodes */
     const specd_sampling *sampling;
-    /* Output index of the token drawn by this item (PREFILL: 0, DECODE: tokens
-     * emitted so far, TREE: output index of the pending token's first child);
-     * it addresses the random draws (rng stream), so seeds reproduce. */
+    /* Penalty history up to and including the last token before the one this
+     * item draws (PREFILL: the prompt; DECODE / TREE: prompt + emitted tokens,
+     * the pending one included); NULL when the sampling adjusts no logits.
+     * Read by the worker only while the submitter waits in specd_sched_run. */
+    const specd_token_counts *counts;
+    /* Output index of the token drawn by this item (PREFILL: 0, or the resumed
+     * count on failover; DECODE: the next output index; TREE: output index of
+     * the pending token's first child); it addresses the random draws (rng
+     * stream), so seeds reproduce. */
     uint64_t position;
     float *hidden;           /* NULL or [dim]: final-norm hidden of the row that
                               * produced next_token */
     int32_t *accepted;       /* TREE: [n_nodes] accepted tokens */
     int32_t *accepted_nodes; /* TREE: [n_nodes] their node indices */
+    /* NULL, or [n_nodes + 1] (TREE) / [1]: log-probabilities of each emitted
+     * token (accepted ones, then next_token) from its row's raw logits, with
+     * top_logprobs alternatives. */
+    specd_token_logprob *logprobs;
+    int top_logprobs;
     int (*is_cancelled)(void *arg);
     void *cancel_arg;
 
@@ -80,6 +91,7 @@ typedef struct specd_work {
     int32_t next_token;
     int n_accepted;
     uint32_t queue_us, forward_us, batch_tokens;
+    uint32_t active_sessions; /* KV slots held when the pass was gathered */
     specd_error err;
 
     /* ---- private to the scheduler ---- */

@@ -43,19 +43,82 @@ static double now_ms(void) {
 
 /* ---- Verify ---------------------------------------------------------------- */
 
+/* ---- log-probabilities on the wire ------------------------------------------ */
+
+/* The scheduler's log-probabilities and their protobuf-c form for up to `cap`
+ * tokens, allocated once per call (only when the call asked for them), so a
+ * step builds its response without allocating. */
+typedef struct lp_bufs {
+    int cap;
+    specd_token_logprob *lp;        /* [cap] filled by the scheduler */
+    Specd__V1__TokenLogprob *msgs;  /* [cap] */
+    Specd__V1__TokenLogprob **ptrs; /* [cap] */
+    Specd__V1__TopLogprob *tops;    /* [cap * SPECD_MAX_TOP_LOGPROBS] */
+    Specd__V1__TopLogprob **top_ptrs;
+} lp_bufs;
+
+static void lp_bufs_free(lp_bufs *b) {
+    free(b->lp);
+    free(b->msgs);
+    free(b->ptrs);
+    free(b->tops);
+    free(b->top_ptrs);
+    memset(b, 0, sizeof *b);
+}
+
+static int lp_bufs_alloc(lp_bufs *b, int cap) {
+    size_t n_top = (size_t)cap * SPECD_MAX_TOP_LOGPROBS;
+    b->cap = cap;
+    b->lp = malloc(sizeof *b->lp * (size_t)cap);
+    b->msgs = malloc(sizeof *b->msgs * (size_t)cap);
+    b->ptrs = malloc(sizeof *b->ptrs * (size_t)cap);
+    b->tops = malloc(sizeof *b->tops * n_top);
+    b->top_ptrs = malloc(sizeof *b->top_ptrs * n_top);
+    if (!b->lp || !b->msgs || !b->ptrs || !b->tops || !b->top_ptrs) {
+        lp_bufs_free(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Wire messages for b->lp[0..n) (n <= cap); returns the pointer array that a
+ * response's repeated TokenLogprob field takes. */
+static Specd__V1__TokenLogprob **lp_bufs_wire(lp_bufs *b, int n) {
+    for (int i = 0; i < n; i++) {
+        const specd_token_logprob *in = &b->lp[i];
+        Specd__V1__TokenLogprob *m = &b->msgs[i];
+        specd__v1__token_logprob__init(m);
+        m->token_id = in->token;
+        m->logprob = in->logprob;
+        m->n_top = (size_t)in->n_top;
+        m->top = b->top_ptrs + (size_t)i * SPECD_MAX_TOP_LOGPROBS;
+        for (int j = 0; j < in->n_top; j++) {
+            Specd__V1__TopLogprob *t = &b->tops[(size_t)i * SPECD_MAX_TOP_LOGPROBS + j];
+            specd__v1__top_logprob__init(t);
+            t->token_id = in->top_ids[j];
+            t->logprob = in->top_lps[j];
+            m->top[j] = t;
+        }
+        b->ptrs[i] = m;
+    }
+    return b->ptrs;
+}
+
 /* Per-call buffers, sized once from the limits. */
 typedef struct verify_bufs {
     int32_t *toks;     /* [pending, nodes...] */
     int32_t *acc, *acc_nodes, *emitted;
     float *hidden;
     uint16_t *hidden16;
+    lp_bufs lp;        /* [max_tree_tokens + 1], only with Open.logprobs */
 } verify_bufs;
 
-/* Sends one VerifyResponse. `hidden` NULL = no hidden state in it. */
+/* Sends one VerifyResponse. `hidden` NULL = no hidden state in it; `lp` NULL =
+ * no log-probabilities, else lp->lp holds one per emitted token (n_acc + 1). */
 static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t step,
                        const int32_t *acc, const int32_t *acc_nodes, int n_acc, int32_t next,
-                       const float *hidden, uint16_t *h16, Specd__V1__FinishReason fr,
-                       const specd_work *w) {
+                       const float *hidden, uint16_t *h16, lp_bufs *lp,
+                       Specd__V1__FinishReason fr, const specd_work *w) {
     Specd__V1__VerifyResponse r = SPECD__V1__VERIFY_RESPONSE__INIT;
     Specd__V1__StepTimings tm = SPECD__V1__STEP_TIMINGS__INIT;
     r.step = step;
@@ -74,7 +137,15 @@ static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t st
     tm.queue_us = w->queue_us;
     tm.forward_us = w->forward_us;
     tm.batch_tokens = w->batch_tokens;
+    tm.active_sessions = w->active_sessions;
     r.timings = &tm;
+    if (lp) {
+        /* When a stop truncated the step, the stop token is `next` and its
+         * log-probability is entry n_acc, as the scheduler wrote them in
+         * emission order. */
+        r.n_logprobs = (size_t)n_acc + 1;
+        r.logprobs = lp_bufs_wire(lp, n_acc + 1);
+    }
     return specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK ? 0 : -1;
 }
 
@@ -102,6 +173,10 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
             specd_rpc_call_finish(c, code, err.msg);
             return 1;
         }
+        if (s->logprobs && lp_bufs_alloc(&b->lp, svc->o.max_tree_tokens + 1)) {
+            specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            return 1;
+        }
         if ((*slot = specd_sched_acquire_slot(svc->sched)) < 0) {
             /* Each session reserves a KV slot for its whole life, so a full
              * slot table is the KV budget being spent. */
@@ -116,11 +191,16 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         w.slot = *slot;
         w.tokens = s->prompt;
         w.n_tokens = s->n_prompt;
-        w.position = 0; /* the first token is output index 0 */
+        /* the first token is output index 0, or resumed_tokens on failover */
+        w.position = specd_session_position(s);
+        w.counts = specd_session_counts(s);
         w.hidden = s->return_hidden ? b->hidden : NULL;
+        w.logprobs = s->logprobs ? b->lp.lp : NULL;
+        w.top_logprobs = s->top_logprobs;
         if (run_work(svc, c, &w)) return 1;
         specd_session_emit(s, &w.next_token, 1, s->n_prompt, &fr);
-        if (send_verify(c, svc, 0, NULL, NULL, 0, w.next_token, w.hidden, b->hidden16, fr, &w))
+        if (send_verify(c, svc, 0, NULL, NULL, 0, w.next_token, w.hidden, b->hidden16,
+                        s->logprobs ? &b->lp : NULL, fr, &w))
             return 1;
         break;
     case SPECD__V1__VERIFY_REQUEST__MSG_TREE: {
@@ -137,10 +217,13 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         w.tokens = b->toks;
         w.n_tokens = 1 + n;
         w.tree = &s->tree;
-        w.position = (uint64_t)s->n_out; /* output index of the pending token's child */
+        w.position = specd_session_position(s); /* output index of the pending token's child */
+        w.counts = specd_session_counts(s);
         w.accepted = b->acc;
         w.accepted_nodes = b->acc_nodes;
         w.hidden = s->return_hidden ? b->hidden : NULL;
+        w.logprobs = s->logprobs ? b->lp.lp : NULL;
+        w.top_logprobs = s->top_logprobs;
         if (run_work(svc, c, &w)) return 1;
         int n_acc = w.n_accepted;
         memcpy(b->emitted, b->acc, sizeof(int32_t) * (size_t)n_acc);
@@ -152,7 +235,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
          * belonged to a later row and the session is over anyway. */
         int full = kept == n_acc + 1;
         if (send_verify(c, svc, s->step, b->acc, b->acc_nodes, kept - 1, b->emitted[kept - 1],
-                        full ? w.hidden : NULL, b->hidden16, fr, &w))
+                        full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL, fr, &w))
             return 1;
         break;
     }
@@ -177,6 +260,7 @@ static void h_verify(specd_rpc_call *c, void *user) {
     specd_session_init(&s, &svc->lim);
     int slot = -1, T = svc->o.max_tree_tokens;
     verify_bufs b = {
+        .lp = {0},
         .toks = malloc(sizeof(int32_t) * (size_t)(T + 1)),
         .acc = malloc(sizeof(int32_t) * (size_t)T),
         .acc_nodes = malloc(sizeof(int32_t) * (size_t)T),
@@ -215,6 +299,7 @@ out:
     free(b.emitted);
     free(b.hidden);
     free(b.hidden16);
+    lp_bufs_free(&b.lp);
 }
 
 /* ---- Generate ------------------------------------------------------------------ */
@@ -283,6 +368,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
     specd_detok dt;
     int have_detok = 0;
     specd_stopper stopper = {0};
+    lp_bufs lp = {0};
     grpc_status_code code;
     if (specd_rpc_call_request_msg(c, &specd__v1__generate_request__descriptor,
                                    (ProtobufCMessage **)&req, &err)) {
@@ -313,8 +399,14 @@ static void h_generate(specd_rpc_call *c, void *user) {
     open.n_stop_ids = req->n_stop_ids;
     open.stop_ids = req->stop_ids;
     open.ignore_eos = req->ignore_eos;
+    open.logprobs = req->logprobs;
+    open.top_logprobs = req->top_logprobs;
     if ((code = specd_session_open(&s, &open, "request", &err))) {
         specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
+    if (s.logprobs && lp_bufs_alloc(&lp, 1)) {
+        specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
     if ((slot = specd_sched_acquire_slot(svc->sched)) < 0) {
@@ -335,6 +427,10 @@ static void h_generate(specd_rpc_call *c, void *user) {
     w.tokens = s.prompt;
     w.n_tokens = s.n_prompt;
     w.sampling = &s.sampling;
+    w.counts = specd_session_counts(&s);
+    w.position = specd_session_position(&s);
+    w.logprobs = s.logprobs ? lp.lp : NULL;
+    w.top_logprobs = s.top_logprobs;
     int n_past_after = s.n_prompt;
     for (;;) {
         if (run_work(svc, c, &w)) goto out;
@@ -389,6 +485,10 @@ static void h_generate(specd_rpc_call *c, void *user) {
         }
         r.n_token_ids = 1;
         r.token_ids = &tok;
+        if (s.logprobs) {
+            r.n_logprobs = 1;
+            r.logprobs = lp_bufs_wire(&lp, 1);
+        }
         if (fr) {
             double end = now_ms();
             r.finish_reason = fr;
@@ -413,13 +513,17 @@ static void h_generate(specd_rpc_call *c, void *user) {
         w.tokens = &s.pending;
         w.n_tokens = 1;
         w.sampling = &s.sampling;
-        w.position = (uint64_t)s.n_out;
+        w.counts = specd_session_counts(&s);
+        w.position = specd_session_position(&s);
+        w.logprobs = s.logprobs ? lp.lp : NULL;
+        w.top_logprobs = s.top_logprobs;
         n_past_after = s.n_past + 1;
     }
     specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 out:
     if (have_detok) specd_detok_free(&dt);
     specd_stopper_free(&stopper);
+    lp_bufs_free(&lp);
     specd_sched_release_slot(svc->sched, slot);
     specd_session_free(&s);
     free(ids);

@@ -15,8 +15,23 @@ void specd_session_free(specd_session *s) {
     free(s->prompt);
     free(s->stop_ids);
     free(s->q);
-    s->prompt = s->stop_ids = NULL;
+    free(s->bias_ids);
+    free(s->bias_values);
+    specd_token_counts_free(&s->counts);
+    s->prompt = s->stop_ids = s->bias_ids = NULL;
+    s->bias_values = NULL;
     s->q = NULL;
+    s->sampling.n_logit_bias = 0;
+    s->sampling.bias_ids = NULL;
+    s->sampling.bias_values = NULL;
+}
+
+uint64_t specd_session_position(const specd_session *s) {
+    return (uint64_t)s->resumed + (uint64_t)s->n_out;
+}
+
+const specd_token_counts *specd_session_counts(const specd_session *s) {
+    return s->counts.vocab > 0 ? &s->counts : NULL;
 }
 
 void specd_session_sampling_from_proto(const Specd__V1__SamplingParams *p, specd_sampling *out) {
@@ -27,19 +42,70 @@ void specd_session_sampling_from_proto(const Specd__V1__SamplingParams *p, specd
     out->top_p = p && p->top_p != 0.0f ? p->top_p : 1.0f;
     out->min_p = p ? p->min_p : 0.0f;
     out->seed = p ? p->seed : 0;
+    out->repetition_penalty = p ? p->repetition_penalty : 0.0f;
+    out->frequency_penalty = p ? p->frequency_penalty : 0.0f;
+    out->presence_penalty = p ? p->presence_penalty : 0.0f;
+    out->n_logit_bias = 0;
+    out->bias_ids = NULL;
+    out->bias_values = NULL;
+}
+
+/* Owned copies of SamplingParams.logit_bias, attached to *sp. The count is
+ * checked first so a huge list is refused before anything is allocated. */
+static grpc_status_code copy_logit_bias(const Specd__V1__SamplingParams *p, specd_sampling *sp,
+                                        int32_t **ids, float **vals, const char *field,
+                                        specd_error *err) {
+    *ids = NULL;
+    *vals = NULL;
+    size_t n = p ? p->n_logit_bias : 0;
+    if (n == 0) return GRPC_STATUS_OK;
+    if (n > SPECD_MAX_LOGIT_BIAS)
+        return specd_seterr(err, "%s.sampling.logit_bias has %zu entries, at most %d are allowed",
+                            field, n, SPECD_MAX_LOGIT_BIAS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    *ids = malloc(sizeof(int32_t) * n);
+    *vals = malloc(sizeof(float) * n);
+    if (!*ids || !*vals) {
+        free(*ids);
+        free(*vals);
+        *ids = NULL;
+        *vals = NULL;
+        return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    for (size_t i = 0; i < n; i++) {
+        (*ids)[i] = p->logit_bias[i]->token_id;
+        (*vals)[i] = p->logit_bias[i]->bias;
+    }
+    sp->n_logit_bias = (int)n;
+    sp->bias_ids = *ids;
+    sp->bias_values = *vals;
+    return GRPC_STATUS_OK;
 }
 
 grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
                                     const char *field, specd_error *err) {
-    if (s->state != SPECD_SESSION_NEW)
+    /* s->prompt set while still NEW: an Open was taken but its first token
+     * not yet emitted; a second one would leak the first's settings. */
+    if (s->state != SPECD_SESSION_NEW || s->prompt)
         return specd_seterr(err, "%s: the session is already open (send Open once)", field),
                GRPC_STATUS_FAILED_PRECONDITION;
     const specd_session_limits *L = &s->lim;
     if (o->n_prompt_ids == 0)
         return specd_seterr(err, "%s.prompt_ids is empty", field), GRPC_STATUS_INVALID_ARGUMENT;
-    if (o->n_prompt_ids > (size_t)L->max_prompt_tokens)
-        return specd_seterr(err, "%s.prompt_ids has %zu tokens, over the limit of %d", field,
-                            o->n_prompt_ids, L->max_prompt_tokens),
+    /* Resumed tokens are part of the prompt, so at least one real prompt id
+     * must precede them. */
+    if (o->resumed_tokens < 0 || (size_t)o->resumed_tokens >= o->n_prompt_ids)
+        return specd_seterr(err, "%s.resumed_tokens = %d must be in 0..%zu (fewer than the %zu "
+                                 "prompt_ids)", field, o->resumed_tokens, o->n_prompt_ids - 1,
+                            o->n_prompt_ids),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    /* max_prompt_tokens bounds the prefill a client may ask for; tokens it
+     * already paid for on a lost target do not count against it. */
+    size_t n_new_prompt = o->n_prompt_ids - (size_t)o->resumed_tokens;
+    if (n_new_prompt > (size_t)L->max_prompt_tokens)
+        return specd_seterr(err, "%s.prompt_ids has %zu tokens (%d of them resumed), over the "
+                                 "limit of %d", field, o->n_prompt_ids, o->resumed_tokens,
+                            L->max_prompt_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
     /* The prompt plus the pending token must fit: prompt < context. */
     if (o->n_prompt_ids >= (size_t)L->context)
@@ -51,11 +117,6 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
             return specd_seterr(err, "%s.prompt_ids[%zu] = %d is outside 0..%d", field, i,
                                 o->prompt_ids[i], L->vocab - 1),
                    GRPC_STATUS_INVALID_ARGUMENT;
-    specd_sampling sp;
-    specd_session_sampling_from_proto(o->sampling, &sp);
-    specd_error e2 = {{0}};
-    if (specd_sampling_validate(&sp, 0, &e2))
-        return specd_seterr(err, "%s.sampling: %s", field, e2.msg), GRPC_STATUS_INVALID_ARGUMENT;
     if (o->max_new_tokens <= 0)
         return specd_seterr(err, "%s.max_new_tokens = %d must be > 0", field, o->max_new_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
@@ -64,18 +125,72 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
             return specd_seterr(err, "%s.stop_ids[%zu] = %d is outside 0..%d", field, i,
                                 o->stop_ids[i], L->vocab - 1),
                    GRPC_STATUS_INVALID_ARGUMENT;
-    s->prompt = malloc(sizeof(int32_t) * o->n_prompt_ids);
-    s->stop_ids = malloc(sizeof(int32_t) * (o->n_stop_ids + 1));
-    if (!s->prompt || !s->stop_ids)
+    if (o->top_logprobs < 0 || o->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
+        return specd_seterr(err, "%s.top_logprobs = %d must be in 0..%d", field, o->top_logprobs,
+                            SPECD_MAX_TOP_LOGPROBS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    /* Alternatives without the log-probabilities they belong to would be
+     * silently dropped; say so instead (OpenAI refuses the same). */
+    if (o->top_logprobs > 0 && !o->logprobs)
+        return specd_seterr(err, "%s.top_logprobs = %d needs %s.logprobs = true", field,
+                            o->top_logprobs, field),
+               GRPC_STATUS_INVALID_ARGUMENT;
+
+    specd_sampling sp;
+    specd_session_sampling_from_proto(o->sampling, &sp);
+    int32_t *bias_ids;
+    float *bias_values;
+    grpc_status_code code = copy_logit_bias(o->sampling, &sp, &bias_ids, &bias_values, field, err);
+    if (code) return code;
+    specd_error e2 = {{0}};
+    if (specd_sampling_validate(&sp, L->vocab, &e2)) {
+        free(bias_ids);
+        free(bias_values);
+        return specd_seterr(err, "%s.sampling.%s", field, e2.msg), GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    /* Counts only when something reads them: a vocabulary-sized table per
+     * session is memory (and an O(prompt) pass) that plain sampling does not
+     * need. */
+    specd_token_counts counts;
+    memset(&counts, 0, sizeof counts);
+    if (specd_sampling_adjusts_logits(&sp) && specd_token_counts_init(&counts, L->vocab, &e2)) {
+        free(bias_ids);
+        free(bias_values);
+        return specd_seterr(err, "%s", e2.msg), GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    int32_t *prompt = malloc(sizeof(int32_t) * o->n_prompt_ids);
+    int32_t *stop_ids = malloc(sizeof(int32_t) * (o->n_stop_ids + 1));
+    if (!prompt || !stop_ids) {
+        free(prompt);
+        free(stop_ids);
+        free(bias_ids);
+        free(bias_values);
+        specd_token_counts_free(&counts);
         return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-    memcpy(s->prompt, o->prompt_ids, sizeof(int32_t) * o->n_prompt_ids);
-    if (o->n_stop_ids) memcpy(s->stop_ids, o->stop_ids, sizeof(int32_t) * o->n_stop_ids);
+    }
+    memcpy(prompt, o->prompt_ids, sizeof(int32_t) * o->n_prompt_ids);
+    if (o->n_stop_ids) memcpy(stop_ids, o->stop_ids, sizeof(int32_t) * o->n_stop_ids);
+    /* The history the penalties see: the prompt proper, then the resumed
+     * tokens as generated ones, exactly as the lost session had counted. */
+    if (counts.vocab > 0)
+        for (size_t i = 0; i < o->n_prompt_ids; i++)
+            specd_token_counts_add(&counts, prompt[i], i >= n_new_prompt);
+    /* Only now is the session changed, so a refused Open leaves it as it was
+     * (a later Open may still succeed). */
+    s->prompt = prompt;
+    s->stop_ids = stop_ids;
+    s->bias_ids = bias_ids;
+    s->bias_values = bias_values;
+    s->counts = counts;
     s->n_prompt = (int)o->n_prompt_ids;
     s->n_stop = (int)o->n_stop_ids;
     s->sampling = sp;
     s->max_new_tokens = o->max_new_tokens;
     s->ignore_eos = o->ignore_eos;
     s->return_hidden = o->return_hidden;
+    s->resumed = o->resumed_tokens;
+    s->logprobs = o->logprobs;
+    s->top_logprobs = o->top_logprobs;
     return GRPC_STATUS_OK;
 }
 
@@ -145,6 +260,9 @@ int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_
         int32_t tok = toks[i];
         kept++;
         s->n_out++;
+        /* Emitted tokens are history for the next position's penalties; a
+         * no-op when the session keeps no counts (vocab 0). */
+        specd_token_counts_add(&s->counts, tok, 1);
         if (tok == s->lim.eos_id && !s->ignore_eos) {
             *finish = SPECD__V1__FINISH_REASON__FINISH_REASON_EOS;
             break;

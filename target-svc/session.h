@@ -48,11 +48,23 @@ typedef struct specd_session {
     int32_t *stop_ids;
     int n_stop;
     int ignore_eos, return_hidden;
+    int32_t *bias_ids;  /* sampling.bias_ids / bias_values point here */
+    float *bias_values;
+    /* Failover resume: the last `resumed` prompt ids were generated on
+     * another target. They count as generated for the penalties, and output
+     * indices (rng streams) continue after them. */
+    int resumed;
+    int logprobs, top_logprobs; /* Open.logprobs (0/1), Open.top_logprobs */
+    /* Prompt + every emitted token (pending included) for the penalties;
+     * allocated only when specd_sampling_adjusts_logits(&sampling), else
+     * zeroed (vocab 0) and the session passes NULL to the model work. */
+    specd_token_counts counts;
     /* Progress. */
     uint32_t step;   /* last answered step (0 after Open) */
     int n_past;      /* cache rows */
     int32_t pending; /* last emitted token, not yet in the cache */
-    int n_out;       /* tokens emitted so far (pending included) */
+    int n_out;       /* tokens emitted by this session (pending included); not
+                      * the resumed ones, so max_new_tokens counts new tokens */
     /* The current Tree, pointing into the request message (valid while it
      * lives), plus the q table converted to the verifier's form. */
     specd_tree tree;
@@ -63,13 +75,27 @@ typedef struct specd_session {
 void specd_session_init(specd_session *s, const specd_session_limits *lim);
 void specd_session_free(specd_session *s);
 
-/* SamplingParams (NULL = greedy) -> specd_sampling; top_p 0 reads as 1. */
+/* SamplingParams (NULL = greedy) -> specd_sampling; top_p 0 reads as 1.
+ * Scalars only: logit_bias needs owned arrays, which specd_session_open
+ * makes (here n_logit_bias is set to 0). */
 void specd_session_sampling_from_proto(const Specd__V1__SamplingParams *p, specd_sampling *out);
 
+/* Output index of the next token this session emits after its pending one
+ * (resumed + n_out): the `position` of the session's model work. */
+uint64_t specd_session_position(const specd_session *s);
+
+/* The penalty history to hand to the model work: &s->counts, or NULL when
+ * no penalty or bias is on. */
+const specd_token_counts *specd_session_counts(const specd_session *s);
+
 /* Checks an Open and takes its settings: GRPC_STATUS_OK, or
- * FAILED_PRECONDITION (not the first message) / INVALID_ARGUMENT + err. On OK
- * the caller prefills s->prompt and then calls specd_session_emit with the
- * first token. field names the message in errors ("open" -> "open.prompt_ids[2] = ..."). */
+ * FAILED_PRECONDITION (not the first message) / INVALID_ARGUMENT /
+ * RESOURCE_EXHAUSTED (no memory) + err. On OK the caller prefills s->prompt
+ * and then calls specd_session_emit with the first token, drawn at output
+ * index s->resumed. field names the message in errors ("open" ->
+ * "open.prompt_ids[2] = ...", "open.sampling.top_p must be ...").
+ * Limits: max_prompt_tokens applies to the new prompt (n_prompt - resumed),
+ * the context to the whole prompt. */
 grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
                                     const char *field, specd_error *err);
 
@@ -84,7 +110,8 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
  * stops at the first EOS (unless ignore_eos), stop id, or the max_new_tokens-th
  * token, and nothing past it is emitted. *finish gets the reason (UNSPECIFIED
  * while the session goes on); a session whose context cannot hold one more
- * tree node ends with CONTEXT. Updates pending, n_past, n_out and the state. */
+ * tree node ends with CONTEXT. Updates pending, n_past, n_out, the penalty
+ * counts (every emitted token) and the state. */
 int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_after,
                        Specd__V1__FinishReason *finish);
 

@@ -43,7 +43,9 @@ typedef struct specd_verify_result {
     int n_accepted;        /* accepted draft tokens along the chosen path */
     int32_t *accepted;     /* caller's buffer [n_nodes]: their tokens */
     int32_t *kept_rows;    /* caller's buffer [n_nodes + 1]: rows to keep in the
-                            * step's batch (0 = pending, then 1 + node index) */
+                            * step's batch (0 = pending, then 1 + node index);
+                            * kept_rows[i] is also the row whose logits produced
+                            * the i-th emitted token (accepted..., next_token) */
     int32_t next_token;    /* the target's own token after the path */
     int next_row;          /* batch row whose logits produced next_token */
 } specd_verify_result;
@@ -56,10 +58,43 @@ void specd_tree_mask(const specd_tree *tree, int n_past, uint8_t *mask, int32_t 
  * `position` is the output index of the pending token's first child: draws at
  * output index k use rng stream k (counter 0 for the emitted token, 1 + j for
  * the test of sibling j), so a seed gives reproducible output.
- * scratch: specd_verify_scratch_size(vocab) bytes. */
+ *
+ * Penalties and logit bias (specd_logits_adjust) apply to each row the walk
+ * visits before its argmax or specd_sampling_probs: counts is the history up
+ * to and including the pending token (NULL = none), and the path is the
+ * tokens accepted so far in this walk, so every row sees exactly the history
+ * plain decoding would have there. The adjustment works on a copy; `logits`
+ * is never written. With specd_sampling_adjusts_logits(s) == 0 nothing is
+ * copied.
+ * scratch: specd_verify_scratch_size(vocab, tree->n_nodes) bytes. */
 int specd_verify_walk(const specd_tree *tree, const float *logits, int vocab,
-                      const specd_sampling *s, uint64_t position, void *scratch,
-                      specd_verify_result *res, specd_error *err);
-size_t specd_verify_scratch_size(int vocab);
+                      const specd_sampling *s, const specd_token_counts *counts,
+                      uint64_t position, void *scratch, specd_verify_result *res,
+                      specd_error *err);
+/* Enough scratch for the walk over trees of up to max_nodes nodes, and for
+ * specd_decode_token (max_nodes may be 0 for that alone). */
+size_t specd_verify_scratch_size(int vocab, int max_nodes);
+
+/* Plain decoding's token from one row of logits, by the same rules as the
+ * walk at a row without children: adjust (history = counts), then argmax or a
+ * draw with rng stream `position`, counter 0. Keeping it beside the walk is
+ * what makes Target.Generate and Verify agree token for token.
+ * scratch: specd_verify_scratch_size(vocab, 0) bytes. */
+int32_t specd_decode_token(const float *logits, int vocab, const specd_sampling *s,
+                           const specd_token_counts *counts, uint64_t position, void *scratch);
+
+/* One emitted token's log-probabilities (specd_logprobs on the RAW logits of
+ * the row that produced it, so they do not depend on penalties, filters or
+ * whether the token was drafted). */
+typedef struct specd_token_logprob {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[SPECD_MAX_TOP_LOGPROBS];
+    float top_lps[SPECD_MAX_TOP_LOGPROBS];
+} specd_token_logprob;
+
+void specd_token_logprob_fill(specd_token_logprob *out, const float *raw_logits, int vocab,
+                              int32_t token, int top_n);
 
 #endif

@@ -1,4 +1,6 @@
-/* cmd_bench.c - `specd bench`: how fast the transformer prefills and decodes.
+/* cmd_bench.c - `specd bench`: how fast the transformer prefills and decodes
+ * (`specd bench --e2e`, the end-to-end benchmark of the services, lives in
+ * cmd_bench_e2e.c).
  *
  * Prints a table of prefill and decode tokens/s for one stream (the median
  * of --reps runs), the bytes of weights one decode step reads, and the
@@ -28,7 +30,9 @@ static void bench_usage(void) {
            "                       batch of B sequences, vs one decode step (ms per step)\n"
            "  --batches LIST       B values for --verify (default 1,2,4,8,16,32)\n"
            "  --ks LIST            k values for --verify (default 1,2,4,8,16)\n"
-           "  --ctx N              cached tokens per sequence for --verify (default 64)\n",
+           "  --ctx N              cached tokens per sequence for --verify (default 64)\n"
+           "  --e2e                instead: tokens/s and tau through draft-svc + target-svc,\n"
+           "                       plain vs each drafter at 1..32 streams (specd bench --e2e -h)\n",
            SPECD_DEFAULT_MODEL);
 }
 
@@ -189,6 +193,10 @@ static int bench_verify(specd_model_file *m, int threads, const int *batches, in
 }
 
 int cmd_bench(int argc, char **argv) {
+    /* --e2e is a different benchmark (through the services) with its own
+     * options; hand the whole command line over. */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--e2e")) return cmd_bench_e2e(argc, argv);
     const char *model = SPECD_DEFAULT_MODEL;
     int threads = 0, prompt_len = 128, gen = 128, reps = 3, bandwidth = 1, verify = 0, vctx = 64;
     int batches[16] = {1, 2, 4, 8, 16, 32}, n_batches = 6, ks[16] = {1, 2, 4, 8, 16}, n_ks = 5;

@@ -1,6 +1,8 @@
-/* cmd_generate.c - `specd generate`: plain decoding on a model file.
+/* cmd_generate.c - `specd generate`: plain decoding on a model file, and
+ * the option parsing of both modes (with --server the request goes to a
+ * running service instead: cmd_generate_remote.c).
  *
- * This is the non-speculative baseline: tokenize (optionally through the
+ * Local decoding is the non-speculative baseline: tokenize (optionally through the
  * model's chat template), prefill the prompt in one batched forward pass,
  * then decode one token per step, streaming text as it becomes valid UTF-8.
  * Prefill and decode tokens/s are printed at the end; every later speed-up
@@ -10,6 +12,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "tools/client.h"
+#include "tools/generate.h"
 #include "common/chat.h"
 #include "common/gguf.h"
 #include "common/sampling.h"
@@ -19,79 +23,180 @@
 #define PREFILL_CHUNK 256
 
 static void generate_usage(void) {
-    printf("usage: specd generate [options]\n"
-           "  -m, --model PATH     .gguf file or Hugging Face directory (default %s)\n"
-           "  -p, --prompt TEXT    prompt text (default: a short question)\n"
-           "  -f, --file PATH      read the prompt from a file\n"
-           "  --chat               wrap the prompt as a user message in the chat template\n"
+    printf("usage: specd generate [options] [PROMPT]\n"
+           "\n"
+           "Local decoding on a model file (default), or with --server ADDR the client of a\n"
+           "running draft-svc (or target-svc with --service target).\n"
+           "\n"
+           "prompt and output (both modes):\n"
+           "  PROMPT, -p, --prompt TEXT  prompt text; '-' reads stdin (local default: a short\n"
+           "                       question; with --server the default is stdin)\n"
+           "  -f, --file PATH      read the prompt from a file ('-' = stdin)\n"
+           "  --chat               send the prompt as a user message in the chat template\n"
            "  --system TEXT        system message (with --chat)\n"
-           "  -n, --max-tokens N   most tokens to generate (default 128)\n"
-           "  --temp T             temperature, 0 = greedy (default 0)\n"
-           "  --top-k K            keep the K most likely tokens (0 = off)\n"
-           "  --top-p P            nucleus sampling threshold (1 = off)\n"
-           "  --min-p P            drop tokens below P x the top probability (0 = off)\n"
-           "  --seed S             sampling seed (default 0)\n"
+           "  -n, --max-tokens, --max-new-tokens N  most tokens to generate (local default\n"
+           "                       128; with --server 0 = the server's default)\n"
            "  --ignore-eos         keep going past end-of-sequence tokens\n"
+           "  --ids                also print the generated token ids\n");
+    cli_sampling_usage(stdout);
+    printf("\n"
+           "local mode:\n"
+           "  -m, --model PATH     .gguf file or Hugging Face directory (default %s)\n"
            "  -t, --threads N      CPU threads (default: all cores)\n"
-           "  --ids                also print the generated token ids\n",
+           "\n"
+           "server mode:\n"
+           "  --server ADDR        host:port of draft-svc or target-svc\n"
+           "  --service draft|target  which service's Generate to call (default draft)\n"
+           "  --prompt-ids 1,2,3   send token ids instead of text (models without tokenizer)\n"
+           "  --stop STR           stop string; nothing past it is printed (repeatable)\n"
+           "  --stop-id ID         stop at this token id (repeatable)\n"
+           "  --drafter NAME       mlp, draft_lm, ngram or none (default: the server's)\n"
+           "  --candidates N, --depth N  tree shape (default: the server's load-aware one)\n"
+           "  --no-spec            no speculation: plain decoding through the target\n"
+           "  --logprobs           log-probabilities of each token (shown with --json)\n"
+           "  --top-logprobs N     and the N most likely alternatives (0..20)\n"
+           "  --timeout SECONDS    deadline for the whole call (default: none)\n"
+           "  --json               one JSON object per response message on stdout, then one\n"
+           "                       with the finish reason and stats\n",
            SPECD_DEFAULT_MODEL);
+    cli_tls_usage(stdout);
+}
+
+static char *read_stream(FILE *f) {
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (ferror(f)) break;
+        if (feof(f)) {
+            buf[n] = 0;
+            return buf;
+        }
+        if (n + 1 == cap) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) break;
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    free(buf);
+    return NULL;
 }
 
 static char *read_text_file(const char *path) {
+    if (!strcmp(path, "-")) return read_stream(stdin);
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = 0;
+    char *buf = read_stream(f);
     fclose(f);
     return buf;
 }
 
-typedef struct gen_opts {
-    const char *model, *prompt, *prompt_file, *system;
-    int chat, max_tokens, threads, ignore_eos, print_ids;
-    specd_sampling sampling;
-} gen_opts;
+int gen_prompt_text(const gen_opts *o, int want_stdin, const char **text, char **owned,
+                    specd_error *err) {
+    *owned = NULL;
+    *text = NULL;
+    /* -f wins over -p, as it always has in local mode */
+    const char *file = o->prompt_file;
+    if (!file && o->prompt && !strcmp(o->prompt, "-")) file = "-";
+    if (!file && o->prompt) {
+        *text = o->prompt;
+        return 0;
+    }
+    if (!file && want_stdin) file = "-";
+    if (!file) return 0;
+    if (!(*owned = read_text_file(file)))
+        return specd_seterr(err, "cannot read the prompt from %s",
+                            strcmp(file, "-") ? file : "stdin");
+    /* `echo PROMPT | specd generate` ends the text with the newline echo
+     * adds, which the user did not mean as part of the prompt (and which
+     * changes what the model writes); files are taken byte for byte. */
+    size_t len = strlen(*owned);
+    if (!strcmp(file, "-") && len && (*owned)[len - 1] == '\n') (*owned)[--len] = 0;
+    *text = *owned;
+    return 0;
+}
+
+/* Records the first flag of one mode, for the check in cmd_generate. */
+static void mark(const char **slot, const char *flag) {
+    if (!*slot) *slot = flag;
+}
 
 static int parse_args(int argc, char **argv, gen_opts *o) {
-    *o = (gen_opts){.model = SPECD_DEFAULT_MODEL,
-                    .prompt = "What is speculative decoding?",
-                    .max_tokens = 128,
-                    .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f}};
+    memset(o, 0, sizeof *o);
+    o->model = SPECD_DEFAULT_MODEL;
+    o->max_tokens = -1;
+    cli_sampling_init(&o->samp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = cli_value(argc, argv, &i);
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_value(argc, argv, &i);
+        if (cli_sampling_option(argc, argv, &i, &o->samp)) continue;
+        if (cli_tls_option(argc, argv, &i, &o->tls)) {
+            mark(&o->server_only_flag, a);
+            continue;
+        }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            o->model = cli_value(argc, argv, &i);
+            mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_value(argc, argv, &i);
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->prompt_file = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--system")) o->system = cli_value(argc, argv, &i);
-        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens"))
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens") || !strcmp(a, "--max-new-tokens"))
             o->max_tokens = (int)cli_int(a, cli_value(argc, argv, &i), 0, 1 << 20);
-        else if (!strcmp(a, "--temp"))
-            o->sampling.temperature = (float)cli_float(a, cli_value(argc, argv, &i), 0, 100);
-        else if (!strcmp(a, "--top-k"))
-            o->sampling.top_k = (int)cli_int(a, cli_value(argc, argv, &i), 0, 1 << 24);
-        else if (!strcmp(a, "--top-p"))
-            o->sampling.top_p = (float)cli_float(a, cli_value(argc, argv, &i), 1e-6, 1);
-        else if (!strcmp(a, "--min-p"))
-            o->sampling.min_p = (float)cli_float(a, cli_value(argc, argv, &i), 0, 1);
-        else if (!strcmp(a, "--seed"))
-            o->sampling.seed = (uint64_t)cli_int(a, cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL);
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--ids")) o->print_ids = 1;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             o->threads = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             generate_usage();
             return 1;
+        } else if (!strcmp(a, "--server")) {
+            o->server = cli_value(argc, argv, &i);
+        } else if (a[0] == '-' && a[1]) {
+            /* Everything else is a server-mode flag. */
+            mark(&o->server_only_flag, a);
+            if (!strcmp(a, "--service")) {
+                const char *v = cli_value(argc, argv, &i);
+                if (strcmp(v, "draft") && strcmp(v, "target")) {
+                    fprintf(stderr, "specd generate: --service is 'draft' or 'target', got '%s'\n", v);
+                    return 2;
+                }
+                o->service_target = !strcmp(v, "target");
+            } else if (!strcmp(a, "--prompt-ids")) {
+                free(o->prompt_ids);
+                o->n_prompt_ids = cli_int_list(a, cli_value(argc, argv, &i), 0, INT32_MAX,
+                                               &o->prompt_ids);
+            } else if (!strcmp(a, "--stop") || !strcmp(a, "--stop-id")) {
+                int id = !strcmp(a, "--stop-id");
+                if ((id ? o->n_stop_ids : o->n_stops) == GEN_MAX_STOPS) {
+                    fprintf(stderr, "specd generate: %s given more than %d times\n", a,
+                            GEN_MAX_STOPS);
+                    return 2;
+                }
+                const char *v = cli_value(argc, argv, &i);
+                if (id) o->stop_ids[o->n_stop_ids++] = (int32_t)cli_int(a, v, 0, INT32_MAX);
+                else o->stops[o->n_stops++] = v;
+            } else if (!strcmp(a, "--drafter")) o->drafter = cli_value(argc, argv, &i);
+            else if (!strcmp(a, "--candidates"))
+                o->candidates = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+            else if (!strcmp(a, "--depth"))
+                o->depth = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+            else if (!strcmp(a, "--no-spec")) o->no_spec = 1;
+            else if (!strcmp(a, "--logprobs")) o->logprobs = 1;
+            else if (!strcmp(a, "--top-logprobs"))
+                o->top_logprobs = (int)cli_int(a, cli_value(argc, argv, &i), 0, 20);
+            else if (!strcmp(a, "--timeout"))
+                o->timeout_s = cli_float(a, cli_value(argc, argv, &i), 0.001, 1e6);
+            else if (!strcmp(a, "--json")) o->json = 1;
+            else {
+                fprintf(stderr, "specd generate: unknown option '%s' (see --help)\n", a);
+                return 2;
+            }
+        } else if (!o->prompt) {
+            o->prompt = a; /* the positional prompt ("-" = stdin) */
         } else {
-            fprintf(stderr, "specd generate: unknown option '%s'\n", a);
+            fprintf(stderr, "specd generate: more than one prompt ('%s'); quote the prompt\n", a);
             return 2;
         }
     }
@@ -103,12 +208,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
 static int build_prompt(const gen_opts *o, const specd_model_file *m, const specd_tokenizer *tok,
                         int32_t **ids, size_t *n_ids, specd_error *err) {
     char *owned = NULL;
-    const char *text = o->prompt;
-    if (o->prompt_file) {
-        owned = read_text_file(o->prompt_file);
-        if (!owned) return specd_seterr(err, "cannot read prompt file '%s'", o->prompt_file);
-        text = owned;
-    }
+    const char *text = NULL;
+    if (gen_prompt_text(o, 0, &text, &owned, err)) return -1;
+    if (!text) text = "What is speculative decoding?";
     int rc;
     if (o->chat) {
         specd_chat_msg msgs[2];
@@ -163,9 +265,30 @@ static int is_end_token(const specd_tokenizer *tok, int32_t id) {
 int cmd_generate(int argc, char **argv) {
     gen_opts o;
     int prc = parse_args(argc, argv, &o);
-    if (prc) return prc == 1 ? 0 : prc;
+    if (prc) {
+        free(o.prompt_ids);
+        return prc == 1 ? 0 : prc;
+    }
+    if (o.server) {
+        if (o.local_only_flag) {
+            fprintf(stderr, "specd generate: %s is for local decoding; with --server the "
+                            "server's model and threads are used\n", o.local_only_flag);
+            free(o.prompt_ids);
+            return 2;
+        }
+        int rrc = cmd_generate_remote(&o);
+        free(o.prompt_ids);
+        return rrc;
+    }
+    if (o.server_only_flag) {
+        fprintf(stderr, "specd generate: %s needs --server ADDR\n", o.server_only_flag);
+        free(o.prompt_ids);
+        return 2;
+    }
+    if (o.max_tokens < 0) o.max_tokens = 128;
     specd_error err = {{0}};
-    if (specd_sampling_validate(&o.sampling, 0, &err)) {
+    const specd_sampling *sampling = cli_sampling_get(&o.samp);
+    if (specd_sampling_validate(sampling, 0, &err)) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
         return 2;
     }
@@ -180,6 +303,8 @@ int cmd_generate(int argc, char **argv) {
     size_t n_ids = 0;
     float *logits = NULL;
     void *scratch = NULL;
+    specd_token_counts counts;
+    int adjust = 0, have_counts = 0;
     int rc = 1;
     if (!tok || build_prompt(&o, m, tok, &ids, &n_ids, &err)) goto done;
     if (n_ids == 0) {
@@ -197,8 +322,18 @@ int cmd_generate(int argc, char **argv) {
     t = specd_transformer_create(m, &topts, &err);
     if (!t) goto done;
     int vocab = m->hp.vocab_size;
+    /* now that the vocabulary is known: logit-bias ids inside it */
+    if (specd_sampling_validate(sampling, vocab, &err)) goto done;
     logits = malloc(sizeof(float) * vocab);
     scratch = malloc(specd_sampling_scratch_size(vocab));
+    /* Penalties depend on the tokens so far: the prompt counts as seen, the
+     * output as generated (the same counts target-svc keeps per session). */
+    adjust = specd_sampling_adjusts_logits(sampling);
+    if (adjust) {
+        if (specd_token_counts_init(&counts, vocab, &err)) goto done;
+        have_counts = 1;
+        for (size_t k = 0; k < n_ids; k++) specd_token_counts_add(&counts, ids[k], 0);
+    }
 
     double t0 = cli_now();
     if (prefill(t, ids, (int)n_ids, logits, &err)) goto done;
@@ -210,9 +345,11 @@ int cmd_generate(int argc, char **argv) {
     int n_gen = 0;
     const char *finish = "length";
     for (int pos = (int)n_ids; n_gen < o.max_tokens; pos++) {
+        if (adjust) specd_logits_adjust(sampling, &counts, NULL, 0, logits, vocab, NULL);
         /* draw address: stream = output position, counter 0 = "the token itself" */
-        int32_t next = specd_sample(&o.sampling, logits, vocab, (uint64_t)n_gen, 0, scratch);
+        int32_t next = specd_sample(sampling, logits, vocab, (uint64_t)n_gen, 0, scratch);
         out_ids[n_gen++] = next;
+        if (adjust) specd_token_counts_add(&counts, next, 1);
         if (!o.ignore_eos && is_end_token(tok, next)) {
             finish = "eos";
             break;
@@ -255,11 +392,12 @@ int cmd_generate(int argc, char **argv) {
             "\n[specd] prompt %zu tokens, prefill %.1f ms (%.1f tokens/s); generated %d tokens "
             "(%s), decode %.1f tokens/s; backend %s, %s\n",
             n_ids, (t1 - t0) * 1e3, n_ids / (t1 - t0), n_gen, finish, steps / (t2 - t1),
-            specd_transformer_backend_name(t), o.sampling.temperature > 0 ? "sampling" : "greedy");
+            specd_transformer_backend_name(t), sampling->temperature > 0 ? "sampling" : "greedy");
     free(out_ids);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "specd generate: %s\n", err.msg);
+    if (have_counts) specd_token_counts_free(&counts);
     free(scratch);
     free(logits);
     free(ids);

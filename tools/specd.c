@@ -1,7 +1,9 @@
 /* specd.c - the specd command-line tool: dispatches to a subcommand.
  *
- *   specd generate   plain (non-speculative) decoding on a model file
- *   specd bench      prefill/decode throughput of the CPU transformer
+ *   specd generate   plain decoding on a model file, or (--server) the client
+ *                    of draft-svc / target-svc
+ *   specd bench      prefill/decode throughput of the CPU transformer, or
+ *                    (--e2e) speculative serving end to end over gRPC
  */
 #include <errno.h>
 #include <math.h>
@@ -48,11 +50,36 @@ const char *cli_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+int cli_int_list(const char *opt, const char *val, long lo, long hi, int32_t **out) {
+    /* one entry per comma, so the count bounds the array */
+    size_t cap = 1;
+    for (const char *p = val; *p; p++) cap += *p == ',';
+    int32_t *v = malloc(sizeof(int32_t) * cap);
+    char *buf = strdup(val);
+    if (!v || !buf) {
+        fprintf(stderr, "specd: out of memory\n");
+        exit(1);
+    }
+    int n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        v[n++] = (int32_t)cli_int(opt, tok, lo, hi);
+    free(buf);
+    if (n == 0) {
+        fprintf(stderr, "specd: %s expects a comma-separated list, got '%s'\n", opt, val);
+        exit(2);
+    }
+    *out = v;
+    return n;
+}
+
 static void usage(FILE *f) {
     fprintf(f, "usage: specd <command> [options]\n\n"
                "commands:\n"
-               "  generate   plain decoding on a model file (specd generate --help)\n"
-               "  bench      prefill and decode throughput (specd bench --help)\n");
+               "  generate   plain decoding on a model file, or --server ADDR: generate\n"
+               "             through draft-svc / target-svc (specd generate --help)\n"
+               "  bench      prefill and decode throughput, or --e2e: speculative serving\n"
+               "             end to end (specd bench --help)\n");
 }
 
 int main(int argc, char **argv) {

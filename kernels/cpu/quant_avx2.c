@@ -245,6 +245,9 @@ INL void prefetch(const uint8_t *p, size_t ahead) {
 }
 
 static inline int64_t col_block(int64_t ng, int nt) {
+    /* rows shorter than one group (cols < 32) are all tail: no blocks, and
+     * the division below would be by zero */
+    if (ng <= 0) return 8;
     int64_t max = KB_BYTES / (128 * nt);
     int64_t nblk = (ng + max - 1) / max;
     int64_t kb = (ng + nblk - 1) / nblk;

@@ -6,9 +6,14 @@
  * order, so multi-message sequences (tree before open, step numbers, a second
  * open) are explored too.
  *
- * Invariants: never a crash; every refusal has a message; an accepted Tree is
- * a valid tree for specd_tree_validate; emitting tokens never returns more
- * tokens than given and keeps the output within max_new_tokens. */
+ * Invariants: never a crash; every refusal has a message; an accepted Open
+ * has valid sampling (bias ids in the vocabulary and distinct), 0 <= resumed
+ * < prompt with at most max_prompt_tokens new ones, top_logprobs in 0..20,
+ * and penalty counts exactly when something reads them; an accepted Tree is a
+ * valid tree for specd_tree_validate, and the logit adjustment along its
+ * first path (what the verifier runs) stays in bounds; emitting tokens never
+ * returns more tokens than given and keeps the output within
+ * max_new_tokens. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,6 +38,14 @@ static void apply(specd_session *s, const uint8_t *buf, size_t len) {
     if (req->msg_case == SPECD__V1__VERIFY_REQUEST__MSG_OPEN) {
         code = specd_session_open(s, req->open, "open", &err);
         if (code == GRPC_STATUS_OK) { /* stand in for the prefill */
+            if (specd_sampling_validate(&s->sampling, s->lim.vocab, NULL)) abort();
+            if (s->resumed < 0 || s->resumed >= s->n_prompt ||
+                s->n_prompt - s->resumed > s->lim.max_prompt_tokens)
+                abort();
+            if (s->top_logprobs < 0 || s->top_logprobs > SPECD_MAX_TOP_LOGPROBS) abort();
+            if ((specd_session_counts(s) != NULL) != specd_sampling_adjusts_logits(&s->sampling))
+                abort();
+            if (specd_session_position(s) != (uint64_t)s->resumed) abort();
             int32_t first = s->prompt[0];
             Specd__V1__FinishReason fr;
             if (specd_session_emit(s, &first, 1, s->n_prompt, &fr) != 1) abort();
@@ -52,6 +65,20 @@ static void apply(specd_session *s, const uint8_t *buf, size_t len) {
                     toks[n++] = s->tree.tokens[i];
                     want = i;
                 }
+            /* What the verifier does at the last row of that path: adjust a
+             * row for history + path (in bounds for any fuzzed bias ids and
+             * counts), then the log-probabilities of the raw row. */
+            if (specd_session_counts(s) || specd_sampling_adjusts_logits(&s->sampling)) {
+                float row[100] = {0};
+                int32_t scratch[64];
+                specd_logits_adjust(&s->sampling, specd_session_counts(s), toks, n, row,
+                                    s->lim.vocab, scratch);
+            }
+            if (s->logprobs) {
+                float row[100] = {0}, lp, top_lps[SPECD_MAX_TOP_LOGPROBS];
+                int32_t top_ids[SPECD_MAX_TOP_LOGPROBS];
+                specd_logprobs(row, s->lim.vocab, toks[0], s->top_logprobs, &lp, top_ids, top_lps);
+            }
             toks[n++] = s->tree.tokens[0];
             int before = s->n_out;
             Specd__V1__FinishReason fr;

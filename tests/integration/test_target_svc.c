@@ -1,7 +1,8 @@
 /* test_target_svc.c - target-svc end to end over loopback gRPC.
  *
  * The Target service runs in-process on 127.0.0.1:0 (plaintext) with the
- * tiny golden model; a gRPC C-core client drives it:
+ * tiny golden model; the project's client layer (common/rpc_client.h)
+ * drives it:
  *   1. greedy Verify sessions fed all-correct, all-wrong and mixed trees give
  *      exactly the tokens of plain greedy decoding (run on a separate
  *      transformer, no service involved);
@@ -26,12 +27,9 @@
 #include <time.h>
 
 #include <cmocka.h>
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
-#include <grpc/grpc_security.h>
-#include <grpc/support/alloc.h>
-#include <grpc/support/time.h>
 
+#include "common/rpc_client.h"
 #include "common/rpc_server.h"
 #include "common/sampling.h"
 #include "common/tokenizer.h"
@@ -55,7 +53,7 @@ typedef struct served {
     specd_transformer *t;
     specd_target_service *svc;
     specd_rpc_server *srv;
-    grpc_channel *ch;
+    specd_rpc_channel *ch;
 } served;
 
 static void serve(served *s, int max_sessions) {
@@ -80,13 +78,13 @@ static void serve(served *s, int max_sessions) {
     assert_int_equal(specd_rpc_server_start(s->srv, &err), 0);
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", specd_rpc_server_port(s->srv));
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
-    s->ch = grpc_channel_create(target, cr, NULL);
-    grpc_channel_credentials_release(cr);
+    specd_rpc_channel_opts co = {.target = target, .insecure = 1};
+    s->ch = specd_rpc_channel_create(&co, &err);
+    if (!s->ch) fail_msg("%s", err.msg);
 }
 
 static void unserve(served *s) {
-    grpc_channel_destroy(s->ch);
+    specd_rpc_channel_free(s->ch);
     specd_rpc_server_destroy(s->srv);
     specd_target_service_free(s->svc);
     specd_transformer_free(s->t);
@@ -121,118 +119,63 @@ static void plain_greedy(const int32_t *prompt, int n_prompt, int n_gen, int32_t
     specd_model_close(m);
 }
 
-/* ---- a minimal C-core client ---------------------------------------------------- */
+/* ---- client helpers --------------------------------------------------------------- */
 
-enum { TAG_STATUS = 1, TAG_SEND, TAG_RECV };
+/* Over the project's client layer (common/rpc_client.h); nothing here needs
+ * raw C-core control. They report by return value, never by cmocka assert,
+ * because verify_session runs on worker threads. */
 
 typedef struct ccall {
-    grpc_call *call;
-    grpc_completion_queue *cq;
-    grpc_metadata_array init_md, trail_md;
-    grpc_status_code status;
-    grpc_slice details;
-    char detail[512];
-    uint8_t *msg;
-    size_t msg_len;
+    specd_rpc_stream *st;
+    char detail[512]; /* the final status's message, after cc_end */
 } ccall;
 
-static gpr_timespec in_ms(int ms) {
-    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
-}
-
-/* 1 if the op succeeded, 0 if it failed, -1 if nothing came within WAIT_MS. */
-static int pluck(ccall *cc, intptr_t tag) {
-    grpc_event ev = grpc_completion_queue_pluck(cc->cq, (void *)tag, in_ms(WAIT_MS), NULL);
-    if (ev.type != GRPC_OP_COMPLETE) return -1;
-    return ev.success;
-}
-
-static int cc_start(ccall *cc, grpc_channel *ch, const char *method) {
+static int cc_start(ccall *cc, specd_rpc_channel *ch, const char *method) {
     memset(cc, 0, sizeof *cc);
-    cc->cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice m = grpc_slice_from_copied_string(method);
-    cc->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cc->cq, m, NULL,
-                                        in_ms(CALL_DEADLINE_MS), NULL);
-    grpc_slice_unref(m);
-    grpc_metadata_array_init(&cc->init_md);
-    grpc_metadata_array_init(&cc->trail_md);
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[1].data.recv_initial_metadata.recv_initial_metadata = &cc->init_md;
-    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[2].data.recv_status_on_client.trailing_metadata = &cc->trail_md;
-    ops[2].data.recv_status_on_client.status = &cc->status;
-    ops[2].data.recv_status_on_client.status_details = &cc->details;
-    return grpc_call_start_batch(cc->call, ops, 3, (void *)TAG_STATUS, NULL) == GRPC_CALL_OK ? 0
-                                                                                             : -1;
+    specd_error err = {{0}};
+    cc->st = specd_rpc_stream_start(ch, method, CALL_DEADLINE_MS, &err);
+    if (!cc->st) snprintf(cc->detail, sizeof cc->detail, "%s", err.msg);
+    return cc->st ? 0 : -1;
 }
 
 static int cc_send_msg(ccall *cc, const ProtobufCMessage *msg, int close) {
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = malloc(len + 1);
-    protobuf_c_message_pack(msg, buf);
-    grpc_slice sl = grpc_slice_from_copied_buffer((const char *)buf, len);
-    free(buf);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-    grpc_slice_unref(sl);
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_MESSAGE;
-    ops[0].data.send_message.send_message = bb;
-    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    int ok = grpc_call_start_batch(cc->call, ops, close ? 2 : 1, (void *)TAG_SEND, NULL) ==
-             GRPC_CALL_OK;
-    ok = ok && pluck(cc, TAG_SEND) == 1;
-    grpc_byte_buffer_destroy(bb);
-    return ok ? 0 : -1;
+    return specd_rpc_stream_send(cc->st, msg, close, NULL) == SPECD_RPC_CIO_OK ? 0 : -1;
 }
 
-/* 1: a message in cc->msg; 0: end of stream or failure. */
-static int cc_recv(ccall *cc) {
-    grpc_byte_buffer *bb = NULL;
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
-    op.data.recv_message.recv_message = &bb;
-    free(cc->msg);
-    cc->msg = NULL;
-    if (grpc_call_start_batch(cc->call, &op, 1, (void *)TAG_RECV, NULL) != GRPC_CALL_OK) return 0;
-    int ok = pluck(cc, TAG_RECV) == 1;
-    if (!ok || !bb) {
-        if (bb) grpc_byte_buffer_destroy(bb);
-        return 0;
-    }
-    grpc_byte_buffer_reader rd;
-    grpc_byte_buffer_reader_init(&rd, bb);
-    grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-    grpc_byte_buffer_reader_destroy(&rd);
-    grpc_byte_buffer_destroy(bb);
-    cc->msg_len = GRPC_SLICE_LENGTH(all);
-    cc->msg = malloc(cc->msg_len + 1);
-    memcpy(cc->msg, GRPC_SLICE_START_PTR(all), cc->msg_len);
-    grpc_slice_unref(all);
-    return 1;
+/* The next message decoded as desc, or NULL at the end of the stream, on
+ * failure, or if nothing came within WAIT_MS. */
+static ProtobufCMessage *cc_recv(ccall *cc, const ProtobufCMessageDescriptor *desc) {
+    ProtobufCMessage *m;
+    return specd_rpc_stream_recv(cc->st, desc, &m, WAIT_MS, NULL) == SPECD_RPC_CIO_OK ? m : NULL;
 }
 
-/* Waits for the status (detail text in cc->detail) and frees the call. */
+/* Reads and drops messages up to the end of the stream. */
+static void cc_drain(ccall *cc) {
+    uint8_t *buf;
+    size_t n;
+    while (specd_rpc_stream_recv_bytes(cc->st, &buf, &n, WAIT_MS, NULL) == SPECD_RPC_CIO_OK)
+        free(buf);
+}
+
+/* Waits for the end of the stream and its status (message in cc->detail),
+ * and frees the call. The caller has read every message it expected, so the
+ * stream must end now: a further message is reported in cc->detail (and the
+ * call cancelled), as is a stream that does not end within WAIT_MS. */
 static grpc_status_code cc_end(ccall *cc) {
-    grpc_status_code st = pluck(cc, TAG_STATUS) < 0 ? GRPC_STATUS_DEADLINE_EXCEEDED : cc->status;
-    char *d = grpc_slice_to_c_string(cc->details);
-    snprintf(cc->detail, sizeof cc->detail, "%s", d);
-    gpr_free(d);
-    grpc_call_unref(cc->call);
-    grpc_slice_unref(cc->details);
-    grpc_metadata_array_destroy(&cc->init_md);
-    grpc_metadata_array_destroy(&cc->trail_md);
-    grpc_completion_queue_shutdown(cc->cq);
-    while (grpc_completion_queue_pluck(cc->cq, NULL, in_ms(WAIT_MS), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
-    grpc_completion_queue_destroy(cc->cq);
-    free(cc->msg);
-    cc->msg = NULL;
+    uint8_t *extra;
+    size_t n;
+    specd_rpc_cio r = specd_rpc_stream_recv_bytes(cc->st, &extra, &n, WAIT_MS, NULL);
+    free(extra);
+    specd_error err = {{0}};
+    grpc_status_code st = specd_rpc_stream_finish(cc->st, &err);
+    if (r == SPECD_RPC_CIO_OK)
+        snprintf(cc->detail, sizeof cc->detail, "a message of %zu bytes after the last one", n);
+    else if (r == SPECD_RPC_CIO_TIMEOUT)
+        snprintf(cc->detail, sizeof cc->detail, "the stream did not end within %d ms", WAIT_MS);
+    else
+        snprintf(cc->detail, sizeof cc->detail, "%s", err.msg);
+    specd_rpc_stream_free(cc->st);
+    cc->st = NULL;
     return st;
 }
 
@@ -265,8 +208,7 @@ static int v_tree(ccall *cc, uint32_t step, const int32_t *tokens, const int32_t
 }
 
 static Specd__V1__VerifyResponse *v_recv(ccall *cc) {
-    if (!cc_recv(cc)) return NULL;
-    return specd__v1__verify_response__unpack(NULL, cc->msg_len, cc->msg);
+    return (Specd__V1__VerifyResponse *)cc_recv(cc, &specd__v1__verify_response__descriptor);
 }
 
 static uint64_t rnd(uint64_t *st) {
@@ -312,12 +254,17 @@ static int make_tree(int kind, int n_out, const int32_t *ref, int n_ref, int voc
 
 /* One greedy Verify session to the end; the tokens go to out[]. 0 or -1 with
  * why in msg. */
-static int verify_session(grpc_channel *ch, const int32_t *prompt, int n_prompt, int n_gen,
+static int verify_session(specd_rpc_channel *ch, const int32_t *prompt, int n_prompt, int n_gen,
                           const int32_t *ref, int n_ref, int kind, int vocab, int32_t *out,
                           char *msg, size_t msg_cap) {
     ccall cc;
-    if (cc_start(&cc, ch, "/specd.v1.Target/Verify") || v_open(&cc, prompt, n_prompt, n_gen)) {
-        snprintf(msg, msg_cap, "cannot start the call");
+    if (cc_start(&cc, ch, "/specd.v1.Target/Verify")) {
+        snprintf(msg, msg_cap, "cannot start the call: %.200s", cc.detail);
+        return -1;
+    }
+    if (v_open(&cc, prompt, n_prompt, n_gen)) {
+        grpc_status_code code = cc_end(&cc);
+        snprintf(msg, msg_cap, "cannot send Open: %d %.200s", code, cc.detail);
         return -1;
     }
     int n_out = 0, rc = -1, finished = 0;
@@ -457,8 +404,7 @@ static void expect_bad(const int32_t *prompt, int n_prompt, int send_open, uint3
     } else {
         v_tree(&cc, step, tokens, parents, n_nodes);
     }
-    while (cc_recv(&cc)) {
-    }
+    cc_drain(&cc);
     grpc_status_code st = cc_end(&cc);
     if (st != want || !strstr(cc.detail, field))
         fail_msg("expected status %d naming '%s', got %d: %s", want, field, st, cc.detail);
@@ -546,8 +492,7 @@ static void test_limit_and_cancel(void **state) {
     /* Too many sessions: the second is refused, the first is unaffected. */
     assert_int_equal(cc_start(&b, one.ch, "/specd.v1.Target/Verify"), 0);
     assert_int_equal(v_open(&b, prompt, n, 8), 0);
-    while (cc_recv(&b)) {
-    }
+    cc_drain(&b);
     assert_int_equal(cc_end(&b), GRPC_STATUS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(b.detail, "limits.max_sessions"));
     int32_t t1[] = {pending}, p1[] = {-1};
@@ -559,7 +504,7 @@ static void test_limit_and_cancel(void **state) {
 
     /* Cancel: the slot comes back, so a new session gets it. The handler
      * notices at once; allow a short bounded time for the round trip. */
-    grpc_call_cancel(a.call, NULL);
+    specd_rpc_stream_cancel(a.st);
     assert_int_equal(cc_end(&a), GRPC_STATUS_CANCELLED);
     int opened = 0;
     for (int attempt = 0; attempt < 100 && !opened; attempt++) {
@@ -603,10 +548,9 @@ static void test_generate(void **state) {
     assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Generate"), 0);
     assert_int_equal(cc_send_msg(&cc, &g.base, 1), 0);
     int got = 0, finished = 0;
-    while (cc_recv(&cc)) {
-        Specd__V1__GenerateResponse *r =
-            specd__v1__generate_response__unpack(NULL, cc.msg_len, cc.msg);
-        assert_non_null(r);
+    Specd__V1__GenerateResponse *r;
+    while ((r = (Specd__V1__GenerateResponse *)cc_recv(
+                &cc, &specd__v1__generate_response__descriptor))) {
         assert_false(finished); /* nothing after the final message */
         for (size_t i = 0; i < r->n_token_ids; i++) {
             assert_true(got < N_GEN);
@@ -633,20 +577,20 @@ static void test_generate(void **state) {
     t.max_new_tokens = 4;
     assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Generate"), 0);
     assert_int_equal(cc_send_msg(&cc, &t.base, 1), 0);
-    while (cc_recv(&cc)) {
-    }
+    cc_drain(&cc);
     assert_int_equal(cc_end(&cc), S.tok ? GRPC_STATUS_OK : GRPC_STATUS_FAILED_PRECONDITION);
 }
 
 static void test_get_info(void **state) {
     (void)state;
     Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
-    ccall cc;
-    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/GetInfo"), 0);
-    assert_int_equal(cc_send_msg(&cc, &q.base, 1), 0);
-    assert_true(cc_recv(&cc));
-    Specd__V1__Info *info = specd__v1__info__unpack(NULL, cc.msg_len, cc.msg);
-    assert_non_null(info);
+    ProtobufCMessage *resp;
+    specd_error err = {{0}};
+    grpc_status_code code = specd_rpc_unary(S.ch, "/specd.v1.Target/GetInfo", &q.base,
+                                            &specd__v1__info__descriptor, &resp, CALL_DEADLINE_MS,
+                                            &err);
+    if (code != GRPC_STATUS_OK) fail_msg("GetInfo: %s", err.msg);
+    Specd__V1__Info *info = (Specd__V1__Info *)resp;
     assert_string_equal(info->service, "specd.v1.Target");
     assert_string_equal(info->version, SPECD_TARGET_VERSION);
     assert_string_equal(info->model_id, "hf");
@@ -660,7 +604,6 @@ static void test_get_info(void **state) {
     /* No tokenizer in the tiny model: no fingerprint to compare. */
     assert_int_equal(strlen(info->tokenizer_sha256), S.tok ? 64 : 0);
     specd__v1__info__free_unpacked(info, NULL);
-    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
 }
 
 int main(void) {

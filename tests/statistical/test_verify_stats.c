@@ -30,6 +30,12 @@
 #ifndef TRIALS
 #define TRIALS 12000
 #endif
+#ifndef PEN_TRIALS
+#define PEN_TRIALS 8000
+#endif
+#define PEN_REPETITION 1.8f
+#define PEN_PRESENCE 1.5f
+#define BIAS_UP 4.0f
 #define TOPK 3
 #define NODES 9 /* 3 children, 2 grandchildren each */
 #define QSET 10
@@ -42,6 +48,7 @@ typedef struct fixture {
     specd_transformer *t;
     int vocab;
     specd_sampling s;
+    specd_token_counts counts; /* per trial: prompt, then the emitted tokens */
     void *scratch;
 } fixture;
 
@@ -56,15 +63,31 @@ static void forward_rows(fixture *f, const int32_t *toks, int n, int n_past, con
     if (specd_transformer_forward(f->t, &b, &err)) fail_msg("forward: %s", err.msg);
 }
 
-/* p(. | prompt, extra...) after temperature/top-k, as doubles. */
-static void target_probs(fixture *f, const int32_t *extra, int n_extra, double *out) {
+/* The penalty history at the start of a trial: the prompt, nothing generated
+ * (the pending token is the prompt's last one). */
+static void counts_reset_to_prompt(fixture *f) {
+    specd_token_counts_reset(&f->counts);
+    for (int i = 0; i < P; i++) specd_token_counts_add(&f->counts, k_prompt[i], 0);
+}
+
+/* Plain sampling's p(. | prompt, extra...) under f->s, as doubles: the row's
+ * logits, adjusted (penalties, bias) for the prompt plus the first
+ * n_penalized of the extra tokens as generated ones, then temperature and
+ * filters. n_penalized < n_extra models a verifier that forgets the path. */
+static void target_probs(fixture *f, const int32_t *extra, int n_extra, int n_penalized,
+                         double *out) {
     int32_t toks[8];
     toks[0] = k_prompt[P - 1];
     if (n_extra > 0) memcpy(toks + 1, extra, sizeof(int32_t) * n_extra);
     float *logits = malloc(sizeof(float) * (n_extra + 1) * f->vocab);
     float *probs = malloc(sizeof(float) * f->vocab);
     forward_rows(f, toks, n_extra + 1, P - 1, NULL, NULL, logits);
-    specd_sampling_probs(&f->s, logits + (size_t)n_extra * f->vocab, f->vocab, probs, f->scratch);
+    float *row = logits + (size_t)n_extra * f->vocab;
+    counts_reset_to_prompt(f);
+    void *adj = malloc(specd_logits_adjust_scratch_size(n_extra) + 4);
+    specd_logits_adjust(&f->s, &f->counts, extra, n_penalized, row, f->vocab, adj);
+    free(adj);
+    specd_sampling_probs(&f->s, row, f->vocab, probs, f->scratch);
     for (int i = 0; i < f->vocab; i++) out[i] = probs[i];
     free(probs);
     free(logits);
@@ -100,6 +123,7 @@ static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial
     int32_t pending = k_prompt[P - 1];
     uint64_t st = 0x853c49e6748fea9bULL ^ (trial * 0x9e3779b97f4a7c15ULL);
     f->s.seed = trial + 1;
+    counts_reset_to_prompt(f);
     specd_error err = {{0}};
     while (n_emit < 2) {
         int32_t tokens[NODES], parents[NODES];
@@ -126,14 +150,16 @@ static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial
         forward_rows(f, toks, NODES + 1, n_past, mask, pos, logits);
         int32_t acc[NODES], kept[NODES + 1];
         specd_verify_result res = {.accepted = acc, .kept_rows = kept};
-        if (specd_verify_walk(&tree, logits, f->vocab, &f->s, (uint64_t)n_emit, f->scratch, &res,
-                              &err))
+        if (specd_verify_walk(&tree, logits, f->vocab, &f->s, &f->counts, (uint64_t)n_emit,
+                              f->scratch, &res, &err))
             fail_msg("%s", err.msg);
         free(logits);
         assert_int_equal(specd_transformer_kv_compact(f->t, 0, n_past, kept, 1 + res.n_accepted,
                                                       &err), 0);
         for (int i = 0; i < res.n_accepted; i++) emitted[n_emit++] = acc[i];
         emitted[n_emit++] = res.next_token;
+        for (int i = n_emit - 1 - res.n_accepted; i < n_emit; i++)
+            specd_token_counts_add(&f->counts, emitted[i], 1);
         n_past += 1 + res.n_accepted;
         pending = res.next_token;
     }
@@ -141,8 +167,28 @@ static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial
     out2[1] = emitted[1];
 }
 
-static void test_tree_sampling_lossless(void **state) {
-    (void)state;
+/* The exact plain-sampling joint distribution of (t1, t2) over the cells
+ * t1 in t1_ids, t2 in t2_ids[a]; n_penalized_t1 = 0 leaves t1 out of the
+ * penalties of t2 (the negative control of the penalty case). */
+static void joint_of(fixture *f, const int32_t *t1_ids, int32_t t2_ids[TOPK][TOPK],
+                     int penalize_t1, double *joint) {
+    double *p1 = malloc(sizeof(double) * f->vocab), *p2 = malloc(sizeof(double) * f->vocab);
+    target_probs(f, NULL, 0, 0, p1);
+    for (int a = 0; a < TOPK; a++) {
+        target_probs(f, &t1_ids[a], 1, penalize_t1, p2);
+        for (int b = 0; b < TOPK; b++) joint[a * TOPK + b] = p1[t1_ids[a]] * p2[t2_ids[a][b]];
+    }
+    free(p1);
+    free(p2);
+}
+
+typedef enum control { CONTROL_TEMPERATURE, CONTROL_FORGET_PATH } control;
+
+/* Runs `trials` seeded speculative trials with sampling `s` and checks the
+ * (t1, t2) counts against plain sampling; then against a wrong distribution
+ * (`ctl`), which must be rejected. */
+static void run_lossless_case(const char *what, const specd_sampling *s, long trials,
+                              control ctl, int bias_top) {
     fixture f = {0};
     specd_error err = {{0}};
     f.m = specd_model_open(test_path("tests/golden/data/tiny-gqa/hf"), &err);
@@ -152,10 +198,9 @@ static void test_tree_sampling_lossless(void **state) {
                                 .max_ctx = P + 32, .max_batch = 16};
     f.t = specd_transformer_create(f.m, &o, &err);
     if (!f.t) fail_msg("%s", err.msg);
-    specd_sampling_init(&f.s);
-    f.s.temperature = 1.5f;
-    f.s.top_k = TOPK;
-    size_t scratch = specd_verify_scratch_size(f.vocab);
+    if (specd_token_counts_init(&f.counts, f.vocab, &err)) fail_msg("%s", err.msg);
+    f.s = *s;
+    size_t scratch = specd_verify_scratch_size(f.vocab, NODES);
     if (specd_sampling_scratch_size(f.vocab) > scratch) scratch = specd_sampling_scratch_size(f.vocab);
     f.scratch = malloc(scratch);
 
@@ -164,17 +209,32 @@ static void test_tree_sampling_lossless(void **state) {
     forward_rows(&f, k_prompt, P - 1, 0, NULL, NULL, pl);
     free(pl);
 
-    /* exact plain-sampling distribution of (t1, t2) */
     double *p1 = malloc(sizeof(double) * f.vocab), *p2 = malloc(sizeof(double) * f.vocab);
     int32_t t1_ids[TOPK], t2_ids[TOPK][TOPK];
     double joint[TOPK * TOPK];
-    target_probs(&f, NULL, 0, p1);
+    int32_t bias_ids[TOPK];
+    float bias_values[TOPK];
+    if (bias_top) {
+        /* Bias the first position's candidates up by BIAS_UP everywhere, so
+         * they are the candidates of the second position too: then the
+         * penalties on t1 (a generated token) decide the second token's
+         * weights, and a verifier that ignored the path would be caught. */
+        target_probs(&f, NULL, 0, 0, p1);
+        assert_int_equal(top_ids(p1, f.vocab, bias_ids), TOPK);
+        for (int j = 0; j < TOPK; j++) bias_values[j] = BIAS_UP;
+        f.s.n_logit_bias = TOPK;
+        f.s.bias_ids = bias_ids;
+        f.s.bias_values = bias_values;
+    }
+
+    /* exact plain-sampling distribution of (t1, t2) */
+    target_probs(&f, NULL, 0, 0, p1);
     assert_int_equal(top_ids(p1, f.vocab, t1_ids), TOPK);
     for (int a = 0; a < TOPK; a++) {
-        target_probs(&f, &t1_ids[a], 1, p2);
+        target_probs(&f, &t1_ids[a], 1, 1, p2);
         assert_int_equal(top_ids(p2, f.vocab, t2_ids[a]), TOPK);
-        for (int b = 0; b < TOPK; b++) joint[a * TOPK + b] = p1[t1_ids[a]] * p2[t2_ids[a][b]];
     }
+    joint_of(&f, t1_ids, t2_ids, 1, joint);
 
     /* the draft: random weights over the first candidate of each context,
      * one more of the root's, and tokens the target never emits (so q has
@@ -202,9 +262,9 @@ static void test_tree_sampling_lossless(void **state) {
     specd_sparse_dist q = {nq, qids, qprobs};
 
     long counts[TOPK * TOPK] = {0}, outside = 0;
-    for (uint64_t trial = 0; trial < TRIALS; trial++) {
+    for (long trial = 0; trial < trials; trial++) {
         int32_t two[2];
-        speculate_two(&f, &q, trial, two);
+        speculate_two(&f, &q, (uint64_t)trial, two);
         int cell = -1;
         for (int a = 0; a < TOPK; a++)
             for (int b = 0; b < TOPK; b++)
@@ -213,36 +273,65 @@ static void test_tree_sampling_lossless(void **state) {
         else counts[cell]++;
     }
     assert_int_equal(outside, 0); /* nothing outside the target's support */
-    double pv = chi2_fit(counts, joint, TOPK * TOPK, TRIALS);
-    printf("  speculative (t1, t2) vs plain sampling: chi-square p-value %.4f over %d trials\n", pv,
-           TRIALS);
+    double pv = chi2_fit(counts, joint, TOPK * TOPK, trials);
+    printf("  %s: speculative (t1, t2) vs plain sampling: chi-square p-value %.4f over %ld "
+           "trials\n", what, pv, trials);
     assert_true(pv >= ALPHA);
 
-    /* negative control: the same counts against the target at temperature
-     * 1.0 (same support, different weights) must be rejected */
-    specd_sampling s1 = f.s;
-    s1.temperature = 1.0f;
-    f.s = s1;
     double joint_wrong[TOPK * TOPK];
-    target_probs(&f, NULL, 0, p1);
-    for (int a = 0; a < TOPK; a++) {
-        target_probs(&f, &t1_ids[a], 1, p2);
-        for (int b = 0; b < TOPK; b++) joint_wrong[a * TOPK + b] = p1[t1_ids[a]] * p2[t2_ids[a][b]];
+    const char *ctl_what;
+    if (ctl == CONTROL_TEMPERATURE) {
+        /* the target at temperature 1.0 (same support, different weights) */
+        f.s.temperature = 1.0f;
+        joint_of(&f, t1_ids, t2_ids, 1, joint_wrong);
+        ctl_what = "target at T=1.0";
+    } else {
+        /* penalties that see the history but not the path: what a verifier
+         * that adjusted every row for the pending token's history alone
+         * would sample */
+        joint_of(&f, t1_ids, t2_ids, 0, joint_wrong);
+        ctl_what = "penalties without the path";
     }
-    double pv_wrong = chi2_fit(counts, joint_wrong, TOPK * TOPK, TRIALS);
-    printf("  negative control (target at T=1.0): p-value %.3g (must be < %g)\n", pv_wrong, ALPHA);
+    double pv_wrong = chi2_fit(counts, joint_wrong, TOPK * TOPK, trials);
+    printf("  %s: negative control (%s): p-value %.3g (must be < %g)\n", what, ctl_what,
+           pv_wrong, ALPHA);
     assert_true(pv_wrong < ALPHA);
 
     free(p1);
     free(p2);
     free(f.scratch);
+    specd_token_counts_free(&f.counts);
     specd_transformer_free(f.t);
     specd_model_close(f.m);
+}
+
+static void test_tree_sampling_lossless(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 1.5f;
+    s.top_k = TOPK;
+    run_lossless_case("plain", &s, TRIALS, CONTROL_TEMPERATURE, 0);
+}
+
+/* Repetition and presence penalties plus logit bias: t2's distribution
+ * depends on t1 (a generated token) and both depend on the prompt, so the
+ * walk must adjust each row for its own path. */
+static void test_tree_sampling_lossless_penalties(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 1.5f;
+    s.top_k = TOPK;
+    s.repetition_penalty = PEN_REPETITION;
+    s.presence_penalty = PEN_PRESENCE;
+    run_lossless_case("penalties + bias", &s, PEN_TRIALS, CONTROL_FORGET_PATH, 1);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_sampling_lossless),
+        cmocka_unit_test(test_tree_sampling_lossless_penalties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,9 +2,13 @@
  * Philox known answers, the (seed, stream, counter) addressing, parameter
  * validation, argmax ties and NaNs, the exact sets that temperature / top-k /
  * top-p / min-p keep on hand-made logits, agreement with a brute-force
- * full-sort reference at vocab 49152, determinism of specd_sample, and the
- * speculative accept / residual rules on hand-checked numbers. Distribution
- * tests (chi-square) are in tests/statistical/test_sampling_stats.c. */
+ * full-sort reference at vocab 49152, determinism of specd_sample, the
+ * speculative accept / residual rules on hand-checked numbers, penalties and
+ * logit bias (hand-checked, and a path giving bit-identical logits to the
+ * same tokens counted), log-probabilities, and the whole chain against
+ * Hugging Face transformers' logits processors
+ * (tests/golden/data/sampling, made by tests/golden/make_sampling_golden.py).
+ * Distribution tests (chi-square) are in tests/statistical/test_sampling_stats.c. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 
 #include "common/rng.h"
@@ -182,6 +187,90 @@ static void test_validate(void **state) {
 
     specd_sampling_validate(&(specd_sampling){.temperature = 1, .top_p = 2}, 0, &err);
     assert_string_equal(err.msg, "top_p must be in (0, 1] (1 disables it), got 2");
+}
+
+/* Penalties and logit bias: ranges, "off" values, and the bias list. */
+static void test_validate_penalties(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_sampling s = params(1.0f, 0, 1.0f, 0.0f);
+    /* In range, including both "off" spellings of repetition_penalty. */
+    static const float reps[] = {0.0f, 1.0f, 0.01f, 0.5f, 10.0f};
+    for (size_t i = 0; i < sizeof reps / sizeof reps[0]; i++) {
+        s.repetition_penalty = reps[i];
+        assert_int_equal(specd_sampling_validate(&s, 0, &err), 0);
+    }
+    s.repetition_penalty = 1.0f;
+    s.frequency_penalty = -2.0f;
+    s.presence_penalty = 2.0f;
+    assert_int_equal(specd_sampling_validate(&s, 0, &err), 0);
+
+    static const float bad_reps[] = {-0.5f, 10.5f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_reps / sizeof bad_reps[0]; i++) {
+        specd_sampling b = params(1.0f, 0, 1.0f, 0.0f);
+        b.repetition_penalty = bad_reps[i];
+        expect_invalid(b, "repetition_penalty");
+    }
+    static const float bad_pen[] = {-2.01f, 3.0f, NAN, -INFINITY};
+    for (size_t i = 0; i < sizeof bad_pen / sizeof bad_pen[0]; i++) {
+        specd_sampling b = params(1.0f, 0, 1.0f, 0.0f);
+        b.frequency_penalty = bad_pen[i];
+        expect_invalid(b, "frequency_penalty");
+        b.frequency_penalty = 0.0f;
+        b.presence_penalty = bad_pen[i];
+        expect_invalid(b, "presence_penalty");
+    }
+    specd_sampling b = params(1.0f, 0, 1.0f, 0.0f);
+    b.frequency_penalty = 3.0f;
+    specd_sampling_validate(&b, 0, &err);
+    assert_string_equal(err.msg, "frequency_penalty must be in [-2, 2], got 3");
+
+    /* logit bias */
+    int32_t ids[4] = {5, 9, 2, 9};
+    float vals[4] = {-100.0f, 100.0f, 0.5f, 1.0f};
+    b = params(0.0f, 0, 1.0f, 0.0f);
+    b.bias_ids = ids;
+    b.bias_values = vals;
+    b.n_logit_bias = 3;
+    assert_int_equal(specd_sampling_validate(&b, 10, &err), 0);
+    assert_int_equal(specd_sampling_validate(&b, 0, &err), 0);
+    assert_int_equal(specd_sampling_validate(&b, 9, &err), -1); /* id 9 outside 0..8 */
+    assert_string_equal(err.msg, "logit_bias[1].token_id = 9 is outside 0..8");
+    b.n_logit_bias = 4; /* id 9 twice */
+    assert_int_equal(specd_sampling_validate(&b, 10, &err), -1);
+    assert_string_equal(err.msg,
+                        "logit_bias[3].token_id = 9 repeats logit_bias[1] (each token at most once)");
+    assert_int_equal(specd_sampling_validate(&b, 0, &err), 0); /* ids unchecked without a vocab */
+    b.n_logit_bias = 3;
+    vals[2] = 100.5f;
+    assert_int_equal(specd_sampling_validate(&b, 10, &err), -1);
+    assert_string_equal(err.msg, "logit_bias[2].bias must be in [-100, 100], got 100.5");
+    vals[2] = NAN;
+    expect_invalid(b, "logit_bias[2].bias");
+    vals[2] = 0.5f;
+    b.n_logit_bias = SPECD_MAX_LOGIT_BIAS + 1;
+    expect_invalid(b, "logit_bias");
+    b.n_logit_bias = -1;
+    expect_invalid(b, "logit_bias");
+    b.n_logit_bias = 2;
+    b.bias_ids = NULL;
+    expect_invalid(b, "logit_bias");
+
+    /* The most entries allowed, all distinct, and a duplicate found among
+     * them in O(n log n). */
+    int32_t *many = malloc(sizeof(int32_t) * SPECD_MAX_LOGIT_BIAS);
+    float *mv = calloc(SPECD_MAX_LOGIT_BIAS, sizeof(float));
+    for (int i = 0; i < SPECD_MAX_LOGIT_BIAS; i++) many[i] = (i * 7919) % 49152;
+    b.bias_ids = many;
+    b.bias_values = mv;
+    b.n_logit_bias = SPECD_MAX_LOGIT_BIAS;
+    assert_int_equal(specd_sampling_validate(&b, 49152, &err), 0);
+    many[1000] = many[17];
+    assert_int_equal(specd_sampling_validate(&b, 49152, &err), -1);
+    assert_non_null(strstr(err.msg, "logit_bias[1000].token_id"));
+    assert_non_null(strstr(err.msg, "repeats logit_bias[17]"));
+    free(many);
+    free(mv);
 }
 
 /* --- argmax ---------------------------------------------------------------- */
@@ -572,6 +661,410 @@ static void test_sample_determinism(void **state) {
     free(l);
 }
 
+/* --- penalties and logit bias ------------------------------------------------ */
+
+static void test_token_counts(void **state) {
+    (void)state;
+    specd_token_counts c;
+    specd_error err = {{0}};
+    assert_int_equal(specd_token_counts_init(&c, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "vocabulary"));
+    assert_int_equal(specd_token_counts_init(&c, 8, &err), 0);
+    specd_token_counts_add(&c, 3, 0); /* prompt */
+    specd_token_counts_add(&c, 5, 1);
+    specd_token_counts_add(&c, 3, 1);
+    specd_token_counts_add(&c, 5, 1);
+    specd_token_counts_add(&c, 8, 1);  /* outside: ignored */
+    specd_token_counts_add(&c, -1, 1); /* outside: ignored */
+    assert_int_equal(c.n_seen, 2);
+    assert_int_equal(c.seen_list[0], 3); /* first-seen order */
+    assert_int_equal(c.seen_list[1], 5);
+    assert_int_equal(c.out_count[3], 1);
+    assert_int_equal(c.out_count[5], 2);
+    assert_int_equal(c.seen[3] + c.seen[5], 2);
+    specd_token_counts_reset(&c);
+    assert_int_equal(c.n_seen, 0);
+    for (int i = 0; i < 8; i++) assert_int_equal(c.out_count[i] + c.seen[i], 0);
+    specd_token_counts_free(&c);
+    specd_token_counts_free(&c); /* idempotent */
+    specd_token_counts_add(NULL, 1, 1);
+    specd_token_counts_reset(NULL);
+}
+
+static void test_adjusts_logits(void **state) {
+    (void)state;
+    specd_sampling s = params(1.0f, 0, 1.0f, 0.0f);
+    assert_int_equal(specd_sampling_adjusts_logits(&s), 0);
+    s.repetition_penalty = 1.0f;
+    assert_int_equal(specd_sampling_adjusts_logits(&s), 0); /* 1 = off as well as 0 */
+    s.repetition_penalty = 1.1f;
+    assert_int_equal(specd_sampling_adjusts_logits(&s), 1);
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    s.presence_penalty = -0.5f;
+    assert_int_equal(specd_sampling_adjusts_logits(&s), 1);
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    s.frequency_penalty = 0.1f;
+    assert_int_equal(specd_sampling_adjusts_logits(&s), 1);
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    s.n_logit_bias = 1;
+    assert_int_equal(specd_sampling_adjusts_logits(&s), 1);
+
+    /* Off: a no-op, whatever the history. */
+    specd_token_counts c;
+    assert_int_equal(specd_token_counts_init(&c, 4, NULL), 0);
+    specd_token_counts_add(&c, 1, 1);
+    float l[4] = {1, -2, 3, 4}, want[4] = {1, -2, 3, 4};
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    specd_logits_adjust(&s, &c, NULL, 0, l, 4, NULL);
+    assert_memory_equal(l, want, sizeof l);
+    specd_token_counts_free(&c);
+}
+
+/* Each stage on hand-checked numbers, then all together in the documented
+ * order: bias, repetition, frequency / presence. */
+static void test_logits_adjust(void **state) {
+    (void)state;
+    specd_token_counts c;
+    assert_int_equal(specd_token_counts_init(&c, 6, NULL), 0);
+    specd_token_counts_add(&c, 0, 0); /* prompt: 0, 1 */
+    specd_token_counts_add(&c, 1, 0);
+    specd_token_counts_add(&c, 2, 1); /* generated: 2 twice, 0 once */
+    specd_token_counts_add(&c, 2, 1);
+    specd_token_counts_add(&c, 0, 1);
+    const float base[6] = {2.0f, -1.0f, 4.0f, -3.0f, 1.0f, 0.0f};
+    float l[6];
+
+    /* repetition: every seen token (prompt or generated) once */
+    specd_sampling s = params(1.0f, 0, 1.0f, 0.0f);
+    s.repetition_penalty = 2.0f;
+    memcpy(l, base, sizeof l);
+    specd_logits_adjust(&s, &c, NULL, 0, l, 6, NULL);
+    const float want_rep[6] = {1.0f, -2.0f, 2.0f, -3.0f, 1.0f, 0.0f};
+    assert_memory_equal(l, want_rep, sizeof l);
+
+    /* frequency / presence: generated tokens only (the prompt's 1 is not) */
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    s.frequency_penalty = 0.5f;
+    s.presence_penalty = 0.25f;
+    memcpy(l, base, sizeof l);
+    specd_logits_adjust(&s, &c, NULL, 0, l, 6, NULL);
+    const float want_fp[6] = {2.0f - 0.75f, -1.0f, 4.0f - 1.25f, -3.0f, 1.0f, 0.0f};
+    assert_memory_equal(l, want_fp, sizeof l);
+
+    /* bias, with an id outside this vocabulary skipped */
+    int32_t ids[3] = {3, 5, 6};
+    float vals[3] = {1.5f, -100.0f, 7.0f};
+    s = params(1.0f, 0, 1.0f, 0.0f);
+    s.n_logit_bias = 3;
+    s.bias_ids = ids;
+    s.bias_values = vals;
+    memcpy(l, base, sizeof l);
+    specd_logits_adjust(&s, NULL, NULL, 0, l, 6, NULL); /* no history needed */
+    const float want_b[6] = {2.0f, -1.0f, 4.0f, -1.5f, 1.0f, -100.0f};
+    assert_memory_equal(l, want_b, sizeof l);
+
+    /* all together: bias first, so a biased seen token is penalized after
+     * the bias (token 0: (2 - 3) * 2 - 0.75 = -2.75; token 2: (4 + 1) / 2 -
+     * 1.25 = 1.25) */
+    int32_t ids2[2] = {0, 2};
+    float vals2[2] = {-3.0f, 1.0f};
+    s.n_logit_bias = 2;
+    s.bias_ids = ids2;
+    s.bias_values = vals2;
+    s.repetition_penalty = 2.0f;
+    s.frequency_penalty = 0.5f;
+    s.presence_penalty = 0.25f;
+    memcpy(l, base, sizeof l);
+    specd_logits_adjust(&s, &c, NULL, 0, l, 6, NULL);
+    const float want_all[6] = {-2.75f, -2.0f, 1.25f, -3.0f, 1.0f, 0.0f};
+    assert_memory_equal(l, want_all, sizeof l);
+
+    /* A path counts as generated on top of the history: path {4, 2, 4}
+     * adds 4 twice (new: repetition once, count 2) and 2 once more (count
+     * 3, repetition still once). */
+    int32_t path[3] = {4, 2, 4};
+    void *scratch = malloc(specd_logits_adjust_scratch_size(3));
+    s.n_logit_bias = 0;
+    memcpy(l, base, sizeof l);
+    specd_logits_adjust(&s, &c, path, 3, l, 6, scratch);
+    const float want_path[6] = {1.0f - 0.75f, -2.0f, 2.0f - 1.75f, -3.0f, 0.5f - 1.25f, 0.0f};
+    assert_memory_equal(l, want_path, sizeof l);
+    /* the path array itself is left alone */
+    assert_int_equal(path[0], 4);
+    assert_int_equal(path[1], 2);
+    assert_int_equal(path[2], 4);
+    free(scratch);
+    specd_token_counts_free(&c);
+}
+
+/* The property speculation rests on: adjusting with (history, path) gives
+ * bit-identical logits to adjusting with the path's tokens counted into the
+ * history, for random histories, paths, parameters and a real-size vocab. */
+static void test_adjust_path_equals_counted(void **state) {
+    (void)state;
+    const int V = 4096;
+    float *raw = malloc(sizeof(float) * V), *a = malloc(sizeof(float) * V),
+          *b = malloc(sizeof(float) * V);
+    int32_t path[40], bias_ids[64];
+    float bias_vals[64];
+    void *scratch = malloc(specd_logits_adjust_scratch_size(40));
+    specd_token_counts hist, full;
+    assert_int_equal(specd_token_counts_init(&hist, V, NULL), 0);
+    assert_int_equal(specd_token_counts_init(&full, V, NULL), 0);
+    uint64_t st = 99;
+    for (int trial = 0; trial < 200; trial++) {
+        gaussian_logits(raw, V, 1000 + (uint64_t)trial, 3.0f);
+        specd_token_counts_reset(&hist);
+        specd_token_counts_reset(&full);
+        /* Histories and paths over a narrow id range so tokens repeat and
+         * overlap between history and path. */
+        int range = 16 + trial % 200;
+        int n_prompt = (int)(specd_rng_uniform(st, (uint64_t)trial, 0) * 50);
+        int n_gen = (int)(specd_rng_uniform(st, (uint64_t)trial, 1) * 50);
+        int n_path = (int)(specd_rng_uniform(st, (uint64_t)trial, 2) * 40);
+        for (int i = 0; i < n_prompt + n_gen; i++) {
+            int32_t t = (int32_t)(specd_rng_uniform(st, (uint64_t)trial, 10 + (uint64_t)i) * range);
+            specd_token_counts_add(&hist, t, i >= n_prompt);
+            specd_token_counts_add(&full, t, i >= n_prompt);
+        }
+        for (int i = 0; i < n_path; i++) {
+            path[i] = (int32_t)(specd_rng_uniform(st, (uint64_t)trial, 200 + (uint64_t)i) * range);
+            specd_token_counts_add(&full, path[i], 1);
+        }
+        specd_sampling s = params(1.0f, 0, 1.0f, 0.0f);
+        s.repetition_penalty = trial % 3 == 0 ? 0.0f : 0.5f + (float)(trial % 7) * 0.3f;
+        s.frequency_penalty = (float)(trial % 9) * 0.37f - 1.5f;
+        s.presence_penalty = (float)(trial % 5) * 0.6f - 1.2f;
+        s.n_logit_bias = trial % 4 == 0 ? 0 : 1 + trial % 64;
+        for (int i = 0; i < s.n_logit_bias; i++) {
+            bias_ids[i] = i; /* distinct, and overlapping the history's ids */
+            bias_vals[i] = (float)((i * 13 + trial) % 21) - 10.0f;
+        }
+        s.bias_ids = bias_ids;
+        s.bias_values = bias_vals;
+        memcpy(a, raw, sizeof(float) * V);
+        memcpy(b, raw, sizeof(float) * V);
+        specd_logits_adjust(&s, &hist, path, n_path, a, V, scratch);
+        specd_logits_adjust(&s, &full, NULL, 0, b, V, NULL);
+        if (memcmp(a, b, sizeof(float) * V) != 0) {
+            for (int i = 0; i < V; i++)
+                if (memcmp(&a[i], &b[i], sizeof(float)))
+                    fail_msg("trial %d: token %d: path gives %.9g, counted gives %.9g", trial, i,
+                             (double)a[i], (double)b[i]);
+        }
+    }
+    specd_token_counts_free(&hist);
+    specd_token_counts_free(&full);
+    free(scratch);
+    free(raw);
+    free(a);
+    free(b);
+}
+
+/* --- log-probabilities --------------------------------------------------------- */
+
+static void test_logprobs(void **state) {
+    (void)state;
+    /* log-softmax of {ln 1, ln 2, ln 3, ln 2} = ln {1/8, 2/8, 3/8, 2/8} */
+    float l[4] = {0.0f, (float)log(2.0), (float)log(3.0), (float)log(2.0)};
+    float lp, top_lps[3];
+    int32_t top_ids[3];
+    specd_logprobs(l, 4, 1, 3, &lp, top_ids, top_lps);
+    assert_near(lp, log(0.25), 1e-6);
+    assert_int_equal(top_ids[0], 2);
+    assert_int_equal(top_ids[1], 1); /* tie with 3: lower id first */
+    assert_int_equal(top_ids[2], 3);
+    assert_near(top_lps[0], log(0.375), 1e-6);
+    assert_near(top_lps[1], log(0.25), 1e-6);
+    assert_near(top_lps[2], log(0.25), 1e-6);
+    /* the log-probability of the token equals its entry in the top list */
+    specd_logprobs(l, 4, 2, 0, &lp, NULL, NULL);
+    assert_true(lp == top_lps[0]);
+
+    /* more alternatives than usable tokens: the rest is empty */
+    float ln[3] = {1.0f, NAN, 0.0f};
+    int32_t ids5[5];
+    float lps5[5];
+    specd_logprobs(ln, 3, 1, 5, &lp, ids5, lps5);
+    assert_true(lp == -INFINITY); /* NaN logit */
+    assert_int_equal(ids5[0], 0);
+    assert_int_equal(ids5[1], 2);
+    assert_int_equal(ids5[2], -1);
+    assert_true(lps5[4] == -INFINITY);
+    assert_near(lps5[0], -log1p(exp(-1.0)), 1e-6);
+
+    /* +inf logits share the mass; all -inf: nothing is possible */
+    float li[3] = {INFINITY, 1.0f, INFINITY};
+    specd_logprobs(li, 3, 0, 0, &lp, NULL, NULL);
+    assert_near(lp, -log(2.0), 1e-7);
+    specd_logprobs(li, 3, 1, 0, &lp, NULL, NULL);
+    assert_true(lp == -INFINITY);
+    float lm[2] = {-INFINITY, -INFINITY};
+    specd_logprobs(lm, 2, 0, 0, &lp, NULL, NULL);
+    assert_true(lp == -INFINITY);
+    /* a token outside the vocabulary */
+    specd_logprobs(l, 4, 7, 0, &lp, NULL, NULL);
+    assert_true(lp == -INFINITY);
+
+    /* large vocabulary: against a straightforward double computation, the
+     * top list against a full sort, and stable under a huge shift */
+    float *g = malloc(sizeof(float) * VOCAB);
+    gaussian_logits(g, VOCAB, 77, 3.0f);
+    double m = -INFINITY, z = 0;
+    for (int i = 0; i < VOCAB; i++) m = g[i] > m ? g[i] : m;
+    for (int i = 0; i < VOCAB; i++) z += exp(g[i] - m);
+    int32_t ids[SPECD_MAX_TOP_LOGPROBS];
+    float lps[SPECD_MAX_TOP_LOGPROBS];
+    specd_logprobs(g, VOCAB, 123, SPECD_MAX_TOP_LOGPROBS, &lp, ids, lps);
+    assert_near(lp, g[123] - m - log(z), 1e-5);
+    int best = specd_argmax(g, VOCAB);
+    assert_int_equal(ids[0], best);
+    for (int j = 1; j < SPECD_MAX_TOP_LOGPROBS; j++) {
+        assert_true(g[ids[j]] < g[ids[j - 1]] ||
+                    (g[ids[j]] == g[ids[j - 1]] && ids[j] > ids[j - 1]));
+        assert_true(lps[j] <= lps[j - 1]);
+        /* nothing outside the list beats its last entry */
+    }
+    for (int i = 0; i < VOCAB; i++) {
+        int in = 0;
+        for (int j = 0; j < SPECD_MAX_TOP_LOGPROBS; j++) in |= ids[j] == i;
+        if (!in) assert_true(g[i] <= g[ids[SPECD_MAX_TOP_LOGPROBS - 1]]);
+    }
+    for (int i = 0; i < VOCAB; i++) g[i] += 1000.0f;
+    float lp2;
+    specd_logprobs(g, VOCAB, 123, 0, &lp2, NULL, NULL);
+    assert_near(lp2, lp, 1e-3); /* the shift itself rounds the logits by ~6e-5 */
+    free(g);
+}
+
+/* --- reference: Hugging Face transformers -------------------------------------- */
+
+static void json_floats(const cJSON *arr, float *out, int n, const char *what) {
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != n)
+        fail_msg("golden: '%s' is not an array of %d numbers", what, n);
+    for (int i = 0; i < n; i++) out[i] = (float)cJSON_GetArrayItem(arr, i)->valuedouble;
+}
+
+static double json_num(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(v)) fail_msg("golden: '%s' missing", key);
+    return v->valuedouble;
+}
+
+/* Every case of tests/golden/data/sampling/reference.json: the adjusted
+ * logits (bias: SequenceBiasLogitsProcessor; repetition:
+ * RepetitionPenaltyLogitsProcessor; frequency / presence: the OpenAI
+ * formula), the final distribution (transformers' Temperature, TopK, TopP,
+ * MinP warpers + softmax) and the raw log-probabilities. */
+static void test_hf_golden(void **state) {
+    (void)state;
+    size_t len;
+    char *text = test_read_file(test_path("tests/golden/data/sampling/reference.json"), &len);
+    if (!text) fail_msg("cannot read tests/golden/data/sampling/reference.json");
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) fail_msg("golden: reference.json does not parse");
+    const int V = (int)json_num(root, "vocab"), NT = (int)json_num(root, "n_top");
+    assert_true(V > 0 && V <= 64 && NT <= SPECD_MAX_TOP_LOGPROBS);
+    const cJSON *cases = cJSON_GetObjectItemCaseSensitive(root, "cases");
+    float logits[64], want_adj[64], want_p[64], want_lp[64], adj[64], p[64];
+    int32_t bias_ids[64], top_ids[SPECD_MAX_TOP_LOGPROBS];
+    float bias_vals[64], top_lps[SPECD_MAX_TOP_LOGPROBS];
+    void *scratch = malloc(specd_sampling_scratch_size(V));
+    int n_cases = 0, exact_adj = 0;
+    double worst_adj = 0, worst_p = 0, worst_lp = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cases) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring;
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(c, "params");
+        specd_sampling s = params((float)json_num(pr, "temperature"), (int)json_num(pr, "top_k"),
+                                  (float)json_num(pr, "top_p"), (float)json_num(pr, "min_p"));
+        s.repetition_penalty = (float)json_num(pr, "repetition_penalty");
+        s.frequency_penalty = (float)json_num(pr, "frequency_penalty");
+        s.presence_penalty = (float)json_num(pr, "presence_penalty");
+        const cJSON *bl = cJSON_GetObjectItemCaseSensitive(pr, "logit_bias"), *be;
+        s.n_logit_bias = 0;
+        cJSON_ArrayForEach(be, bl) {
+            bias_ids[s.n_logit_bias] = (int32_t)json_num(be, "token_id");
+            bias_vals[s.n_logit_bias++] = (float)json_num(be, "bias");
+        }
+        s.bias_ids = bias_ids;
+        s.bias_values = bias_vals;
+        specd_error err = {{0}};
+        if (specd_sampling_validate(&s, V, &err)) fail_msg("%s: %s", name, err.msg);
+
+        specd_token_counts counts;
+        assert_int_equal(specd_token_counts_init(&counts, V, NULL), 0);
+        const cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(c, "prompt"))
+            specd_token_counts_add(&counts, (int32_t)t->valueint, 0);
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(c, "generated"))
+            specd_token_counts_add(&counts, (int32_t)t->valueint, 1);
+        json_floats(cJSON_GetObjectItemCaseSensitive(c, "logits"), logits, V, "logits");
+        json_floats(cJSON_GetObjectItemCaseSensitive(c, "adjusted"), want_adj, V, "adjusted");
+        json_floats(cJSON_GetObjectItemCaseSensitive(c, "probs"), want_p, V, "probs");
+        json_floats(cJSON_GetObjectItemCaseSensitive(c, "logprobs"), want_lp, V, "logprobs");
+
+        /* Adjusted logits: the same float operations as the reference (one
+         * add, one multiply or divide, one multiply-add then subtract), so
+         * they agree to rounding; 1e-6 relative allows a different but
+         * still correctly rounded evaluation order. */
+        memcpy(adj, logits, sizeof(float) * V);
+        specd_logits_adjust(&s, &counts, NULL, 0, adj, V, NULL);
+        int exact = 1;
+        for (int i = 0; i < V; i++) {
+            double d = fabs((double)adj[i] - want_adj[i]);
+            exact &= adj[i] == want_adj[i];
+            if (d > worst_adj) worst_adj = d;
+            if (d > 1e-6 * fmax(1.0, fabs(want_adj[i])))
+                fail_msg("%s: adjusted logit %d is %.9g, transformers %.9g", name, i,
+                         (double)adj[i], (double)want_adj[i]);
+        }
+        exact_adj += exact;
+
+        /* Final distribution: the same kept set, values to float rounding
+         * (torch divides by the temperature and sums in float, specd
+         * multiplies and sums in double). A reference value below 1e-30 is
+         * a token biased to -100 (a float denormal) that either side may
+         * round to 0; filtered tokens are exactly 0 on both. */
+        specd_sampling_probs(&s, adj, V, p, scratch);
+        for (int i = 0; i < V; i++) {
+            double d = fabs((double)p[i] - want_p[i]);
+            if (d > worst_p) worst_p = d;
+            int kept_ok = want_p[i] == 0.0f ? p[i] == 0.0f
+                          : want_p[i] > 1e-30f  ? p[i] > 0.0f
+                                                : 1;
+            if (!kept_ok || d > 1e-7 + 1e-5 * want_p[i])
+                fail_msg("%s: probability of %d is %.9g, transformers %.9g", name, i,
+                         (double)p[i], (double)want_p[i]);
+        }
+
+        /* Log-probabilities of the raw logits, each token and the top list. */
+        for (int i = 0; i < V; i++) {
+            float lp;
+            specd_logprobs(logits, V, i, i == 0 ? NT : 0, &lp, top_ids, top_lps);
+            double d = fabs((double)lp - want_lp[i]);
+            if (d > worst_lp) worst_lp = d;
+            if (d > 1e-6 * fmax(1.0, fabs(want_lp[i])))
+                fail_msg("%s: logprob of %d is %.9g, reference %.9g", name, i, (double)lp,
+                         (double)want_lp[i]);
+            if (i == 0) {
+                const cJSON *want_top = cJSON_GetObjectItemCaseSensitive(c, "top_ids");
+                for (int j = 0; j < NT; j++)
+                    assert_int_equal(top_ids[j], cJSON_GetArrayItem(want_top, j)->valueint);
+            }
+        }
+        specd_token_counts_free(&counts);
+        n_cases++;
+    }
+    print_message("transformers reference: %d cases; adjusted logits bit-exact in %d, max |diff| "
+                  "%.3g; probs max |diff| %.3g; logprobs max |diff| %.3g\n",
+                  n_cases, exact_adj, worst_adj, worst_p, worst_lp);
+    assert_true(n_cases >= 30);
+    free(scratch);
+    cJSON_Delete(root);
+}
+
 /* --- speculative rules ------------------------------------------------------- */
 
 static void test_accept_draft(void **state) {
@@ -625,6 +1118,13 @@ int main(void) {
         cmocka_unit_test(test_philox_kat),
         cmocka_unit_test(test_rng_addressing),
         cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_validate_penalties),
+        cmocka_unit_test(test_token_counts),
+        cmocka_unit_test(test_adjusts_logits),
+        cmocka_unit_test(test_logits_adjust),
+        cmocka_unit_test(test_adjust_path_equals_counted),
+        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_hf_golden),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_greedy_and_softmax),
         cmocka_unit_test(test_top_k),

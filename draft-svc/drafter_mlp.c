@@ -1,0 +1,408 @@
+/* drafter_mlp.c - IBM's MLP speculator as a drafter (drafter.h, "mlp").
+ *
+ * The speculator (mlp_speculator.h) runs one stage per tree depth: stage s
+ * takes, for every node at depth s (the root is depth 0), the node's input
+ * state and its token, and gives the logits of its children plus the state
+ * those children read at stage s+1 (children share their parent's output
+ * state, as in the reference's generate_suffixes). The root's state is the
+ * target's final-norm hidden state, its token the pending token.
+ *
+ * Greedy mode (temperature 0). Every frontier node proposes its top_k[s]
+ * children (top_k_tokens_per_head, or the options' override) scored by the
+ * cumulative log-probability of their path; specd_tree_beam_select keeps the
+ * `candidates` best of the whole depth, which become the next frontier.
+ * This is the reference's tree (top-k per head, best n paths by summed
+ * log-probability) pruned per depth instead of once at the end, so the work
+ * per depth is bounded by `candidates` rows rather than the product of the
+ * top-k's.
+ *
+ * Sampling mode. The shape comes from specd_tree_sampling_branching() (the
+ * root gets `candidates` children, deeper nodes one each), fixed before any
+ * draw. A node's children are drawn i.i.d. from q = specd_sampling_probs of
+ * the speculator's logits after the request's adjustments along the node's
+ * path (specd_logits_adjust with the history counts plus the path tokens,
+ * exactly as the target adjusts its own logits there), and q goes to the
+ * tree as its nonzero entries. The uniform for a node comes from
+ * (seed ^ SPECD_DRAFT_RNG_SALT, stream = the node's output index
+ * (position + depth - 1), counter = the node's index among the nodes drawn
+ * at that depth of this job), so every draw has its own address.
+ *
+ * Both modes apply the adjustments (penalties and logit bias) when the
+ * request has any: the target's greedy choice is the argmax of its adjusted
+ * logits, so the draft's must be too.
+ *
+ * Batching: at each depth the frontier rows of every job go through one
+ * specd_mlp_speculator_stage call, so the head matmul reads its weights once
+ * per depth for the whole batch. Jobs without a hidden state (the target
+ * sent none) get an empty tree. The drafter keeps no per-session state. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "draft-svc/drafter.h"
+#include "draft-svc/mlp_speculator.h"
+
+#define MLP_DEFAULT_MAX_BATCH 64
+#define MLP_MAX_DEPTH SPECD_MLP_SPEC_MAX_PREDICT
+#define MLP_N_TOPK_OPTS ((int)(sizeof(((specd_mlp_drafter_opts *)0)->top_k_per_stage) / \
+                               sizeof(int)))
+
+/* A frontier node: a tree node (or the root, -1) whose children the next
+ * stage predicts. */
+typedef struct mlp_front {
+    int job;
+    int node;     /* -1 = the pending token */
+    int32_t token;
+    float logq;   /* log q of the path root..node */
+    int src_row;  /* row of the previous stage's output state it reads; -1 = hidden */
+} mlp_front;
+
+/* A greedy candidate child, before beam selection. */
+typedef struct mlp_cand {
+    int parent_row; /* frontier row of the parent */
+    int32_t token;
+} mlp_cand;
+
+/* What one job does in this call. */
+typedef struct mlp_plan {
+    int depth;    /* stages to run, 0 = no tree */
+    int sampling; /* 1 = draw children from q */
+    int branching[MLP_MAX_DEPTH];
+    int bound;    /* most frontier rows this job can have at any depth */
+} mlp_plan;
+
+typedef struct mlp_impl {
+    specd_mlp_speculator *sp;
+    int vocab, emb_dim, inner_dim, n_predict, max_batch;
+    int top_k[MLP_MAX_DEPTH]; /* per stage, already clamped to the vocabulary */
+    int max_k;
+    /* per-call scratch, grown on demand (a drafter serves one call at a
+     * time: the session driver's batcher is its only caller) */
+    size_t rows_cap;
+    float *in_states;  /* [rows][max(emb_dim, inner_dim)] */
+    float *out_states; /* [rows][inner_dim] */
+    float *logits;     /* [rows][vocab] */
+    int32_t *tokens;   /* [rows] */
+    mlp_front *front, *next; /* [rows] */
+    size_t cand_cap;
+    mlp_cand *cand;    /* [bound * max_k] of one job */
+    float *cand_logq;
+    uint8_t *keep;
+    mlp_plan *plans;   /* [max_batch] */
+    /* fixed-size scratch */
+    int32_t *topk_ids; /* [max_k] */
+    float *topk_vals;
+    float *probs;      /* [vocab] */
+    int32_t *q_ids;    /* [vocab] */
+    float *q_probs;
+    void *sample_scratch;
+    void *adjust_scratch; /* specd_logits_adjust_scratch_size(n_predict) */
+    int32_t path[MLP_MAX_DEPTH];
+} mlp_impl;
+
+static int grow(void **p, size_t n, size_t elem) {
+    size_t bytes = n * elem;
+    void *q = realloc(*p, bytes > 0 ? bytes : 1);
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
+static int grow_rows(mlp_impl *m, size_t rows, specd_error *err) {
+    if (rows <= m->rows_cap) return 0;
+    size_t in_w = (size_t)(m->emb_dim > m->inner_dim ? m->emb_dim : m->inner_dim);
+    if (grow((void **)&m->in_states, rows * in_w, sizeof(float)) ||
+        grow((void **)&m->out_states, rows * (size_t)m->inner_dim, sizeof(float)) ||
+        grow((void **)&m->logits, rows * (size_t)m->vocab, sizeof(float)) ||
+        grow((void **)&m->tokens, rows, sizeof(int32_t)) ||
+        grow((void **)&m->front, rows, sizeof(mlp_front)) ||
+        grow((void **)&m->next, rows, sizeof(mlp_front)))
+        return specd_seterr(err, "mlp drafter: out of memory for %zu rows", rows);
+    m->rows_cap = rows;
+    return 0;
+}
+
+static int grow_cand(mlp_impl *m, size_t n, specd_error *err) {
+    if (n <= m->cand_cap) return 0;
+    if (grow((void **)&m->cand, n, sizeof(mlp_cand)) ||
+        grow((void **)&m->cand_logq, n, sizeof(float)) ||
+        grow((void **)&m->keep, n, sizeof(uint8_t)))
+        return specd_seterr(err, "mlp drafter: out of memory for %zu candidates", n);
+    m->cand_cap = n;
+    return 0;
+}
+
+/* Decides a job's depth and shape. A job is skipped (empty tree) without a
+ * hidden state, a history, a valid pending token or room in its tree. */
+static void plan_job(const mlp_impl *m, const specd_draft_job *job, mlp_plan *p) {
+    memset(p, 0, sizeof *p);
+    if (!job->hidden || !job->history || job->n_history < 1 || job->depth < 1 ||
+        !job->out || job->out->cap < 1)
+        return;
+    int32_t pending = job->history[job->n_history - 1];
+    if (pending < 0 || pending >= m->vocab) return;
+    int depth = job->depth < m->n_predict ? job->depth : m->n_predict;
+    int cands = job->candidates > 0 ? job->candidates : 1;
+    p->sampling = job->sampling && job->sampling->temperature > 0.0f;
+    if (p->sampling) {
+        depth = specd_tree_sampling_branching(cands, depth, job->out->cap, p->branching);
+        p->bound = p->branching[0]; /* chains: one frontier row each */
+    } else {
+        p->bound = cands < job->out->cap ? cands : job->out->cap;
+    }
+    p->depth = depth;
+}
+
+/* The tokens of the path root..node (excluding the pending token, which the
+ * history counts already hold) into m->path; returns its length. */
+static int node_path(mlp_impl *m, const specd_tree_buf *out, int node) {
+    int n = 0;
+    for (int i = node; i >= 0 && n < MLP_MAX_DEPTH; i = out->parents[i]) m->path[n++] = out->tokens[i];
+    for (int i = 0; i < n / 2; i++) {
+        int32_t t = m->path[i];
+        m->path[i] = m->path[n - 1 - i];
+        m->path[n - 1 - i] = t;
+    }
+    return n;
+}
+
+/* The request's logit adjustments at a node, in place (no-op without any). */
+static void adjust_row(mlp_impl *m, const specd_draft_job *job, int node, float *row) {
+    if (!job->sampling) return;
+    int n = node_path(m, job->out, node);
+    specd_logits_adjust(job->sampling, job->counts, m->path, n, row, m->vocab,
+                        m->adjust_scratch);
+}
+
+/* log(sum(exp(row))), in double so the log-probabilities are a function of
+ * the logits alone; -inf entries (a bias can push a logit there) count 0. */
+static double log_sum_exp(const float *row, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (row[i] > mx) mx = row[i];
+    if (!isfinite(mx)) return mx;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += exp((double)row[i] - mx);
+    return mx + log(s);
+}
+
+/* Greedy expansion of one job's frontier rows [a, b) at stage s: every row's
+ * top-k children, then the `candidates` best of them by path log-probability
+ * join the tree (in frontier order, so parents precede children); those that
+ * go on are appended to m->next. Returns the new count of next rows. */
+static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, int s, int a,
+                         int b, int n_next) {
+    specd_tree_buf *out = job->out;
+    int nc = 0;
+    for (int r = a; r < b; r++) {
+        float *row = m->logits + (size_t)r * m->vocab;
+        adjust_row(m, job, m->front[r].node, row);
+        double lse = log_sum_exp(row, m->vocab);
+        int k = specd_topk(row, m->vocab, m->top_k[s], m->topk_ids, m->topk_vals);
+        for (int i = 0; i < k; i++) {
+            m->cand[nc] = (mlp_cand){r, m->topk_ids[i]};
+            m->cand_logq[nc++] = m->front[r].logq + (float)((double)m->topk_vals[i] - lse);
+        }
+    }
+    int room = out->cap - out->n_nodes;
+    int keep = job->candidates > 0 ? job->candidates : 1;
+    if (keep > room) keep = room;
+    specd_tree_beam_select(m->cand_logq, nc, keep, m->keep);
+    for (int i = 0; i < nc; i++) {
+        if (!m->keep[i]) continue;
+        const mlp_front *par = &m->front[m->cand[i].parent_row];
+        int node = specd_tree_buf_add(out, par->node, m->cand[i].token, m->cand_logq[i]);
+        if (node < 0) break; /* full: the tree ends here */
+        if (s + 1 < p->depth)
+            m->next[n_next++] = (mlp_front){par->job, node, m->cand[i].token, m->cand_logq[i],
+                                            m->cand[i].parent_row};
+    }
+    return n_next;
+}
+
+/* Sampling expansion of rows [a, b) at stage s: each row's node gets
+ * branching[s] children drawn i.i.d. from its q, q stored on the node
+ * first (a child never exists without the distribution it came from). */
+static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, int s, int a,
+                           int b, int n_next) {
+    specd_tree_buf *out = job->out;
+    const specd_sampling *smp = job->sampling;
+    uint64_t seed = smp->seed ^ SPECD_DRAFT_RNG_SALT;
+    uint64_t stream = job->position + (uint64_t)s; /* output index of the drawn nodes */
+    uint64_t counter = 0;                          /* their index within this depth */
+    for (int r = a; r < b; r++) {
+        const mlp_front *par = &m->front[r];
+        float *row = m->logits + (size_t)r * m->vocab;
+        adjust_row(m, job, par->node, row);
+        specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
+        int nq = 0;
+        for (int i = 0; i < m->vocab; i++)
+            if (m->probs[i] > 0.0f) {
+                m->q_ids[nq] = i;
+                m->q_probs[nq++] = m->probs[i];
+            }
+        if (specd_tree_buf_set_q(out, par->node, m->q_ids, m->q_probs, nq)) return n_next;
+        for (int c = 0; c < p->branching[s]; c++) {
+            double u = specd_rng_uniform(seed, stream, counter++);
+            int32_t tok = specd_sample_from_probs(m->probs, m->vocab, u);
+            float logq = par->logq + logf(m->probs[tok]);
+            int node = specd_tree_buf_add(out, par->node, tok, logq);
+            if (node < 0) return n_next; /* full (the shape was sized to fit; a guard) */
+            if (s + 1 < p->depth) m->next[n_next++] = (mlp_front){par->job, node, tok, logq, r};
+        }
+    }
+    return n_next;
+}
+
+static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_error *err) {
+    mlp_impl *m = d->impl;
+    /* plan every job and size the scratch for the largest frontier */
+    size_t rows = 0, cand = 0;
+    for (int i = 0; i < n; i++) {
+        plan_job(m, &jobs[i], &m->plans[i]);
+        if (!m->plans[i].depth) continue;
+        size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
+        rows += bound;
+        if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
+    }
+    if (rows == 0) return 0;
+    if (grow_rows(m, rows, err) || grow_cand(m, cand, err)) return -1;
+
+    /* depth 0: every job's root, reading the target's hidden state */
+    int n_rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (!m->plans[i].depth) continue;
+        m->front[n_rows] = (mlp_front){i, -1, jobs[i].history[jobs[i].n_history - 1], 0.0f, -1};
+        memcpy(m->in_states + (size_t)n_rows * m->emb_dim, jobs[i].hidden,
+               sizeof(float) * (size_t)m->emb_dim);
+        n_rows++;
+    }
+
+    for (int s = 0; n_rows > 0; s++) {
+        for (int r = 0; r < n_rows; r++) m->tokens[r] = m->front[r].token;
+        if (specd_mlp_speculator_stage(m->sp, s, n_rows, m->in_states, m->tokens, m->out_states,
+                                       m->logits, err))
+            return -1;
+        /* each job's rows are contiguous (frontier order follows job order) */
+        int n_next = 0;
+        for (int a = 0; a < n_rows;) {
+            int j = m->front[a].job, b = a;
+            while (b < n_rows && m->front[b].job == j) b++;
+            const mlp_plan *p = &m->plans[j];
+            n_next = p->sampling ? expand_sampling(m, &jobs[j], p, s, a, b, n_next)
+                                 : expand_greedy(m, &jobs[j], p, s, a, b, n_next);
+            a = b;
+        }
+        /* the next stage reads each child's parent's new state */
+        for (int r = 0; r < n_next; r++)
+            memcpy(m->in_states + (size_t)r * m->inner_dim,
+                   m->out_states + (size_t)m->next[r].src_row * m->inner_dim,
+                   sizeof(float) * (size_t)m->inner_dim);
+        mlp_front *t = m->front;
+        m->front = m->next;
+        m->next = t;
+        n_rows = n_next;
+    }
+    return 0;
+}
+
+static void mlp_free_impl(mlp_impl *m) {
+    if (!m) return;
+    specd_mlp_speculator_free(m->sp);
+    free(m->in_states);
+    free(m->out_states);
+    free(m->logits);
+    free(m->tokens);
+    free(m->front);
+    free(m->next);
+    free(m->cand);
+    free(m->cand_logq);
+    free(m->keep);
+    free(m->plans);
+    free(m->topk_ids);
+    free(m->topk_vals);
+    free(m->probs);
+    free(m->q_ids);
+    free(m->q_probs);
+    free(m->sample_scratch);
+    free(m->adjust_scratch);
+    free(m);
+}
+
+static void mlp_destroy(specd_drafter *d) {
+    mlp_free_impl(d->impl);
+    free(d);
+}
+
+static const specd_drafter_ops mlp_ops = {
+    .name = "mlp",
+    .session_open = NULL, /* stateless: everything it needs comes with the job */
+    .session_close = NULL,
+    .propose = mlp_propose,
+    .destroy = mlp_destroy,
+};
+
+specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_error *err) {
+    if (!o || !o->path || !o->path[0]) {
+        specd_seterr(err, "mlp drafter: no speculator path");
+        return NULL;
+    }
+    if (o->n_threads < 0 || o->max_batch < 0) {
+        specd_seterr(err, "mlp drafter: n_threads and max_batch must not be negative");
+        return NULL;
+    }
+    for (int i = 0; i < MLP_N_TOPK_OPTS; i++)
+        if (o->top_k_per_stage[i] < 0 || o->top_k_per_stage[i] > SPECD_MLP_SPEC_MAX_TOPK) {
+            specd_seterr(err, "mlp drafter: top_k_per_stage[%d] = %d must be in 0..%d", i,
+                         o->top_k_per_stage[i], SPECD_MLP_SPEC_MAX_TOPK);
+            return NULL;
+        }
+    mlp_impl *m = calloc(1, sizeof *m);
+    specd_drafter *d = calloc(1, sizeof *d);
+    if (!m || !d) {
+        free(m);
+        free(d);
+        specd_seterr(err, "mlp drafter: out of memory");
+        return NULL;
+    }
+    m->sp = specd_mlp_speculator_load(o->path, o->n_threads, err);
+    if (!m->sp) goto fail;
+    const specd_mlp_spec_config *c = specd_mlp_speculator_config(m->sp);
+    m->vocab = c->vocab_size;
+    m->emb_dim = c->emb_dim;
+    m->inner_dim = c->inner_dim;
+    m->n_predict = c->n_predict;
+    m->max_batch = o->max_batch ? o->max_batch : MLP_DEFAULT_MAX_BATCH;
+    for (int s = 0; s < m->n_predict; s++) {
+        int k = s < MLP_N_TOPK_OPTS && o->top_k_per_stage[s] ? o->top_k_per_stage[s] : c->top_k[s];
+        m->top_k[s] = k < m->vocab ? k : m->vocab;
+        if (m->top_k[s] > m->max_k) m->max_k = m->top_k[s];
+    }
+    size_t V = (size_t)m->vocab;
+    m->plans = calloc((size_t)m->max_batch, sizeof *m->plans);
+    m->topk_ids = malloc(sizeof(int32_t) * (size_t)m->max_k);
+    m->topk_vals = malloc(sizeof(float) * (size_t)m->max_k);
+    m->probs = malloc(sizeof(float) * V);
+    m->q_ids = malloc(sizeof(int32_t) * V);
+    m->q_probs = malloc(sizeof(float) * V);
+    m->sample_scratch = malloc(specd_sampling_scratch_size(m->vocab));
+    m->adjust_scratch = malloc(specd_logits_adjust_scratch_size(MLP_MAX_DEPTH));
+    if (!m->plans || !m->topk_ids || !m->topk_vals || !m->probs || !m->q_ids || !m->q_probs ||
+        !m->sample_scratch || !m->adjust_scratch) {
+        specd_seterr(err, "mlp drafter: out of memory");
+        goto fail;
+    }
+    d->ops = &mlp_ops;
+    d->vocab = m->vocab;
+    d->hidden_size = m->emb_dim; /* conditions on the target's hidden state */
+    d->max_batch = m->max_batch;
+    d->max_depth = m->n_predict;
+    d->impl = m;
+    return d;
+fail:
+    mlp_free_impl(m);
+    free(d);
+    return NULL;
+}

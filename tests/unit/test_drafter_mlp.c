@@ -1,0 +1,462 @@
+/* test_drafter_mlp.c - the MLP speculator drafter (draft-svc/drafter_mlp.c).
+ *
+ * Uses the tiny speculators of tests/golden/data/mlp-spec-* (the model itself
+ * is checked against its reference in tests/golden/test_mlp_speculator.c).
+ * Checks tree shapes (node counts per depth, parents before children, depth
+ * <= n_predict, capacity), that a greedy chain with candidates = 1 is the
+ * stage-by-stage argmax, that sampling-mode q's are distributions holding
+ * every child, that one batched call equals separate calls, that a fixed
+ * seed gives the same tree, and that the request's logit adjustments reach
+ * the draft. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/sampling.h"
+#include "common/tree.h"
+#include "draft-svc/drafter.h"
+#include "draft-svc/mlp_speculator.h"
+#include "tests/test_util.h"
+
+#define UNTIED "tests/golden/data/mlp-spec-untied" /* vocab 100, emb 32, top_k [4,3,2] */
+#define SHARDED "tests/golden/data/mlp-spec-sharded" /* vocab 80, n_predict 4, tied 0 */
+#define CAP 256
+#define QPOOL (CAP * 128)
+
+typedef struct fixture {
+    specd_drafter *d;
+    int vocab, emb, n_predict;
+    float hidden[4][64];
+    int32_t history[4][8];
+    specd_token_counts counts[4];
+    specd_tree_buf out[4];
+} fixture;
+
+static specd_drafter *open_drafter(const char *rel, const int *topk_override) {
+    specd_mlp_drafter_opts o = {.path = test_path(rel), .n_threads = 1};
+    if (topk_override) memcpy(o.top_k_per_stage, topk_override, sizeof o.top_k_per_stage);
+    specd_error err = {{0}};
+    specd_drafter *d = specd_mlp_drafter_create(&o, &err);
+    if (!d) fail_msg("%s", err.msg);
+    return d;
+}
+
+static void fixture_init(fixture *f, const char *rel, const int *topk_override) {
+    memset(f, 0, sizeof *f);
+    f->d = open_drafter(rel, topk_override);
+    f->vocab = f->d->vocab;
+    f->emb = f->d->hidden_size;
+    f->n_predict = f->d->max_depth;
+    assert_true(f->emb <= 64);
+    specd_error err = {{0}};
+    for (int j = 0; j < 4; j++) {
+        test_fill_random(f->hidden[j], (size_t)f->emb, 100 + j, 2.0f);
+        for (int i = 0; i < 8; i++) f->history[j][i] = (int32_t)((j * 31 + i * 7 + 3) % f->vocab);
+        assert_int_equal(specd_token_counts_init(&f->counts[j], f->vocab, &err), 0);
+        for (int i = 0; i < 8; i++) specd_token_counts_add(&f->counts[j], f->history[j][i], i >= 5);
+        assert_int_equal(specd_tree_buf_init(&f->out[j], CAP, QPOOL, &err), 0);
+    }
+}
+
+static void fixture_free(fixture *f) {
+    for (int j = 0; j < 4; j++) {
+        specd_token_counts_free(&f->counts[j]);
+        specd_tree_buf_free(&f->out[j]);
+    }
+    specd_drafter_free(f->d);
+}
+
+static specd_draft_job make_job(fixture *f, int j, const specd_sampling *s, int candidates,
+                                int depth) {
+    specd_tree_buf_reset(&f->out[j]);
+    return (specd_draft_job){.history = f->history[j], .n_history = 8, .n_prompt = 5,
+                             .hidden = f->hidden[j], .sampling = s, .counts = &f->counts[j],
+                             .position = 3, .candidates = candidates, .depth = depth,
+                             .out = &f->out[j]};
+}
+
+static void propose(fixture *f, specd_draft_job *jobs, int n) {
+    specd_error err = {{0}};
+    if (specd_drafter_propose(f->d, jobs, n, &err)) fail_msg("propose: %s", err.msg);
+}
+
+/* Structural checks every tree must pass; returns its largest depth. */
+static int check_tree(const fixture *f, const specd_tree_buf *b, int sampling) {
+    specd_tree t;
+    specd_tree_buf_view(b, sampling, &t);
+    specd_error err = {{0}};
+    if (b->n_nodes > 0 && specd_tree_validate(&t, f->vocab, CAP, sampling, &err))
+        fail_msg("invalid tree: %s", err.msg);
+    int max_depth = 0;
+    for (int i = 0; i < b->n_nodes; i++) {
+        int p = b->parents[i];
+        assert_true(p >= -1 && p < i);
+        assert_int_equal(b->depth[i], p < 0 ? 1 : b->depth[p] + 1);
+        assert_true(b->depth[i] <= f->n_predict);
+        /* a path only gets less likely as it grows */
+        if (p >= 0) assert_true(b->logq[i] <= b->logq[p] + 1e-6f);
+        assert_true(b->logq[i] <= 1e-6f);
+        if (b->depth[i] > max_depth) max_depth = b->depth[i];
+    }
+    return max_depth;
+}
+
+static int count_at_depth(const specd_tree_buf *b, int d) {
+    int n = 0;
+    for (int i = 0; i < b->n_nodes; i++) n += b->depth[i] == d;
+    return n;
+}
+
+/* ---- greedy ------------------------------------------------------------------------ */
+
+static void test_greedy_chain_is_argmax(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 0.0f;
+    for (int set = 0; set < 2; set++) {
+        fixture f;
+        fixture_init(&f, set ? SHARDED : UNTIED, NULL);
+        specd_draft_job job = make_job(&f, 0, &s, 1, 16);
+        propose(&f, &job, 1);
+        const specd_tree_buf *b = &f.out[0];
+        assert_int_equal(b->n_nodes, f.n_predict); /* depth clipped to n_predict */
+        check_tree(&f, b, 0);
+
+        /* the same chain stage by stage with the speculator itself */
+        specd_error err = {{0}};
+        specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(set ? SHARDED : UNTIED),
+                                                             1, &err);
+        assert_non_null(sp);
+        const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
+        float in[64], st[64], *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+        memcpy(in, f.hidden[0], sizeof(float) * (size_t)c->emb_dim);
+        int32_t tok = f.history[0][7];
+        for (int i = 0; i < c->n_predict; i++) {
+            assert_int_equal(specd_mlp_speculator_stage(sp, i, 1, in, &tok, st, logits, &err), 0);
+            tok = specd_argmax(logits, c->vocab_size);
+            assert_int_equal(b->tokens[i], tok);
+            assert_int_equal(b->parents[i], i - 1);
+            memcpy(in, st, sizeof(float) * (size_t)c->inner_dim);
+        }
+        free(logits);
+        specd_mlp_speculator_free(sp);
+        fixture_free(&f);
+    }
+}
+
+static void test_greedy_tree_shape(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 0.0f;
+    fixture f;
+    fixture_init(&f, UNTIED, NULL); /* top_k [4, 3, 2] */
+    /* candidates 4: depth 1 has all 4 of the root's top-4; depth 2 keeps 4
+     * of 4*3; depth 3 keeps 4 of 4*2 */
+    specd_draft_job job = make_job(&f, 0, &s, 4, 3);
+    propose(&f, &job, 1);
+    assert_int_equal(check_tree(&f, &f.out[0], 0), 3);
+    assert_int_equal(count_at_depth(&f.out[0], 1), 4);
+    assert_int_equal(count_at_depth(&f.out[0], 2), 4);
+    assert_int_equal(count_at_depth(&f.out[0], 3), 4);
+    assert_int_equal(f.out[0].n_nodes, 12);
+    /* children of one parent are distinct tokens (top-k, not samples) */
+    for (int i = 0; i < f.out[0].n_nodes; i++)
+        for (int j = i + 1; j < f.out[0].n_nodes; j++)
+            if (f.out[0].parents[i] == f.out[0].parents[j])
+                assert_int_not_equal(f.out[0].tokens[i], f.out[0].tokens[j]);
+
+    /* candidates 100: nothing is pruned, the full 4 x 3 x 2 tree */
+    job = make_job(&f, 0, &s, 100, 3);
+    propose(&f, &job, 1);
+    check_tree(&f, &f.out[0], 0);
+    assert_int_equal(count_at_depth(&f.out[0], 1), 4);
+    assert_int_equal(count_at_depth(&f.out[0], 2), 12);
+    assert_int_equal(count_at_depth(&f.out[0], 3), 24);
+
+    /* depth 2 stops after two stages */
+    job = make_job(&f, 0, &s, 3, 2);
+    propose(&f, &job, 1);
+    assert_int_equal(check_tree(&f, &f.out[0], 0), 2);
+    assert_int_equal(f.out[0].n_nodes, 3 + 3);
+
+    /* a small tree buffer: filled, never overrun, still a valid tree */
+    specd_tree_buf small;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&small, 5, 0, &err), 0);
+    job = make_job(&f, 0, &s, 4, 3);
+    job.out = &small;
+    propose(&f, &job, 1);
+    assert_int_equal(small.n_nodes, 5);
+    check_tree(&f, &small, 0);
+    specd_tree_buf_free(&small);
+    fixture_free(&f);
+
+    /* the options' top-k override: 1 per stage gives a chain whatever the
+     * candidates */
+    int ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    fixture_init(&f, UNTIED, ones);
+    job = make_job(&f, 0, &s, 5, 3);
+    propose(&f, &job, 1);
+    assert_int_equal(f.out[0].n_nodes, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(f.out[0].parents[i], i - 1);
+    fixture_free(&f);
+}
+
+/* A logit bias against the argmax token moves the draft off it: the drafter
+ * applies the request's adjustments, as the target will. */
+static void test_greedy_applies_adjustments(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 0.0f;
+    fixture f;
+    fixture_init(&f, UNTIED, NULL);
+    specd_draft_job job = make_job(&f, 0, &s, 1, 1);
+    propose(&f, &job, 1);
+    int32_t first = f.out[0].tokens[0];
+    float minus = -100.0f;
+    s.n_logit_bias = 1;
+    s.bias_ids = &first;
+    s.bias_values = &minus;
+    job = make_job(&f, 0, &s, 1, 1);
+    propose(&f, &job, 1);
+    assert_int_equal(f.out[0].n_nodes, 1);
+    assert_int_not_equal(f.out[0].tokens[0], first);
+    fixture_free(&f);
+}
+
+/* ---- sampling ---------------------------------------------------------------------- */
+
+static void check_q(const fixture *f, const specd_tree_buf *b) {
+    /* every node with children, and the root, has a q that sums to 1 and
+     * holds every child */
+    for (int p = -1; p < b->n_nodes; p++) {
+        int has_child = 0;
+        for (int i = 0; i < b->n_nodes; i++) has_child |= b->parents[i] == p;
+        if (!has_child) continue;
+        const specd_sparse_dist *q = &b->q[p + 1];
+        assert_true(q->n >= 1 && q->n <= f->vocab);
+        double sum = 0;
+        for (int k = 0; k < q->n; k++) {
+            assert_true(q->probs[k] > 0.0f);
+            sum += q->probs[k];
+        }
+        assert_true(fabs(sum - 1.0) < 1e-5);
+        for (int i = 0; i < b->n_nodes; i++) {
+            if (b->parents[i] != p) continue;
+            int found = -1;
+            for (int k = 0; k < q->n; k++)
+                if (q->ids[k] == b->tokens[i]) found = k;
+            assert_true(found >= 0);
+            /* logq is the parent's plus log q(child) */
+            float base = p < 0 ? 0.0f : b->logq[p];
+            assert_float_equal(b->logq[i], base + logf(q->probs[found]), 1e-5);
+        }
+    }
+}
+
+static void test_sampling_shape_and_q(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 1.3f;
+    s.top_k = 30;
+    s.top_p = 0.95f;
+    s.seed = 42;
+    fixture f;
+    fixture_init(&f, SHARDED, NULL); /* n_predict 4 */
+    specd_draft_job job = make_job(&f, 0, &s, 3, 4);
+    propose(&f, &job, 1);
+    const specd_tree_buf *b = &f.out[0];
+    /* 3 chains of 4: the root has 3 children, every other inner node 1 */
+    assert_int_equal(check_tree(&f, b, 1), 4);
+    assert_int_equal(b->n_nodes, 12);
+    for (int d = 1; d <= 4; d++) assert_int_equal(count_at_depth(b, d), 3);
+    for (int p = 0; p < b->n_nodes; p++) {
+        int kids = 0;
+        for (int i = 0; i < b->n_nodes; i++) kids += b->parents[i] == p;
+        assert_int_equal(kids, b->depth[p] < 4 ? 1 : 0);
+    }
+    check_q(&f, b);
+    /* top_k 30 bounds every q */
+    for (int p = -1; p < b->n_nodes; p++) assert_true(b->q[p + 1].n <= 30);
+
+    /* a tree buffer too small for 3 x 4: fewer chains, same rules */
+    specd_tree_buf small;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&small, 9, 9 * 100, &err), 0);
+    job = make_job(&f, 0, &s, 3, 4);
+    job.out = &small;
+    propose(&f, &job, 1);
+    assert_int_equal(small.n_nodes, 8); /* 2 chains of 4 */
+    check_tree(&f, &small, 1);
+    check_q(&f, &small);
+    specd_tree_buf_free(&small);
+    fixture_free(&f);
+}
+
+static int same_tree(const specd_tree_buf *a, const specd_tree_buf *b) {
+    if (a->n_nodes != b->n_nodes) return 0;
+    for (int i = 0; i < a->n_nodes; i++)
+        if (a->tokens[i] != b->tokens[i] || a->parents[i] != b->parents[i] ||
+            a->logq[i] != b->logq[i])
+            return 0;
+    return 1;
+}
+
+static void test_sampling_deterministic(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 1.5f;
+    s.seed = 7;
+    fixture f;
+    fixture_init(&f, UNTIED, NULL);
+    specd_tree_buf first;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&first, CAP, 0, &err), 0);
+    specd_draft_job job = make_job(&f, 0, &s, 4, 3);
+    propose(&f, &job, 1);
+    check_q(&f, &f.out[0]);
+    first.n_nodes = f.out[0].n_nodes;
+    memcpy(first.tokens, f.out[0].tokens, sizeof(int32_t) * (size_t)first.n_nodes);
+    memcpy(first.parents, f.out[0].parents, sizeof(int32_t) * (size_t)first.n_nodes);
+    memcpy(first.logq, f.out[0].logq, sizeof(float) * (size_t)first.n_nodes);
+    /* same seed and position: the same tree */
+    job = make_job(&f, 0, &s, 4, 3);
+    propose(&f, &job, 1);
+    assert_true(same_tree(&first, &f.out[0]));
+    /* other seeds: other draws (at temperature 1.5 over 100 tokens, twelve
+     * identical draws for all of 8 seeds would be astronomically unlikely) */
+    int differ = 0;
+    for (uint64_t seed = 8; seed < 16; seed++) {
+        s.seed = seed;
+        job = make_job(&f, 0, &s, 4, 3);
+        propose(&f, &job, 1);
+        differ += !same_tree(&first, &f.out[0]);
+    }
+    assert_true(differ > 0);
+    /* the chains of one tree are drawn at distinct addresses: with 4
+     * chains at temperature 1.5 they are not all the same sequence */
+    s.seed = 7;
+    job = make_job(&f, 0, &s, 4, 3);
+    propose(&f, &job, 1);
+    int leaves_differ = 0;
+    for (int i = 0; i < f.out[0].n_nodes; i++)
+        for (int k = i + 1; k < f.out[0].n_nodes; k++)
+            if (f.out[0].depth[i] == 3 && f.out[0].depth[k] == 3 &&
+                f.out[0].tokens[i] != f.out[0].tokens[k])
+                leaves_differ = 1;
+    assert_true(leaves_differ);
+    specd_tree_buf_free(&first);
+    fixture_free(&f);
+}
+
+/* ---- batching ---------------------------------------------------------------------- */
+
+/* Four jobs in one call (greedy and sampling mixed, one without a hidden
+ * state) give exactly the trees they get one at a time. */
+static void test_batch_equals_single(void **state) {
+    (void)state;
+    specd_sampling greedy, samp;
+    specd_sampling_init(&greedy);
+    greedy.temperature = 0.0f;
+    greedy.repetition_penalty = 1.3f;
+    specd_sampling_init(&samp);
+    samp.temperature = 0.9f;
+    samp.seed = 99;
+    samp.frequency_penalty = 0.5f;
+    fixture f;
+    fixture_init(&f, UNTIED, NULL);
+    specd_tree_buf single[4];
+    specd_error err = {{0}};
+    const specd_sampling *which[4] = {&greedy, &samp, &greedy, &samp};
+    int cands[4] = {3, 2, 1, 4};
+    for (int j = 0; j < 4; j++) {
+        assert_int_equal(specd_tree_buf_init(&single[j], CAP, 0, &err), 0);
+        specd_draft_job job = make_job(&f, j, which[j], cands[j], 3);
+        if (j == 2) job.hidden = NULL;
+        propose(&f, &job, 1);
+        single[j].n_nodes = f.out[j].n_nodes;
+        memcpy(single[j].tokens, f.out[j].tokens, sizeof(int32_t) * (size_t)CAP);
+        memcpy(single[j].parents, f.out[j].parents, sizeof(int32_t) * (size_t)CAP);
+        memcpy(single[j].logq, f.out[j].logq, sizeof(float) * (size_t)CAP);
+    }
+    specd_draft_job jobs[4];
+    for (int j = 0; j < 4; j++) {
+        jobs[j] = make_job(&f, j, which[j], cands[j], 3);
+        if (j == 2) jobs[j].hidden = NULL;
+    }
+    propose(&f, jobs, 4);
+    for (int j = 0; j < 4; j++) {
+        check_tree(&f, &f.out[j], which[j] == &samp);
+        if (which[j] == &samp) check_q(&f, &f.out[j]);
+        /* the batched matmul sums in another order than a single row; the
+         * trees still agree token for token at these margins, and logq to
+         * float rounding */
+        assert_int_equal(f.out[j].n_nodes, single[j].n_nodes);
+        for (int i = 0; i < single[j].n_nodes; i++) {
+            assert_int_equal(f.out[j].tokens[i], single[j].tokens[i]);
+            assert_int_equal(f.out[j].parents[i], single[j].parents[i]);
+            assert_float_equal(f.out[j].logq[i], single[j].logq[i], 1e-4);
+        }
+        specd_tree_buf_free(&single[j]);
+    }
+    assert_int_equal(f.out[2].n_nodes, 0); /* no hidden state: no tree */
+    fixture_free(&f);
+}
+
+static void test_create_errors(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_mlp_drafter_opts o = {.path = NULL};
+    assert_null(specd_mlp_drafter_create(&o, &err));
+    assert_non_null(strstr(err.msg, "no speculator path"));
+    o.path = "/nonexistent/speculator";
+    assert_null(specd_mlp_drafter_create(&o, &err));
+    assert_non_null(strstr(err.msg, "config.json"));
+    o.path = test_path(UNTIED);
+    o.top_k_per_stage[1] = -2;
+    assert_null(specd_mlp_drafter_create(&o, &err));
+    assert_non_null(strstr(err.msg, "top_k_per_stage[1]"));
+    o.top_k_per_stage[1] = 0;
+    o.max_batch = 2;
+    specd_drafter *d = specd_mlp_drafter_create(&o, &err);
+    assert_non_null(d);
+    assert_string_equal(d->ops->name, "mlp");
+    assert_int_equal(d->vocab, 100);
+    assert_int_equal(d->hidden_size, 32);
+    assert_int_equal(d->max_depth, 3);
+    assert_int_equal(d->max_batch, 2);
+    /* stateless: sessions are NULL and fine */
+    void *st = (void *)1;
+    assert_int_equal(specd_drafter_session_open(d, &st, &err), 0);
+    assert_null(st);
+    specd_drafter_session_close(d, st);
+    /* more jobs than max_batch: an error, not an overrun */
+    specd_draft_job jobs[3];
+    memset(jobs, 0, sizeof jobs);
+    assert_int_equal(specd_drafter_propose(d, jobs, 3, &err), -1);
+    specd_drafter_free(d);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_chain_is_argmax),
+        cmocka_unit_test(test_greedy_tree_shape),
+        cmocka_unit_test(test_greedy_applies_adjustments),
+        cmocka_unit_test(test_sampling_shape_and_q),
+        cmocka_unit_test(test_sampling_deterministic),
+        cmocka_unit_test(test_batch_equals_single),
+        cmocka_unit_test(test_create_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,685 @@
+/* cmd_bench_e2e.c - `specd bench --e2e`: speculative serving end to end.
+ *
+ * What a user of the two services gets, measured through the front door:
+ * draft-svc's Generate over gRPC, with target-svc behind it, for plain
+ * decoding (drafter "none") and every drafter draft-svc offers, at 1..32
+ * concurrent streams, all in ONE table from ONE run so the rows are
+ * comparable (same build, same machine state, same prompts).
+ *
+ * The services run in this process on loopback (tools/inproc.h: assembled
+ * as the real executables assemble them, with their default
+ * configuration), or are reached at --draft ADDR (or draft-svc in-process
+ * in front of an external --target ADDR).
+ *
+ * Workload per cell (drafter x streams): `streams` client threads, each
+ * sending --requests requests one after another (default: the whole prompt
+ * set, each stream starting at a different prompt), so every cell sees the
+ * same prompt mix. Prompts: a fixed set committed below (two repetitive
+ * ones where prompt lookup should pay off, two ordinary chat ones) or
+ * --prompts FILE (JSONL). Greedy unless sampling flags say otherwise.
+ *
+ * Columns: tokens/s of all streams together (tokens / wall time of the
+ * cell), tokens/s per stream (each stream's tokens / its own busy time,
+ * averaged), tau (tokens per target step, from the server's stats), accept
+ * rate (accepted / drafted tokens), median time to first token as the client
+ * saw it, and the speed-up of total tokens/s over plain decoding at the same
+ * concurrency. A last column splits tau by prompt class. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "tools/client.h"
+#include "tools/inproc.h"
+
+#define MAX_LEVELS 16
+#define MAX_DRAFTERS 4
+#define MAX_CLASSES 8
+
+typedef struct prompt {
+    char *name, *cls, *system, *text;
+    int chat; /* send as a chat user message (else raw text) */
+} prompt;
+
+/* The committed default set. The repetitive ones ask the model to copy most
+ * of its prompt back (a list, a code edit), the case prompt lookup (ngram)
+ * is built for; the chat ones are ordinary open-ended answers where it
+ * should find little. */
+static const struct {
+    const char *name, *cls, *text;
+} default_prompts[] = {
+    {"repeat-list", "repeat",
+     "Repeat the following list exactly, one item per line, without adding anything:\n"
+     "1. Preheat the oven to 180 degrees.\n"
+     "2. Mix the flour, sugar and salt in a large bowl.\n"
+     "3. Add the eggs one at a time and stir well.\n"
+     "4. Pour the batter into a greased baking tin.\n"
+     "5. Bake for 35 minutes until golden brown.\n"
+     "6. Let the cake cool for ten minutes before serving."},
+    {"code-edit", "repeat",
+     "Rename the variable `total` to `acc` in this Python function and return the whole "
+     "function, otherwise unchanged:\n\n"
+     "```python\n"
+     "def average(values):\n"
+     "    total = 0\n"
+     "    count = 0\n"
+     "    for value in values:\n"
+     "        total += value\n"
+     "        count += 1\n"
+     "    if count == 0:\n"
+     "        return 0\n"
+     "    return total / count\n"
+     "```"},
+    {"chat-habits", "chat", "What are three good habits for staying healthy? Answer briefly."},
+    {"chat-story", "chat",
+     "Write a short story about a lighthouse keeper who finds a message in a bottle."},
+};
+
+typedef struct bench_opts {
+    const char *model, *draft_model, *speculator, *target, *draft, *prompts_file;
+    int levels[MAX_LEVELS], n_levels;
+    int max_new, threads, requests, ctx, candidates, depth;
+    const char *only_drafters;
+    cli_sampling samp;
+    specd_rpc_channel_opts tls;
+} bench_opts;
+
+/* One request's outcome. */
+typedef struct req_rec {
+    int prompt;
+    int tokens, steps, drafted, accepted;
+    double t_start, t_first, t_end;
+} req_rec;
+
+typedef struct cell {
+    const char *drafter;
+    int streams;
+    double tok_s, tok_s_stream, tau, accept, ttft_ms, speedup;
+    int have_accept;
+    double tau_cls[MAX_CLASSES];
+} cell;
+
+/* Shared by the client threads of one cell. */
+typedef struct run_ctx {
+    specd_rpc_channel *ch;
+    const bench_opts *o;
+    const prompt *prompts;
+    int n_prompts;
+    const char *drafter;
+    int requests; /* per stream */
+    req_rec *recs; /* [streams * requests] */
+    pthread_mutex_t mu;
+    int failed;
+    specd_error err;
+} run_ctx;
+
+typedef struct stream_arg {
+    run_ctx *rc;
+    int index;
+} stream_arg;
+
+static void usage(void) {
+    printf("usage: specd bench --e2e [options]\n"
+           "  -m, --model PATH     target model (default %s)\n"
+           "  --draft-model PATH   also measure the draft_lm drafter with this model\n"
+           "  --speculator DIR     also measure the mlp drafter (MLPSpeculator directory)\n"
+           "  --target ADDR        use this target-svc (draft-svc still runs in-process)\n"
+           "  --draft ADDR         use this draft-svc (and the targets behind it)\n"
+           "  --streams LIST       concurrent streams (default 1,2,4,8,16,32)\n"
+           "  --prompts FILE       JSONL, one {\"prompt\": TEXT, \"class\": NAME, \"system\": TEXT,\n"
+           "                       \"chat\": BOOL (default true), \"name\": NAME} per line\n"
+           "                       (default: a committed set of 2 repetitive + 2 chat prompts)\n"
+           "  -n, --max-new-tokens N  tokens per request (default 128)\n"
+           "  --requests N         requests per stream per cell (default: one per prompt)\n"
+           "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
+           "  --ctx N              context rows per session in-process (default 1024 + N)\n"
+           "  --drafters LIST      only these (e.g. none,ngram); default: none + all offered\n"
+           "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n",
+           SPECD_DEFAULT_MODEL);
+    cli_sampling_usage(stdout);
+    printf("  TLS to --target / --draft:\n");
+    cli_tls_usage(stdout);
+}
+
+/* ---- prompts ------------------------------------------------------------------ */
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+static void free_prompts(prompt *p, int n) {
+    for (int i = 0; i < n; i++) {
+        free(p[i].name);
+        free(p[i].cls);
+        free(p[i].system);
+        free(p[i].text);
+    }
+    free(p);
+}
+
+/* The JSONL file: one object per non-blank line. -1 + err naming the line. */
+static int load_prompts(const char *path, prompt **out, int *n_out, specd_error *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return specd_seterr(err, "--prompts: cannot open '%s'", path);
+    prompt *v = NULL;
+    int n = 0, cap = 0, line_no = 0, rc = 0;
+    char *line = NULL;
+    size_t line_cap = 0;
+    while (getline(&line, &line_cap, f) >= 0) {
+        line_no++;
+        const char *s = line;
+        while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
+        if (!*s) continue;
+        cJSON *j = cJSON_Parse(s);
+        const cJSON *text = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
+        if (!cJSON_IsString(text)) {
+            rc = specd_seterr(err, "--prompts %s:%d: expected an object with a string \"prompt\"",
+                              path, line_no);
+            cJSON_Delete(j);
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            prompt *bigger = realloc(v, sizeof *v * (size_t)cap);
+            if (!bigger) {
+                rc = specd_seterr(err, "out of memory");
+                cJSON_Delete(j);
+                break;
+            }
+            v = bigger;
+        }
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "class");
+        const cJSON *sys = cJSON_GetObjectItemCaseSensitive(j, "system");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+        const cJSON *chat = cJSON_GetObjectItemCaseSensitive(j, "chat");
+        char fallback[32];
+        snprintf(fallback, sizeof fallback, "line%d", line_no);
+        v[n] = (prompt){
+            .name = strdup(cJSON_IsString(name) ? name->valuestring : fallback),
+            .cls = strdup(cJSON_IsString(cls) ? cls->valuestring : "chat"),
+            .system = cJSON_IsString(sys) ? dup_or_null(sys->valuestring) : NULL,
+            .text = strdup(text->valuestring),
+            .chat = !cJSON_IsFalse(chat),
+        };
+        n++;
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(f);
+    if (!rc && n == 0) rc = specd_seterr(err, "--prompts %s: no prompts", path);
+    if (rc) {
+        free_prompts(v, n);
+        return -1;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+static prompt *builtin_prompts(int *n) {
+    *n = (int)(sizeof default_prompts / sizeof default_prompts[0]);
+    prompt *v = calloc((size_t)*n, sizeof *v);
+    for (int i = 0; v && i < *n; i++)
+        v[i] = (prompt){.name = strdup(default_prompts[i].name),
+                        .cls = strdup(default_prompts[i].cls),
+                        .text = strdup(default_prompts[i].text),
+                        .chat = 1};
+    return v;
+}
+
+/* ---- one cell ------------------------------------------------------------------- */
+
+/* Sends prompt p with the bench's settings; fills rec. */
+static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *rec,
+                                    specd_error *err) {
+    const prompt *pr = &rc->prompts[p];
+    const bench_opts *o = rc->o;
+    Specd__V1__GenerateRequest req = SPECD__V1__GENERATE_REQUEST__INIT;
+    Specd__V1__ChatMessages chat = SPECD__V1__CHAT_MESSAGES__INIT;
+    Specd__V1__ChatMessage msgs[2] = {SPECD__V1__CHAT_MESSAGE__INIT, SPECD__V1__CHAT_MESSAGE__INIT};
+    Specd__V1__ChatMessage *ptrs[2] = {&msgs[0], &msgs[1]};
+    Specd__V1__SamplingParams sp;
+    /* per call: threads must not share the bias arrays' protobuf wrappers */
+    Specd__V1__LogitBias *bias_msgs = NULL, **bias_ptrs = NULL;
+    Specd__V1__Speculation spec = SPECD__V1__SPECULATION__INIT;
+    if (pr->chat) {
+        size_t n = 0;
+        if (pr->system) {
+            msgs[n].role = "system";
+            msgs[n++].content = pr->system;
+        }
+        msgs[n].role = "user";
+        msgs[n++].content = pr->text;
+        chat.n_messages = n;
+        chat.messages = ptrs;
+        req.input_case = SPECD__V1__GENERATE_REQUEST__INPUT_CHAT;
+        req.chat = &chat;
+    } else {
+        req.input_case = SPECD__V1__GENERATE_REQUEST__INPUT_TEXT;
+        req.text = pr->text;
+    }
+    req.max_new_tokens = max_new;
+    if (o->samp.s.n_logit_bias) {
+        bias_msgs = calloc((size_t)o->samp.s.n_logit_bias, sizeof *bias_msgs);
+        bias_ptrs = calloc((size_t)o->samp.s.n_logit_bias, sizeof *bias_ptrs);
+        if (!bias_msgs || !bias_ptrs) {
+            free(bias_msgs);
+            free(bias_ptrs);
+            specd_seterr(err, "out of memory");
+            return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        }
+    }
+    cli_sampling_to_proto(&o->samp, &sp, bias_msgs, bias_ptrs);
+    req.sampling = &sp;
+    req.drafter = (char *)rc->drafter;
+    if (o->candidates || o->depth) {
+        spec.candidates = o->candidates;
+        spec.depth = o->depth;
+        req.speculation = &spec;
+    }
+    cli_gen_result res;
+    /* generous: a 32-stream cell on two CPU cores is slow, not hung */
+    grpc_status_code code = cli_generate_call(rc->ch, CLI_DRAFT_GENERATE, &req, 1800 * 1000, NULL,
+                                              NULL, &res, err);
+    free(bias_msgs);
+    free(bias_ptrs);
+    if (code != GRPC_STATUS_OK) return code;
+    *rec = (req_rec){.prompt = p, .tokens = res.n_tokens, .steps = res.target_steps,
+                     .drafted = res.drafted_tokens, .accepted = res.accepted_tokens,
+                     .t_start = res.t_start, .t_first = res.t_first, .t_end = res.t_end};
+    return GRPC_STATUS_OK;
+}
+
+static void *stream_main(void *arg) {
+    stream_arg *sa = arg;
+    run_ctx *rc = sa->rc;
+    for (int r = 0; r < rc->requests; r++) {
+        pthread_mutex_lock(&rc->mu);
+        int stop = rc->failed;
+        pthread_mutex_unlock(&rc->mu);
+        if (stop) break;
+        /* each stream starts at its own prompt, so every cell runs the same mix */
+        int p = (sa->index + r) % rc->n_prompts;
+        specd_error err = {{0}};
+        req_rec *rec = &rc->recs[sa->index * rc->requests + r];
+        if (one_request(rc, p, rc->o->max_new, rec, &err) != GRPC_STATUS_OK) {
+            pthread_mutex_lock(&rc->mu);
+            if (!rc->failed) rc->err = err;
+            rc->failed = 1;
+            pthread_mutex_unlock(&rc->mu);
+            break;
+        }
+    }
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int class_index(char classes[][32], int n_classes, const char *cls) {
+    for (int c = 0; c < n_classes; c++)
+        if (!strcmp(classes[c], cls)) return c;
+    return 0;
+}
+
+/* Runs one cell and summarizes it. 0, or -1 + err. */
+static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes, cell *out,
+                    specd_error *err) {
+    int n_recs = streams * rc->requests;
+    rc->recs = calloc((size_t)n_recs, sizeof *rc->recs);
+    pthread_t *th = calloc((size_t)streams, sizeof *th);
+    stream_arg *args = calloc((size_t)streams, sizeof *args);
+    if (!rc->recs || !th || !args) {
+        free(rc->recs);
+        free(th);
+        free(args);
+        return specd_seterr(err, "out of memory");
+    }
+    rc->failed = 0;
+    int started = 0;
+    for (int s = 0; s < streams; s++) {
+        args[s] = (stream_arg){rc, s};
+        if (pthread_create(&th[s], NULL, stream_main, &args[s])) {
+            pthread_mutex_lock(&rc->mu);
+            rc->failed = 1;
+            specd_seterr(&rc->err, "cannot start client thread %d", s);
+            pthread_mutex_unlock(&rc->mu);
+            break;
+        }
+        started++;
+    }
+    for (int s = 0; s < started; s++) pthread_join(th[s], NULL);
+    int rc_out = 0;
+    if (rc->failed) {
+        *err = rc->err;
+        rc_out = -1;
+    } else {
+        double t0 = 1e300, t1 = 0, per_stream = 0;
+        long tokens = 0, steps = 0, drafted = 0, accepted = 0;
+        long cls_tokens[MAX_CLASSES] = {0}, cls_steps[MAX_CLASSES] = {0};
+        double *ttft = calloc((size_t)n_recs, sizeof *ttft);
+        int n_ttft = 0;
+        for (int s = 0; s < streams; s++) {
+            long st_tokens = 0;
+            double st0 = 1e300, st1 = 0;
+            for (int r = 0; r < rc->requests; r++) {
+                const req_rec *q = &rc->recs[s * rc->requests + r];
+                st_tokens += q->tokens;
+                st0 = q->t_start < st0 ? q->t_start : st0;
+                st1 = q->t_end > st1 ? q->t_end : st1;
+                steps += q->steps;
+                drafted += q->drafted;
+                accepted += q->accepted;
+                int c = class_index(classes, n_classes, rc->prompts[q->prompt].cls);
+                cls_tokens[c] += q->tokens;
+                cls_steps[c] += q->steps;
+                if (q->t_first && ttft) ttft[n_ttft++] = (q->t_first - q->t_start) * 1e3;
+            }
+            tokens += st_tokens;
+            t0 = st0 < t0 ? st0 : t0;
+            t1 = st1 > t1 ? st1 : t1;
+            per_stream += st1 > st0 ? st_tokens / (st1 - st0) : 0;
+        }
+        *out = (cell){.drafter = rc->drafter, .streams = streams};
+        out->tok_s = t1 > t0 ? tokens / (t1 - t0) : 0;
+        out->tok_s_stream = per_stream / streams;
+        out->tau = steps ? (double)tokens / steps : 0;
+        out->have_accept = drafted > 0;
+        out->accept = drafted ? (double)accepted / drafted : 0;
+        if (n_ttft) {
+            qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
+            out->ttft_ms = n_ttft % 2 ? ttft[n_ttft / 2]
+                                      : 0.5 * (ttft[n_ttft / 2 - 1] + ttft[n_ttft / 2]);
+        }
+        for (int c = 0; c < n_classes; c++)
+            out->tau_cls[c] = cls_steps[c] ? (double)cls_tokens[c] / cls_steps[c] : 0;
+        free(ttft);
+    }
+    free(rc->recs);
+    rc->recs = NULL;
+    free(th);
+    free(args);
+    return rc_out;
+}
+
+/* ---- the run ---------------------------------------------------------------------- */
+
+/* The drafters to measure: "none" first, then what draft-svc offers (or
+ * --drafters). Returns the count, or -1 + err. */
+static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][16],
+                         specd_error *err) {
+    Specd__V1__InfoRequest ireq = SPECD__V1__INFO_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    grpc_status_code code = specd_rpc_unary(ch, CLI_DRAFT_INFO, &ireq.base,
+                                            &specd__v1__info__descriptor, &resp, 60000, err);
+    if (code != GRPC_STATUS_OK) return -1;
+    const Specd__V1__Info *info = (const Specd__V1__Info *)resp;
+    /* plain first: every speed-up is relative to it */
+    static const char *const order[] = {"none", "ngram", "draft_lm", "mlp"};
+    int n = 0;
+    for (int k = 0; k < 4; k++) {
+        int offered = !strcmp(order[k], "none");
+        for (size_t j = 0; j < info->n_drafters; j++)
+            offered |= !strcmp(info->drafters[j], order[k]);
+        int wanted = 1;
+        if (only) {
+            /* whole comma-separated names only, so "lm" does not match "draft_lm" */
+            size_t len = strlen(order[k]);
+            wanted = 0;
+            for (const char *s = only; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL)
+                if (!strncmp(s, order[k], len) && (s[len] == ',' || s[len] == 0)) wanted = 1;
+        }
+        if (offered && wanted) snprintf(names[n++], 16, "%s", order[k]);
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return n;
+}
+
+/* The command line as typed (shell-quoted where needed), so the table can
+ * be reproduced exactly. */
+static void print_command(int argc, char **argv) {
+    printf("command: specd");
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int plain = *a != 0;
+        for (const char *c = a; *c; c++)
+            if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.,/:=+@",
+                        *c))
+                plain = 0;
+        if (plain) {
+            printf(" %s", a);
+        } else {
+            printf(" '");
+            for (const char *c = a; *c; c++) {
+                if (*c == '\'') printf("'\\''");
+                else putchar(*c);
+            }
+            printf("'");
+        }
+    }
+    printf("\n");
+}
+
+static int parse(int argc, char **argv, bench_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->model = SPECD_DEFAULT_MODEL;
+    o->max_new = 128;
+    static const int default_levels[] = {1, 2, 4, 8, 16, 32};
+    o->n_levels = 6;
+    memcpy(o->levels, default_levels, sizeof default_levels);
+    cli_sampling_init(&o->samp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_sampling_option(argc, argv, &i, &o->samp) ||
+            cli_tls_option(argc, argv, &i, &o->tls))
+            continue;
+        if (!strcmp(a, "--e2e")) continue;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--draft-model")) o->draft_model = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--speculator")) o->speculator = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--target")) o->target = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--draft")) o->draft = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--prompts")) o->prompts_file = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--drafters")) o->only_drafters = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--streams")) {
+            int32_t *v;
+            int n = cli_int_list(a, cli_value(argc, argv, &i), 1, 1024, &v);
+            if (n > MAX_LEVELS) {
+                fprintf(stderr, "specd bench: --streams takes at most %d values\n", MAX_LEVELS);
+                free(v);
+                return 2;
+            }
+            for (int k = 0; k < n; k++) o->levels[k] = v[k];
+            o->n_levels = n;
+            free(v);
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens"))
+            o->max_new = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--requests"))
+            o->requests = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            o->threads = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
+        else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_int(a, cli_value(argc, argv, &i), 2, 1 << 24);
+        else if (!strcmp(a, "--candidates"))
+            o->candidates = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+        else if (!strcmp(a, "--depth")) o->depth = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 1;
+        } else {
+            fprintf(stderr, "specd bench --e2e: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (o->draft && (o->target || o->draft_model || o->speculator)) {
+        fprintf(stderr, "specd bench --e2e: with --draft the drafters and targets are that "
+                        "draft-svc's; --target, --draft-model and --speculator do not apply\n");
+        return 2;
+    }
+    return 0;
+}
+
+int cmd_bench_e2e(int argc, char **argv) {
+    bench_opts o;
+    int prc = parse(argc, argv, &o);
+    if (prc) return prc == 1 ? 0 : prc;
+    specd_error err = {{0}};
+    if (specd_sampling_validate(cli_sampling_get(&o.samp), 0, &err)) {
+        fprintf(stderr, "specd bench --e2e: %s\n", err.msg);
+        return 2;
+    }
+    prompt *prompts = NULL;
+    int n_prompts = 0;
+    if (o.prompts_file) {
+        if (load_prompts(o.prompts_file, &prompts, &n_prompts, &err)) {
+            fprintf(stderr, "specd bench --e2e: %s\n", err.msg);
+            return 2;
+        }
+    } else if (!(prompts = builtin_prompts(&n_prompts))) {
+        fprintf(stderr, "specd bench --e2e: out of memory\n");
+        return 1;
+    }
+    /* prompt classes, in order of first appearance */
+    char classes[MAX_CLASSES][32];
+    int n_classes = 0;
+    for (int i = 0; i < n_prompts; i++) {
+        int known = 0;
+        for (int c = 0; c < n_classes; c++) known |= !strcmp(classes[c], prompts[i].cls);
+        if (!known && n_classes < MAX_CLASSES)
+            snprintf(classes[n_classes++], sizeof classes[0], "%s", prompts[i].cls);
+    }
+    int max_streams = 1;
+    for (int k = 0; k < o.n_levels; k++)
+        max_streams = o.levels[k] > max_streams ? o.levels[k] : max_streams;
+    int requests = o.requests ? o.requests : n_prompts;
+
+    print_command(argc, argv);
+    fflush(stdout);
+    int status = 1;
+    cli_inproc *ip = NULL;
+    specd_rpc_channel *ch = NULL;
+    cell *cells = NULL;
+    const char *draft_addr = o.draft;
+    if (!draft_addr) {
+        fprintf(stderr, "specd bench: starting %starget-svc and draft-svc in-process...\n",
+                o.target ? "(external target) " : "");
+        cli_inproc_opts io = {
+            .model = o.model,
+            .target_addr = o.target,
+            .target_tls = o.tls,
+            .threads = o.threads,
+            .max_sessions = max_streams,
+            /* room for prompts of up to ~1k tokens plus the output and a tree */
+            .ctx = o.ctx ? o.ctx : 1024 + o.max_new,
+            .ngram = 1,
+            .draft_model = o.draft_model,
+            .speculator = o.speculator,
+        };
+        if (!(ip = cli_inproc_start(&io, &err))) goto fail;
+        draft_addr = cli_inproc_draft_addr(ip);
+    }
+    specd_rpc_channel_opts co = o.tls;
+    if (ip) co = (specd_rpc_channel_opts){.insecure = 1}; /* in-process: loopback plaintext */
+    co.target = draft_addr;
+    if (!(ch = specd_rpc_channel_create(&co, &err))) goto fail;
+    char drafters[MAX_DRAFTERS][16];
+    int n_drafters = pick_drafters(ch, o.only_drafters, drafters, &err);
+    if (n_drafters < 0) goto fail;
+    if (n_drafters == 0) {
+        specd_seterr(&err, "--drafters '%s' names nothing draft-svc offers", o.only_drafters);
+        goto fail;
+    }
+
+    char hostname[128] = "?";
+    gethostname(hostname, sizeof hostname - 1);
+    time_t now = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
+    printf("model:   %s%s\n", o.draft ? "(behind --draft) " : o.model,
+           o.draft ? o.draft : "");
+    printf("services: %s (draft-svc %s%s%s)\n", ip ? "in-process, loopback" : "external",
+           draft_addr, o.target ? ", target " : "", o.target ? o.target : "");
+    printf("load:    %d prompts (", n_prompts);
+    for (int c = 0; c < n_classes; c++) printf("%s%s", c ? ", " : "", classes[c]);
+    printf("), %d requests per stream, %d new tokens each, %s, tree %s\n", requests, o.max_new,
+           o.samp.s.temperature > 0 ? "sampling" : "greedy",
+           o.candidates || o.depth ? "fixed by --candidates/--depth" : "server policy");
+    char threads_s[16] = "all";
+    if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
+    printf("machine: %s, %ld CPUs online, %s threads, %s\n\n", hostname,
+           sysconf(_SC_NPROCESSORS_ONLN), threads_s,
+           date);
+    fflush(stdout);
+
+    run_ctx rc = {.ch = ch, .o = &o, .prompts = prompts, .n_prompts = n_prompts,
+                  .requests = requests};
+    pthread_mutex_init(&rc.mu, NULL);
+    cells = calloc((size_t)(n_drafters * o.n_levels), sizeof *cells);
+    if (!cells) {
+        specd_seterr(&err, "out of memory");
+        pthread_mutex_destroy(&rc.mu);
+        goto fail;
+    }
+    int n_cells = 0, ok = 1;
+    for (int d = 0; d < n_drafters && ok; d++) {
+        rc.drafter = drafters[d];
+        /* Warm-up, not measured: connections, first-touch of weights and the
+         * drafter's per-session state. */
+        req_rec warm;
+        if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) != GRPC_STATUS_OK) {
+            ok = 0;
+            break;
+        }
+        for (int k = 0; k < o.n_levels; k++) {
+            cell *c = &cells[n_cells];
+            if (run_cell(&rc, o.levels[k], classes, n_classes, c, &err)) {
+                ok = 0;
+                break;
+            }
+            c->speedup = 0;
+            /* j == n_cells is this cell: plain's own row reads 1.00x */
+            for (int j = 0; j <= n_cells; j++)
+                if (!strcmp(cells[j].drafter, "none") && cells[j].streams == c->streams &&
+                    cells[j].tok_s > 0)
+                    c->speedup = c->tok_s / cells[j].tok_s;
+            n_cells++;
+            fprintf(stderr, "specd bench: %-8s x%-3d %8.1f tok/s, tau %.2f\n", c->drafter,
+                    c->streams, c->tok_s, c->tau);
+        }
+    }
+    pthread_mutex_destroy(&rc.mu);
+    if (!ok) goto fail;
+
+    printf("| drafter  | streams | tok/s total | tok/s per stream |  tau | accept | TTFT ms "
+           "| speed-up | tau by class |\n");
+    printf("|----------|--------:|------------:|-----------------:|-----:|-------:|--------:"
+           "|---------:|--------------|\n");
+    for (int i = 0; i < n_cells; i++) {
+        const cell *c = &cells[i];
+        char acc[16], sp[16], bycls[160] = "";
+        if (c->have_accept) snprintf(acc, sizeof acc, "%5.1f%%", 100 * c->accept);
+        else snprintf(acc, sizeof acc, "-");
+        if (c->speedup > 0) snprintf(sp, sizeof sp, "%.2fx", c->speedup);
+        else snprintf(sp, sizeof sp, "-");
+        size_t k = 0;
+        for (int j = 0; j < n_classes && k < sizeof bycls; j++)
+            k += (size_t)snprintf(bycls + k, sizeof bycls - k, "%s%s %.2f", j ? ", " : "",
+                                  classes[j], c->tau_cls[j]);
+        printf("| %-8s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |\n", c->drafter,
+               c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms, sp, bycls);
+    }
+    status = 0;
+    goto out;
+fail:
+    fprintf(stderr, "specd bench --e2e: %s\n", err.msg);
+out:
+    free(cells);
+    specd_rpc_channel_free(ch);
+    cli_inproc_stop(ip);
+    free_prompts(prompts, n_prompts);
+    return status;
+}

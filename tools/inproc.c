@@ -1,0 +1,207 @@
+/* inproc.c - target-svc + draft-svc in this process (inproc.h).
+ *
+ * Mirrors target-svc/main.c and draft-svc/main.c step by step, starting
+ * from the services' own configuration defaults (specd_config_defaults on
+ * their schema tables) so that what is measured here is what a deployment
+ * with the example configuration runs; only what the caller sizes (threads,
+ * sessions, context) and the loopback addresses differ. */
+#include "tools/inproc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config.h"
+#include "common/model_file.h"
+#include "common/rpc_server.h"
+#include "draft-svc/draft_config.h"
+#include "draft-svc/drafter.h"
+#include "draft-svc/service.h"
+#include "draft-svc/target_pool.h"
+#include "target-svc/service.h"
+#include "target-svc/target_config.h"
+#include "target-svc/transformer.h"
+
+struct cli_inproc {
+    specd_target_cfg tcfg;
+    specd_draft_cfg dcfg;
+    int have_tcfg, have_dcfg;
+    specd_model_file *m;
+    specd_tokenizer *tok;
+    /* target-svc (absent with an external target) */
+    specd_transformer *t;
+    specd_target_service *tsvc;
+    specd_rpc_server *tsrv;
+    /* draft-svc */
+    specd_drafter *drafters[SPECD_N_DRAFTERS];
+    specd_tpool *pool;
+    specd_draft_service *dsvc;
+    specd_rpc_server *dsrv;
+    char target_addr[256], draft_addr[64];
+};
+
+static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_error *err) {
+    const specd_target_cfg *c = &p->tcfg;
+    specd_transformer_opts to = {
+        .backend = {.name = "cpu", .n_threads = o->threads},
+        .n_slots = o->max_sessions,
+        .max_ctx = ctx,
+        .max_batch = (int)c->batching.max_batch_tokens,
+    };
+    if (!(p->t = specd_transformer_create(p->m, &to, err))) return -1;
+    specd_target_opts so = {
+        .max_sessions = o->max_sessions,
+        /* a prompt must leave room for at least one token in the context */
+        .max_prompt_tokens = c->limits.max_prompt_tokens < ctx - 1 ? (int)c->limits.max_prompt_tokens
+                                                                   : ctx - 1,
+        .max_tree_tokens = (int)c->limits.max_tree_tokens,
+        .max_batch_tokens = (int)c->batching.max_batch_tokens,
+        .max_wait_ms = (int)c->batching.max_wait,
+    };
+    if (!(p->tsvc = specd_target_service_create(p->m, p->t, p->tok, &so, err))) return -1;
+    specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1,
+                                /* as target-svc/main.c: sessions plus a few other calls */
+                                .max_calls = o->max_sessions + 64};
+    if (!(p->tsrv = specd_rpc_server_create(&ro, err)) ||
+        specd_target_service_register(p->tsvc, p->tsrv, err) ||
+        specd_rpc_server_start(p->tsrv, err))
+        return -1;
+    snprintf(p->target_addr, sizeof p->target_addr, "127.0.0.1:%d",
+             specd_rpc_server_port(p->tsrv));
+    return 0;
+}
+
+static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_error *err) {
+    const specd_draft_cfg *c = &p->dcfg;
+    char tok_sha[65] = "";
+    /* The vocabulary every drafter and target must share: the tokenizer's,
+     * else the model's own (a model without a tokenizer still has one). */
+    int vocab = p->tok ? specd_tokenizer_n_vocab(p->tok) : p->m->hp.vocab_size, hidden = 0;
+    if (p->tok) specd_tokenizer_sha256_hex(p->tok, tok_sha);
+    if (o->speculator) {
+        specd_mlp_drafter_opts mo = {.path = o->speculator, .n_threads = o->threads};
+        if (!(p->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, err)))
+            return specd_preferr(err, "--speculator");
+        hidden = p->drafters[SPECD_DRAFTER_MLP]->hidden_size;
+    }
+    if (o->draft_model) {
+        specd_lm_drafter_opts lo = {.path = o->draft_model, .n_threads = o->threads,
+                                    .max_sessions = o->max_sessions, .max_ctx = ctx};
+        if (!(p->drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&lo, err)))
+            return specd_preferr(err, "--draft-model");
+    }
+    if (o->ngram) {
+        specd_ngram_drafter_opts no = {.vocab = vocab,
+                                       .min_n = (int)c->drafter.ngram.min_n,
+                                       .max_n = (int)c->drafter.ngram.max_n,
+                                       .max_scan = (int)c->drafter.ngram.max_scan};
+        if (!(p->drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
+    }
+    const char *targets[1] = {p->target_addr};
+    specd_tpool_opts po = {
+        .targets = targets,
+        .n_targets = 1,
+        /* loopback to our own target is plaintext; an external one gets
+         * the caller's TLS settings */
+        .channel = o->target_addr ? o->target_tls : (specd_rpc_channel_opts){.insecure = 1},
+        .resolve_interval_ms = (int)c->target.resolve_interval,
+        .expect_vocab = vocab,
+        .expect_hidden = hidden,
+        .expect_tokenizer_sha256 = tok_sha,
+    };
+    if (!(p->pool = specd_tpool_create(&po, err))) return -1;
+    /* The configured default drafter (ngram) when offered, else none. */
+    int def = c->drafter.def;
+    if (def < SPECD_N_DRAFTERS && !p->drafters[def]) def = SPECD_N_DRAFTERS;
+    specd_draft_opts dop = {
+        .tok = p->tok,
+        .pool = p->pool,
+        .default_drafter = def,
+        .max_prompt_tokens = (int)c->limits.max_prompt_tokens,
+        .max_new_tokens = (int)c->limits.max_new_tokens,
+        .default_max_new_tokens = (int)c->limits.default_max_new_tokens,
+        .max_tree_tokens = (int)c->limits.max_tree_tokens,
+        .step_timeout_ms = (int)c->target.step_timeout,
+        .open_timeout_ms = (int)c->target.open_timeout,
+        .max_failovers = (int)c->target.max_failovers,
+    };
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];
+    dop.policy.off_above = (int)c->speculation.off_above;
+    dop.policy.min_acceptance = c->speculation.min_acceptance;
+    dop.policy.warmup_steps = (int)c->speculation.warmup_steps;
+    dop.policy.cooldown_steps = (int)c->speculation.cooldown_steps;
+    dop.policy.ewma_alpha = 0.2; /* the value draft-svc/main.c uses */
+    if (specd_policy_parse_table(&dop.policy, c->speculation.load_table.items,
+                                 (int)c->speculation.load_table.n, "speculation.load_table", err))
+        return -1;
+    if (!(p->dsvc = specd_draft_service_create(&dop, err))) return -1;
+    specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1,
+                                .max_calls = (int)c->limits.max_calls};
+    if (!(p->dsrv = specd_rpc_server_create(&ro, err)) ||
+        specd_draft_service_register(p->dsvc, p->dsrv, err) ||
+        specd_rpc_server_start(p->dsrv, err))
+        return -1;
+    snprintf(p->draft_addr, sizeof p->draft_addr, "127.0.0.1:%d", specd_rpc_server_port(p->dsrv));
+    return 0;
+}
+
+cli_inproc *cli_inproc_start(const cli_inproc_opts *o, specd_error *err) {
+    if (!o->model || o->max_sessions < 1) {
+        specd_seterr(err, "in-process services: need a model and max_sessions >= 1");
+        return NULL;
+    }
+    cli_inproc *p = calloc(1, sizeof *p);
+    if (!p) {
+        specd_seterr(err, "out of memory");
+        return NULL;
+    }
+    if (specd_config_defaults(specd_target_cfg_fields, specd_target_cfg_n_fields, &p->tcfg, err))
+        goto fail;
+    p->have_tcfg = 1;
+    if (specd_config_defaults(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &p->dcfg, err))
+        goto fail;
+    p->have_dcfg = 1;
+    if (!(p->m = specd_model_open(o->model, err))) goto fail;
+    /* A model without a tokenizer still serves token-id requests (the
+     * tiny test models), as in both services' mains. */
+    specd_error tok_err = {{0}};
+    p->tok = specd_tokenizer_from_model(p->m, &tok_err);
+    int ctx = o->ctx > 0 && o->ctx < p->m->hp.max_seq_len ? o->ctx : p->m->hp.max_seq_len;
+    if (o->target_addr) {
+        snprintf(p->target_addr, sizeof p->target_addr, "%s", o->target_addr);
+    } else if (start_target(p, o, ctx, err)) {
+        specd_preferr(err, "in-process target-svc");
+        goto fail;
+    }
+    if (start_draft(p, o, ctx, err)) {
+        specd_preferr(err, "in-process draft-svc");
+        goto fail;
+    }
+    return p;
+fail:
+    cli_inproc_stop(p);
+    return NULL;
+}
+
+const char *cli_inproc_target_addr(const cli_inproc *p) { return p->target_addr; }
+const char *cli_inproc_draft_addr(const cli_inproc *p) { return p->draft_addr; }
+const specd_tokenizer *cli_inproc_tokenizer(const cli_inproc *p) { return p->tok; }
+
+void cli_inproc_stop(cli_inproc *p) {
+    if (!p) return;
+    /* Front door first: draft-svc's handlers hold sessions on the target,
+     * and each service may go only after its server (no handler running). */
+    specd_rpc_server_destroy(p->dsrv);
+    specd_draft_service_free(p->dsvc);
+    specd_tpool_free(p->pool);
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) specd_drafter_free(p->drafters[i]);
+    specd_rpc_server_destroy(p->tsrv);
+    specd_target_service_free(p->tsvc);
+    specd_transformer_free(p->t);
+    specd_tokenizer_free(p->tok);
+    specd_model_close(p->m);
+    if (p->have_dcfg) specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &p->dcfg);
+    if (p->have_tcfg)
+        specd_config_free(specd_target_cfg_fields, specd_target_cfg_n_fields, &p->tcfg);
+    free(p);
+}
