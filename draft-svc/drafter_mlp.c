@@ -237,12 +237,9 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         float *row = m->logits + (size_t)r * m->vocab;
         adjust_row(m, job, par->node, row);
         specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
-        int nq = 0;
-        for (int i = 0; i < m->vocab; i++)
-            if (m->probs[i] > 0.0f) {
-                m->q_ids[nq] = i;
-                m->q_probs[nq++] = m->probs[i];
-            }
+        /* Draw from (and send) q cut to its most likely tokens: see
+         * SPECD_DRAFT_Q_MAX. */
+        int nq = specd_draft_q_truncate(m->probs, m->vocab, m->q_ids, m->q_probs);
         if (specd_tree_buf_set_q(out, par->node, m->q_ids, m->q_probs, nq)) return n_next;
         for (int c = 0; c < p->branching[s]; c++) {
             double u = specd_rng_uniform(seed, stream, counter++);

@@ -36,11 +36,18 @@ typedef struct gen_sink {
 static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogprob **lps,
                      int n_lps, Specd__V1__FinishReason finish, int *stop) {
     gen_sink *gs = arg;
-    (void)finish; /* the final message is sent by the handler, with the stats */
+    /* The final message is sent by the handler, with the stats. A step the
+     * target ended at EOS or a stop id ends with that token: its id is
+     * returned, but not its text ("<|im_end|>" is not part of the answer, as
+     * a stop string is not; vLLM and OpenAI do the same). */
+    int n_text = n;
+    if (n > 0 && (finish == SPECD__V1__FINISH_REASON__FINISH_REASON_EOS ||
+                  finish == SPECD__V1__FINISH_REASON__FINISH_REASON_STOP))
+        n_text = n - 1;
     /* Tokens after the one that completed a stop string are dropped: never
      * sent, never counted. */
     int took = n;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n_text; i++) {
         int rc = specd_text_stream_push(gs->ts, toks[i], &gs->err);
         if (rc < 0) {
             gs->failed = 1;

@@ -295,6 +295,7 @@ static const char *make_dir(const tspec *t, int n_tensors, const char *config_fm
 }
 
 static void remove_dir(const char *dir) {
+    if (strncmp(dir, "/tmp/specd_mlpspec_", 19) != 0) return; /* only what make_dir made */
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);

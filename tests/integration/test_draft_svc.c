@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -405,10 +406,85 @@ static void draft_up(world *w, const char *const *targets, int n_targets, int ma
     w->dch = channel_to(addr);
 }
 
+/* An MLPSpeculator checkpoint (config.json + model.safetensors, the Hugging
+ * Face layout IBM publishes) with random weights, shaped for the tiny model
+ * (vocab 512, emb_dim 64), written into dir. No trained speculator fixture of
+ * that shape exists (tests/golden/data/mlp-spec-* have other vocabularies),
+ * and losslessness must hold for any weights: this exercises the mlp path
+ * end to end (hidden states from the target, per-stage trees) with drafts
+ * that are mostly wrong. */
+#define SPEC_INNER 48
+#define SPEC_STAGES 3
+static void write_random_speculator(const char *dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) fail_msg("cannot write %s", path);
+    fprintf(f, "{\"architectures\": [\"MLPSpeculatorPreTrainedModel\"], \"model_type\": "
+               "\"mlp_speculator\", \"vocab_size\": 512, \"emb_dim\": 64, \"inner_dim\": %d, "
+               "\"n_predict\": %d, \"top_k_tokens_per_head\": [3, 2, 2], \"n_candidates\": 4, "
+               "\"tie_weights\": false, \"scale_input\": true, \"torch_dtype\": \"float32\"}\n",
+            SPEC_INNER, SPEC_STAGES);
+    fclose(f);
+    /* name, rows, cols (cols 0 = a vector) */
+    struct { char name[48]; int rows, cols; } t[5 * SPEC_STAGES];
+    int n = 0;
+    for (int i = 0; i < SPEC_STAGES; i++) {
+        snprintf(t[n].name, sizeof t[n].name, "speculator.emb.%d.weight", i);
+        t[n].rows = 512, t[n++].cols = SPEC_INNER;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.proj.%d.weight", i);
+        t[n].rows = SPEC_INNER, t[n++].cols = i ? SPEC_INNER : 64;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.head.%d.weight", i);
+        t[n].rows = 512, t[n++].cols = SPEC_INNER;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.weight", i);
+        t[n].rows = SPEC_INNER, t[n++].cols = 0;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.bias", i);
+        t[n].rows = SPEC_INNER, t[n++].cols = 0;
+    }
+    char header[8192];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
+    for (int i = 0; i < n; i++) {
+        size_t bytes = sizeof(float) * (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
+        char shape[32];
+        if (t[i].cols) snprintf(shape, sizeof shape, "[%d, %d]", t[i].rows, t[i].cols);
+        else snprintf(shape, sizeof shape, "[%d]", t[i].rows);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl,
+                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, "
+                               "\"data_offsets\": [%zu, %zu]}",
+                               i ? ", " : "", t[i].name, shape, off, off + bytes);
+        off += bytes;
+    }
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
+    assert_true(hl < sizeof header);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    f = fopen(path, "wb");
+    if (!f) fail_msg("cannot write %s", path);
+    uint64_t hlen = hl;
+    uint8_t le[8];
+    for (int k = 0; k < 8; k++) le[k] = (uint8_t)(hlen >> (8 * k));
+    fwrite(le, 1, 8, f);
+    fwrite(header, 1, hl, f);
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
+        float *w = malloc(sizeof(float) * cnt);
+        /* LayerNorm weights around 1, everything else small */
+        test_fill_random(w, cnt, 1000 + (uint64_t)i, t[i].cols ? 0.3f : 0.2f);
+        if (!t[i].cols && strstr(t[i].name, "weight"))
+            for (size_t k = 0; k < cnt; k++) w[k] += 1.0f;
+        fwrite(w, sizeof(float), cnt, f); /* little-endian hosts only, as specd */
+        free(w);
+    }
+    fclose(f);
+}
+
+static char spec_dir[64];
+
 /* A target on `model` (in-process) and a draft-svc in front of it, offering
- * ngram and a draft LM on `draft_model` (max_sessions = 1). */
-static void world_up(world *w, const char *model, const char *draft_model, int ctx,
-                     int max_prompt, int threads) {
+ * ngram, a draft LM on `draft_model` (max_sessions = 1) and, with mlp_dir,
+ * the MLP speculator there. */
+static void world_up(world *w, const char *model, const char *draft_model, const char *mlp_dir,
+                     int ctx, int max_prompt, int threads) {
     specd_error err = {{0}};
     memset(w, 0, sizeof *w);
     w->m = specd_model_open(test_path(model), &err);
@@ -440,6 +516,11 @@ static void world_up(world *w, const char *model, const char *draft_model, int c
                                 .max_sessions = 1, .max_ctx = ctx};
     w->drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&lo, &err);
     if (!w->drafters[SPECD_DRAFTER_LM]) fail_msg("draft LM: %s", err.msg);
+    if (mlp_dir) {
+        specd_mlp_drafter_opts mo = {.path = mlp_dir, .n_threads = 1};
+        w->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, &err);
+        if (!w->drafters[SPECD_DRAFTER_MLP]) fail_msg("mlp: %s", err.msg);
+    }
     const char *targets[] = {w->taddr};
     draft_up(w, targets, 1, 2);
 }
@@ -471,13 +552,22 @@ static world T; /* tiny-gqa, the group fixture */
 
 static int group_setup(void **state) {
     (void)state;
-    world_up(&T, TINY, TINY_DRAFT, TINY_CTX, 128, 1);
+    snprintf(spec_dir, sizeof spec_dir, "/tmp/specd-test-spec-XXXXXX");
+    if (!mkdtemp(spec_dir)) fail_msg("mkdtemp: %s", strerror(errno));
+    write_random_speculator(spec_dir);
+    world_up(&T, TINY, TINY_DRAFT, spec_dir, TINY_CTX, 128, 1);
     return 0;
 }
 
 static int group_teardown(void **state) {
     (void)state;
     world_down(&T);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", spec_dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", spec_dir);
+    unlink(path);
+    rmdir(spec_dir);
     return 0;
 }
 
@@ -534,8 +624,8 @@ static void test_tiny_greedy_lossless(void **state) {
     (void)state;
     const int32_t *prompts[] = {P0, P1, P_REP};
     const int n_prompts[] = {NELEM(P0), NELEM(P1), NELEM(P_REP)};
-    const char *drafters[] = {"none", "ngram", "draft_lm", ""};
-    int drafted_any[4] = {0};
+    const char *drafters[] = {"none", "ngram", "draft_lm", "", "mlp"};
+    int drafted_any[5] = {0};
     for (int p = 0; p < 3; p++) {
         reqb b;
         gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
@@ -544,7 +634,7 @@ static void test_tiny_greedy_lossless(void **state) {
         req_ids(&b, prompts[p], n_prompts[p], 40);
         target_gen(&T, &b, ref);
         assert_int_equal(ref->code, GRPC_STATUS_OK);
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; d < 5; d++)
             for (int s = 0; s < NELEM(SHAPES); s++) {
                 if (!strcmp(drafters[d], "none") && s > 0) continue; /* shape is moot */
                 req_ids(&b, prompts[p], n_prompts[p], 40);
@@ -563,6 +653,7 @@ static void test_tiny_greedy_lossless(void **state) {
     /* The drafters really drafted (else this proved nothing about trees). */
     assert_true(drafted_any[1] > 0);
     assert_true(drafted_any[2] > 0);
+    assert_true(drafted_any[4] > 0);
 }
 
 /* max_new_tokens exact even when a tree would accept more: the repetitive
@@ -570,7 +661,7 @@ static void test_tiny_greedy_lossless(void **state) {
  * model, quantized) is right most of the time. */
 static void test_tiny_max_new_small(void **state) {
     (void)state;
-    const char *drafters[] = {"ngram", "draft_lm", "none"};
+    const char *drafters[] = {"ngram", "draft_lm", "none", "mlp"};
     gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
     reqb b;
     req_ids(&b, P_REP, NELEM(P_REP), 16);
@@ -579,7 +670,7 @@ static void test_tiny_max_new_small(void **state) {
     assert_int_equal(ref->code, GRPC_STATUS_OK);
     assert_int_equal(ref->n_ids, 16);
     for (int n = 1; n <= 3; n++)
-        for (int d = 0; d < 3; d++)
+        for (int d = 0; d < 4; d++)
             for (int s = 0; s < 2; s++) {
                 req_ids(&b, P_REP, NELEM(P_REP), n);
                 b.r.ignore_eos = 1;
@@ -630,8 +721,8 @@ static void test_tiny_stop_ids(void **state) {
         assert_int_equal(ref->code, GRPC_STATUS_OK);
         assert_int_equal(ref->n_ids, at + 1); /* the stop id itself is returned */
         assert_int_equal(ref->finish, SPECD__V1__FINISH_REASON__FINISH_REASON_STOP);
-        const char *drafters[] = {"ngram", "draft_lm", "none"};
-        for (int d = 0; d < 3; d++)
+        const char *drafters[] = {"ngram", "draft_lm", "none", "mlp"};
+        for (int d = 0; d < 4; d++)
             for (int s = 0; s < 2; s++) {
                 req_ids(&b, prompts[p], n_prompts[p], 40);
                 b.r.ignore_eos = 1;
@@ -695,10 +786,6 @@ static void test_bad_input(void **state) {
     expect_refused(&T, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.input");
     req_ids(&b, P0, NELEM(P0), 8);
     req_drafter(&b, "medusa", 0, 0);
-    expect_refused(&T, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.drafter");
-    /* mlp is a known name, but this server has no speculator */
-    req_ids(&b, P0, NELEM(P0), 8);
-    req_drafter(&b, "mlp", 0, 0);
     expect_refused(&T, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.drafter");
     req_ids(&b, P0, NELEM(P0), 8);
     req_sampling(&b);
@@ -822,10 +909,11 @@ static void test_get_info(void **state) {
     assert_int_equal(info->eos_token_id, 2);
     assert_string_equal(info->backend, "cpu");
     assert_int_equal(info->max_tree_tokens, 32);
-    assert_int_equal((int)info->n_drafters, 3);
-    assert_string_equal(info->drafters[0], "draft_lm");
-    assert_string_equal(info->drafters[1], "ngram");
-    assert_string_equal(info->drafters[2], "none");
+    assert_int_equal((int)info->n_drafters, 4);
+    assert_string_equal(info->drafters[0], "mlp");
+    assert_string_equal(info->drafters[1], "draft_lm");
+    assert_string_equal(info->drafters[2], "ngram");
+    assert_string_equal(info->drafters[3], "none");
     assert_string_equal(info->default_drafter, "ngram");
     assert_int_equal((int)info->n_targets, 1);
     assert_string_equal(info->targets[0], T.taddr);
@@ -854,7 +942,7 @@ static void set_penalties(reqb *b) {
 static void test_penalties_and_logprobs(void **state) {
     (void)state;
     gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got), *plain = malloc(sizeof *plain);
-    const char *drafters[] = {"ngram", "draft_lm", "none"};
+    const char *drafters[] = {"ngram", "draft_lm", "none", "mlp"};
     /* Greedy with every logit adjustment: the same as the target alone. */
     const int32_t *prompts[] = {P_REP, P1};
     const int n_prompts[] = {NELEM(P_REP), NELEM(P1)};
@@ -871,7 +959,7 @@ static void test_penalties_and_logprobs(void **state) {
         /* The settings must matter, else this compares nothing. */
         assert_memory_not_equal(ref->ids, plain->ids, sizeof(int32_t) * 32);
         for (int i = 0; i < ref->n_ids; i++) assert_int_not_equal(ref->ids[i], 250);
-        for (int d = 0; d < 3; d++)
+        for (int d = 0; d < 4; d++)
             for (int s = 0; s < 2; s++) {
                 req_ids(&b, prompts[p], n_prompts[p], 32);
                 b.r.ignore_eos = 1;
@@ -894,7 +982,7 @@ static void test_penalties_and_logprobs(void **state) {
     assert_int_equal(ref->code, GRPC_STATUS_OK);
     assert_int_equal(ref->n_lps, 24);
     float worst = 0;
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < 4; d++) {
         req_ids(&b, P_REP, NELEM(P_REP), 24);
         b.r.ignore_eos = 1;
         b.r.logprobs = 1;
@@ -1105,7 +1193,7 @@ static void test_smol_text(void **state) {
     }
     world W;
     /* The draft LM is the model itself: its q equals p, the trees are long. */
-    world_up(&W, SMOL, SMOL, 512, 256, 2);
+    world_up(&W, SMOL, SMOL, NULL, 512, 256, 2);
     gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
     const char *drafters[] = {"none", "ngram", "draft_lm"};
     const shape shapes[] = {{0, 0}, {2, 3}, {1, 5}};
@@ -1192,6 +1280,10 @@ static void test_smol_text(void **state) {
     expect_refused(&W, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.input");
     req_text(&b, "", 4);
     expect_refused(&W, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.input");
+    /* mlp is a known name, but this server has no speculator */
+    req_text(&b, "Hi", 4);
+    req_drafter(&b, "mlp", 0, 0);
+    expect_refused(&W, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.drafter");
 
     /* A repetitive text: prompt lookup pays. */
     req_text(&b, "a b c d e f g h a b c d e f g h a b c d e f g h a b c", n_new);
@@ -1209,14 +1301,19 @@ static void test_smol_text(void **state) {
 
 #define MAX_KIDS 8
 static pid_t kids[MAX_KIDS];
+static char kid_logs[MAX_KIDS][80];
 
+/* SIGKILL + reap + remove its log. */
 static void kill_kid(pid_t pid) {
     if (pid <= 0) return;
     kill(pid, SIGKILL);
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
     }
     for (int i = 0; i < MAX_KIDS; i++)
-        if (kids[i] == pid) kids[i] = 0;
+        if (kids[i] == pid) {
+            kids[i] = 0;
+            unlink(kid_logs[i]);
+        }
 }
 
 static void kill_all_kids(void) {
@@ -1243,7 +1340,7 @@ static char target_bin[PATH_MAX];
  * until it serves (its log says so). Its stderr goes to a file, never a pipe
  * nobody reads. */
 static pid_t start_target(int port) {
-    char listen[64], log[64];
+    char listen[64], log[80];
     snprintf(listen, sizeof listen, "--listen=127.0.0.1:%d", port);
     snprintf(log, sizeof log, "/tmp/specd-test-target-%d-%d.log", (int)getpid(), port);
     char model[PATH_MAX + 16];
@@ -1251,6 +1348,9 @@ static pid_t start_target(int port) {
     pid_t pid = fork();
     if (pid < 0) fail_msg("fork: %s", strerror(errno));
     if (pid == 0) {
+        /* Dies with the test process whatever ends it (a crash skips the
+         * atexit handler and cmocka's teardown). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 2);
@@ -1265,6 +1365,7 @@ static pid_t start_target(int port) {
     for (int i = 0; i < MAX_KIDS; i++)
         if (!kids[i]) {
             kids[i] = pid;
+            snprintf(kid_logs[i], sizeof kid_logs[i], "%s", log);
             break;
         }
     for (int i = 0; i < 1000; i++) {
