@@ -16,12 +16,12 @@ int specd_sampling_from_proto(const Specd__V1__SamplingParams *p, int vocab, con
         s->top_p = p->top_p == 0.0f ? 1.0f : p->top_p;
         s->min_p = p->min_p;
         s->seed = p->seed;
-        s->repetition_penalty = p->repetition_penalty == 0.0f ? 1.0f : p->repetition_penalty;
+        s->repetition_penalty = p->repetition_penalty; /* 0 and 1 both mean off */
         s->frequency_penalty = p->frequency_penalty;
         s->presence_penalty = p->presence_penalty;
         if (p->n_logit_bias > SPECD_MAX_LOGIT_BIAS)
-            return specd_seterr(err, "%s.logit_bias: %zu entries, at most %d", field,
-                                p->n_logit_bias, SPECD_MAX_LOGIT_BIAS);
+            return specd_seterr(err, "%s.logit_bias has %zu entries, at most %d are allowed",
+                                field, p->n_logit_bias, SPECD_MAX_LOGIT_BIAS);
         if (p->n_logit_bias) {
             out->bias_ids = malloc(sizeof(int32_t) * p->n_logit_bias);
             out->bias_values = malloc(sizeof(float) * p->n_logit_bias);
@@ -38,10 +38,11 @@ int specd_sampling_from_proto(const Specd__V1__SamplingParams *p, int vocab, con
             s->bias_values = out->bias_values;
         }
     }
-    if (specd_sampling_validate(s, vocab, err)) {
-        specd_preferr(err, "%s", field);
+    specd_error e2 = {{0}};
+    if (specd_sampling_validate(s, vocab, &e2)) {
+        /* validate names the bare field ("top_p must be ..."): qualify it */
         specd_sampling_owned_free(out);
-        return -1;
+        return specd_seterr(err, "%s.%s", field, e2.msg);
     }
     return 0;
 }

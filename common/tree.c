@@ -5,8 +5,10 @@
 
 int specd_tree_validate(const specd_tree *tree, int vocab, int max_nodes, int sampling,
                         specd_error *err) {
-    if (tree->n_nodes < 1 || tree->n_nodes > max_nodes)
-        return specd_seterr(err, "tree.tokens: %d nodes, expected 1..%d", tree->n_nodes, max_nodes);
+    /* Zero nodes is a plain decode step: a session whose drafter has
+     * nothing to propose still advances by one token. */
+    if (tree->n_nodes < 0 || tree->n_nodes > max_nodes)
+        return specd_seterr(err, "tree.tokens: %d nodes, expected 0..%d", tree->n_nodes, max_nodes);
     for (int i = 0; i < tree->n_nodes; i++) {
         if (tree->tokens[i] < 0 || tree->tokens[i] >= vocab)
             return specd_seterr(err, "tree.tokens[%d] = %d outside vocabulary 0..%d", i,
@@ -15,7 +17,7 @@ int specd_tree_validate(const specd_tree *tree, int vocab, int max_nodes, int sa
             return specd_seterr(err, "tree.parents[%d] = %d is not -1 or an earlier node", i,
                                 tree->parents[i]);
     }
-    if (!sampling) return 0;
+    if (!sampling || tree->n_nodes == 0) return 0; /* nothing was drawn */
     if (!tree->q) return specd_seterr(err, "tree.q: draft distributions are required when sampling");
     for (int k = 0; k <= tree->n_nodes; k++) {
         int has_children = 0;

@@ -239,7 +239,9 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
     int n_acc = (int)r->n_accepted;
     int32_t *toks = malloc(sizeof(int32_t) * ((size_t)n_acc + 1));
     if (!toks) return -1;
-    memcpy(toks, r->accepted, sizeof(int32_t) * (size_t)n_acc);
+    /* accepted is NULL when empty (protobuf-c), and memcpy from NULL is
+     * undefined even for 0 bytes (UBSan aborts on it). */
+    if (n_acc) memcpy(toks, r->accepted, sizeof(int32_t) * (size_t)n_acc);
     toks[n_acc] = r->next_token;
     g->st->target_steps++;
     if (r->timings) g->target_load = (int)r->timings->active_sessions;
@@ -312,7 +314,6 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     /* The tree last sent (what the answer is checked against). */
     const int32_t *sent_tokens = NULL, *sent_parents = NULL;
     int sent_n = 0;
-    int32_t filler_tok = 0, filler_parent = -1;
     for (;;) {
         if (r->step != step ||
             (step > 0 && check_resp(sent_tokens, sent_parents, sent_n, r, info->vocab_size, err)) ||
@@ -338,30 +339,19 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             goto out;
         }
         draft(g, info);
-        /* A Tree must hold at least one node (the wire contract; target-svc
-         * refuses an empty one), so a step without drafts (drafter "none",
-         * speculation off by load or collapse, nothing to propose) sends a
-         * one-node filler: the pending token repeated, "drawn" from the
-         * one-hot q at it. That keeps the step lossless in both modes (it is
-         * just a draft that is usually rejected), costs the target one more
-         * row, and is not counted as drafted in the stats. */
-        int filler = g->tb.n_nodes == 0;
+        /* The tree the answer will be checked against. An empty one is a
+         * plain decode step (nothing drafted: drafter "none", speculation
+         * off at this load or after a collapse, or nothing to propose). */
         sent_tokens = g->tb.tokens;
         sent_parents = g->tb.parents;
         sent_n = g->tb.n_nodes;
-        if (filler) {
-            filler_tok = g->hist[g->n_hist - 1];
-            sent_tokens = &filler_tok;
-            sent_parents = &filler_parent;
-            sent_n = 1;
-        }
         Specd__V1__VerifyTree tree = SPECD__V1__VERIFY_TREE__INIT;
         Specd__V1__DraftDistribution *qd = NULL, **qp = NULL;
         tree.step = ++step;
         tree.n_tokens = tree.n_parents = (size_t)sent_n;
         tree.tokens = (int32_t *)sent_tokens;
         tree.parents = (int32_t *)sent_parents;
-        int sampling = q->sampling.temperature > 0;
+        int sampling = q->sampling.temperature > 0 && sent_n > 0;
         if (sampling) {
             size_t nq = (size_t)sent_n + 1;
             qd = calloc(nq, sizeof *qd);
@@ -374,21 +364,11 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
                 rc = STEP_FATAL;
                 goto out;
             }
-            static const float one = 1.0f;
             for (size_t i = 0; i < nq; i++) {
                 specd__v1__draft_distribution__init(&qd[i]);
-                if (filler) {
-                    /* q[0] one-hot at the filler; q[1] empty (a leaf) */
-                    if (i == 0) {
-                        qd[i].n_ids = qd[i].n_probs = 1;
-                        qd[i].ids = &filler_tok;
-                        qd[i].probs = (float *)&one;
-                    }
-                } else {
-                    qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
-                    qd[i].ids = (int32_t *)g->tb.q[i].ids;
-                    qd[i].probs = (float *)g->tb.q[i].probs;
-                }
+                qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
+                qd[i].ids = (int32_t *)g->tb.q[i].ids;
+                qd[i].probs = (float *)g->tb.q[i].probs;
                 qp[i] = &qd[i];
             }
             tree.n_q = nq;

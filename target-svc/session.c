@@ -1,14 +1,19 @@
 /* session.c - Verify session checks and stop rules (see session.h). */
 #include "target-svc/session.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/sampling_proto.h"
 
 void specd_session_init(specd_session *s, const specd_session_limits *lim) {
     memset(s, 0, sizeof *s);
     s->lim = *lim;
     s->state = SPECD_SESSION_NEW;
-    specd_session_sampling_from_proto(NULL, &s->sampling);
+    /* Greedy until an Open says otherwise. */
+    specd_sampling_init(&s->sampling);
+    s->sampling.temperature = 0.0f;
 }
 
 void specd_session_free(specd_session *s) {
@@ -32,54 +37,6 @@ uint64_t specd_session_position(const specd_session *s) {
 
 const specd_token_counts *specd_session_counts(const specd_session *s) {
     return s->counts.vocab > 0 ? &s->counts : NULL;
-}
-
-void specd_session_sampling_from_proto(const Specd__V1__SamplingParams *p, specd_sampling *out) {
-    /* A missing message means greedy, the deterministic default; a zeroed
-     * specd_sampling would not be valid (top_p 0), hence the explicit 1. */
-    out->temperature = p ? p->temperature : 0.0f;
-    out->top_k = p ? p->top_k : 0;
-    out->top_p = p && p->top_p != 0.0f ? p->top_p : 1.0f;
-    out->min_p = p ? p->min_p : 0.0f;
-    out->seed = p ? p->seed : 0;
-    out->repetition_penalty = p ? p->repetition_penalty : 0.0f;
-    out->frequency_penalty = p ? p->frequency_penalty : 0.0f;
-    out->presence_penalty = p ? p->presence_penalty : 0.0f;
-    out->n_logit_bias = 0;
-    out->bias_ids = NULL;
-    out->bias_values = NULL;
-}
-
-/* Owned copies of SamplingParams.logit_bias, attached to *sp. The count is
- * checked first so a huge list is refused before anything is allocated. */
-static grpc_status_code copy_logit_bias(const Specd__V1__SamplingParams *p, specd_sampling *sp,
-                                        int32_t **ids, float **vals, const char *field,
-                                        specd_error *err) {
-    *ids = NULL;
-    *vals = NULL;
-    size_t n = p ? p->n_logit_bias : 0;
-    if (n == 0) return GRPC_STATUS_OK;
-    if (n > SPECD_MAX_LOGIT_BIAS)
-        return specd_seterr(err, "%s.sampling.logit_bias has %zu entries, at most %d are allowed",
-                            field, n, SPECD_MAX_LOGIT_BIAS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    *ids = malloc(sizeof(int32_t) * n);
-    *vals = malloc(sizeof(float) * n);
-    if (!*ids || !*vals) {
-        free(*ids);
-        free(*vals);
-        *ids = NULL;
-        *vals = NULL;
-        return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-    }
-    for (size_t i = 0; i < n; i++) {
-        (*ids)[i] = p->logit_bias[i]->token_id;
-        (*vals)[i] = p->logit_bias[i]->bias;
-    }
-    sp->n_logit_bias = (int)n;
-    sp->bias_ids = *ids;
-    sp->bias_values = *vals;
-    return GRPC_STATUS_OK;
 }
 
 grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
@@ -136,18 +93,15 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
                             o->top_logprobs, field),
                GRPC_STATUS_INVALID_ARGUMENT;
 
-    specd_sampling sp;
-    specd_session_sampling_from_proto(o->sampling, &sp);
-    int32_t *bias_ids;
-    float *bias_values;
-    grpc_status_code code = copy_logit_bias(o->sampling, &sp, &bias_ids, &bias_values, field, err);
-    if (code) return code;
+    char sfield[64];
+    snprintf(sfield, sizeof sfield, "%s.sampling", field);
+    specd_sampling_owned own;
+    if (specd_sampling_from_proto(o->sampling, L->vocab, sfield, &own, err))
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    specd_sampling sp = own.s;
+    int32_t *bias_ids = own.bias_ids;
+    float *bias_values = own.bias_values;
     specd_error e2 = {{0}};
-    if (specd_sampling_validate(&sp, L->vocab, &e2)) {
-        free(bias_ids);
-        free(bias_values);
-        return specd_seterr(err, "%s.sampling.%s", field, e2.msg), GRPC_STATUS_INVALID_ARGUMENT;
-    }
     /* Counts only when something reads them: a vocabulary-sized table per
      * session is memory (and an O(prompt) pass) that plain sampling does not
      * need. */
@@ -206,8 +160,6 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
         return specd_seterr(err, "tree.step = %u, expected %u (the previous step + 1)", t->step,
                             s->step + 1),
                GRPC_STATUS_INVALID_ARGUMENT;
-    if (t->n_tokens == 0)
-        return specd_seterr(err, "tree.tokens is empty"), GRPC_STATUS_INVALID_ARGUMENT;
     if (t->n_tokens > (size_t)s->lim.max_tree_tokens)
         return specd_seterr(err, "tree.tokens has %zu nodes, over the limit of %d", t->n_tokens,
                             s->lim.max_tree_tokens),
@@ -225,7 +177,8 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
     int sampling = s->sampling.temperature > 0.0f;
     s->tree = (specd_tree){.n_nodes = (int)t->n_tokens, .tokens = t->tokens,
                            .parents = t->parents, .q = NULL};
-    if (sampling) {
+    /* An empty tree (a plain step) has no draws, so it needs no q. */
+    if (sampling && t->n_tokens > 0) {
         if (t->n_q != t->n_tokens + 1)
             return specd_seterr(err, "tree.q has %zu entries, sampling needs %zu (1 + nodes)",
                                 t->n_q, t->n_tokens + 1),

@@ -75,10 +75,6 @@ typedef struct specd_session {
 void specd_session_init(specd_session *s, const specd_session_limits *lim);
 void specd_session_free(specd_session *s);
 
-/* SamplingParams (NULL = greedy) -> specd_sampling; top_p 0 reads as 1.
- * Scalars only: logit_bias needs owned arrays, which specd_session_open
- * makes (here n_logit_bias is set to 0). */
-void specd_session_sampling_from_proto(const Specd__V1__SamplingParams *p, specd_sampling *out);
 
 /* Output index of the next token this session emits after its pending one
  * (resumed + n_out): the `position` of the session's model work. */
