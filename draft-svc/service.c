@@ -62,6 +62,7 @@ static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogp
     Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
     size_t len;
     r.text = (char *)specd_text_stream_take(gs->ts, &len);
+    if (getenv("DBG")) fprintf(stderr, "SINK n=%d took=%d first=%d text=[%s] stopped=%d detok=%d\n", n, took, toks[0], r.text, gs->ts->stopped, gs->ts->have_detok);
     r.n_token_ids = (size_t)took;
     r.token_ids = (int32_t *)toks;
     if (gs->logprobs && lps) {

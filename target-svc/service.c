@@ -12,10 +12,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/chat.h"
 #include "common/dtype.h"
-#include "common/sha256.h"
-#include "common/stop_strings.h"
+#include "common/prompt.h"
+#include "common/text_stream.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
@@ -304,59 +303,6 @@ out:
 
 /* ---- Generate ------------------------------------------------------------------ */
 
-/* The request's input as token ids (malloc'd). GRPC_STATUS_OK or a code + err. */
-static grpc_status_code generate_prompt(specd_target_service *svc,
-                                        const Specd__V1__GenerateRequest *req, int32_t **ids,
-                                        size_t *n, specd_error *err) {
-    *ids = NULL;
-    *n = 0;
-    if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT_TOKEN_IDS) {
-        *n = req->token_ids->n_ids;
-        *ids = malloc(sizeof(int32_t) * (*n + 1));
-        if (!*ids) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-        if (*n) memcpy(*ids, req->token_ids->ids, sizeof(int32_t) * *n);
-        return GRPC_STATUS_OK;
-    }
-    if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT__NOT_SET)
-        return specd_seterr(err, "request.input: one of text, chat, token_ids is required"),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    if (!svc->tok)
-        return specd_seterr(err, "request.input: this model has no tokenizer; send token_ids"),
-               GRPC_STATUS_FAILED_PRECONDITION;
-    char *text = NULL;
-    if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT_CHAT) {
-        size_t nm = req->chat->n_messages;
-        specd_chat_msg *msgs = calloc(nm + 1, sizeof *msgs);
-        if (!msgs) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-        for (size_t i = 0; i < nm; i++) {
-            msgs[i].role = req->chat->messages[i]->role;
-            msgs[i].content = req->chat->messages[i]->content;
-        }
-        text = specd_chat_render(NULL, msgs, nm, 1, err);
-        free(msgs);
-        if (!text) return specd_preferr(err, "request.chat"), GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    const char *src = text ? text : req->text;
-    int32_t *raw = NULL;
-    size_t n_raw = 0;
-    /* Chat templates spell their control tokens as text, so specials are
-     * recognized; for raw text too, as Hugging Face encode() does. */
-    int rc = specd_tokenize(svc->tok, src, strlen(src), 1, &raw, &n_raw, err);
-    free(text);
-    if (rc) return specd_preferr(err, "request.input"), GRPC_STATUS_INVALID_ARGUMENT;
-    int bos = specd_tokenizer_wants_bos(svc->tok) && specd_tokenizer_bos(svc->tok) >= 0;
-    *ids = malloc(sizeof(int32_t) * (n_raw + 2));
-    if (!*ids) {
-        free(raw);
-        return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-    }
-    if (bos) (*ids)[0] = specd_tokenizer_bos(svc->tok);
-    if (n_raw) memcpy(*ids + bos, raw, sizeof(int32_t) * n_raw);
-    *n = n_raw + (size_t)bos;
-    free(raw);
-    return GRPC_STATUS_OK;
-}
-
 static void h_generate(specd_rpc_call *c, void *user) {
     specd_target_service *svc = user;
     Specd__V1__GenerateRequest *req = NULL;
@@ -365,9 +311,8 @@ static void h_generate(specd_rpc_call *c, void *user) {
     specd_session_init(&s, &svc->lim);
     int slot = -1;
     int32_t *ids = NULL;
-    specd_detok dt;
-    int have_detok = 0;
-    specd_stopper stopper = {0};
+    specd_text_stream ts;
+    int have_ts = 0;
     lp_bufs lp = {0};
     grpc_status_code code;
     if (specd_rpc_call_request_msg(c, &specd__v1__generate_request__descriptor,
@@ -375,17 +320,17 @@ static void h_generate(specd_rpc_call *c, void *user) {
         specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
         goto out;
     }
-    if (req->n_stop && !svc->tok) {
-        specd_rpc_call_finish(c, GRPC_STATUS_FAILED_PRECONDITION,
-                              "request.stop: stop strings need a tokenizer, and this model has none");
+    if (specd_text_stream_init(&ts, svc->tok, req->stop, req->n_stop, "request.stop", &err)) {
+        specd_rpc_call_finish(c, svc->tok ? GRPC_STATUS_INVALID_ARGUMENT
+                                          : GRPC_STATUS_FAILED_PRECONDITION,
+                              err.msg);
         goto out;
     }
-    if (specd_stopper_init(&stopper, req->stop, req->n_stop, "request.stop", &err)) {
-        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
-        goto out;
-    }
+    have_ts = 1;
     size_t n_ids;
-    if ((code = generate_prompt(svc, req, &ids, &n_ids, &err))) {
+    /* Length, emptiness and ids are checked by the session below, with the
+     * same messages as Verify.Open. */
+    if ((code = specd_prompt_from_request(svc->tok, req, 0, 0, &ids, &n_ids, &err))) {
         specd_rpc_call_finish(c, code, err.msg);
         goto out;
     }
@@ -414,10 +359,6 @@ static void h_generate(specd_rpc_call *c, void *user) {
                               "all sessions are in use (limits.max_sessions / limits.kv_memory)");
         goto out;
     }
-    if (svc->tok) {
-        specd_detok_init(&dt, svc->tok);
-        have_detok = 1;
-    }
     double t_start = now_ms(), t_first = 0;
     int steps = 0;
     specd_work w;
@@ -441,48 +382,23 @@ static void h_generate(specd_rpc_call *c, void *user) {
         if (steps == 1) t_first = now_ms();
         Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
         Specd__V1__GenerateStats st = SPECD__V1__GENERATE_STATS__INIT;
-        char *text = NULL;
-        if (have_detok) {
-            size_t len, tlen;
-            const char *piece = specd_detok_push(&dt, tok, &len, &err);
-            if (!piece) {
-                specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, err.msg);
-                goto out;
-            }
-            const char *tail = fr ? specd_detok_flush(&dt, &tlen) : "";
-            if (!fr) tlen = 0;
-            text = malloc(len + tlen + 1);
-            if (!text) {
-                specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                goto out;
-            }
-            memcpy(text, piece, len);
-            memcpy(text + len, tail, tlen);
-            text[len + tlen] = 0;
-            /* stop strings: release only text that can no longer become one;
-             * a match ends the generation right before it */
-            size_t safe_len, held_len = 0;
-            const char *safe = specd_stopper_push(&stopper, text, len + tlen, &safe_len);
-            if (stopper.stopped && !fr) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
-            const char *held = fr && !stopper.stopped ? specd_stopper_flush(&stopper, &held_len) : "";
-            if (!safe || !held) {
-                free(text);
-                specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                goto out;
-            }
-            char *released = malloc(safe_len + held_len + 1);
-            if (!released) {
-                free(text);
-                specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                goto out;
-            }
-            memcpy(released, safe, safe_len);
-            memcpy(released + safe_len, held, held_len);
-            released[safe_len + held_len] = 0;
-            free(text);
-            text = released;
-            r.text = text;
+        /* The token that ends the generation at EOS or a stop id is
+         * returned by id, not as text (as a stop string is not part of the
+         * text); a stop string ends it right before the match. */
+        int terminal = fr == SPECD__V1__FINISH_REASON__FINISH_REASON_EOS ||
+                       fr == SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+        int rc = terminal ? 0 : specd_text_stream_push(&ts, tok, &err);
+        if (rc < 0) {
+            specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, err.msg);
+            goto out;
         }
+        if (rc == 1 && !fr) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+        if (fr && !ts.stopped && specd_text_stream_finish(&ts)) {
+            specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            goto out;
+        }
+        size_t text_len;
+        if (have_ts && svc->tok) r.text = (char *)specd_text_stream_take(&ts, &text_len);
         r.n_token_ids = 1;
         r.token_ids = &tok;
         if (s.logprobs) {
@@ -501,9 +417,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
                 s.n_out > 1 ? (float)((end - t_first) / (s.n_out - 1)) : 0.0f;
             r.stats = &st;
         }
-        int sent = specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK;
-        free(text);
-        if (!sent) goto out;
+        if (specd_rpc_call_send_msg(c, &r.base) != SPECD_RPC_IO_OK) goto out;
         if (fr) break;
         /* Next step: the pending token goes into the cache, one token out. */
         memset(&w, 0, sizeof w);
@@ -521,8 +435,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
     }
     specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 out:
-    if (have_detok) specd_detok_free(&dt);
-    specd_stopper_free(&stopper);
+    if (have_ts) specd_text_stream_free(&ts);
     lp_bufs_free(&lp);
     specd_sched_release_slot(svc->sched, slot);
     specd_session_free(&s);
@@ -588,19 +501,9 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     base = base && base[1] ? base + 1 : m->path;
     snprintf(svc->model_id, sizeof svc->model_id, "%s", base);
     if (tok) {
-        /* Fingerprint of the vocabulary: SHA-256 over every token's byte
-         * string, concatenated in id order. Two tokenizers with the same
-         * hash map ids to the same bytes. */
-        specd_sha256 h;
-        uint8_t d[32];
-        specd_sha256_init(&h);
-        for (int32_t id = 0; id < specd_tokenizer_n_vocab(tok); id++) {
-            size_t len = 0;
-            const uint8_t *p = specd_token_bytes(tok, id, &len);
-            if (p) specd_sha256_update(&h, p, len);
-        }
-        specd_sha256_final(&h, d);
-        specd_sha256_to_hex(d, svc->tok_sha256);
+        /* Fingerprint of the vocabulary (see specd_tokenizer_sha256_hex):
+         * draft-svc refuses a target whose tokenizer differs from its own. */
+        specd_tokenizer_sha256_hex(tok, svc->tok_sha256);
     }
     specd_sched_opts so = {.n_slots = o->max_sessions, .max_batch_tokens = o->max_batch_tokens,
                            .max_wait_ms = o->max_wait_ms};

@@ -180,7 +180,6 @@ static void run_call_p(specd_rpc_channel *ch, const char *method,
                     t->top_lps[k] = r->logprobs[i]->top[k]->logprob;
                 }
             }
-            if (getenv("DBG")) { fprintf(stderr, "%s msg: [%s] ids", method, r->text ? r->text : "(null)"); for (size_t i = 0; i < r->n_token_ids; i++) fprintf(stderr, " %d", r->token_ids[i]); fprintf(stderr, " fin %d\n", r->finish_reason); }
             if (r->finish_reason) o->finish = r->finish_reason;
             if (r->stats) {
                 Specd__V1__GenerateStats *st = r->stats;
