@@ -18,7 +18,18 @@ static grpc_status_code tokenize_input(const specd_tokenizer *tok,
         specd_chat_msg *msgs = calloc(nm, sizeof *msgs);
         if (!msgs) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
         for (size_t i = 0; i < nm; i++) {
-            msgs[i].role = req->chat->messages[i]->role;
+            const char *role = req->chat->messages[i]->role;
+            /* The ChatML template renders any role string; an unknown one is
+             * almost surely a client bug (a typo would silently change the
+             * prompt), so refuse it. */
+            if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+                strcmp(role, "tool")) {
+                free(msgs);
+                return specd_seterr(err, "request.chat.messages[%zu].role: '%.32s' is not one "
+                                         "of system, user, assistant, tool", i, role),
+                       GRPC_STATUS_INVALID_ARGUMENT;
+            }
+            msgs[i].role = role;
             msgs[i].content = req->chat->messages[i]->content;
         }
         text = specd_chat_render(NULL, msgs, nm, 1, err);

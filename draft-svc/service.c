@@ -62,7 +62,6 @@ static int on_tokens(void *arg, const int32_t *toks, int n, Specd__V1__TokenLogp
     Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
     size_t len;
     r.text = (char *)specd_text_stream_take(gs->ts, &len);
-    if (getenv("DBG")) fprintf(stderr, "SINK n=%d took=%d first=%d text=[%s] stopped=%d detok=%d\n", n, took, toks[0], r.text, gs->ts->stopped, gs->ts->have_detok);
     r.n_token_ids = (size_t)took;
     r.token_ids = (int32_t *)toks;
     if (gs->logprobs && lps) {
@@ -191,6 +190,7 @@ static void h_info(specd_rpc_call *c, void *user) {
     r.bos_token_id = ti.bos_token_id;
     r.eos_token_id = ti.eos_token_id;
     r.backend = ti.backend;
+    r.max_sessions = ti.max_sessions; /* of one target */
     r.max_tree_tokens = svc->o.max_tree_tokens < ti.max_tree_tokens ? svc->o.max_tree_tokens
                                                                     : ti.max_tree_tokens;
     char *names[SPECD_N_DRAFTERS + 1];

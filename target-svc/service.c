@@ -209,7 +209,8 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         }
         int n = s->tree.n_nodes;
         b->toks[0] = s->pending;
-        memcpy(b->toks + 1, s->tree.tokens, sizeof(int32_t) * (size_t)n);
+        if (n) /* an empty tree (a plain step) may come with no tokens array */
+            memcpy(b->toks + 1, s->tree.tokens, sizeof(int32_t) * (size_t)n);
         w.kind = SPECD_WORK_TREE;
         w.slot = *slot;
         w.n_past = s->n_past;
@@ -392,7 +393,10 @@ static void h_generate(specd_rpc_call *c, void *user) {
             specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, err.msg);
             goto out;
         }
-        if (rc == 1 && !fr) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+        /* A stop string that completes on the last allowed token still
+         * says STOP: the text was cut, which is what the client must know
+         * (draft-svc reports it the same way). */
+        if (rc == 1) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
         if (fr && !ts.stopped && specd_text_stream_finish(&ts)) {
             specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
             goto out;
