@@ -32,7 +32,7 @@ static grpc_status_code tokenize_input(const specd_tokenizer *tok,
             msgs[i].role = role;
             msgs[i].content = req->chat->messages[i]->content;
         }
-        text = specd_chat_render(NULL, msgs, nm, 1, err);
+        text = specd_chat_render(specd_tokenizer_chat_template(tok), msgs, nm, 1, err);
         free(msgs);
         if (!text) return specd_preferr(err, "request.chat"), GRPC_STATUS_INVALID_ARGUMENT;
     }

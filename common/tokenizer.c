@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf.h"
 #include "sha256.h"
 #include "model_file.h"
 #include "tokenizer_internal.h"
@@ -132,6 +133,7 @@ void specd_tokenizer_set_max_input(specd_tokenizer *t, size_t max_bytes) {
 
 void specd_tokenizer_free(specd_tokenizer *t) {
     if (!t) return;
+    free(t->chat_template);
     for (int32_t id = 0; id < t->n_vocab; id++) {
         clear_token_bytes(&t->tokens[id]);
         free(t->tokens[id].text);
@@ -247,7 +249,14 @@ specd_tokenizer *specd_tokenizer_from_model(const specd_model_file *m, specd_err
             return NULL;
         }
         specd_tokenizer *t = specd_tokenizer_from_gguf(m->gguf, err);
-        if (!t) specd_preferr(err, "%s", m->path);
+        if (!t) {
+            specd_preferr(err, "%s", m->path);
+            return NULL;
+        }
+        /* The template travels with the tokenizer so every service renders
+         * chat input as the model expects (SmolLM2's injects its default
+         * system prompt); absent = generic ChatML. */
+        t->chat_template = gguf_get_str(m->gguf, "tokenizer.chat_template", NULL);
         return t;
     }
     if (m->tokenizer_json[0] == '\0') {
@@ -274,3 +283,5 @@ void specd_tokenizer_sha256_hex(const specd_tokenizer *t, char hex[65]) {
     specd_sha256_final(&h, d);
     specd_sha256_to_hex(d, hex);
 }
+
+const char *specd_tokenizer_chat_template(const specd_tokenizer *t) { return t->chat_template; }

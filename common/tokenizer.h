@@ -73,6 +73,10 @@ int32_t specd_tokenizer_token_id(const specd_tokenizer *t, const char *text);
  * id outside the vocabulary. Not NUL-terminated; owned by the tokenizer. */
 const uint8_t *specd_token_bytes(const specd_tokenizer *t, int32_t id, size_t *len);
 
+/* The model's chat template (a Jinja string from GGUF
+ * tokenizer.chat_template) for specd_chat_render, or NULL (generic ChatML). */
+const char *specd_tokenizer_chat_template(const specd_tokenizer *t);
+
 /* Fingerprint of the vocabulary (Info.tokenizer_sha256): hex SHA-256 over
  * every token's byte string, concatenated in id order, into hex[65]. Two
  * tokenizers with the same fingerprint map ids to the same bytes, which is

@@ -136,6 +136,7 @@ typedef struct tok_entry {
 } tok_entry;
 
 struct specd_tokenizer {
+    char *chat_template; /* the model's (GGUF tokenizer.chat_template), or NULL */
     tok_entry *tokens;
     int32_t n_vocab;
     tok_strmap model_vocab;   /* BPE vocabulary: string -> id */

@@ -35,7 +35,7 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "longest n-gram matched (tried first)", .min = 1, .max = 64),
     F("drafter.ngram.max_scan", SPECD_CFG_INT64, drafter.ngram.max_scan, "8192",
       "history tokens searched for a match", .min = 1, .max = 1 << 24),
-    F("speculation.load_table", SPECD_CFG_STRLIST, speculation.load_table, "1:4x5,4:2x4,16:1x3",
+    F("speculation.load_table", SPECD_CFG_STRLIST, speculation.load_table, "1:1x5,4:1x4,16:1x2",
       "SESSIONS:CANDIDATESxDEPTH entries: tree shape while the target has at most SESSIONS "
       "active sessions"),
     F("speculation.off_above", SPECD_CFG_INT64, speculation.off_above, "32",

@@ -989,7 +989,7 @@ static void test_draft_example_parses(void **state) {
     assert_null(c.drafter.mlp.path);
     assert_true(c.drafter.ngram.enabled);
     assert_int_equal(c.speculation.load_table.n, 3);
-    assert_string_equal(c.speculation.load_table.items[1], "4:2x4");
+    assert_string_equal(c.speculation.load_table.items[1], "4:1x4");
     assert_int_equal(c.speculation.off_above, 32);
     assert_int_equal(c.target.step_timeout, 30000);
     assert_string_equal(c.target.tls.server_name, "target-svc");
