@@ -416,6 +416,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
     specd_accept_state_init(&g.acc);
     grpc_status_code code = GRPC_STATUS_OK;
     specd_tpool_member *m = NULL, *failed = NULL;
+    int full_waits = 0; /* RESOURCE_EXHAUSTED answers so far */
     int vocab = 0;
     /* Room for the prompt, every token, and one step's overshoot. */
     g.cap_hist = req->n_prompt + req->max_new_tokens + env->max_tree_tokens + 2;
@@ -486,6 +487,27 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
             m = NULL;
             code = GRPC_STATUS_OK;
             break;
+        }
+        if (rc == STEP_RETRY && scode == GRPC_STATUS_RESOURCE_EXHAUSTED) {
+            /* The target is healthy but has no free session slot (it is
+             * full, or a session that just ended has not given its slot
+             * back yet). Not a failure: wait a little and ask again (the
+             * pool may pick a less loaded target), for at most
+             * open_timeout in all, like a request queued for admission. */
+            specd_tpool_release(env->pool, m, 0);
+            m = NULL;
+            double waited = now_ms() - g.t_start;
+            if (waited >= env->open_timeout_ms) {
+                code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                specd_seterr(err, "%s", serr.msg);
+                specd_preferr(err, "no target had a free session for %.0f ms", waited);
+                break;
+            }
+            full_waits++;
+            int ms = full_waits < 5 ? 5 << full_waits : 200; /* 10, 20, 40, 80, then 200 ms */
+            struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
         }
         if (rc == STEP_FATAL || st->failovers >= env->max_failovers) {
             specd_tpool_release(env->pool, m, 0);
