@@ -41,6 +41,13 @@ struct specd_sched {
     void *scratch;
 };
 
+/* Items waiting in the queue (a handful: at most one per session). */
+static int queued_items(const specd_sched *s) {
+    int n = 0;
+    for (const specd_work *w = s->head; w; w = w->next) n++;
+    return n;
+}
+
 static int64_t now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -204,14 +211,20 @@ static void *worker_main(void *arg) {
         while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
         if (s->stop) break;
         /* A small batch waits a little for others to join: bigger passes
-         * mean more throughput, max_wait bounds the latency it costs. */
-        if (s->o.max_wait_ms > 0 && s->queued_tokens < s->o.max_batch_tokens) {
+         * mean more throughput, max_wait bounds the latency it costs. But
+         * only while some session holding a slot has nothing queued: when
+         * every open session is already in the batch nobody else can join,
+         * and waiting would only add latency to every step (a lone session
+         * would pay max_wait per token). */
+        if (s->o.max_wait_ms > 0 && s->queued_tokens < s->o.max_batch_tokens &&
+            queued_items(s) < s->n_slots - s->n_free) {
             struct timespec until;
             int64_t waited = now_us() - s->head->t_submit_us;
             int64_t left = (int64_t)s->o.max_wait_ms * 1000 - waited;
             if (left > 0) {
                 abs_in_us(&until, left);
                 while (!s->stop && s->queued_tokens < s->o.max_batch_tokens &&
+                       queued_items(s) < s->n_slots - s->n_free &&
                        pthread_cond_timedwait(&s->work_cv, &s->mu, &until) != ETIMEDOUT) {
                 }
             }
