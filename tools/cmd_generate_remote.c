@@ -69,7 +69,8 @@ static int on_msg(void *arg, const Specd__V1__GenerateResponse *r) {
         os->ids = bigger;
         os->cap_ids = cap;
     }
-    memcpy(os->ids + os->n_ids, r->token_ids, sizeof(int32_t) * r->n_token_ids);
+    if (r->n_token_ids) /* the final message carries no ids (and a NULL array) */
+        memcpy(os->ids + os->n_ids, r->token_ids, sizeof(int32_t) * r->n_token_ids);
     os->n_ids += (int)r->n_token_ids;
     if (os->o->json) {
         cJSON *obj = cJSON_CreateObject();
