@@ -117,7 +117,9 @@ static void cq_destroy(grpc_completion_queue *cq) {
     grpc_completion_queue_destroy(cq);
 }
 
-static const char *status_name(grpc_status_code c) {
+const char *specd_rpc_status_name(grpc_status_code c) {
+    /* The C core has no public name table; these are the canonical names
+     * (grpc/status.h order), the ones users grep logs for. */
     static const char *names[] = {
         "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
         "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
@@ -134,7 +136,7 @@ static void status_err(specd_error *err, const specd_rpc_channel *ch, const char
     if (code == GRPC_STATUS_OK) return;
     int n = (int)GRPC_SLICE_LENGTH(details);
     const char *d = (const char *)GRPC_SLICE_START_PTR(details);
-    const char *name = status_name(code);
+    const char *name = specd_rpc_status_name(code);
     /* gRPC's own cancel says just "CANCELLED": once is enough */
     if ((size_t)n == strlen(name) && !memcmp(d, name, (size_t)n)) n = 0;
     specd_seterr(err, "%s on %s: %s%s%.*s", method, ch->target, name, n ? ": " : "", n, d);

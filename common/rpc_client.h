@@ -140,6 +140,9 @@ void specd_rpc_stream_cancel(specd_rpc_stream *st);
  * it again returns the same status. */
 grpc_status_code specd_rpc_stream_finish(specd_rpc_stream *st, specd_error *err);
 
+/* "UNAVAILABLE", "INVALID_ARGUMENT", ... for logs and CLI output. */
+const char *specd_rpc_status_name(grpc_status_code c);
+
 /* Frees the stream, cancelling it first if it is still live. NULL is a no-op. */
 void specd_rpc_stream_free(specd_rpc_stream *st);
 

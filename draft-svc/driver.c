@@ -9,17 +9,6 @@
 
 #include "common/dtype.h"
 
-/* Names for logs ("UNAVAILABLE"); the C core has no such function. */
-static const char *status_name(grpc_status_code c) {
-    static const char *const names[] = {
-        "OK",          "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS", "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-        "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",    "DATA_LOSS",
-        "UNAUTHENTICATED"};
-    return (unsigned)c < sizeof names / sizeof names[0] ? names[c] : "?";
-}
-
 /* ---- cancellation ------------------------------------------------------------ */
 
 void specd_gen_cancel_init(specd_gen_cancel *c) {
@@ -524,7 +513,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
          * token in it, and only those. */
         fprintf(stderr, "draft-svc: target %s failed (%s: %s); resuming on another target "
                         "after %d tokens\n",
-                specd_tpool_member_addr(m), status_name(scode), serr.msg,
+                specd_tpool_member_addr(m), specd_rpc_status_name(scode), serr.msg,
                 g.n_gen);
         st->failovers++;
         /* Only compared by address, to steer the next pick elsewhere. */

@@ -6,18 +6,6 @@
 
 #include "cli.h"
 
-const char *cli_status_name(grpc_status_code c) {
-    /* The gRPC C core has no public name table; these are the canonical
-     * names (grpc/status.h order), which users grep for. */
-    static const char *const names[] = {
-        "OK",        "CANCELLED",          "UNKNOWN",         "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",  "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-        "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",     "DATA_LOSS",
-        "UNAUTHENTICATED"};
-    return (unsigned)c < sizeof names / sizeof names[0] ? names[c] : "UNKNOWN";
-}
-
 const char *cli_finish_name(Specd__V1__FinishReason f) {
     switch (f) {
     case SPECD__V1__FINISH_REASON__FINISH_REASON_EOS: return "eos";

@@ -56,8 +56,7 @@ grpc_status_code cli_generate_call(specd_rpc_channel *ch, const char *method,
 int cli_tls_option(int argc, char **argv, int *i, specd_rpc_channel_opts *o);
 void cli_tls_usage(FILE *f);
 
-/* "INVALID_ARGUMENT", "eos", ... */
-const char *cli_status_name(grpc_status_code c);
+/* "eos", "stop", "length", ... (status codes: specd_rpc_status_name) */
 const char *cli_finish_name(Specd__V1__FinishReason f);
 
 #endif

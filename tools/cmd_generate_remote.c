@@ -234,7 +234,7 @@ int cmd_generate_remote(gen_opts *o) {
         if (o->json) {
             cJSON *obj = cJSON_CreateObject();
             cJSON *e = cJSON_AddObjectToObject(obj, "error");
-            cJSON_AddStringToObject(e, "code", cli_status_name(code));
+            cJSON_AddStringToObject(e, "code", specd_rpc_status_name(code));
             cJSON_AddNumberToObject(e, "code_number", code);
             cJSON_AddStringToObject(e, "message", err.msg);
             print_json(obj);
