@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "model_file.h"
 #include "safetensors.h"
+#include "small_file.h"
 
 #define CONFIG "config.json"
 #define SINGLE_WEIGHTS "model.safetensors"
@@ -235,41 +235,11 @@ int specd_hf_parse_config(const char *json, size_t len, specd_llama_hparams *hp,
 
 /* ---- files ------------------------------------------------------------- */
 
-static int join(char *out, size_t cap, const char *dir, const char *name, specd_error *err) {
-    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
-        return specd_seterr(err, "hf: path '%s/%s' is too long", dir, name);
-    return 0;
-}
-
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* Whole small file, NUL-terminated; *len excludes the NUL. */
-static char *read_text_file(const char *path, size_t *len, specd_error *err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        specd_seterr(err, "hf: cannot open '%s'", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
-    if (n < 0 || (unsigned long)n > MAX_JSON_FILE || fseek(fp, 0, SEEK_SET) != 0) {
-        specd_seterr(err, "hf: '%s' is unreadable or larger than %u bytes", path, MAX_JSON_FILE);
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        specd_seterr(err, "hf: out of memory reading '%s'", path);
-    } else if (fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-        specd_seterr(err, "hf: cannot read '%s'", path);
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    fclose(fp);
-    return buf;
+/* A config or index file, with errors prefixed "hf: " like the rest here. */
+static char *hf_read_json(const char *path, size_t *len, specd_error *err) {
+    char *text = specd_read_small_file(path, MAX_JSON_FILE, len, err);
+    if (!text) specd_preferr(err, "hf");
+    return text;
 }
 
 /* ---- tensor names -------------------------------------------------------- */
@@ -429,7 +399,7 @@ static int read_weight_map(const cJSON *root, shard_entry **entries_out, size_t 
 static int load_shard(specd_model_file *m, const char *dir, const char *shard,
                       shard_entry *entries, size_t n_entries, specd_error *err) {
     char path[2048];
-    if (join(path, sizeof path, dir, shard, err)) return -1;
+    if (specd_path_join(path, sizeof path, dir, shard, err)) return -1;
     safetensors_file *st = open_shard(m, path, err);
     if (!st) return -1;
     int rc = 0;
@@ -448,7 +418,7 @@ static int load_shard(specd_model_file *m, const char *dir, const char *shard,
 static int load_sharded(specd_model_file *m, const char *dir, const char *index_path,
                         specd_error *err) {
     size_t len;
-    char *text = read_text_file(index_path, &len, err);
+    char *text = hf_read_json(index_path, &len, err);
     if (!text) return -1;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -476,18 +446,18 @@ static int load_sharded(specd_model_file *m, const char *dir, const char *index_
 
 static int load_weights(specd_model_file *m, const char *dir, specd_error *err) {
     char path[2048];
-    if (join(path, sizeof path, dir, SHARD_INDEX, err)) return -1;
-    if (file_exists(path)) return load_sharded(m, dir, path, err);
-    if (join(path, sizeof path, dir, SINGLE_WEIGHTS, err)) return -1;
-    if (file_exists(path)) return load_single(m, path, err);
+    if (specd_path_join(path, sizeof path, dir, SHARD_INDEX, err)) return -1;
+    if (specd_is_regular_file(path)) return load_sharded(m, dir, path, err);
+    if (specd_path_join(path, sizeof path, dir, SINGLE_WEIGHTS, err)) return -1;
+    if (specd_is_regular_file(path)) return load_single(m, path, err);
     return specd_seterr(err, "hf: no " SINGLE_WEIGHTS " or " SHARD_INDEX " in the directory");
 }
 
 static int load_config(specd_model_file *m, const char *dir, specd_error *err) {
     char path[2048];
-    if (join(path, sizeof path, dir, CONFIG, err)) return -1;
+    if (specd_path_join(path, sizeof path, dir, CONFIG, err)) return -1;
     size_t len;
-    char *text = read_text_file(path, &len, err);
+    char *text = hf_read_json(path, &len, err);
     if (!text) return -1;
     int rc = specd_hf_parse_config(text, len, &m->hp, err);
     free(text);
@@ -504,9 +474,9 @@ int specd_model_load_hf(specd_model_file *m, const char *dir, specd_error *err) 
         specd_model_index_tensors(m, err))
         return specd_preferr(err, "%s", dir);
     char path[2048];
-    if (join(path, sizeof path, dir, TOKENIZER, err)) return specd_preferr(err, "%s", dir);
+    if (specd_path_join(path, sizeof path, dir, TOKENIZER, err)) return specd_preferr(err, "%s", dir);
     size_t path_len = strlen(path);
-    if (file_exists(path) && path_len < sizeof m->tokenizer_json)
+    if (specd_is_regular_file(path) && path_len < sizeof m->tokenizer_json)
         memcpy(m->tokenizer_json, path, path_len + 1);
     m->hp.tied_embeddings =
         m->hp.tied_embeddings || specd_model_tensor(m, "output.weight") == NULL;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "small_file.h"
 #include "tokenizer_internal.h"
 
 /* Bigger than any real tokenizer.json (Llama 3's is ~9 MB). */
@@ -351,31 +352,6 @@ specd_tokenizer *specd_tokenizer_from_json_mem(const char *json, size_t len, spe
     return t;
 }
 
-static char *read_whole_file(const char *path, size_t *len, specd_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        specd_seterr(err, "cannot open %s", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || (size_t)size > TOKENIZER_JSON_MAX_BYTES || fseek(f, 0, SEEK_SET) != 0) {
-        specd_seterr(err, "%s: unreadable or larger than the limit", path);
-    } else if (!(buf = malloc((size_t)size + 1))) {
-        specd_seterr(err, "%s: out of memory", path);
-    } else if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        specd_seterr(err, "%s: read failed", path);
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[size] = '\0';
-        *len = (size_t)size;
-    }
-    fclose(f);
-    return buf;
-}
-
 /* bos_token / eos_token in tokenizer_config.json: a string or {"content"}. */
 static int32_t config_token(const specd_tokenizer *t, const cJSON *cfg, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
@@ -393,7 +369,7 @@ static void read_sibling_config(specd_tokenizer *t, const char *json_path) {
         (int)sizeof path)
         return;
     size_t len;
-    char *buf = read_whole_file(path, &len, NULL);
+    char *buf = specd_read_small_file(path, TOKENIZER_JSON_MAX_BYTES, &len, NULL);
     if (!buf) return;
     cJSON *cfg = cJSON_ParseWithLength(buf, len);
     free(buf);
@@ -408,7 +384,7 @@ static void read_sibling_config(specd_tokenizer *t, const char *json_path) {
 
 specd_tokenizer *specd_tokenizer_from_json(const char *path, specd_error *err) {
     size_t len;
-    char *buf = read_whole_file(path, &len, err);
+    char *buf = specd_read_small_file(path, TOKENIZER_JSON_MAX_BYTES, &len, err);
     if (!buf) return NULL;
     specd_tokenizer *t = specd_tokenizer_from_json_mem(buf, len, err);
     free(buf);

@@ -19,9 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/safetensors.h"
+#include "common/small_file.h"
 #include "kernels/backend.h"
 
 #define CONFIG "config.json"
@@ -165,43 +165,6 @@ int specd_mlp_spec_parse_config(const char *json, size_t len, specd_mlp_spec_con
 
 /* ---- files -------------------------------------------------------------------- */
 
-static int join(char *out, size_t cap, const char *dir, const char *name, specd_error *err) {
-    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
-        return specd_seterr(err, "path '%.64s/%s' is too long", dir, name);
-    return 0;
-}
-
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* A whole small file, NUL-terminated; *len excludes the NUL. */
-static char *read_text_file(const char *path, size_t *len, specd_error *err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        specd_seterr(err, "cannot open '%s'", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
-    if (n < 0 || (unsigned long)n > MAX_JSON_FILE || fseek(fp, 0, SEEK_SET) != 0) {
-        specd_seterr(err, "'%s' is unreadable or larger than %u bytes", path, MAX_JSON_FILE);
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        specd_seterr(err, "out of memory reading '%s'", path);
-    } else if (fread(buf, 1, (size_t)n, fp) != (size_t)n) {
-        specd_seterr(err, "cannot read '%s'", path);
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    fclose(fp);
-    return buf;
-}
-
 /* The weight files of one directory: a single model.safetensors (index ==
  * NULL), or the shards an index lists, opened in the order first named. */
 typedef struct weight_files {
@@ -225,7 +188,7 @@ static void weight_files_close(weight_files *w) {
 static int open_sharded(weight_files *w, const char *dir, const char *index_path,
                         specd_error *err) {
     size_t len;
-    char *text = read_text_file(index_path, &len, err);
+    char *text = specd_read_small_file(index_path, MAX_JSON_FILE, &len, err);
     if (!text) return -1;
     const char *end = NULL;
     w->index = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -253,7 +216,7 @@ static int open_sharded(weight_files *w, const char *dir, const char *index_path
         if (w->n_files == MAX_SHARDS)
             return specd_seterr(err, SHARD_INDEX ": more than %d shards", MAX_SHARDS);
         char path[2048];
-        if (join(path, sizeof path, dir, name, err)) return -1;
+        if (specd_path_join(path, sizeof path, dir, name, err)) return -1;
         safetensors_file *st = safetensors_open(path, err);
         if (!st) return specd_preferr(err, "%s", name);
         w->names[w->n_files] = strdup(name);
@@ -265,10 +228,10 @@ static int open_sharded(weight_files *w, const char *dir, const char *index_path
 
 static int open_weights(weight_files *w, const char *dir, specd_error *err) {
     char path[2048];
-    if (join(path, sizeof path, dir, SHARD_INDEX, err)) return -1;
-    if (file_exists(path)) return open_sharded(w, dir, path, err);
-    if (join(path, sizeof path, dir, SINGLE_WEIGHTS, err)) return -1;
-    if (!file_exists(path))
+    if (specd_path_join(path, sizeof path, dir, SHARD_INDEX, err)) return -1;
+    if (specd_is_regular_file(path)) return open_sharded(w, dir, path, err);
+    if (specd_path_join(path, sizeof path, dir, SINGLE_WEIGHTS, err)) return -1;
+    if (!specd_is_regular_file(path))
         return specd_seterr(err, "no " SINGLE_WEIGHTS " or " SHARD_INDEX " (a pytorch_model.bin "
                                  "checkpoint must be converted to safetensors first)");
     w->files[0] = safetensors_open(path, err);
@@ -444,9 +407,9 @@ static int bind_weights(specd_mlp_speculator *sp, specd_error *err) {
 
 static int load_config_file(specd_mlp_speculator *sp, const char *dir, specd_error *err) {
     char path[2048];
-    if (join(path, sizeof path, dir, CONFIG, err)) return -1;
+    if (specd_path_join(path, sizeof path, dir, CONFIG, err)) return -1;
     size_t len;
-    char *text = read_text_file(path, &len, err);
+    char *text = specd_read_small_file(path, MAX_JSON_FILE, &len, err);
     if (!text) return -1;
     int rc = specd_mlp_spec_parse_config(text, len, &sp->cfg, err);
     free(text);

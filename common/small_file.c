@@ -1,0 +1,42 @@
+/* small_file.c - capped whole-file reads and path joining (small_file.h). */
+#include "common/small_file.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+char *specd_read_small_file(const char *path, size_t max_bytes, size_t *len, specd_error *err) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        specd_seterr(err, "cannot open '%s'", path);
+        return NULL;
+    }
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(fp, 0, SEEK_END) == 0) n = ftell(fp);
+    if (n < 0 || (unsigned long)n > max_bytes || fseek(fp, 0, SEEK_SET) != 0) {
+        specd_seterr(err, "'%s' is unreadable or larger than %zu bytes", path, max_bytes);
+    } else if (!(buf = malloc((size_t)n + 1))) {
+        specd_seterr(err, "out of memory reading '%s'", path);
+    } else if (fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+        specd_seterr(err, "cannot read '%s'", path);
+        free(buf);
+        buf = NULL;
+    } else {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    fclose(fp);
+    return buf;
+}
+
+int specd_path_join(char *out, size_t cap, const char *dir, const char *name, specd_error *err) {
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
+        return specd_seterr(err, "path '%.64s/%s' is too long", dir, name);
+    return 0;
+}
+
+int specd_is_regular_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
