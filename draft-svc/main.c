@@ -86,14 +86,17 @@ int main(int argc, char **argv) {
         }
     }
 
+    int tls_off = cfg.target.tls.insecure;
     specd_tpool_opts po = {
         .targets = (const char *const *)cfg.targets.items,
         .n_targets = (int)cfg.targets.n,
-        .channel = {.tls_ca_path = cfg.target.tls.ca,
-                    .tls_cert_path = cfg.target.tls.cert,
-                    .tls_key_path = cfg.target.tls.key,
-                    .tls_server_name = cfg.target.tls.server_name,
-                    .insecure = cfg.target.tls.insecure},
+        /* target.tls.insecure wins over the TLS files, as tls.insecure does
+         * for the server side, so one flag switches a config to plaintext. */
+        .channel = {.tls_ca_path = tls_off ? NULL : cfg.target.tls.ca,
+                    .tls_cert_path = tls_off ? NULL : cfg.target.tls.cert,
+                    .tls_key_path = tls_off ? NULL : cfg.target.tls.key,
+                    .tls_server_name = tls_off ? NULL : cfg.target.tls.server_name,
+                    .insecure = tls_off},
         .resolve_interval_ms = (int)cfg.target.resolve_interval,
         .expect_vocab = vocab,
         .expect_hidden = hidden,
