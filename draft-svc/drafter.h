@@ -55,6 +55,12 @@ typedef struct specd_draft_job {
     uint64_t position;        /* output index of the root's children (rng streams) */
     int candidates;           /* paths wanted, >= 1 */
     int depth;                /* longest path, >= 1 */
+    /* SpecDec++ adaptive length, for drafters with an acceptance head:
+     * a path stops growing once 1 - prod(p_accept) along it exceeds
+     * stop_threshold, but never before min_depth (<= depth). 0 = off:
+     * every path is drafted to `depth`. Drafters without a head ignore it. */
+    float stop_threshold;
+    int min_depth;
     /* ---- output ---- */
     specd_tree_buf *out;      /* reset by the caller; capacity = the target's
                                * max_tree_tokens. Leaving it empty is allowed

@@ -13,11 +13,12 @@ cd "$(dirname "$0")/.."
 # Debian packages: compiler + build, the libraries in DESIGN.md that the code
 # links (PCRE2 for the tokenizer's pre-split regex, cJSON for config.json /
 # tokenizer.json / safetensors headers, libyaml for service configs, gRPC C
-# core + protobuf-c for the services, cmocka for tests), and clang for the
+# core + protobuf-c for the services, OpenBLAS for the trainers' GEMMs,
+# cmocka for tests), and clang for the
 # libFuzzer targets.
 PACKAGES=(build-essential cmake pkg-config python3 python3-pip
           libpcre2-dev libcjson-dev libyaml-dev libgrpc-dev libprotobuf-c-dev
-          protobuf-c-compiler libcmocka-dev clang)
+          protobuf-c-compiler libcmocka-dev libopenblas-dev clang)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
