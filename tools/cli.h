@@ -15,6 +15,11 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `specd bench --e2e` (cmd_bench hands over when it sees --e2e). */
 int cmd_bench_e2e(int argc, char **argv);
+/* `specd train speculator | accept-head` (cmd_train.c dispatches). */
+int cmd_train(int argc, char **argv);
+int cmd_train_accept_head(int argc, char **argv);
+/* `specd eval`: tau and SpecDec++ tables for a speculator (cmd_eval.c). */
+int cmd_eval(int argc, char **argv);
 
 /* Monotonic seconds. */
 double cli_now(void);

@@ -79,7 +79,11 @@ static void usage(FILE *f) {
                "  generate   plain decoding on a model file, or --server ADDR: generate\n"
                "             through draft-svc / target-svc (specd generate --help)\n"
                "  bench      prefill and decode throughput, or --e2e: speculative serving\n"
-               "             end to end (specd bench --help)\n");
+               "             end to end (specd bench --help)\n"
+               "  train      train a speculator (train speculator) or its acceptance head\n"
+               "             (train accept-head) for a target (specd train --help)\n"
+               "  eval       tau per candidates and heads, and SpecDec++ rates, of a\n"
+               "             speculator on held-out prompts (specd eval --help)\n");
 }
 
 int main(int argc, char **argv) {
@@ -89,6 +93,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

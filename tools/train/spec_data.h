@@ -1,0 +1,78 @@
+/* spec_data.h - the speculator's training examples: token sequences with
+ * the frozen target's final-norm hidden state at every position.
+ *
+ * Alignment: hidden[s][j] is the target's state after reading tokens[s][j],
+ * the state from which the target predicted tokens[s][j+1]. A training
+ * example at (s, j) is hidden[s][j] with the tokens j+1 .. j+n_predict+1,
+ * which needs j + n_predict + 1 < len[s].
+ *
+ * Two sources, one per training stage (DESIGN.md, "Two-stage speculator
+ * training"):
+ *   stage 1  ground-truth text: documents tokenized, joined with EOS, cut
+ *            into windows of seq_len tokens, each run through the target in
+ *            one prefill;
+ *   stage 2  the target's own continuations of prompts (sampled, many
+ *            sequences decoded side by side), from the last prompt token on.
+ *
+ * The target forward is the expensive part (the speculator's step is a
+ * fraction of it), so both sets are cached in a safetensors file (tensors
+ * "tokens" I32 [n][L], "len" I32 [n], "hidden" F16 [n][L][dim], metadata
+ * describing how they were made) and reused by later runs and on resume. */
+#ifndef SPECD_TRAIN_SPEC_DATA_H
+#define SPECD_TRAIN_SPEC_DATA_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/tokenizer.h"
+#include "target-svc/transformer.h"
+#include "tools/train/corpus.h"
+
+typedef struct spec_seqs {
+    int n_seqs, seq_len, dim;
+    int32_t *tokens;  /* [n_seqs][seq_len] target ids (zero past len) */
+    int32_t *len;     /* [n_seqs] valid tokens of each row */
+    uint16_t *hidden; /* [n_seqs][seq_len][dim] fp16 */
+} spec_seqs;
+
+void spec_seqs_free(spec_seqs *s);
+
+/* Called now and then with work done / total (tokens). */
+typedef void (*spec_data_progress)(void *ctx, long done, long total);
+
+/* Stage 1: up to max_tokens tokens of the documents (in order), windows of
+ * seq_len, `batch` windows per forward. t needs >= batch slots of seq_len
+ * context and max_batch >= batch * seq_len. */
+int spec_data_encode_text(specd_transformer *t, const specd_tokenizer *tok, const corpus *c,
+                          int seq_len, int batch, long max_tokens, spec_seqs *out,
+                          spec_data_progress progress, void *ctx, specd_error *err);
+
+typedef struct spec_gen_opts {
+    int gen_len;        /* tokens generated per prompt */
+    int max_prompt;     /* prompts are cut to their last max_prompt tokens */
+    int n_parallel;     /* sequences decoded side by side (<= t's slots) */
+    float temperature;  /* > 0: sampled (top_k below); 0: greedy */
+    int top_k;
+    uint64_t seed;
+    long max_prompts;   /* use at most this many prompts (0 = all) */
+} spec_gen_opts;
+
+/* Stage 2: renders each prompt doc through the chat template (docs from a
+ * "text" key are used raw, cut to max_prompt tokens), lets the target
+ * continue it, and keeps [last prompt token, generated tokens...] with their
+ * hidden states (len = 1 + tokens generated before the end-of-turn token,
+ * which is kept). Rows have seq_len = gen_len + 1. */
+int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const corpus *prompts,
+                       const spec_gen_opts *o, spec_seqs *out, spec_data_progress progress,
+                       void *ctx, specd_error *err);
+
+/* Cache files. meta is a short description (what made the data) stored in
+ * the file and returned by load (malloc'd; caller frees) so a caller can
+ * refuse a cache made differently. */
+int spec_seqs_save(const spec_seqs *s, const char *meta, const char *path, specd_error *err);
+int spec_seqs_load(spec_seqs *s, char **meta, const char *path, specd_error *err);
+
+/* Tokens of s that can start an example with n_predict heads. */
+long spec_seqs_n_examples(const spec_seqs *s, int n_predict);
+
+#endif
