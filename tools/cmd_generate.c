@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "tools/client.h"
+#include "tools/inproc.h"
 #include "tools/generate.h"
 #include "common/chat.h"
 #include "common/gguf.h"
@@ -43,6 +44,9 @@ static void generate_usage(void) {
            "local mode:\n"
            "  -m, --model PATH     .gguf file or Hugging Face directory (default %s)\n"
            "  -t, --threads N      CPU threads (default: all cores)\n"
+           "  --speculator DIR     speculative decoding with this MLP speculator: target-svc\n"
+           "                       and draft-svc run in this process and the server-mode\n"
+           "                       flags below apply to them\n"
            "\n"
            "server mode:\n"
            "  --server ADDR        host:port of draft-svc or target-svc\n"
@@ -136,6 +140,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             o->model = cli_value(argc, argv, &i);
+            mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "--speculator")) {
+            o->speculator = cli_value(argc, argv, &i);
             mark(&o->local_only_flag, a);
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = cli_value(argc, argv, &i);
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->prompt_file = cli_value(argc, argv, &i);
@@ -262,6 +269,31 @@ static int is_end_token(const specd_tokenizer *tok, int32_t id) {
            id == specd_tokenizer_token_id(tok, "<|endoftext|>");
 }
 
+/* --speculator: both services in this process, on loopback, and this
+ * command as their client, so local speculative decoding runs exactly the
+ * code a deployment runs (draft-svc's driver and drafter, target-svc's
+ * verification), gRPC hop included. */
+static int generate_speculative(gen_opts *o) {
+    if (o->server) {
+        fprintf(stderr, "specd generate: --speculator runs the services locally; it cannot be "
+                        "combined with --server\n");
+        return 2;
+    }
+    specd_error err = {{0}};
+    cli_inproc_opts io = {.model = o->model, .threads = o->threads, .max_sessions = 1,
+                          .speculator = o->speculator};
+    cli_inproc *p = cli_inproc_start(&io, &err);
+    if (!p) {
+        fprintf(stderr, "specd generate: %s\n", err.msg);
+        return 1;
+    }
+    o->server = cli_inproc_draft_addr(p);
+    if (!o->drafter && !o->no_spec) o->drafter = "mlp";
+    int rc = cmd_generate_remote(o);
+    cli_inproc_stop(p);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     gen_opts o;
     int prc = parse_args(argc, argv, &o);
@@ -280,8 +312,14 @@ int cmd_generate(int argc, char **argv) {
         free(o.prompt_ids);
         return rrc;
     }
+    if (o.speculator) {
+        int src = generate_speculative(&o);
+        free(o.prompt_ids);
+        return src;
+    }
     if (o.server_only_flag) {
-        fprintf(stderr, "specd generate: %s needs --server ADDR\n", o.server_only_flag);
+        fprintf(stderr, "specd generate: %s needs --server ADDR or --speculator DIR\n",
+                o.server_only_flag);
         free(o.prompt_ids);
         return 2;
     }

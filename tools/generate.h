@@ -26,6 +26,10 @@ typedef struct gen_opts {
     /* ---- local mode ---- */
     const char *model;
     int threads;
+    /* --speculator DIR: speculative decoding on the local model, through
+     * target-svc and draft-svc started in this process (tools/inproc.h);
+     * the server-mode flags then apply to them. */
+    const char *speculator;
     /* ---- server mode ---- */
     const char *server;  /* --server ADDR: server mode */
     int service_target;  /* --service target: /specd.v1.Target/Generate */
