@@ -20,6 +20,8 @@ struct safetensors_file {
     safetensors_tensor *tensors;
     size_t n_tensors;
     const safetensors_tensor **by_name; /* sorted by name, for lookups */
+    char **meta_keys, **meta_vals;       /* the string entries of "__metadata__" */
+    size_t n_meta;
 };
 
 typedef struct dtype_name {
@@ -139,6 +141,28 @@ static int index_names(safetensors_file *f, specd_error *err) {
     return 0;
 }
 
+/* "__metadata__" is a map of strings by the format's definition; entries of
+ * other types (some writers put numbers there) are skipped rather than
+ * rejected. A repeated key is kept twice; lookups find the first. */
+static int parse_metadata(safetensors_file *f, const cJSON *meta, specd_error *err) {
+    if (!cJSON_IsObject(meta) || f->meta_keys) return 0;
+    size_t n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, meta) n++;
+    f->meta_keys = calloc(n ? n : 1, sizeof *f->meta_keys);
+    f->meta_vals = calloc(n ? n : 1, sizeof *f->meta_vals);
+    if (!f->meta_keys || !f->meta_vals) return specd_seterr(err, "safetensors: out of memory");
+    cJSON_ArrayForEach(e, meta) {
+        if (!cJSON_IsString(e)) continue;
+        f->meta_keys[f->n_meta] = strdup(e->string);
+        f->meta_vals[f->n_meta] = strdup(e->valuestring);
+        f->n_meta++; /* counted before the check so close() frees a half pair */
+        if (!f->meta_keys[f->n_meta - 1] || !f->meta_vals[f->n_meta - 1])
+            return specd_seterr(err, "safetensors: out of memory");
+    }
+    return 0;
+}
+
 static int parse_tensors(safetensors_file *f, const cJSON *root, const uint8_t *data,
                          uint64_t data_size, specd_error *err) {
     size_t n = 0;
@@ -147,7 +171,10 @@ static int parse_tensors(safetensors_file *f, const cJSON *root, const uint8_t *
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) return specd_seterr(err, "safetensors: out of memory for %zu tensors", n);
     cJSON_ArrayForEach(item, root) {
-        if (strcmp(item->string, "__metadata__") == 0) continue; /* free-form, not needed */
+        if (strcmp(item->string, "__metadata__") == 0) {
+            if (parse_metadata(f, item, err)) return -1;
+            continue;
+        }
         safetensors_tensor *t = &f->tensors[f->n_tensors];
         t->name = strdup(item->string);
         if (!t->name) return specd_seterr(err, "safetensors: out of memory");
@@ -230,6 +257,12 @@ void safetensors_close(safetensors_file *f) {
     for (size_t i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
     free(f->by_name);
+    for (size_t i = 0; i < f->n_meta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_vals[i]);
+    }
+    free(f->meta_keys);
+    free(f->meta_vals);
     if (f->map) specd_unmap_file(f->map, f->map_len);
     free(f);
 }
@@ -251,5 +284,11 @@ const safetensors_tensor *safetensors_find(const safetensors_file *f, const char
         else
             hi = mid;
     }
+    return NULL;
+}
+
+const char *safetensors_metadata(const safetensors_file *f, const char *key) {
+    for (size_t i = 0; i < f->n_meta; i++)
+        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_vals[i];
     return NULL;
 }

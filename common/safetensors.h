@@ -49,5 +49,8 @@ size_t safetensors_n_tensors(const safetensors_file *f);
 /* Tensors in header order. */
 const safetensors_tensor *safetensors_tensor_at(const safetensors_file *f, size_t i);
 const safetensors_tensor *safetensors_find(const safetensors_file *f, const char *name);
+/* The value of a string entry of "__metadata__", NULL if absent (or not a
+ * string). Owned by the handle. */
+const char *safetensors_metadata(const safetensors_file *f, const char *key);
 
 #endif

@@ -142,6 +142,18 @@ static int parse_config_object(const cJSON *root, specd_mlp_spec_config *c, spec
         get_bool(root, "scale_input", &c->scale_input, err))
         return -1;
     c->inner_dim = inner ? inner : c->emb_dim; /* the reference: 0 means emb_dim */
+    c->vocab_mapped = member(root, "target_vocab_size") != NULL;
+    c->target_vocab_size = c->vocab_size;
+    if (c->vocab_mapped) {
+        if (get_int(root, "target_vocab_size", 1, 0, 1, SPECD_MLP_SPEC_MAX_VOCAB,
+                    &c->target_vocab_size, err))
+            return -1;
+        /* distinct target ids plus at most one "other" row */
+        if (c->vocab_size > c->target_vocab_size + 1)
+            return specd_seterr(err, CONFIG ": 'vocab_size' = %d draft rows cannot map into "
+                                        "'target_vocab_size' = %d", c->vocab_size,
+                                c->target_vocab_size);
+    }
     /* Tying shares proj.1 among stages >= 1; with one stage there is none to
      * share and the reference asserts. */
     if (c->tie_weights && c->n_predict < 2)
@@ -277,8 +289,13 @@ struct specd_mlp_speculator {
     float *ln_w[SPECD_MLP_SPEC_MAX_PREDICT], *ln_b[SPECD_MLP_SPEC_MAX_PREDICT]; /* fp32 */
     int ln_owned[SPECD_MLP_SPEC_MAX_PREDICT]; /* 1 where the stage owns its ln arrays */
     float emb_scale; /* emb_weight / state_weight */
-    /* scratch, grown on demand: the scaled stage-0 input and the embeddings */
-    float *x_scaled, *z;
+    /* Reduced vocabulary (cfg.vocab_mapped), else NULL: draft id -> target id
+     * (-1 = other) and target id -> draft id. */
+    int32_t *draft_to_target, *target_to_draft;
+    /* scratch, grown on demand: the scaled stage-0 input, the embeddings,
+     * and with a vocab map the draft ids and the draft-width logits */
+    float *x_scaled, *z, *draft_logits;
+    int32_t *draft_tokens;
     size_t rows_cap;
 };
 
@@ -405,6 +422,57 @@ static int bind_weights(specd_mlp_speculator *sp, specd_error *err) {
     return 0;
 }
 
+/* The reduced vocabulary: speculator.vocab_map [vocab_size] I32, present
+ * exactly when config.json has target_vocab_size. Every entry is -1 (at most
+ * one: the other bucket) or a distinct id below target_vocab_size; a map
+ * that leaves some target id out needs the other bucket for it. */
+static int bind_vocab_map(specd_mlp_speculator *sp, specd_error *err) {
+    const specd_mlp_spec_config *c = &sp->cfg;
+    const safetensors_tensor *t = find_tensor(&sp->files, "vocab_map");
+    if (!c->vocab_mapped) {
+        if (t)
+            return specd_seterr(err, "tensor '%s' needs 'target_vocab_size' in " CONFIG, t->name);
+        return 0;
+    }
+    if (!t)
+        return specd_seterr(err, CONFIG " sets 'target_vocab_size' but tensor "
+                                        "'speculator.vocab_map' is missing");
+    if (t->type != SPECD_I32 || t->n_dims != 1 || t->shape[0] != (uint64_t)c->vocab_size)
+        return specd_seterr(err, "tensor '%s' must be I32 of shape [%d] (vocab_size)", t->name,
+                            c->vocab_size);
+    int V = c->vocab_size, T = c->target_vocab_size;
+    sp->draft_to_target = malloc(sizeof(int32_t) * (size_t)V);
+    sp->target_to_draft = malloc(sizeof(int32_t) * (size_t)T);
+    if (!sp->draft_to_target || !sp->target_to_draft) return specd_seterr(err, "out of memory");
+    memcpy(sp->draft_to_target, t->data, sizeof(int32_t) * (size_t)V); /* byte-aligned data */
+    for (int i = 0; i < T; i++) sp->target_to_draft[i] = -1;
+    int other = -1, mapped = 0;
+    for (int d = 0; d < V; d++) {
+        int32_t id = sp->draft_to_target[d];
+        if (id == -1) {
+            if (other >= 0)
+                return specd_seterr(err, "tensor '%s': entries %d and %d are both -1 (one "
+                                         "'other' bucket at most)", t->name, other, d);
+            other = d;
+        } else if (id < 0 || id >= T) {
+            return specd_seterr(err, "tensor '%s'[%d] = %d is not -1 or in 0..%d "
+                                     "(target_vocab_size - 1)", t->name, d, id, T - 1);
+        } else if (sp->target_to_draft[id] >= 0) {
+            return specd_seterr(err, "tensor '%s': target id %d appears at %d and %d", t->name,
+                                id, sp->target_to_draft[id], d);
+        } else {
+            sp->target_to_draft[id] = d;
+            mapped++;
+        }
+    }
+    if (mapped < T && other < 0)
+        return specd_seterr(err, "tensor '%s' maps %d of %d target ids and has no -1 'other' "
+                                 "entry for the rest", t->name, mapped, T);
+    for (int i = 0; i < T; i++)
+        if (sp->target_to_draft[i] < 0) sp->target_to_draft[i] = other;
+    return 0;
+}
+
 static int load_config_file(specd_mlp_speculator *sp, const char *dir, specd_error *err) {
     char path[2048];
     if (specd_path_join(path, sizeof path, dir, CONFIG, err)) return -1;
@@ -424,7 +492,8 @@ specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
         return NULL;
     }
     if (load_config_file(sp, dir, err) || open_weights(&sp->files, dir, err) ||
-        !(sp->be = specd_cpu_backend_create(n_threads, err)) || bind_weights(sp, err)) {
+        !(sp->be = specd_cpu_backend_create(n_threads, err)) || bind_weights(sp, err) ||
+        bind_vocab_map(sp, err)) {
         specd_preferr(err, "mlp speculator %s", dir);
         specd_mlp_speculator_free(sp);
         return NULL;
@@ -456,8 +525,12 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
     }
     if (sp->be) sp->be->ops->destroy(sp->be);
     weight_files_close(&sp->files);
+    free(sp->draft_to_target);
+    free(sp->target_to_draft);
     free(sp->x_scaled);
     free(sp->z);
+    free(sp->draft_logits);
+    free(sp->draft_tokens);
     free(sp);
 }
 
@@ -489,7 +562,15 @@ static int grow_scratch(specd_mlp_speculator *sp, size_t rows, specd_error *err)
     if (xs) sp->x_scaled = xs;
     float *z = realloc(sp->z, sizeof(float) * rows * sp->cfg.inner_dim);
     if (z) sp->z = z;
-    if (!xs || !z) return specd_seterr(err, "mlp speculator: out of memory for %zu rows", rows);
+    int ok = xs && z;
+    if (ok && sp->draft_to_target) {
+        float *dl = realloc(sp->draft_logits, sizeof(float) * rows * sp->cfg.vocab_size);
+        if (dl) sp->draft_logits = dl;
+        int32_t *dt = realloc(sp->draft_tokens, sizeof(int32_t) * rows);
+        if (dt) sp->draft_tokens = dt;
+        ok = dl && dt;
+    }
+    if (!ok) return specd_seterr(err, "mlp speculator: out of memory for %zu rows", rows);
     sp->rows_cap = rows;
     return 0;
 }
@@ -506,11 +587,19 @@ int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
         return specd_seterr(err, "mlp speculator: %d rows, at most %d", n_rows,
                             SPECD_MLP_SPEC_MAX_ROWS);
     for (int r = 0; r < n_rows; r++)
-        if (tokens[r] < 0 || tokens[r] >= c->vocab_size)
+        if (tokens[r] < 0 || tokens[r] >= c->target_vocab_size)
             return specd_seterr(err, "mlp speculator: tokens[%d] = %d is not in 0..%d", r,
-                                tokens[r], c->vocab_size - 1);
+                                tokens[r], c->target_vocab_size - 1);
     if (n_rows == 0) return 0;
     if (grow_scratch(sp, (size_t)n_rows, err)) return -1;
+    /* a reduced vocabulary embeds draft ids; the head writes draft columns */
+    const int32_t *ids = tokens;
+    float *head_out = logits;
+    if (sp->draft_to_target) {
+        for (int r = 0; r < n_rows; r++) sp->draft_tokens[r] = sp->target_to_draft[tokens[r]];
+        ids = sp->draft_tokens;
+        head_out = logits ? sp->draft_logits : NULL;
+    }
     int in_dim = specd_mlp_speculator_state_in_dim(sp, stage), dim = c->inner_dim;
 
     /* scale_input: the target's hidden state has whatever scale its last
@@ -528,7 +617,7 @@ int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
 
     /* u = proj(s) + (emb_weight / state_weight) * emb(token) */
     be->ops->matmul(be, state_out, &sp->proj[stage], s, n_rows);
-    be->ops->embed(be, sp->z, &sp->emb[stage], tokens, n_rows);
+    be->ops->embed(be, sp->z, &sp->emb[stage], ids, n_rows);
     size_t n = (size_t)n_rows * dim;
     for (size_t j = 0; j < n; j++) state_out[j] += sp->emb_scale * sp->z[j];
 
@@ -542,6 +631,17 @@ int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
     }
 
     /* logits = head(s') */
-    if (logits) be->ops->matmul(be, logits, &sp->head[stage], state_out, n_rows);
+    if (!head_out) return 0;
+    be->ops->matmul(be, head_out, &sp->head[stage], state_out, n_rows);
+    if (head_out != logits) { /* scatter draft columns to target ids; the rest cannot be drawn */
+        int V = c->vocab_size, T = c->target_vocab_size;
+        for (int r = 0; r < n_rows; r++) {
+            float *out = logits + (size_t)r * T;
+            const float *in = head_out + (size_t)r * V;
+            for (int t = 0; t < T; t++) out[t] = -INFINITY;
+            for (int d = 0; d < V; d++)
+                if (sp->draft_to_target[d] >= 0) out[sp->draft_to_target[d]] = in[d];
+        }
+    }
     return 0;
 }

@@ -23,6 +23,17 @@
  * tie_weights, emb/head/ln are shared by every stage and proj by stages >= 1;
  * such a checkpoint may hold only one copy of each shared tensor.
  *
+ * Reduced vocabulary (a specd extension, written by `specd train
+ * speculator`): a head over a 49k-token vocabulary would outweigh a small
+ * target, so a checkpoint may predict only vocab_size draft ids. config.json
+ * then holds "target_vocab_size" and model.safetensors the I32 tensor
+ * speculator.vocab_map [vocab_size]: the target id of each draft id, or -1
+ * for the one "other" bucket every unmapped target token falls into. The
+ * stage API stays in target token space: input tokens are target ids
+ * (mapped internally; unmapped ones read the other bucket's embedding), and
+ * logits come out target_vocab_size wide, -inf for every target token
+ * outside the map (the other bucket itself is never a candidate).
+ *
  * No tree logic here: draft-svc/drafter_mlp.c builds trees out of stages.
  * One stage call takes a batch of rows (many draft sessions, many tree
  * nodes), so the big head matmul reads its weights once for all of them. */
@@ -47,7 +58,12 @@
 #define SPECD_MLP_SPEC_MAX_ROWS (1 << 20)
 
 typedef struct specd_mlp_spec_config {
-    int vocab_size;
+    int vocab_size;  /* rows of emb/head: the speculator's own (draft) vocabulary */
+    /* The token ids the stage API speaks (inputs and logit columns): the
+     * target's vocabulary. Equal to vocab_size unless the checkpoint maps a
+     * reduced draft vocabulary (vocab_mapped; see "Reduced vocabulary"). */
+    int target_vocab_size;
+    int vocab_mapped; /* config.json has "target_vocab_size" */
     int emb_dim;     /* width of the target's hidden state (stage 0 input) */
     int inner_dim;   /* width of the speculator's state; config 0 resolved to emb_dim */
     int n_predict;   /* stages = tokens drafted per path */
@@ -58,7 +74,9 @@ typedef struct specd_mlp_spec_config {
 } specd_mlp_spec_config;
 
 /* Parses and validates config.json from a buffer (need not be NUL-
- * terminated). Required: vocab_size, emb_dim, n_predict. Defaults as the
+ * terminated). Required: vocab_size, emb_dim, n_predict. Optional
+ * target_vocab_size (specd's reduced vocabulary; vocab_size may then be at
+ * most target_vocab_size + 1). Defaults as the
  * reference's MLPSpeculatorConfig: inner_dim 0 (= emb_dim),
  * top_k_tokens_per_head [5, 4, 3] (its length must equal n_predict),
  * n_candidates 5, tie_weights false, scale_input false. model_type, when
@@ -82,10 +100,10 @@ int specd_mlp_speculator_state_in_dim(const specd_mlp_speculator *sp, int stage)
 /* Runs stage `stage` (0 .. n_predict-1) for n_rows rows:
  *   state_in  [n_rows][state_in_dim(stage)]  (stage 0: the target's hidden
  *             states; scale_input is applied here, the input is not changed)
- *   tokens    [n_rows] ids in [0, vocab_size)
+ *   tokens    [n_rows] target ids in [0, target_vocab_size)
  *   state_out [n_rows][inner_dim]   the new state, input of the next stage;
  *             must not overlap state_in
- *   logits    [n_rows][vocab_size]  or NULL when not needed
+ *   logits    [n_rows][target_vocab_size]  or NULL when not needed
  * Returns 0, or -1 + message for a bad stage, row count or token id.
  * One call at a time per speculator (it keeps scratch buffers). */
 int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,

@@ -81,9 +81,9 @@ static void train_usage(FILE *f) {
             "  --untied                one emb/head/ln per stage (default: tied)\n"
             "  --dtype f16|bf16|f32    exported weights (default f16)\n"
             "data:\n"
-            "  --stage1-tokens N       tokens of text to encode (default 262144)\n"
+            "  --stage1-tokens N       tokens of text to encode (default 131072)\n"
             "  --seq-len N             stage-1 sequence length (default 256)\n"
-            "  --stage2-prompts N      prompts to continue (default 1536)\n"
+            "  --stage2-prompts N      prompts to continue (default 1024)\n"
             "  --gen-len N             tokens generated per prompt (default 128)\n"
             "  --gen-parallel N        sequences decoded side by side (default 32)\n"
             "  --temperature T, --top-k K  stage-2 sampling (default 0.7, 50)\n"
@@ -112,10 +112,10 @@ static void opts_default(train_opts *o) {
     o->inner = 512;
     o->draft_vocab = 8192;
     o->tied = 1;
-    o->stage1_tokens = 262144;
+    o->stage1_tokens = 131072;
     o->seq_len = 256;
     o->encode_batch = 2;
-    o->stage2_prompts = 1536;
+    o->stage2_prompts = 1024;
     o->gen_len = 128;
     o->gen_parallel = 32;
     o->top_k = 50;
@@ -456,7 +456,7 @@ static int train_speculator(int argc, char **argv) {
     parse_opts(argc, argv, &o);
     specd_error err = {0};
     int rc = 1;
-    char cache_dir[4096], path1[4096], path2[4096], meta1[512], meta2[512];
+    char cache_dir[2048], path1[4096], path2[4096], meta1[512], meta2[512];
     snprintf(cache_dir, sizeof(cache_dir), "%s", o.cache ? o.cache : "");
     if (!o.cache) snprintf(cache_dir, sizeof(cache_dir), "%s/cache", o.out);
     if (mkdir_p(o.out) != 0 || mkdir_p(cache_dir) != 0) {

@@ -23,6 +23,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c.n_predict < 1 || c.n_predict > SPECD_MLP_SPEC_MAX_PREDICT) abort();
     if (c.n_candidates < 1 || c.n_candidates > SPECD_MLP_SPEC_MAX_CANDIDATES) abort();
     if (c.tie_weights && c.n_predict < 2) abort();
+    /* a reduced vocabulary: draft rows fit the target ids plus one "other" */
+    if (c.target_vocab_size < 1 || c.target_vocab_size > SPECD_MLP_SPEC_MAX_VOCAB) abort();
+    if (!c.vocab_mapped && c.target_vocab_size != c.vocab_size) abort();
+    if (c.vocab_mapped && c.vocab_size > c.target_vocab_size + 1) abort();
     for (int i = 0; i < c.n_predict; i++)
         if (c.top_k[i] < 1 || c.top_k[i] > c.vocab_size || c.top_k[i] > SPECD_MLP_SPEC_MAX_TOPK)
             abort();

@@ -1,18 +1,22 @@
 /* test_safetensors.c - the safetensors reader: a valid image round-trips
- * (dtypes, shapes, offsets, data pointers, __metadata__ skipped), and bad
- * headers (truncation, huge lengths, broken JSON, wrong dtypes, bad shapes
- * or offsets, duplicates) fail with a message naming the tensor and the
- * problem. */
+ * (dtypes, shapes, offsets, data pointers, __metadata__ string entries),
+ * and bad headers (truncation, huge lengths, broken JSON, wrong dtypes, bad
+ * shapes or offsets, duplicates) fail with a message naming the tensor and
+ * the problem. The writer (safetensors_write.h): what it writes reads back
+ * value for value, aligned, with its metadata, and bad arguments leave no
+ * file behind. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "common/safetensors.h"
+#include "common/safetensors_write.h"
 #include "tests/test_util.h"
 
 typedef struct image {
@@ -222,6 +226,86 @@ static void test_random_corruption(void **state) {
     free(im.p);
 }
 
+static void test_metadata(void **state) {
+    (void)state;
+    /* strings are kept (first of a repeated key wins), other types skipped */
+    image im = make_image("{\"__metadata__\": {\"format\": \"pt\", \"n\": 3, \"format\": \"x\", "
+                          "\"e\": \"\\u00e9\\\"\"}, \"w\": {\"dtype\": \"I8\", \"shape\": [2], "
+                          "\"data_offsets\": [0, 2]}}", 2);
+    specd_error err = {{0}};
+    safetensors_file *f = safetensors_open_memory(im.p, im.n, &err);
+    if (!f) fail_msg("%s", err.msg);
+    assert_string_equal(safetensors_metadata(f, "format"), "pt");
+    assert_string_equal(safetensors_metadata(f, "e"), "\xc3\xa9\"");
+    assert_null(safetensors_metadata(f, "n"));
+    assert_null(safetensors_metadata(f, "w"));
+    safetensors_close(f);
+    free(im.p);
+}
+
+static void test_writer_round_trip(void **state) {
+    (void)state;
+    const float f[6] = {1.0f, -2.5f, 3.14159265f, 65504.0f, 1e-8f, -0.0f};
+    const int32_t ids[3] = {7, -1, 2147483647};
+    const uint16_t raw[2] = {0x3c00, 0xc000}; /* fp16 1.0 and -2.0, already encoded */
+    safetensors_out t[5] = {
+        {.name = "a.f32", .type = SPECD_F32, .n_dims = 2, .shape = {2, 3}, .data = f},
+        {.name = "a.f16", .type = SPECD_F16, .n_dims = 1, .shape = {6}, .data = f},
+        {.name = "a.bf16", .type = SPECD_BF16, .n_dims = 2, .shape = {3, 2}, .data = f},
+        {.name = "ids", .type = SPECD_I32, .n_dims = 1, .shape = {3}, .data = ids},
+        {.name = "raw", .type = SPECD_F16, .n_dims = 1, .shape = {2}, .data = raw, .raw = 1},
+    };
+    const char *keys[2] = {"format", "blob"}, *vals[2] = {"pt", "{\"q\": \"\\\"\"}"};
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/specd_test_st_%d.safetensors", (int)getpid());
+    specd_error err = {{0}};
+    if (safetensors_write(path, t, 5, keys, vals, 2, &err)) fail_msg("%s", err.msg);
+    size_t len;
+    uint8_t *buf = (uint8_t *)test_read_file(path, &len);
+    assert_non_null(buf);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
+    assert_int_equal(hlen % 8, 0); /* the data section starts 8-byte aligned */
+    safetensors_file *sf = safetensors_open_memory(buf, len, &err);
+    if (!sf) fail_msg("%s", err.msg);
+    assert_int_equal(safetensors_n_tensors(sf), 5);
+    assert_string_equal(safetensors_metadata(sf, "blob"), vals[1]);
+    const safetensors_tensor *a = safetensors_find(sf, "a.f32"), *h = safetensors_find(sf, "a.f16"),
+                             *b = safetensors_find(sf, "a.bf16"), *i = safetensors_find(sf, "ids"),
+                             *r = safetensors_find(sf, "raw");
+    assert_true(a && h && b && i && r);
+    assert_true(a->type == SPECD_F32 && a->n_dims == 2 && a->shape[0] == 2 && a->shape[1] == 3);
+    assert_memory_equal(a->data, f, sizeof f);
+    assert_memory_equal(i->data, ids, sizeof ids);
+    assert_memory_equal(r->data, raw, sizeof raw);
+    for (int k = 0; k < 6; k++) {
+        uint16_t hv, bv;
+        memcpy(&hv, (const uint8_t *)h->data + 2 * k, 2);
+        memcpy(&bv, (const uint8_t *)b->data + 2 * k, 2);
+        assert_int_equal(hv, specd_f32_to_fp16(f[k]));
+        assert_int_equal(bv, specd_f32_to_bf16(f[k]));
+    }
+    safetensors_close(sf);
+    free(buf);
+
+    /* bad arguments: an error naming the problem, the old file untouched */
+    safetensors_out dup[2] = {t[0], t[0]};
+    assert_int_equal(safetensors_write(path, dup, 2, NULL, NULL, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "duplicate tensor name 'a.f32'"));
+    safetensors_out q = t[0];
+    q.type = SPECD_Q8_0;
+    assert_int_equal(safetensors_write(path, &q, 1, NULL, NULL, 0, &err), -1);
+    sf = safetensors_open(path, &err);
+    assert_non_null(sf);
+    assert_int_equal(safetensors_n_tensors(sf), 5);
+    safetensors_close(sf);
+    unlink(path);
+    /* an unwritable place: an error, nothing created */
+    assert_int_equal(safetensors_write("/nonexistent-dir/x.safetensors", t, 1, NULL, NULL, 0, &err),
+                     -1);
+    assert_non_null(strstr(err.msg, "/nonexistent-dir/x.safetensors"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
@@ -233,6 +317,8 @@ int main(void) {
         cmocka_unit_test(test_bad_offsets),
         cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_random_corruption),
+        cmocka_unit_test(test_metadata),
+        cmocka_unit_test(test_writer_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

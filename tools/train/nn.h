@@ -39,7 +39,8 @@ void nn_gelu_bwd(const float *x, size_t n, const float *dy, float *dx);
 void nn_silu_fwd(const float *x, size_t n, float *y);
 void nn_silu_bwd(const float *x, size_t n, const float *dy, float *dx);
 
-/* Softmax cross-entropy over rows of v logits. labels[i] < 0 = row ignored.
+/* Softmax cross-entropy over rows of v logits. labels[i] < 0 = row ignored
+ * (so is a label >= v, which would be a caller bug, rather than a bad read).
  * Returns the SUM of -log softmax(logits[i])[labels[i]] over counted rows;
  * *n_counted (if non-NULL) gets their number. If dlogits != NULL it gets
  * scale * (softmax - onehot) for counted rows and 0 for ignored ones
@@ -50,7 +51,8 @@ double nn_xent(const float *logits, int n, int v, const int32_t *labels, float s
 
 /* Weighted binary cross-entropy on logits z with soft targets y in [0,1]:
  *   sum_i w_i * -(y_i log sigmoid(z_i) + (1 - y_i) log(1 - sigmoid(z_i)))
- * computed stably. dz (if non-NULL) = scale * w_i * (sigmoid(z_i) - y_i). */
+ * computed stably. w == NULL weighs every term 1. dz (if non-NULL) =
+ * scale * w_i * (sigmoid(z_i) - y_i). */
 double nn_bce(const float *z, int n, const float *y, const float *w, float scale, float *dz);
 
 /* AdamW (decoupled weight decay, bias-corrected moments) on one tensor;
@@ -62,7 +64,8 @@ typedef struct nn_adamw {
 void nn_adamw_update(const nn_adamw *opt, long step, float lr, float weight_decay, float *p,
                      const float *g, float *m, float *v, size_t n);
 
-/* sqrt(sum g^2) over n values (double accumulation). */
+/* sum g^2 over n values (double accumulation): the squared L2 norm, so
+ * sums over several buffers combine before the one sqrt. */
 double nn_sumsq(const float *g, size_t n);
 
 /* Learning rate at 0-based step: linear warm-up from 0 to peak over

@@ -31,7 +31,8 @@
 #include "draft-svc/mlp_speculator.h"
 
 typedef struct spec_model {
-    specd_mlp_spec_config cfg;   /* vocab_size = draft vocabulary rows */
+    specd_mlp_spec_config cfg;   /* vocab_size = draft vocabulary rows; init sets
+                                  * target_vocab_size and vocab_mapped */
     int target_vocab;            /* the target's vocab_size */
     int32_t *vocab_map;          /* [cfg.vocab_size] draft id -> target id, -1 = other; NULL = identity */
     int32_t *target_to_draft;    /* [target_vocab] the inverse (other bucket for unmapped); NULL = identity */
@@ -67,13 +68,16 @@ int spec_model_init(spec_model *m, const specd_mlp_spec_config *cfg, int target_
                     const int32_t *vocab_map, uint64_t seed, specd_error *err);
 void spec_model_free(spec_model *m);
 
-/* Maps a target token to its draft id (identity without a map). */
+/* Maps a target token to its draft id (identity without a map); -1 for a
+ * token outside [0, target_vocab). */
 int32_t spec_model_draft_id(const spec_model *m, int32_t target_token);
 
 /* One training batch of n positions:
  *   hidden [n][emb_dim]           the target's final-norm state at t
  *   tokens [n][n_predict + 1]     DRAFT ids of tokens t+1 .. t+n_predict+1
- * Stage i reads tokens[r][i] and is scored on tokens[r][i+1]. */
+ * Stage i reads tokens[r][i] and is scored on tokens[r][i+1]. Every id must
+ * be in [0, vocab_size) (spec_model_draft_id gives such ids); they are not
+ * checked here, in the inner loop. */
 typedef struct spec_batch {
     int n;
     const float *hidden;
@@ -88,10 +92,17 @@ void spec_work_free(spec_work *w);
 
 /* Forward + backward. grads [n_params] is ADDED to (callers zero it);
  * grads == NULL runs the forward only. Returns the loss (sum over stages of
- * the mean cross-entropy); stage_loss[i] / stage_acc[i] (if non-NULL) get
- * each stage's mean cross-entropy and top-1 accuracy. */
+ * the mean cross-entropy; NaN if b->n is not in 1..max_rows); stage_loss[i] /
+ * stage_acc[i] (if non-NULL) get each stage's mean cross-entropy and top-1
+ * accuracy. */
 double spec_model_step(const spec_model *m, spec_work *w, const spec_batch *b, float *grads,
                        float *stage_loss, float *stage_acc);
+
+/* Forward only, for evaluation and tests: stage `stage`'s logits
+ * [b->n][vocab_size] over DRAFT ids, teacher-forced as in spec_model_step.
+ * -1 for a bad stage or row count. */
+int spec_model_logits(const spec_model *m, spec_work *w, const spec_batch *b, int stage,
+                      float *logits);
 
 /* Writes an MLPSpeculator directory: config.json (model_type
  * "mlp_speculator", architectures ["MLPSpeculatorPreTrainedModel"], the
@@ -106,7 +117,8 @@ int spec_model_export(const spec_model *m, const char *dir, const char *dtype, s
  * load checks that the tensors match m's shapes. */
 int spec_model_save_state(const spec_model *m, const float *adam_m, const float *adam_v,
                           const char *json_meta, const char *path, specd_error *err);
-/* On success *json_meta is malloc'd (caller frees). */
+/* On success *json_meta is malloc'd (caller frees; "{}" if the file had
+ * none). On failure params and moments may be partly overwritten. */
 int spec_model_load_state(spec_model *m, float *adam_m, float *adam_v, char **json_meta,
                           const char *path, specd_error *err);
 
