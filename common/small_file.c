@@ -1,9 +1,12 @@
 /* small_file.c - capped whole-file reads and path joining (small_file.h). */
 #include "common/small_file.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 char *specd_read_small_file(const char *path, size_t max_bytes, size_t *len, specd_error *err) {
     FILE *fp = fopen(path, "rb");
@@ -28,6 +31,30 @@ char *specd_read_small_file(const char *path, size_t max_bytes, size_t *len, spe
     }
     fclose(fp);
     return buf;
+}
+
+int specd_write_small_file(const char *path, const void *data, size_t len, specd_error *err) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return specd_seterr(err, "%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return specd_seterr(err, "%s: cannot create: %s", tmp, strerror(errno));
+    int bad = fwrite(data, 1, len, f) != len || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    int saved = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        saved = errno;
+    }
+    /* the data is on disk before the rename makes it the file */
+    if (!bad && rename(tmp, path) != 0) {
+        bad = 1;
+        saved = errno;
+    }
+    if (bad) {
+        unlink(tmp);
+        return specd_seterr(err, "%s: write failed: %s", path, strerror(saved));
+    }
+    return 0;
 }
 
 int specd_path_join(char *out, size_t cap, const char *dir, const char *name, specd_error *err) {

@@ -15,6 +15,11 @@
  * NULL + err ("cannot open 'x'", "'x' is unreadable or larger than N bytes"). */
 char *specd_read_small_file(const char *path, size_t max_bytes, size_t *len, specd_error *err);
 
+/* Writes a whole small file atomically: a temporary name in the same
+ * directory, flushed to disk, renamed over `path`, so a reader (or a crash)
+ * never sees half a config. -1 + err naming the path. */
+int specd_write_small_file(const char *path, const void *data, size_t len, specd_error *err);
+
 /* "dir/name" into out[cap]; -1 + err if it does not fit. */
 int specd_path_join(char *out, size_t cap, const char *dir, const char *name, specd_error *err);
 
