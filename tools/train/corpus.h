@@ -32,9 +32,12 @@ typedef struct corpus {
     size_t n_docs;
 } corpus;
 
-/* Reads one file (format by extension, see above) and appends its
- * documents to *c (zero-initialize c first). -1 + message naming file and
- * line on a malformed line, an over-limit size, or invalid UTF-8. */
+/* Reads one file (format by extension: ".jsonl", any case, or plain text)
+ * and appends its documents to *c (zero-initialize c first; an empty file
+ * adds none). Every document is valid UTF-8 without NUL bytes. -1 + message
+ * naming file and line ("corpus.jsonl:17: missing \"text\" or \"prompt\"")
+ * on a malformed line, an over-limit size, invalid UTF-8 or a NUL (raw or
+ * \u0000); *c then holds exactly the documents it had before the call. */
 int corpus_read_file(corpus *c, const char *path, specd_error *err);
 /* The same on a buffer (fuzz target); name is used in messages. */
 int corpus_read_buffer(corpus *c, const char *name, const char *buf, size_t len, int jsonl,
