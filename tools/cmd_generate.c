@@ -56,6 +56,9 @@ static void generate_usage(void) {
            "  --stop-id ID         stop at this token id (repeatable)\n"
            "  --drafter NAME       mlp, draft_lm, ngram or none (default: the server's)\n"
            "  --candidates N, --depth N  tree shape (default: the server's load-aware one)\n"
+           "  --stop-threshold X   adaptive draft length (mlp with an acceptance head): stop a\n"
+           "                       path once P(some token on it is rejected) > X, X < 1;\n"
+           "                       negative = off (default: the server's)\n"
            "  --no-spec            no speculation: plain decoding through the target\n"
            "  --logprobs           log-probabilities of each token (shown with --json)\n"
            "  --top-logprobs N     and the N most likely alternatives (0..20)\n"
@@ -189,6 +192,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
                 o->candidates = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
             else if (!strcmp(a, "--depth"))
                 o->depth = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+            else if (!strcmp(a, "--stop-threshold"))
+                o->stop_threshold = (float)cli_float(a, cli_value(argc, argv, &i), -1.0, 0.999);
             else if (!strcmp(a, "--no-spec")) o->no_spec = 1;
             else if (!strcmp(a, "--logprobs")) o->logprobs = 1;
             else if (!strcmp(a, "--top-logprobs"))
@@ -288,6 +293,7 @@ static int generate_speculative(gen_opts *o) {
         return 1;
     }
     o->server = cli_inproc_draft_addr(p);
+    o->tls.insecure = 1; /* the in-process services serve plaintext on loopback */
     if (!o->drafter && !o->no_spec) o->drafter = "mlp";
     int rc = cmd_generate_remote(o);
     cli_inproc_stop(p);
