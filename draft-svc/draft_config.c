@@ -20,6 +20,9 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "drafter for requests that name none", .choices = specd_draft_default_choices),
     F("drafter.mlp.path", SPECD_CFG_STRING, drafter.mlp.path, NULL,
       "MLPSpeculator directory (config.json + safetensors); unset = not offered"),
+    F("drafter.mlp.accept_head", SPECD_CFG_STRING, drafter.mlp.accept_head, NULL,
+      "SpecDec++ acceptance head directory for that speculator (specd train accept-head); "
+      "unset = fixed-length drafts"),
     F("drafter.draft_lm.path", SPECD_CFG_STRING, drafter.draft_lm.path, NULL,
       "draft language model (.gguf or HF directory, the target's tokenizer); unset = not offered"),
     F("drafter.draft_lm.max_sessions", SPECD_CFG_INT64, drafter.draft_lm.max_sessions, "64",
@@ -48,6 +51,12 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "drafted steps before the collapse rule may fire", .min = 0, .max = 1 << 20),
     F("speculation.cooldown_steps", SPECD_CFG_INT64, speculation.cooldown_steps, "16",
       "plain steps after a collapse", .min = 1, .max = 1 << 20),
+    F("speculation.adaptive.threshold", SPECD_CFG_DOUBLE, speculation.adaptive.threshold, "0",
+      "mlp with an accept_head: a path stops growing once the head's chance that some token "
+      "on it is rejected exceeds this (0 = off: every path gets the full depth)", .fmin = 0,
+      .fmax = 0.999),
+    F("speculation.adaptive.min_depth", SPECD_CFG_INT64, speculation.adaptive.min_depth, "1",
+      "paths are never stopped shorter than this", .min = 1, .max = 64),
     F("limits.max_prompt_tokens", SPECD_CFG_INT64, limits.max_prompt_tokens, "4096",
       "longest prompt, in tokens", .min = 1, .max = 1 << 24),
     F("limits.max_new_tokens", SPECD_CFG_INT64, limits.max_new_tokens, "4096",

@@ -20,7 +20,7 @@ typedef struct specd_draft_cfg {
     specd_cfg_strlist targets;
     struct {
         int def;
-        struct { char *path; } mlp;
+        struct { char *path, *accept_head; } mlp;
         struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
         struct { bool enabled; int64_t min_n, max_n, max_scan; } ngram;
     } drafter;
@@ -29,6 +29,7 @@ typedef struct specd_draft_cfg {
         int64_t off_above;
         double min_acceptance;
         int64_t warmup_steps, cooldown_steps;
+        struct { double threshold; int64_t min_depth; } adaptive;
     } speculation;
     struct {
         int64_t max_prompt_tokens, max_new_tokens, default_max_new_tokens, max_tree_tokens;

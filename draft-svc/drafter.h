@@ -101,6 +101,9 @@ typedef struct specd_mlp_drafter_opts {
     int n_threads;          /* CPU threads, 0 = one per core */
     int max_batch;          /* jobs per call, default 64 */
     int top_k_per_stage[8]; /* 0s = the checkpoint's top_k_tokens_per_head */
+    /* SpecDec++ acceptance head directory (accept_head.h) for this
+     * speculator; NULL = none, and jobs' stop_threshold is ignored. */
+    const char *accept_head;
 } specd_mlp_drafter_opts;
 specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_error *err);
 

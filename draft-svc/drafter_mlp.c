@@ -24,12 +24,42 @@
  * exactly as the target adjusts its own logits there), and q goes to the
  * tree as its nonzero entries. The uniform for a node comes from
  * (seed ^ SPECD_DRAFT_RNG_SALT, stream = the node's output index
- * (position + depth - 1), counter = the node's index among the nodes drawn
- * at that depth of this job), so every draw has its own address.
+ * (position + depth - 1), counter = its chain: the index of the root's
+ * child it descends from), so every draw has its own address, and a chain's
+ * addresses do not move when another chain stops early (below).
  *
  * Both modes apply the adjustments (penalties and logit bias) when the
  * request has any: the target's greedy choice is the argmax of its adjusted
  * logits, so the draft's must be too.
+ *
+ * A speculator over a reduced vocabulary (mlp_speculator.h) speaks target
+ * ids and gives -inf to tokens outside its map: greedy never proposes
+ * them, and q gives them probability 0.
+ *
+ * Adaptive length (SpecDec++, with an acceptance head, accept_head.h, and
+ * a job's stop_threshold > 0). After stage s, the head reads each frontier
+ * row's new state and gives p: its estimate that the token drafted from that
+ * state is accepted, given the path so far was. Every child of the row gets
+ * P = P(parent) * p, the chance its whole path survives verification (the
+ * root has P = 1). A child at depth d stops growing (becomes a leaf) when
+ * 1 - P > stop_threshold and d >= min_depth; nothing grows past `depth`.
+ *   greedy: P also shapes the tree: the beam keeps the `candidates` children
+ *     with the best log q + log P, the draft's probability of the path times
+ *     the head's that it is accepted, i.e. the nodes that add the most to the
+ *     expected accepted length, instead of log q alone. Siblings share p, so
+ *     among them the order is still the draft's (the argmax chain stays the
+ *     argmax chain).
+ *   sampling: only the length rule applies (no branch is chosen, so there is
+ *     nothing to rank). It keeps the tree lossless: a node's P depends on the
+ *     states of its ancestors, i.e. on the tokens drawn ABOVE it, never on
+ *     its own token or its siblings'. So the number of children of every
+ *     node (branching[d] or 0) is fixed before the node itself is drawn, let
+ *     alone its children, and given the path the verifier has accepted to
+ *     reach a node, that node's children are still i.i.d. draws from the q
+ *     sent with it, whose count was fixed in advance: the condition of the
+ *     recursive rejection rule (tree_builder.h). Siblings at the root share
+ *     P, so all chains stop at depth 1 or none does.
+ * With stop_threshold 0 (or no head) the tree is exactly the fixed-shape one.
  *
  * Batching: at each depth the frontier rows of every job go through one
  * specd_mlp_speculator_stage call, so the head matmul reads its weights once
@@ -41,6 +71,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "draft-svc/accept_head.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/mlp_speculator.h"
 
@@ -56,6 +87,8 @@ typedef struct mlp_front {
     int node;     /* -1 = the pending token */
     int32_t token;
     float logq;   /* log q of the path root..node */
+    float pacc;   /* the head's P(path root..node is accepted); 1 without a head */
+    int chain;    /* sampling: index of the root's child it descends from */
     int src_row;  /* row of the previous stage's output state it reads; -1 = hidden */
 } mlp_front;
 
@@ -71,10 +104,14 @@ typedef struct mlp_plan {
     int sampling; /* 1 = draw children from q */
     int branching[MLP_MAX_DEPTH];
     int bound;    /* most frontier rows this job can have at any depth */
+    int adaptive; /* the acceptance head shapes this job (see the top) */
+    float stop_threshold;
+    int min_depth;
 } mlp_plan;
 
 typedef struct mlp_impl {
     specd_mlp_speculator *sp;
+    specd_accept_head *head; /* NULL = no adaptive length */
     int vocab, emb_dim, inner_dim, n_predict, max_batch;
     int top_k[MLP_MAX_DEPTH]; /* per stage, already clamped to the vocabulary */
     int max_k;
@@ -85,10 +122,13 @@ typedef struct mlp_impl {
     float *out_states; /* [rows][inner_dim] */
     float *logits;     /* [rows][vocab] */
     int32_t *tokens;   /* [rows] */
+    float *p_rows;     /* [rows] the head's p for each frontier row's children */
     mlp_front *front, *next; /* [rows] */
     size_t cand_cap;
     mlp_cand *cand;    /* [bound * max_k] of one job */
     float *cand_logq;
+    float *cand_score; /* what the beam ranks: log q, + log P when adaptive */
+    float *cand_pacc;
     uint8_t *keep;
     mlp_plan *plans;   /* [max_batch] */
     /* fixed-size scratch */
@@ -117,6 +157,7 @@ static int grow_rows(mlp_impl *m, size_t rows, specd_error *err) {
         grow((void **)&m->out_states, rows * (size_t)m->inner_dim, sizeof(float)) ||
         grow((void **)&m->logits, rows * (size_t)m->vocab, sizeof(float)) ||
         grow((void **)&m->tokens, rows, sizeof(int32_t)) ||
+        grow((void **)&m->p_rows, rows, sizeof(float)) ||
         grow((void **)&m->front, rows, sizeof(mlp_front)) ||
         grow((void **)&m->next, rows, sizeof(mlp_front)))
         return specd_seterr(err, "mlp drafter: out of memory for %zu rows", rows);
@@ -128,6 +169,8 @@ static int grow_cand(mlp_impl *m, size_t n, specd_error *err) {
     if (n <= m->cand_cap) return 0;
     if (grow((void **)&m->cand, n, sizeof(mlp_cand)) ||
         grow((void **)&m->cand_logq, n, sizeof(float)) ||
+        grow((void **)&m->cand_score, n, sizeof(float)) ||
+        grow((void **)&m->cand_pacc, n, sizeof(float)) ||
         grow((void **)&m->keep, n, sizeof(uint8_t)))
         return specd_seterr(err, "mlp drafter: out of memory for %zu candidates", n);
     m->cand_cap = n;
@@ -153,6 +196,19 @@ static void plan_job(const mlp_impl *m, const specd_draft_job *job, mlp_plan *p)
         p->bound = cands < job->out->cap ? cands : job->out->cap;
     }
     p->depth = depth;
+    /* min_depth is clamped into 1..depth: a floor above the depth this job
+     * can reach only means "never stop early" */
+    p->adaptive = m->head && job->stop_threshold > 0;
+    p->stop_threshold = job->stop_threshold;
+    p->min_depth = job->min_depth < 1 ? 1 : job->min_depth > depth ? depth : job->min_depth;
+}
+
+/* Whether a new node at depth d (1 = a child of the root) whose path has
+ * acceptance estimate pacc gets children: the SpecDec++ rule, within the
+ * job's depth. */
+static int keeps_growing(const mlp_plan *p, int d, float pacc) {
+    if (d >= p->depth) return 0;
+    return !(p->adaptive && d >= p->min_depth && 1.0f - pacc > p->stop_threshold);
 }
 
 /* The tokens of the path root..node (excluding the pending token, which the
@@ -201,23 +257,31 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
         adjust_row(m, job, m->front[r].node, row);
         double lse = log_sum_exp(row, m->vocab);
         int k = specd_topk(row, m->vocab, m->top_k[s], m->topk_ids, m->topk_vals);
+        float pacc = p->adaptive ? m->front[r].pacc * m->p_rows[r] : 1.0f;
+        /* log 0 = -inf ranks last, which is what a certain rejection deserves */
+        float log_pacc = p->adaptive ? logf(pacc) : 0.0f;
         for (int i = 0; i < k; i++) {
+            /* -inf: a token the speculator cannot predict (outside a reduced
+             * vocabulary, or banned by a bias); the rest of the list is too */
+            if (m->topk_vals[i] == -INFINITY) break;
             m->cand[nc] = (mlp_cand){r, m->topk_ids[i]};
-            m->cand_logq[nc++] = m->front[r].logq + (float)((double)m->topk_vals[i] - lse);
+            m->cand_logq[nc] = m->front[r].logq + (float)((double)m->topk_vals[i] - lse);
+            m->cand_score[nc] = m->cand_logq[nc] + log_pacc;
+            m->cand_pacc[nc++] = pacc;
         }
     }
     int room = out->cap - out->n_nodes;
     int keep = job->candidates > 0 ? job->candidates : 1;
     if (keep > room) keep = room;
-    specd_tree_beam_select(m->cand_logq, nc, keep, m->keep);
+    specd_tree_beam_select(m->cand_score, nc, keep, m->keep);
     for (int i = 0; i < nc; i++) {
         if (!m->keep[i]) continue;
         const mlp_front *par = &m->front[m->cand[i].parent_row];
         int node = specd_tree_buf_add(out, par->node, m->cand[i].token, m->cand_logq[i]);
         if (node < 0) break; /* full: the tree ends here */
-        if (s + 1 < p->depth)
+        if (keeps_growing(p, s + 1, m->cand_pacc[i]))
             m->next[n_next++] = (mlp_front){par->job, node, m->cand[i].token, m->cand_logq[i],
-                                            m->cand[i].parent_row};
+                                            m->cand_pacc[i], 0, m->cand[i].parent_row};
     }
     return n_next;
 }
@@ -231,9 +295,11 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
     const specd_sampling *smp = job->sampling;
     uint64_t seed = smp->seed ^ SPECD_DRAFT_RNG_SALT;
     uint64_t stream = job->position + (uint64_t)s; /* output index of the drawn nodes */
-    uint64_t counter = 0;                          /* their index within this depth */
     for (int r = a; r < b; r++) {
         const mlp_front *par = &m->front[r];
+        /* decided from the parent's state alone: see the top on losslessness */
+        float pacc = p->adaptive ? par->pacc * m->p_rows[r] : 1.0f;
+        int grows = keeps_growing(p, s + 1, pacc);
         float *row = m->logits + (size_t)r * m->vocab;
         adjust_row(m, job, par->node, row);
         specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
@@ -242,12 +308,15 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         int nq = specd_draft_q_truncate(m->probs, m->vocab, m->q_ids, m->q_probs);
         if (specd_tree_buf_set_q(out, par->node, m->q_ids, m->q_probs, nq)) return n_next;
         for (int c = 0; c < p->branching[s]; c++) {
-            double u = specd_rng_uniform(seed, stream, counter++);
+            /* the root (chain 0) fans out into chains 0..k-1; deeper rows
+             * have one child, which continues its parent's chain */
+            int chain = par->chain * p->branching[s] + c;
+            double u = specd_rng_uniform(seed, stream, (uint64_t)chain);
             int32_t tok = specd_sample_from_probs(m->probs, m->vocab, u);
             float logq = par->logq + logf(m->probs[tok]);
             int node = specd_tree_buf_add(out, par->node, tok, logq);
             if (node < 0) return n_next; /* full (the shape was sized to fit; a guard) */
-            if (s + 1 < p->depth) m->next[n_next++] = (mlp_front){par->job, node, tok, logq, r};
+            if (grows) m->next[n_next++] = (mlp_front){par->job, node, tok, logq, pacc, chain, r};
         }
     }
     return n_next;
@@ -257,9 +326,11 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
     mlp_impl *m = d->impl;
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
+    int any_adaptive = 0;
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
+        any_adaptive |= m->plans[i].adaptive;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
         rows += bound;
         if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
@@ -271,7 +342,8 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
     int n_rows = 0;
     for (int i = 0; i < n; i++) {
         if (!m->plans[i].depth) continue;
-        m->front[n_rows] = (mlp_front){i, -1, jobs[i].history[jobs[i].n_history - 1], 0.0f, -1};
+        m->front[n_rows] =
+            (mlp_front){i, -1, jobs[i].history[jobs[i].n_history - 1], 0.0f, 1.0f, 0, -1};
         memcpy(m->in_states + (size_t)n_rows * m->emb_dim, jobs[i].hidden,
                sizeof(float) * (size_t)m->emb_dim);
         n_rows++;
@@ -281,6 +353,12 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
         for (int r = 0; r < n_rows; r++) m->tokens[r] = m->front[r].token;
         if (specd_mlp_speculator_stage(m->sp, s, n_rows, m->in_states, m->tokens, m->out_states,
                                        m->logits, err))
+            return -1;
+        /* The head over every row (adaptive or not) in one call: it costs a
+         * small fraction of the stage, and rows of one job are not worth
+         * gathering apart. */
+        if (any_adaptive &&
+            specd_accept_head_forward(m->head, s, n_rows, m->out_states, m->p_rows, NULL, err))
             return -1;
         /* each job's rows are contiguous (frontier order follows job order) */
         int n_next = 0;
@@ -308,14 +386,18 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
 static void mlp_free_impl(mlp_impl *m) {
     if (!m) return;
     specd_mlp_speculator_free(m->sp);
+    specd_accept_head_free(m->head);
     free(m->in_states);
     free(m->out_states);
     free(m->logits);
     free(m->tokens);
+    free(m->p_rows);
     free(m->front);
     free(m->next);
     free(m->cand);
     free(m->cand_logq);
+    free(m->cand_score);
+    free(m->cand_pacc);
     free(m->keep);
     free(m->plans);
     free(m->topk_ids);
@@ -331,6 +413,20 @@ static void mlp_free_impl(mlp_impl *m) {
 static void mlp_destroy(specd_drafter *d) {
     mlp_free_impl(d->impl);
     free(d);
+}
+
+/* The acceptance head, checked against the speculator it will read: its
+ * input is a stage's output state and it needs an embedding per stage. */
+static int load_head(mlp_impl *m, const char *dir, specd_error *err) {
+    if (!(m->head = specd_accept_head_load(dir, err))) return -1;
+    const specd_accept_head_config *hc = specd_accept_head_config_of(m->head);
+    if (hc->input_dim != m->inner_dim)
+        return specd_seterr(err, "accept head %s: input_dim %d, but the speculator's inner_dim "
+                                 "is %d", dir, hc->input_dim, m->inner_dim);
+    if (hc->n_stages < m->n_predict)
+        return specd_seterr(err, "accept head %s: n_stages %d, but the speculator has %d stages",
+                            dir, hc->n_stages, m->n_predict);
+    return 0;
 }
 
 static const specd_drafter_ops mlp_ops = {
@@ -367,7 +463,7 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
     m->sp = specd_mlp_speculator_load(o->path, o->n_threads, err);
     if (!m->sp) goto fail;
     const specd_mlp_spec_config *c = specd_mlp_speculator_config(m->sp);
-    m->vocab = c->vocab_size;
+    m->vocab = c->target_vocab_size; /* the stage API's width, even over a reduced vocabulary */
     m->emb_dim = c->emb_dim;
     m->inner_dim = c->inner_dim;
     m->n_predict = c->n_predict;
@@ -377,6 +473,7 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
         m->top_k[s] = k < m->vocab ? k : m->vocab;
         if (m->top_k[s] > m->max_k) m->max_k = m->top_k[s];
     }
+    if (o->accept_head && load_head(m, o->accept_head, err)) goto fail;
     size_t V = (size_t)m->vocab;
     m->plans = calloc((size_t)m->max_batch, sizeof *m->plans);
     m->topk_ids = malloc(sizeof(int32_t) * (size_t)m->max_k);

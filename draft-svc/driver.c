@@ -150,6 +150,9 @@ static void draft(gen *g, const specd_target_info *info) {
     if (cap < 1 || depth < 1) return;
     int alloc_cap = g->tb.cap;
     g->tb.cap = cap < alloc_cap ? cap : alloc_cap;
+    float stop = q->stop_threshold > 0   ? q->stop_threshold
+                 : q->stop_threshold < 0 ? 0.0f
+                                         : g->env->stop_threshold;
     specd_draft_job job = {
         .state = g->draft_state,
         .history = g->hist,
@@ -161,6 +164,8 @@ static void draft(gen *g, const specd_target_info *info) {
         .position = (uint64_t)g->n_gen,
         .candidates = cand,
         .depth = depth,
+        .stop_threshold = stop,
+        .min_depth = g->env->min_depth,
         .out = &g->tb,
     };
     specd_error err = {{0}};

@@ -46,6 +46,11 @@ typedef struct specd_driver_env {
     int step_timeout_ms;   /* a target step slower than this counts as a failure */
     int open_timeout_ms;   /* Open (prefill) may take longer: its own limit */
     int max_failovers;     /* per request */
+    /* SpecDec++ adaptive length for drafters with an acceptance head
+     * (drafter.h's specd_draft_job): the default stop threshold (0 = off)
+     * and the shortest path it may cut. */
+    float stop_threshold;
+    int min_depth;
 } specd_driver_env;
 
 typedef struct specd_gen_request {
@@ -61,6 +66,7 @@ typedef struct specd_gen_request {
     specd_drafter *drafter; /* NULL = no speculation */
     specd_batcher *batcher; /* the drafter's */
     int candidates, depth;  /* request's tree shape; 0 = the policy's */
+    float stop_threshold;   /* request's; 0 = env's, negative = off */
 } specd_gen_request;
 
 /* Where tokens go. on_tokens gets each step's new tokens (already cut at

@@ -57,8 +57,15 @@ int main(int argc, char **argv) {
     } else {
         fprintf(stderr, "draft-svc: no tokenizer configured; text input and stop strings are off\n");
     }
+    if (cfg.drafter.mlp.accept_head && !cfg.drafter.mlp.path) {
+        /* a head belongs to a speculator; alone it would silently do nothing */
+        specd_seterr(&err, "drafter.mlp.accept_head is set but drafter.mlp.path is not");
+        goto fail;
+    }
     if (cfg.drafter.mlp.path) {
-        specd_mlp_drafter_opts o = {.path = cfg.drafter.mlp.path, .n_threads = (int)cfg.threads};
+        specd_mlp_drafter_opts o = {.path = cfg.drafter.mlp.path,
+                                    .n_threads = (int)cfg.threads,
+                                    .accept_head = cfg.drafter.mlp.accept_head};
         if (!(drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&o, &err))) goto fail;
         hidden = drafters[SPECD_DRAFTER_MLP]->hidden_size;
     }
@@ -115,6 +122,8 @@ int main(int argc, char **argv) {
         .step_timeout_ms = (int)cfg.target.step_timeout,
         .open_timeout_ms = (int)cfg.target.open_timeout,
         .max_failovers = (int)cfg.target.max_failovers,
+        .stop_threshold = (float)cfg.speculation.adaptive.threshold,
+        .min_depth = (int)cfg.speculation.adaptive.min_depth,
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = drafters[i];
     dop.policy.off_above = (int)cfg.speculation.off_above;

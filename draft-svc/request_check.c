@@ -76,6 +76,11 @@ static grpc_status_code check_fields(const specd_draft_limits *lim,
         return specd_seterr(err, "request.speculation.depth = %d: must be in 0..%d", sp->depth,
                             SPECD_MAX_DRAFT_DEPTH),
                GRPC_STATUS_INVALID_ARGUMENT;
+    /* !(x < 1) also refuses NaN, which every comparison would let through */
+    if (sp && !(sp->stop_threshold < 1.0f))
+        return specd_seterr(err, "request.speculation.stop_threshold = %g: must be below 1 "
+                                 "(0 = the server's, negative = off)", (double)sp->stop_threshold),
+               GRPC_STATUS_INVALID_ARGUMENT;
     return GRPC_STATUS_OK;
 }
 

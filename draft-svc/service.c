@@ -116,6 +116,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
         .batcher = spec_off ? NULL : svc->batchers[drafter],
         .candidates = sp ? sp->candidates : 0,
         .depth = sp ? sp->depth : 0,
+        .stop_threshold = sp ? sp->stop_threshold : 0.0f,
     };
     gs.logprobs = req->logprobs;
     /* The sink streams through the request's text stream; pr keeps owning it. */
@@ -267,6 +268,8 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         .step_timeout_ms = o->step_timeout_ms > 0 ? o->step_timeout_ms : 30000,
         .open_timeout_ms = o->open_timeout_ms > 0 ? o->open_timeout_ms : 120000,
         .max_failovers = o->max_failovers,
+        .stop_threshold = o->stop_threshold,
+        .min_depth = o->min_depth > 0 ? o->min_depth : 1,
     };
     return svc;
 }

@@ -40,6 +40,8 @@ typedef struct specd_draft_opts {
     int default_max_new_tokens; /* when a request says 0 */
     int max_tree_tokens;
     int step_timeout_ms, open_timeout_ms, max_failovers;
+    float stop_threshold; /* speculation.adaptive: default stop threshold, 0 = off */
+    int min_depth;        /* speculation.adaptive.min_depth (0 = 1) */
 } specd_draft_opts;
 
 typedef struct specd_draft_service specd_draft_service;

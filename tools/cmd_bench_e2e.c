@@ -23,7 +23,12 @@
  * averaged), tau (tokens per target step, from the server's stats), accept
  * rate (accepted / drafted tokens), median time to first token as the client
  * saw it, and the speed-up of total tokens/s over plain decoding at the same
- * concurrency. A last column splits tau by prompt class. */
+ * concurrency. A last column splits tau by prompt class.
+ *
+ * Adaptive length: --stop-thresholds 0.3,0.5 adds a row "mlp adaptive
+ * t=X" per threshold after the mlp row (the request's
+ * speculation.stop_threshold; the mlp row itself then sends -1, fixed
+ * length), so fixed and SpecDec++ drafting are compared in one run. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +45,8 @@
 #define MAX_LEVELS 16
 #define MAX_DRAFTERS 4
 #define MAX_CLASSES 8
+#define MAX_THRESHOLDS 8
+#define MAX_ROWS (MAX_DRAFTERS + MAX_THRESHOLDS)
 
 typedef struct prompt {
     char *name, *cls, *system, *text;
@@ -85,9 +92,20 @@ typedef struct bench_opts {
     int levels[MAX_LEVELS], n_levels;
     int max_new, threads, requests, ctx, candidates, depth;
     const char *only_drafters;
+    const char *accept_head;
+    float stop_thresholds[MAX_THRESHOLDS];
+    int n_thresholds;
     cli_sampling samp;
     specd_rpc_channel_opts tls;
 } bench_opts;
+
+/* One row group of the table: a drafter, and the stop threshold its
+ * requests send (0 = none sent: the server's default). */
+typedef struct row_spec {
+    char drafter[16];
+    char label[32]; /* what the table calls it */
+    float stop_threshold;
+} row_spec;
 
 /* One request's outcome. */
 typedef struct req_rec {
@@ -111,6 +129,7 @@ typedef struct run_ctx {
     const prompt *prompts;
     int n_prompts;
     const char *drafter;
+    float stop_threshold; /* the request's speculation.stop_threshold (0 = not sent) */
     int requests; /* per stream */
     req_rec *recs; /* [streams * requests] */
     pthread_mutex_t mu;
@@ -139,7 +158,11 @@ static void usage(void) {
            "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
            "  --ctx N              context rows per session in-process (default 1024 + N)\n"
            "  --drafters LIST      only these (e.g. none,ngram); default: none + all offered\n"
-           "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n",
+           "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n"
+           "  --stop-thresholds LIST  add a row \"mlp adaptive t=X\" per threshold X (0 < X < 1):\n"
+           "                       SpecDec++ adaptive draft length, beside the fixed mlp row\n"
+           "  --accept-head DIR    the mlp drafter's acceptance head (default: SPECULATOR/\n"
+           "                       accept_head when it exists; with --draft: that server's)\n",
            SPECD_DEFAULT_MODEL);
     cli_sampling_usage(stdout);
     printf("  TLS to --target / --draft:\n");
@@ -275,9 +298,10 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
     cli_sampling_to_proto(&o->samp, &sp, bias_msgs, bias_ptrs);
     req.sampling = &sp;
     req.drafter = (char *)rc->drafter;
-    if (o->candidates || o->depth) {
+    if (o->candidates || o->depth || rc->stop_threshold) {
         spec.candidates = o->candidates;
         spec.depth = o->depth;
+        spec.stop_threshold = rc->stop_threshold;
         req.speculation = &spec;
     }
     cli_gen_result res;
@@ -465,6 +489,58 @@ static void print_command(int argc, char **argv) {
     printf("\n");
 }
 
+/* "0.3,0.5" into o->stop_thresholds (each in 0.001..0.999). */
+static int parse_thresholds(const char *opt, const char *val, bench_opts *o) {
+    char *buf = strdup(val), *save = NULL;
+    if (!buf) {
+        fprintf(stderr, "specd bench: out of memory\n");
+        return -1;
+    }
+    o->n_thresholds = 0;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_thresholds == MAX_THRESHOLDS) {
+            fprintf(stderr, "specd bench: %s takes at most %d values\n", opt, MAX_THRESHOLDS);
+            free(buf);
+            return -1;
+        }
+        o->stop_thresholds[o->n_thresholds++] = (float)cli_float(opt, t, 0.001, 0.999);
+    }
+    free(buf);
+    if (!o->n_thresholds) {
+        fprintf(stderr, "specd bench: %s expects a comma-separated list, got '%s'\n", opt, val);
+        return -1;
+    }
+    return 0;
+}
+
+/* The table's rows: each drafter, and after mlp one row per stop threshold
+ * (the mlp row then asks for fixed length explicitly, so a server whose
+ * default is adaptive still gives the comparison). -1 + err when
+ * thresholds are asked for without the mlp drafter. */
+static int build_rows(const bench_opts *o, char names[][16], int n_names, row_spec *rows,
+                      specd_error *err) {
+    int n = 0, have_mlp = 0;
+    for (int d = 0; d < n_names; d++) {
+        int mlp = !strcmp(names[d], "mlp");
+        have_mlp |= mlp;
+        rows[n] = (row_spec){.stop_threshold = mlp && o->n_thresholds ? -1.0f : 0.0f};
+        snprintf(rows[n].drafter, sizeof rows[n].drafter, "%.15s", names[d]);
+        snprintf(rows[n].label, sizeof rows[n].label, "%.15s", names[d]);
+        n++;
+        for (int k = 0; mlp && k < o->n_thresholds; k++) {
+            rows[n] = (row_spec){.stop_threshold = o->stop_thresholds[k]};
+            snprintf(rows[n].drafter, sizeof rows[n].drafter, "mlp");
+            snprintf(rows[n].label, sizeof rows[n].label, "mlp adaptive t=%g",
+                     (double)o->stop_thresholds[k]);
+            n++;
+        }
+    }
+    if (o->n_thresholds && !have_mlp)
+        return specd_seterr(err, "--stop-thresholds needs the mlp drafter (--speculator DIR, "
+                                 "or a --draft server offering it)");
+    return n;
+}
+
 static int parse(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
     o->model = SPECD_DEFAULT_MODEL;
@@ -486,6 +562,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--draft")) o->draft = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--prompts")) o->prompts_file = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--drafters")) o->only_drafters = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--accept-head")) o->accept_head = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--stop-thresholds")) {
+            if (parse_thresholds(a, cli_value(argc, argv, &i), o)) return 2;
+        }
         else if (!strcmp(a, "--streams")) {
             int32_t *v;
             int n = cli_int_list(a, cli_value(argc, argv, &i), 1, 1024, &v);
@@ -515,9 +595,14 @@ static int parse(int argc, char **argv, bench_opts *o) {
             return 2;
         }
     }
-    if (o->draft && (o->target || o->draft_model || o->speculator)) {
+    if (o->draft && (o->target || o->draft_model || o->speculator || o->accept_head)) {
         fprintf(stderr, "specd bench --e2e: with --draft the drafters and targets are that "
-                        "draft-svc's; --target, --draft-model and --speculator do not apply\n");
+                        "draft-svc's; --target, --draft-model, --speculator and --accept-head "
+                        "do not apply\n");
+        return 2;
+    }
+    if (o->accept_head && !o->speculator) {
+        fprintf(stderr, "specd bench --e2e: --accept-head belongs to a --speculator\n");
         return 2;
     }
     return 0;
@@ -578,6 +663,7 @@ int cmd_bench_e2e(int argc, char **argv) {
             .ngram = 1,
             .draft_model = o.draft_model,
             .speculator = o.speculator,
+            .accept_head = o.accept_head,
         };
         if (!(ip = cli_inproc_start(&io, &err))) goto fail;
         draft_addr = cli_inproc_draft_addr(ip);
@@ -593,6 +679,12 @@ int cmd_bench_e2e(int argc, char **argv) {
         specd_seterr(&err, "--drafters '%s' names nothing draft-svc offers", o.only_drafters);
         goto fail;
     }
+    row_spec rows[MAX_ROWS];
+    int n_rows = build_rows(&o, drafters, n_drafters, rows, &err);
+    if (n_rows < 0) goto fail;
+    int label_w = 8; /* the table's first column fits every label */
+    for (int r = 0; r < n_rows; r++)
+        if ((int)strlen(rows[r].label) > label_w) label_w = (int)strlen(rows[r].label);
 
     char hostname[128] = "?";
     gethostname(hostname, sizeof hostname - 1);
@@ -618,15 +710,16 @@ int cmd_bench_e2e(int argc, char **argv) {
     run_ctx rc = {.ch = ch, .o = &o, .prompts = prompts, .n_prompts = n_prompts,
                   .requests = requests};
     pthread_mutex_init(&rc.mu, NULL);
-    cells = calloc((size_t)(n_drafters * o.n_levels), sizeof *cells);
+    cells = calloc((size_t)(n_rows * o.n_levels), sizeof *cells);
     if (!cells) {
         specd_seterr(&err, "out of memory");
         pthread_mutex_destroy(&rc.mu);
         goto fail;
     }
     int n_cells = 0, ok = 1;
-    for (int d = 0; d < n_drafters && ok; d++) {
-        rc.drafter = drafters[d];
+    for (int d = 0; d < n_rows && ok; d++) {
+        rc.drafter = rows[d].drafter;
+        rc.stop_threshold = rows[d].stop_threshold;
         /* Warm-up, not measured: connections, first-touch of weights and the
          * drafter's per-session state. */
         req_rec warm;
@@ -640,6 +733,7 @@ int cmd_bench_e2e(int argc, char **argv) {
                 ok = 0;
                 break;
             }
+            c->drafter = rows[d].label;
             c->speedup = 0;
             /* j == n_cells is this cell: plain's own row reads 1.00x */
             for (int j = 0; j <= n_cells; j++)
@@ -647,16 +741,18 @@ int cmd_bench_e2e(int argc, char **argv) {
                     cells[j].tok_s > 0)
                     c->speedup = c->tok_s / cells[j].tok_s;
             n_cells++;
-            fprintf(stderr, "specd bench: %-8s x%-3d %8.1f tok/s, tau %.2f\n", c->drafter,
-                    c->streams, c->tok_s, c->tau);
+            fprintf(stderr, "specd bench: %-*s x%-3d %8.1f tok/s, tau %.2f\n", label_w,
+                    c->drafter, c->streams, c->tok_s, c->tau);
         }
     }
     pthread_mutex_destroy(&rc.mu);
     if (!ok) goto fail;
 
-    printf("| drafter  | streams | tok/s total | tok/s per stream |  tau | accept | TTFT ms "
-           "| speed-up | tau by class |\n");
-    printf("|----------|--------:|------------:|-----------------:|-----:|-------:|--------:"
+    printf("| %-*s | streams | tok/s total | tok/s per stream |  tau | accept | TTFT ms "
+           "| speed-up | tau by class |\n", label_w, "drafter");
+    printf("|");
+    for (int k = 0; k < label_w + 2; k++) putchar('-');
+    printf("|--------:|------------:|-----------------:|-----:|-------:|--------:"
            "|---------:|--------------|\n");
     for (int i = 0; i < n_cells; i++) {
         const cell *c = &cells[i];
@@ -669,8 +765,8 @@ int cmd_bench_e2e(int argc, char **argv) {
         for (int j = 0; j < n_classes && k < sizeof bycls; j++)
             k += (size_t)snprintf(bycls + k, sizeof bycls - k, "%s%s %.2f", j ? ", " : "",
                                   classes[j], c->tau_cls[j]);
-        printf("| %-8s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |\n", c->drafter,
-               c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms, sp, bycls);
+        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |\n", label_w,
+               c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms, sp, bycls);
     }
     status = 0;
     goto out;

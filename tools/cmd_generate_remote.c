@@ -139,9 +139,10 @@ static void print_stats(const cli_gen_result *res) {
 }
 
 int cmd_generate_remote(gen_opts *o) {
-    if (o->service_target && (o->drafter || o->candidates || o->depth || o->no_spec)) {
-        fprintf(stderr, "specd generate: --drafter, --candidates, --depth and --no-spec are "
-                        "draft-svc settings; target-svc decodes plainly\n");
+    if (o->service_target &&
+        (o->drafter || o->candidates || o->depth || o->no_spec || o->stop_threshold)) {
+        fprintf(stderr, "specd generate: --drafter, --candidates, --depth, --stop-threshold and "
+                        "--no-spec are draft-svc settings; target-svc decodes plainly\n");
         return 2;
     }
     if (o->n_prompt_ids && (o->chat || o->prompt || o->prompt_file)) {
@@ -197,10 +198,11 @@ int cmd_generate_remote(gen_opts *o) {
     req.stop_ids = o->stop_ids;
     req.ignore_eos = o->ignore_eos;
     req.drafter = (char *)(o->drafter ? o->drafter : "");
-    if (o->candidates || o->depth || o->no_spec) {
+    if (o->candidates || o->depth || o->no_spec || o->stop_threshold) {
         spec.candidates = o->candidates;
         spec.depth = o->depth;
         spec.off = o->no_spec;
+        spec.stop_threshold = o->stop_threshold;
         req.speculation = &spec;
     }
     /* alternatives come with the chosen token's own logprob */

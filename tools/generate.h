@@ -39,6 +39,7 @@ typedef struct gen_opts {
     int n_stop_ids;
     const char *drafter;
     int candidates, depth, no_spec;
+    float stop_threshold; /* --stop-threshold: 0 = the server's, negative = off */
     int logprobs, top_logprobs;
     int32_t *prompt_ids; /* --prompt-ids (malloc'd) */
     int n_prompt_ids;

@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/model_file.h"
 #include "common/rpc_server.h"
+#include "common/small_file.h"
 #include "draft-svc/draft_config.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
@@ -79,7 +80,16 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     int vocab = p->tok ? specd_tokenizer_n_vocab(p->tok) : p->m->hp.vocab_size, hidden = 0;
     if (p->tok) specd_tokenizer_sha256_hex(p->tok, tok_sha);
     if (o->speculator) {
-        specd_mlp_drafter_opts mo = {.path = o->speculator, .n_threads = o->threads};
+        char head_dir[2048];
+        const char *head = o->accept_head;
+        if (!head && (size_t)snprintf(head_dir, sizeof head_dir, "%s/accept_head/config.json",
+                                      o->speculator) < sizeof head_dir &&
+            specd_is_regular_file(head_dir)) {
+            head_dir[strlen(head_dir) - strlen("/config.json")] = 0;
+            head = head_dir;
+        }
+        specd_mlp_drafter_opts mo = {.path = o->speculator, .n_threads = o->threads,
+                                     .accept_head = head};
         if (!(p->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, err)))
             return specd_preferr(err, "--speculator");
         hidden = p->drafters[SPECD_DRAFTER_MLP]->hidden_size;
@@ -124,6 +134,8 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         .step_timeout_ms = (int)c->target.step_timeout,
         .open_timeout_ms = (int)c->target.open_timeout,
         .max_failovers = (int)c->target.max_failovers,
+        .stop_threshold = (float)c->speculation.adaptive.threshold,
+        .min_depth = (int)c->speculation.adaptive.min_depth,
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];
     dop.policy.off_above = (int)c->speculation.off_above;

@@ -25,6 +25,11 @@ typedef struct cli_inproc_opts {
     int ngram;               /* offer the n-gram drafter */
     const char *draft_model; /* offer draft_lm with this model; NULL = not offered */
     const char *speculator;  /* offer mlp with this MLPSpeculator dir; NULL = not offered */
+    /* Its SpecDec++ acceptance head; NULL = <speculator>/accept_head when
+     * that holds one (where `specd train accept-head` writes it), else none.
+     * Adaptive length stays off unless a request sets stop_threshold (the
+     * configuration's default threshold is 0). */
+    const char *accept_head;
 } cli_inproc_opts;
 
 typedef struct cli_inproc cli_inproc;

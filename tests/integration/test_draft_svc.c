@@ -54,6 +54,7 @@
 #include "common/rpc_server.h"
 #include "common/sampling.h"
 #include "common/tokenizer.h"
+#include "draft-svc/accept_head.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
@@ -516,7 +517,13 @@ static void world_up(world *w, const char *model, const char *draft_model, const
     w->drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&lo, &err);
     if (!w->drafters[SPECD_DRAFTER_LM]) fail_msg("draft LM: %s", err.msg);
     if (mlp_dir) {
-        specd_mlp_drafter_opts mo = {.path = mlp_dir, .n_threads = 1};
+        /* with its acceptance head when the directory has one */
+        char head[PATH_MAX];
+        snprintf(head, sizeof head, "%s/accept_head/config.json", mlp_dir);
+        int have_head = test_file_exists(head);
+        snprintf(head, sizeof head, "%s/accept_head", mlp_dir);
+        specd_mlp_drafter_opts mo = {.path = mlp_dir, .n_threads = 1,
+                                     .accept_head = have_head ? head : NULL};
         w->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, &err);
         if (!w->drafters[SPECD_DRAFTER_MLP]) fail_msg("mlp: %s", err.msg);
     }
@@ -549,11 +556,29 @@ static void world_down(world *w) {
 
 static world T; /* tiny-gqa, the group fixture */
 
+/* An acceptance head for the random speculator that says p = 0.5 for every
+ * draft: with stop_threshold t, a path stops at the first depth d with
+ * 1 - 0.5^d > t, which makes the depth a request gets predictable. Adaptive
+ * length is off unless a request asks (the service default is 0). */
+static void write_half_head(const char *dir) {
+    enum { H = 4 };
+    static float zeros[SPEC_INNER * H];
+    specd_accept_head_config c = {.input_dim = SPEC_INNER, .hidden_dim = H, .n_layers = 0,
+                                  .n_stages = SPEC_STAGES};
+    specd_accept_head_weights w = {.in_w = zeros, .in_b = zeros, .stage_emb = zeros,
+                                   .out_w = zeros, .out_b = 0.0f};
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/accept_head", dir);
+    specd_error err = {{0}};
+    if (specd_accept_head_save(path, &c, &w, "F32", NULL, &err)) fail_msg("%s", err.msg);
+}
+
 static int group_setup(void **state) {
     (void)state;
     snprintf(spec_dir, sizeof spec_dir, "/tmp/specd-test-spec-XXXXXX");
     if (!mkdtemp(spec_dir)) fail_msg("mkdtemp: %s", strerror(errno));
     write_random_speculator(spec_dir);
+    write_half_head(spec_dir);
     world_up(&T, TINY, TINY_DRAFT, spec_dir, TINY_CTX, 128, 1);
     return 0;
 }
@@ -566,6 +591,12 @@ static int group_teardown(void **state) {
     unlink(path);
     snprintf(path, sizeof path, "%s/model.safetensors", spec_dir);
     unlink(path);
+    snprintf(path, sizeof path, "%s/accept_head/config.json", spec_dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/accept_head/model.safetensors", spec_dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/accept_head", spec_dir);
+    rmdir(path);
     rmdir(spec_dir);
     return 0;
 }
@@ -760,6 +791,53 @@ static void test_tiny_ngram_tau(void **state) {
     free(got);
 }
 
+/* SpecDec++ adaptive length through the service: a request's stop_threshold
+ * reaches the mlp drafter (with the p = 0.5 head, 0.3 stops every path at
+ * depth 1, 0.6 at depth 2; negative or 0 = the server's default, off, is
+ * the full depth 3), and the output stays the target's own, greedy. */
+static void test_tiny_adaptive_length(void **state) {
+    (void)state;
+    const int32_t *prompts[] = {P0, P1, P_REP};
+    const int n_prompts[] = {NELEM(P0), NELEM(P1), NELEM(P_REP)};
+    const struct { float t; int depth; } cases[] = {{0.3f, 1}, {0.6f, 2}, {-1.0f, 3}, {0.0f, 3}};
+    gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
+    for (int p = 0; p < 3; p++) {
+        reqb b;
+        req_ids(&b, prompts[p], n_prompts[p], 24);
+        target_gen(&T, &b, ref);
+        assert_int_equal(ref->code, GRPC_STATUS_OK);
+        for (int c = 0; c < 4; c++)
+            for (int cand = 1; cand <= 3; cand += 2) {
+                req_ids(&b, prompts[p], n_prompts[p], 24);
+                req_drafter(&b, "mlp", cand, SPEC_STAGES);
+                b.spec.stop_threshold = cases[c].t;
+                draft_gen(&T, &b, got);
+                char what[128];
+                snprintf(what, sizeof what, "prompt %d, mlp %dx%d, stop_threshold %g", p, cand,
+                         SPEC_STAGES, (double)cases[c].t);
+                expect_same(got, ref, what);
+                expect_stats(got, n_prompts[p], "mlp", what);
+                /* acceptance_by_position has one entry per depth drafted */
+                if (got->n_acc_pos != cases[c].depth)
+                    fail_msg("%s: trees %d deep, want %d", what, got->n_acc_pos, cases[c].depth);
+            }
+    }
+    /* sampling: the shorter chains run through the verifier's rule */
+    reqb b;
+    req_ids(&b, P1, NELEM(P1), 24);
+    req_sampling(&b);
+    b.sp.temperature = 1.2f;
+    b.sp.seed = 5;
+    req_drafter(&b, "mlp", 3, SPEC_STAGES);
+    b.spec.stop_threshold = 0.6f;
+    draft_gen(&T, &b, got);
+    assert_int_equal(got->code, GRPC_STATUS_OK);
+    expect_stats(got, NELEM(P1), "mlp", "sampling, stop_threshold 0.6");
+    assert_true(got->n_acc_pos <= 2);
+    free(ref);
+    free(got);
+}
+
 /* ---- 6. bad input ----------------------------------------------------------------- */
 
 static void expect_refused(world *w, const reqb *b, grpc_status_code want, const char *field) {
@@ -824,6 +902,13 @@ static void test_bad_input(void **state) {
     req_ids(&b, P0, NELEM(P0), 8);
     req_drafter(&b, "ngram", -1, 2);
     expect_refused(&T, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.speculation.candidates");
+    const float bad_thresholds[] = {1.0f, 7.5f, NAN};
+    for (int i = 0; i < 3; i++) {
+        req_ids(&b, P0, NELEM(P0), 8);
+        req_drafter(&b, "mlp", 1, 2);
+        b.spec.stop_threshold = bad_thresholds[i];
+        expect_refused(&T, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.speculation.stop_threshold");
+    }
     req_ids(&b, P0, NELEM(P0), 8);
     b.r.top_logprobs = 3;
     expect_refused(&T, &b, GRPC_STATUS_INVALID_ARGUMENT, "request.top_logprobs");
@@ -1549,6 +1634,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_max_new_small),
         cmocka_unit_test(test_tiny_stop_ids),
         cmocka_unit_test(test_tiny_ngram_tau),
+        cmocka_unit_test(test_tiny_adaptive_length),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_penalties_and_logprobs),

@@ -10,7 +10,15 @@
  * emitted tokens must match the exact plain-sampling distribution
  * p(t1) * p(t2 | t1), computed from the model's own logits (chi-square,
  * significance 1e-4). A negative control checks the test has the power to
- * reject a wrong distribution (the target at another temperature). */
+ * reject a wrong distribution (the target at another temperature).
+ *
+ * Shapes (SpecDec++ adaptive length, draft-svc/drafter_mlp.c): a node's
+ * number of children may depend on the tokens already drawn on its path
+ * (its own included), as long as it is fixed before its children are drawn.
+ * A tree where only a root child holding one particular token gets
+ * grandchildren must stay lossless; a tree that drops root children AFTER
+ * drawing them, by their value (what the i.i.d. rule forbids), must be
+ * caught. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,8 +124,14 @@ static int32_t draw_q(const specd_sparse_dist *q, uint64_t *st) {
     return q->ids[q->n - 1];
 }
 
+/* How each step's tree is shaped: the fixed 3 x 2; grandchildren only under
+ * a root child whose token is the key (allowed); root children equal to the
+ * key thrown away after the draw (forbidden). */
+typedef enum shape { SHAPE_FIXED, SHAPE_BY_TOKEN, SHAPE_DROP_KEY } shape;
+
 /* Runs speculative steps from the prompt until two tokens are emitted. */
-static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial, int32_t *out2) {
+static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial, shape sh,
+                          int32_t key, int32_t *out2) {
     int32_t emitted[2 + NODES + 1];
     int n_emit = 0, n_past = P - 1;
     int32_t pending = k_prompt[P - 1];
@@ -129,25 +143,28 @@ static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial
         int32_t tokens[NODES], parents[NODES];
         int n = 0;
         for (int c = 0; c < 3; c++) {
+            int32_t tok = draw_q(q, &st);
+            if (sh == SHAPE_DROP_KEY && tok == key) continue;
             int child = n;
-            tokens[n] = draw_q(q, &st);
+            tokens[n] = tok;
             parents[n++] = -1;
-            for (int g = 0; g < 2; g++) {
+            int kids = sh == SHAPE_BY_TOKEN && tok != key ? 0 : 2;
+            for (int g = 0; g < kids; g++) {
                 tokens[n] = draw_q(q, &st);
                 parents[n++] = child;
             }
         }
         specd_sparse_dist qs[NODES + 1];
         for (int i = 0; i <= NODES; i++) qs[i] = *q;
-        specd_tree tree = {NODES, tokens, parents, qs};
+        specd_tree tree = {n, tokens, parents, qs};
         if (specd_tree_validate(&tree, f->vocab, NODES, 1, &err)) fail_msg("%s", err.msg);
         uint8_t mask[(NODES + 1) * (NODES + 1)];
         int32_t pos[NODES + 1], toks[NODES + 1];
         specd_tree_mask(&tree, n_past, mask, pos);
         toks[0] = pending;
-        memcpy(toks + 1, tokens, sizeof tokens);
+        memcpy(toks + 1, tokens, sizeof(int32_t) * (size_t)n);
         float *logits = malloc(sizeof(float) * (NODES + 1) * f->vocab);
-        forward_rows(f, toks, NODES + 1, n_past, mask, pos, logits);
+        forward_rows(f, toks, n + 1, n_past, mask, pos, logits);
         int32_t acc[NODES], kept[NODES + 1];
         specd_verify_result res = {.accepted = acc, .kept_rows = kept};
         if (specd_verify_walk(&tree, logits, f->vocab, &f->s, &f->counts, (uint64_t)n_emit,
@@ -182,13 +199,14 @@ static void joint_of(fixture *f, const int32_t *t1_ids, int32_t t2_ids[TOPK][TOP
     free(p2);
 }
 
-typedef enum control { CONTROL_TEMPERATURE, CONTROL_FORGET_PATH } control;
+typedef enum control { CONTROL_TEMPERATURE, CONTROL_FORGET_PATH, CONTROL_NONE } control;
 
-/* Runs `trials` seeded speculative trials with sampling `s` and checks the
- * (t1, t2) counts against plain sampling; then against a wrong distribution
- * (`ctl`), which must be rejected. */
-static void run_lossless_case(const char *what, const specd_sampling *s, long trials,
-                              control ctl, int bias_top) {
+/* Runs `trials` seeded speculative trials with sampling `s` and trees shaped
+ * by `sh`, and returns the chi-square p-value of the (t1, t2) counts against
+ * plain sampling; then checks them against a wrong distribution (`ctl`),
+ * which must be rejected. */
+static double run_case(const char *what, const specd_sampling *s, long trials, control ctl,
+                       int bias_top, shape sh) {
     fixture f = {0};
     specd_error err = {{0}};
     f.m = specd_model_open(test_path("tests/golden/data/tiny-gqa/hf"), &err);
@@ -264,7 +282,7 @@ static void run_lossless_case(const char *what, const specd_sampling *s, long tr
     long counts[TOPK * TOPK] = {0}, outside = 0;
     for (long trial = 0; trial < trials; trial++) {
         int32_t two[2];
-        speculate_two(&f, &q, (uint64_t)trial, two);
+        speculate_two(&f, &q, (uint64_t)trial, sh, t1_ids[0], two);
         int cell = -1;
         for (int a = 0; a < TOPK; a++)
             for (int b = 0; b < TOPK; b++)
@@ -274,13 +292,14 @@ static void run_lossless_case(const char *what, const specd_sampling *s, long tr
     }
     assert_int_equal(outside, 0); /* nothing outside the target's support */
     double pv = chi2_fit(counts, joint, TOPK * TOPK, trials);
-    printf("  %s: speculative (t1, t2) vs plain sampling: chi-square p-value %.4f over %ld "
+    printf("  %s: speculative (t1, t2) vs plain sampling: chi-square p-value %.4g over %ld "
            "trials\n", what, pv, trials);
-    assert_true(pv >= ALPHA);
 
     double joint_wrong[TOPK * TOPK];
-    const char *ctl_what;
-    if (ctl == CONTROL_TEMPERATURE) {
+    const char *ctl_what = NULL;
+    if (ctl == CONTROL_NONE) {
+        /* the case is its own negative control */
+    } else if (ctl == CONTROL_TEMPERATURE) {
         /* the target at temperature 1.0 (same support, different weights) */
         f.s.temperature = 1.0f;
         joint_of(&f, t1_ids, t2_ids, 1, joint_wrong);
@@ -292,10 +311,12 @@ static void run_lossless_case(const char *what, const specd_sampling *s, long tr
         joint_of(&f, t1_ids, t2_ids, 0, joint_wrong);
         ctl_what = "penalties without the path";
     }
-    double pv_wrong = chi2_fit(counts, joint_wrong, TOPK * TOPK, trials);
-    printf("  %s: negative control (%s): p-value %.3g (must be < %g)\n", what, ctl_what,
-           pv_wrong, ALPHA);
-    assert_true(pv_wrong < ALPHA);
+    if (ctl_what) {
+        double pv_wrong = chi2_fit(counts, joint_wrong, TOPK * TOPK, trials);
+        printf("  %s: negative control (%s): p-value %.3g (must be < %g)\n", what, ctl_what,
+               pv_wrong, ALPHA);
+        assert_true(pv_wrong < ALPHA);
+    }
 
     free(p1);
     free(p2);
@@ -303,6 +324,12 @@ static void run_lossless_case(const char *what, const specd_sampling *s, long tr
     specd_token_counts_free(&f.counts);
     specd_transformer_free(f.t);
     specd_model_close(f.m);
+    return pv;
+}
+
+static void run_lossless_case(const char *what, const specd_sampling *s, long trials,
+                              control ctl, int bias_top) {
+    assert_true(run_case(what, s, trials, ctl, bias_top, SHAPE_FIXED) >= ALPHA);
 }
 
 static void test_tree_sampling_lossless(void **state) {
@@ -328,10 +355,27 @@ static void test_tree_sampling_lossless_penalties(void **state) {
     run_lossless_case("penalties + bias", &s, PEN_TRIALS, CONTROL_FORGET_PATH, 1);
 }
 
+/* Adaptive shapes: children counts that depend on drawn ancestors keep the
+ * output exact; dropping drawn siblings by value does not. */
+static void test_tree_sampling_adaptive_shapes(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 1.5f;
+    s.top_k = TOPK;
+    double pv = run_case("grandchildren by the child's token", &s, TRIALS, CONTROL_TEMPERATURE,
+                         0, SHAPE_BY_TOKEN);
+    assert_true(pv >= ALPHA);
+    pv = run_case("drawn children dropped by value (forbidden)", &s, TRIALS / 3, CONTROL_NONE, 0,
+                  SHAPE_DROP_KEY);
+    assert_true(pv < ALPHA);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_sampling_lossless),
         cmocka_unit_test(test_tree_sampling_lossless_penalties),
+        cmocka_unit_test(test_tree_sampling_adaptive_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -987,10 +987,13 @@ static void test_draft_example_parses(void **state) {
     assert_string_equal(c.targets.items[1], "dns:b:2");
     assert_int_equal(c.drafter.def, 2); /* ngram */
     assert_null(c.drafter.mlp.path);
+    assert_null(c.drafter.mlp.accept_head);
     assert_true(c.drafter.ngram.enabled);
     assert_int_equal(c.speculation.load_table.n, 3);
     assert_string_equal(c.speculation.load_table.items[1], "4:1x4");
     assert_int_equal(c.speculation.off_above, 32);
+    assert_true(c.speculation.adaptive.threshold == 0.0); /* adaptive length off */
+    assert_int_equal(c.speculation.adaptive.min_depth, 1);
     assert_int_equal(c.target.step_timeout, 30000);
     assert_string_equal(c.target.tls.server_name, "target-svc");
     assert_false(c.tls.insecure);
