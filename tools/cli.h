@@ -36,6 +36,9 @@ const char *cli_value(int argc, char **argv, int *i);
 int cli_int_list(const char *opt, const char *val, long lo, long hi, int32_t **out);
 
 #define SPECD_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+/* The speculator trained for the default model (committed; `specd train
+ * speculator` writes here by default, reproducing it). */
+#define SPECD_DEFAULT_SPECULATOR "models/SmolLM2-135M-Instruct.speculator"
 
 /* ---- sampling flags -------------------------------------------------------- */
 

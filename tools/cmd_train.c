@@ -70,7 +70,7 @@ static void train_usage(FILE *f) {
             "                          default data/train/corpus.jsonl)\n"
             "  --prompts FILE          stage-2 prompts, JSONL {\"prompt\"} (default\n"
             "                          data/train/prompts.jsonl)\n"
-            "  -o, --out DIR           output directory (default models/speculator)\n"
+            "  -o, --out DIR           output directory (default %s)\n"
             "  --cache DIR             encoded-data caches (default OUT/cache)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "model:\n"
@@ -83,12 +83,12 @@ static void train_usage(FILE *f) {
             "data:\n"
             "  --stage1-tokens N       tokens of text to encode (default 131072)\n"
             "  --seq-len N             stage-1 sequence length (default 256)\n"
-            "  --stage2-prompts N      prompts to continue (default 1024)\n"
+            "  --stage2-prompts N      prompts to continue (default 384)\n"
             "  --gen-len N             tokens generated per prompt (default 128)\n"
             "  --gen-parallel N        sequences decoded side by side (default 32)\n"
             "  --temperature T, --top-k K  stage-2 sampling (default 0.7, 50)\n"
             "optimization:\n"
-            "  --steps1 N, --steps2 N  steps per stage (default 700, 280)\n"
+            "  --steps1 N, --steps2 N  steps per stage (default 500, 200)\n"
             "  --batch1 N, --batch2 N  sequences per step (default 4, 16)\n"
             "  --lr1 X, --lr2 X        peak learning rates (default 1e-3, 3e-4)\n"
             "  --warmup N              warm-up steps of each stage (default 50)\n"
@@ -99,13 +99,13 @@ static void train_usage(FILE *f) {
             "  --checkpoint-every N    steps (default 100)\n"
             "  --resume                continue from OUT/train_state.safetensors\n"
             "  --prepare-only          build the data caches and stop\n",
-            SPECD_DEFAULT_MODEL);
+            SPECD_DEFAULT_MODEL, SPECD_DEFAULT_SPECULATOR);
 }
 
 static void opts_default(train_opts *o) {
     memset(o, 0, sizeof(*o));
     o->model = SPECD_DEFAULT_MODEL;
-    o->out = "models/speculator";
+    o->out = SPECD_DEFAULT_SPECULATOR;
     o->prompts = "data/train/prompts.jsonl";
     o->dtype = "F16";
     o->heads = 4;
@@ -115,13 +115,13 @@ static void opts_default(train_opts *o) {
     o->stage1_tokens = 131072;
     o->seq_len = 256;
     o->encode_batch = 2;
-    o->stage2_prompts = 1024;
+    o->stage2_prompts = 384;
     o->gen_len = 128;
     o->gen_parallel = 32;
     o->top_k = 50;
     o->temperature = 0.7f;
-    o->steps1 = 700;
-    o->steps2 = 280;
+    o->steps1 = 500;
+    o->steps2 = 200;
     o->warmup = 50;
     o->checkpoint_every = 100;
     o->batch1 = 4;

@@ -57,7 +57,7 @@ static void usage(FILE *f) {
             "(speculation.adaptive, drafter.mlp.accept_head).\n"
             "\n"
             "  -m, --model PATH      target model (default %s)\n"
-            "  --speculator DIR      the trained MLPSpeculator (default models/speculator)\n"
+            "  --speculator DIR      the trained MLPSpeculator (default %s)\n"
             "  --data FILE           JSONL {\"prompt\"}: the target continues it (exact labels);\n"
             "                        {\"text\"} or plain text: windows of it (repeatable;\n"
             "                        default data/train/prompts.jsonl)\n"
@@ -88,13 +88,13 @@ static void usage(FILE *f) {
             "                        given threshold, as the paper does; auto balances the\n"
             "                        classes (accepted / rejected mass)\n"
             "  --seed N              (default 42)\n",
-            SPECD_DEFAULT_MODEL);
+            SPECD_DEFAULT_MODEL, SPECD_DEFAULT_SPECULATOR);
 }
 
 static void opts_default(head_opts *o) {
     memset(o, 0, sizeof *o);
     o->model = SPECD_DEFAULT_MODEL;
-    o->speculator = "models/speculator";
+    o->speculator = SPECD_DEFAULT_SPECULATOR;
     o->dtype = "F32";
     o->lanes = 16;
     o->max_prompt = 512;
