@@ -222,6 +222,26 @@ int specd_tokenize(const specd_tokenizer *t, const char *text, size_t len, int a
 int32_t specd_tokenizer_n_vocab(const specd_tokenizer *t) { return t->n_vocab; }
 int32_t specd_tokenizer_bos(const specd_tokenizer *t) { return t->bos; }
 int32_t specd_tokenizer_eos(const specd_tokenizer *t) { return t->eos; }
+
+int specd_tokenizer_end_ids(const specd_tokenizer *t, int32_t out[SPECD_TOKENIZER_MAX_END]) {
+    int32_t cand[SPECD_TOKENIZER_MAX_END] = {t->eos, specd_tokenizer_token_id(t, "<|im_end|>"),
+                                             specd_tokenizer_token_id(t, "<|endoftext|>")};
+    int n = 0;
+    for (int i = 0; i < SPECD_TOKENIZER_MAX_END; i++) {
+        int dup = cand[i] < 0;
+        for (int j = 0; j < n && !dup; j++) dup = out[j] == cand[i];
+        if (!dup) out[n++] = cand[i];
+    }
+    return n;
+}
+
+int specd_tokenizer_is_end(const specd_tokenizer *t, int32_t id) {
+    int32_t ends[SPECD_TOKENIZER_MAX_END];
+    int n = specd_tokenizer_end_ids(t, ends);
+    for (int i = 0; i < n; i++)
+        if (ends[i] == id) return 1;
+    return 0;
+}
 int specd_tokenizer_wants_bos(const specd_tokenizer *t) { return t->wants_bos && t->bos >= 0; }
 
 int specd_tokenizer_is_special(const specd_tokenizer *t, int32_t id) {

@@ -56,6 +56,14 @@ int specd_tokenize(const specd_tokenizer *t, const char *text, size_t len, int a
 int32_t specd_tokenizer_n_vocab(const specd_tokenizer *t);
 int32_t specd_tokenizer_bos(const specd_tokenizer *t); /* -1 if none */
 int32_t specd_tokenizer_eos(const specd_tokenizer *t); /* -1 if none */
+/* The tokens that end a generation: EOS and, where the vocabulary has them,
+ * ChatML's end-of-turn / end-of-text markers (some GGUF files name only one
+ * of them as EOS). Writes up to SPECD_TOKENIZER_MAX_END distinct ids and
+ * returns how many. */
+#define SPECD_TOKENIZER_MAX_END 3
+int specd_tokenizer_end_ids(const specd_tokenizer *t, int32_t out[SPECD_TOKENIZER_MAX_END]);
+/* 1 if id is one of specd_tokenizer_end_ids(). */
+int specd_tokenizer_is_end(const specd_tokenizer *t, int32_t id);
 /* 1 if the model expects prompts to start with BOS (Llama 3 does, SmolLM2
  * does not): GGUF tokenizer.ggml.add_bos_token, or a tokenizer.json
  * post-processor / tokenizer_config.json that adds it. specd_tokenize never

@@ -267,13 +267,6 @@ static int prefill(specd_transformer *t, const int32_t *ids, int n, float *logit
     return 0;
 }
 
-/* End of generation: the model's EOS, or the end-of-turn / end-of-text
- * markers of ChatML models (some GGUF files name only one of them as EOS). */
-static int is_end_token(const specd_tokenizer *tok, int32_t id) {
-    return id == specd_tokenizer_eos(tok) || id == specd_tokenizer_token_id(tok, "<|im_end|>") ||
-           id == specd_tokenizer_token_id(tok, "<|endoftext|>");
-}
-
 /* --speculator: both services in this process, on loopback, and this
  * command as their client, so local speculative decoding runs exactly the
  * code a deployment runs (draft-svc's driver and drafter, target-svc's
@@ -394,7 +387,7 @@ int cmd_generate(int argc, char **argv) {
         int32_t next = specd_sample(sampling, logits, vocab, (uint64_t)n_gen, 0, scratch);
         out_ids[n_gen++] = next;
         if (adjust) specd_token_counts_add(&counts, next, 1);
-        if (!o.ignore_eos && is_end_token(tok, next)) {
+        if (!o.ignore_eos && specd_tokenizer_is_end(tok, next)) {
             finish = "eos";
             break;
         }

@@ -286,14 +286,8 @@ int cmd_train_accept_head(int argc, char **argv) {
                                  .max_batch = o.max_prompt > o.lanes ? o.max_prompt : o.lanes};
     if (!(t = specd_transformer_create(mf, &to, &err))) goto fail;
     const specd_mlp_spec_config *sc = specd_mlp_speculator_config(sp);
-    int32_t end_ids[3];
-    int n_end = 0;
-    const char *ends[2] = {"<|im_end|>", "<|endoftext|>"};
-    if (specd_tokenizer_eos(tok) >= 0) end_ids[n_end++] = specd_tokenizer_eos(tok);
-    for (int i = 0; i < 2; i++) {
-        int32_t id = specd_tokenizer_token_id(tok, ends[i]);
-        if (id >= 0) end_ids[n_end++] = id;
-    }
+    int32_t end_ids[SPECD_TOKENIZER_MAX_END];
+    int n_end = specd_tokenizer_end_ids(tok, end_ids);
     fprintf(stderr, "examples: %d sequences through %s and the %d-stage speculator %s (%s "
                     "labels)\n", src.n, o.model, sc->n_predict, o.speculator,
             o.temperature > 0 ? "sampling" : "greedy");

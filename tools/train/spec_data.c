@@ -140,13 +140,6 @@ done:
     return rc;
 }
 
-/* ---- stage 2: the target's own continuations -------------------------------- */
-
-static int is_end_token(const specd_tokenizer *tok, int32_t id) {
-    return id == specd_tokenizer_eos(tok) || id == specd_tokenizer_token_id(tok, "<|im_end|>") ||
-           id == specd_tokenizer_token_id(tok, "<|endoftext|>");
-}
-
 /* A prompt doc as ids: chat-rendered for "prompt" docs, raw for "text" docs;
  * the last max_prompt tokens. */
 static int prompt_ids(const specd_tokenizer *tok, const corpus_doc *doc, int max_prompt,
@@ -268,7 +261,7 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
             store_hidden(out->hidden + ((size_t)row * L + j) * dim, hidden + (size_t)i * dim, dim);
             out->len[row] = j + 1;
             g->n_past++;
-            int ended = is_end_token(tok, g->next) || j + 1 >= L ||
+            int ended = specd_tokenizer_is_end(tok, g->next) || j + 1 >= L ||
                         g->n_past >= specd_transformer_max_ctx(t);
             if (ended) {
                 g->row = -1;
