@@ -15,8 +15,6 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `specd bench --e2e` (cmd_bench hands over when it sees --e2e). */
 int cmd_bench_e2e(int argc, char **argv);
-/* `specd eval`: how good a speculator is (tau tables), in process. */
-int cmd_eval(int argc, char **argv);
 /* `specd train speculator | accept-head` (cmd_train.c dispatches). */
 int cmd_train(int argc, char **argv);
 int cmd_train_accept_head(int argc, char **argv);
