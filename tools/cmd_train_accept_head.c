@@ -41,6 +41,7 @@ typedef struct head_opts {
     int n_data;
     int threads, lanes, max_prompt, gen_len, seq_len;
     long max_examples;
+    long skip; /* leading documents of the data left out */
     float temperature;
     int hidden, layers;
     accept_train_opts train;
@@ -71,6 +72,9 @@ static void usage(FILE *f) {
             "  --seq-len N           text window length (default 256)\n"
             "  --lanes N             sequences run side by side (default 16)\n"
             "  --max-examples N      stop collecting after N (default 200000)\n"
+            "  --skip N              leave out the first N documents (e.g. the prompts the\n"
+            "                        speculator was trained on, so the head learns the\n"
+            "                        acceptance of unseen text; default 0)\n"
             "model:\n"
             "  --hidden N            hidden width (default 256)\n"
             "  --layers N            residual SiLU blocks (default 2)\n"
@@ -136,6 +140,8 @@ static int parse(int argc, char **argv, head_opts *o) {
         else if (!strcmp(a, "--lanes")) o->lanes = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--max-examples"))
             o->max_examples = cli_int(a, cli_value(argc, argv, &i), 1, 1L << 32);
+        else if (!strcmp(a, "--skip"))
+            o->skip = cli_int(a, cli_value(argc, argv, &i), 0, 1L << 40);
         else if (!strcmp(a, "--hidden"))
             o->hidden = (int)cli_int(a, cli_value(argc, argv, &i), 1, SPECD_ACCEPT_HEAD_MAX_HIDDEN);
         else if (!strcmp(a, "--layers"))
@@ -270,6 +276,12 @@ int cmd_train_accept_head(int argc, char **argv) {
 
     for (int i = 0; i < o.n_data; i++)
         if (corpus_read_file(&c, o.data[i], &err)) goto fail;
+    if (o.skip > 0) {
+        size_t k = (size_t)o.skip < c.n_docs ? (size_t)o.skip : c.n_docs;
+        for (size_t i = 0; i < k; i++) free(c.docs[i].text);
+        memmove(c.docs, c.docs + k, sizeof(*c.docs) * (c.n_docs - k));
+        c.n_docs -= k;
+    }
     if (!(mf = specd_model_open(o.model, &err)) || !(tok = specd_tokenizer_from_model(mf, &err)))
         goto fail;
     if (!(sp = specd_mlp_speculator_load(o.speculator, o.threads, &err))) goto fail;
