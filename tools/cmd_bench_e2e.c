@@ -89,6 +89,7 @@ static const struct {
 
 typedef struct bench_opts {
     const char *model, *draft_model, *speculator, *target, *draft, *prompts_file;
+    int per_class; /* --per-class: keep the first N prompts of each class (0 = all) */
     int levels[MAX_LEVELS], n_levels;
     int max_new, threads, requests, ctx, candidates, depth;
     const char *only_drafters;
@@ -150,9 +151,11 @@ static void usage(void) {
            "  --target ADDR        use this target-svc (draft-svc still runs in-process)\n"
            "  --draft ADDR         use this draft-svc (and the targets behind it)\n"
            "  --streams LIST       concurrent streams (default 1,2,4,8,16,32)\n"
-           "  --prompts FILE       JSONL, one {\"prompt\": TEXT, \"class\": NAME, \"system\": TEXT,\n"
+           "  --prompts FILE       JSONL, one {\"prompt\": TEXT, \"class\" (or \"kind\"): NAME,\n"
+           "                       \"system\": TEXT,"
            "                       \"chat\": BOOL (default true), \"name\": NAME} per line\n"
            "                       (default: a committed set of 2 repetitive + 2 chat prompts)\n"
+           "  --per-class N        only the first N prompts of each class\n"
            "  -n, --max-new-tokens N  tokens per request (default 128)\n"
            "  --requests N         requests per stream per cell (default: one per prompt)\n"
            "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
@@ -215,6 +218,8 @@ static int load_prompts(const char *path, prompt **out, int *n_out, specd_error 
             v = bigger;
         }
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "class");
+        /* "kind" is what the training and eval prompt files call it */
+        if (!cls) cls = cJSON_GetObjectItemCaseSensitive(j, "kind");
         const cJSON *sys = cJSON_GetObjectItemCaseSensitive(j, "system");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
         const cJSON *chat = cJSON_GetObjectItemCaseSensitive(j, "chat");
@@ -561,6 +566,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--target")) o->target = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->draft = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--prompts")) o->prompts_file = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--per-class"))
+            o->per_class = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--drafters")) o->only_drafters = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--accept-head")) o->accept_head = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--stop-thresholds")) {
@@ -627,6 +634,25 @@ int cmd_bench_e2e(int argc, char **argv) {
     } else if (!(prompts = builtin_prompts(&n_prompts))) {
         fprintf(stderr, "specd bench --e2e: out of memory\n");
         return 1;
+    }
+    if (o.per_class > 0) { /* keep the first per_class of each class, in file order */
+        int kept = 0;
+        for (int i = 0; i < n_prompts; i++) {
+            int seen = 0;
+            for (int j = 0; j < kept; j++) seen += !strcmp(prompts[j].cls, prompts[i].cls);
+            if (seen < o.per_class) {
+                prompt keep = prompts[i];
+                prompts[i] = prompts[kept];
+                prompts[kept++] = keep;
+            }
+        }
+        for (int i = kept; i < n_prompts; i++) {
+            free(prompts[i].name);
+            free(prompts[i].cls);
+            free(prompts[i].system);
+            free(prompts[i].text);
+        }
+        n_prompts = kept;
     }
     /* prompt classes, in order of first appearance */
     char classes[MAX_CLASSES][32];
