@@ -1506,12 +1506,14 @@ static void bg_start(bg_gen *g, world *w, const reqb *b, gen_out *o) {
 }
 
 /* Waits (bounded) until the request has streamed n tokens; fails if it
- * ended first. */
-static void bg_wait_tokens(bg_gen *g, int n) {
+ * ended first, unless may_end (then the caller only wants "n tokens or
+ * finished"). */
+static void bg_wait_tokens(bg_gen *g, int n, int may_end) {
     for (int i = 0; i < 2000 && atomic_load(&g->progress) < n; i++) {
         if (atomic_load(&g->done)) break;
         sleep_ms(5);
     }
+    if (may_end && atomic_load(&g->done)) return;
     if (atomic_load(&g->progress) < n || atomic_load(&g->done)) {
         pthread_join(g->th, NULL);
         fail_msg("the request streamed %d tokens (status %d: %s), not %d and going on",
@@ -1584,9 +1586,14 @@ static void test_failover(void **state) {
     /* Starts while only A is up, so its session is on A. */
     bg_gen g;
     bg_start(&g, &W, &rq, got);
-    bg_wait_tokens(&g, 3);
+    bg_wait_tokens(&g, 3, 0);
+    /* Freeze A mid-stream while B starts: a whole request on the tiny model
+     * can take less time than starting a process on a loaded machine, and
+     * the kill must land mid-generation. (The frozen step is far inside the
+     * driver's 20 s step_timeout, so the failover below comes from the
+     * kill.) */
+    kill(a, SIGSTOP);
     b = start_target(port_b);
-    bg_wait_tokens(&g, 10);
     int at_kill = atomic_load(&g.progress);
     kill_kid(a);
     a = 0;
@@ -1600,7 +1607,10 @@ static void test_failover(void **state) {
     a = start_target(port_a);
     sleep_ms(450); /* A's backoff in the pool (at most 400 ms) is over */
     bg_start(&g, &W, &rq, got);
-    bg_wait_tokens(&g, 10);
+    /* Which target holds the session is the pool's choice, and on a loaded
+     * machine the request may even end before B dies: the output must be
+     * the same either way. */
+    bg_wait_tokens(&g, 10, 1);
     at_kill = atomic_load(&g.progress);
     kill_kid(b);
     b = 0;
