@@ -4,6 +4,7 @@
  * copy of a large tensor is ever held. Values are written in host byte
  * order: specd, like the reader, assumes a little-endian machine. */
 #include "safetensors_write.h"
+#include "small_file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -130,35 +131,16 @@ int safetensors_write(const char *path, const safetensors_out *tensors, int n,
     char *header = build_header(tensors, n, meta_keys, meta_vals, n_meta, &hlen, err);
     if (!header) return specd_preferr(err, "%s", path);
 
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        free(header);
-        return specd_seterr(err, "%s: path too long", path);
-    }
-    FILE *f = fopen(tmp, "wb");
+    char tmp[SPECD_ATOMIC_TMP_MAX];
+    FILE *f = specd_atomic_open(path, tmp, err);
     if (!f) {
         free(header);
-        return specd_seterr(err, "%s: cannot create: %s", tmp, strerror(errno));
+        return -1;
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     int bad = fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen;
     free(header);
     for (int i = 0; !bad && i < n; i++) bad = write_tensor(f, &tensors[i]);
-    /* the data must be on disk before the rename makes it the file */
-    bad = bad || fflush(f) != 0 || fsync(fileno(f)) != 0;
-    int saved = errno;
-    if (fclose(f) != 0 && !bad) {
-        bad = 1;
-        saved = errno;
-    }
-    if (!bad && rename(tmp, path) != 0) {
-        bad = 1;
-        saved = errno;
-    }
-    if (bad) {
-        unlink(tmp);
-        return specd_seterr(err, "%s: write failed: %s", path, strerror(saved));
-    }
-    return 0;
+    return specd_atomic_commit(f, tmp, path, bad, err);
 }

@@ -33,19 +33,25 @@ char *specd_read_small_file(const char *path, size_t max_bytes, size_t *len, spe
     return buf;
 }
 
-int specd_write_small_file(const char *path, const void *data, size_t len, specd_error *err) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return specd_seterr(err, "%s: path too long", path);
+FILE *specd_atomic_open(const char *path, char tmp[SPECD_ATOMIC_TMP_MAX], specd_error *err) {
+    if (snprintf(tmp, SPECD_ATOMIC_TMP_MAX, "%s.tmp.%ld", path, (long)getpid()) >=
+        SPECD_ATOMIC_TMP_MAX) {
+        specd_seterr(err, "%s: path too long", path);
+        return NULL;
+    }
     FILE *f = fopen(tmp, "wb");
-    if (!f) return specd_seterr(err, "%s: cannot create: %s", tmp, strerror(errno));
-    int bad = fwrite(data, 1, len, f) != len || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    if (!f) specd_seterr(err, "%s: cannot create: %s", tmp, strerror(errno));
+    return f;
+}
+
+int specd_atomic_commit(FILE *f, const char *tmp, const char *path, int failed, specd_error *err) {
+    /* the data must be on disk before the rename makes it the file */
+    int bad = failed || fflush(f) != 0 || fsync(fileno(f)) != 0;
     int saved = errno;
     if (fclose(f) != 0 && !bad) {
         bad = 1;
         saved = errno;
     }
-    /* the data is on disk before the rename makes it the file */
     if (!bad && rename(tmp, path) != 0) {
         bad = 1;
         saved = errno;
@@ -55,6 +61,13 @@ int specd_write_small_file(const char *path, const void *data, size_t len, specd
         return specd_seterr(err, "%s: write failed: %s", path, strerror(saved));
     }
     return 0;
+}
+
+int specd_write_small_file(const char *path, const void *data, size_t len, specd_error *err) {
+    char tmp[SPECD_ATOMIC_TMP_MAX];
+    FILE *f = specd_atomic_open(path, tmp, err);
+    if (!f) return -1;
+    return specd_atomic_commit(f, tmp, path, fwrite(data, 1, len, f) != len, err);
 }
 
 int specd_path_join(char *out, size_t cap, const char *dir, const char *name, specd_error *err) {

@@ -1,6 +1,7 @@
 /* test_util.c - see test_util.h. */
 #include "test_util.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,4 +55,67 @@ void test_fill_random(float *x, size_t n, uint64_t seed, float scale) {
         s ^= s >> 33;
         x[i] = ((float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f) * scale;
     }
+}
+
+int test_write_random_speculator(const char *dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "{\"architectures\": [\"MLPSpeculatorPreTrainedModel\"], \"model_type\": "
+               "\"mlp_speculator\", \"vocab_size\": 512, \"emb_dim\": 64, \"inner_dim\": %d, "
+               "\"n_predict\": %d, \"top_k_tokens_per_head\": [3, 2, 2], \"n_candidates\": 4, "
+               "\"tie_weights\": false, \"scale_input\": true, \"torch_dtype\": \"float32\"}\n",
+            TEST_SPEC_INNER, TEST_SPEC_STAGES);
+    fclose(f);
+    /* name, rows, cols (cols 0 = a vector) */
+    struct { char name[48]; int rows, cols; } t[5 * TEST_SPEC_STAGES];
+    int n = 0;
+    for (int i = 0; i < TEST_SPEC_STAGES; i++) {
+        snprintf(t[n].name, sizeof t[n].name, "speculator.emb.%d.weight", i);
+        t[n].rows = 512, t[n++].cols = TEST_SPEC_INNER;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.proj.%d.weight", i);
+        t[n].rows = TEST_SPEC_INNER, t[n++].cols = i ? TEST_SPEC_INNER : 64;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.head.%d.weight", i);
+        t[n].rows = 512, t[n++].cols = TEST_SPEC_INNER;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.weight", i);
+        t[n].rows = TEST_SPEC_INNER, t[n++].cols = 0;
+        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.bias", i);
+        t[n].rows = TEST_SPEC_INNER, t[n++].cols = 0;
+    }
+    char header[8192];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
+    for (int i = 0; i < n; i++) {
+        size_t bytes = sizeof(float) * (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
+        char shape[32];
+        if (t[i].cols) snprintf(shape, sizeof shape, "[%d, %d]", t[i].rows, t[i].cols);
+        else snprintf(shape, sizeof shape, "[%d]", t[i].rows);
+        hl += (size_t)snprintf(header + hl, sizeof header - hl,
+                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, "
+                               "\"data_offsets\": [%zu, %zu]}",
+                               i ? ", " : "", t[i].name, shape, off, off + bytes);
+        off += bytes;
+    }
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
+    if (hl >= sizeof header) return -1;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    f = fopen(path, "wb");
+    if (!f) return -1;
+    uint64_t hlen = hl;
+    uint8_t le[8];
+    for (int k = 0; k < 8; k++) le[k] = (uint8_t)(hlen >> (8 * k));
+    fwrite(le, 1, 8, f);
+    fwrite(header, 1, hl, f);
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
+        float *w = malloc(sizeof(float) * cnt);
+        /* LayerNorm weights around 1, everything else small */
+        test_fill_random(w, cnt, 1000 + (uint64_t)i, t[i].cols ? 0.3f : 0.2f);
+        if (!t[i].cols && strstr(t[i].name, "weight"))
+            for (size_t k = 0; k < cnt; k++) w[k] += 1.0f;
+        fwrite(w, sizeof(float), cnt, f); /* little-endian hosts only, as specd */
+        free(w);
+    }
+    return fclose(f) == 0 ? 0 : -1;
 }

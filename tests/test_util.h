@@ -17,4 +17,15 @@ int test_file_exists(const char *path);
 /* Fills with deterministic pseudo-random floats in [-scale, scale]. */
 void test_fill_random(float *x, size_t n, uint64_t seed, float scale);
 
+/* An MLPSpeculator checkpoint (config.json + model.safetensors, the Hugging
+ * Face layout IBM publishes) with random F32 weights, shaped for the tiny
+ * test model (vocab 512, emb_dim 64): TEST_SPEC_STAGES untied stages of
+ * width TEST_SPEC_INNER, written into dir. No trained fixture of that shape
+ * exists, and losslessness must hold for any weights, so tests use it to
+ * run the mlp path end to end with drafts that are mostly wrong. 0, or -1
+ * when a file cannot be written. */
+#define TEST_SPEC_INNER 48
+#define TEST_SPEC_STAGES 3
+int test_write_random_speculator(const char *dir);
+
 #endif

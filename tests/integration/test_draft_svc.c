@@ -406,78 +406,6 @@ static void draft_up(world *w, const char *const *targets, int n_targets, int ma
     w->dch = channel_to(addr);
 }
 
-/* An MLPSpeculator checkpoint (config.json + model.safetensors, the Hugging
- * Face layout IBM publishes) with random weights, shaped for the tiny model
- * (vocab 512, emb_dim 64), written into dir. No trained speculator fixture of
- * that shape exists (tests/golden/data/mlp-spec-* have other vocabularies),
- * and losslessness must hold for any weights: this exercises the mlp path
- * end to end (hidden states from the target, per-stage trees) with drafts
- * that are mostly wrong. */
-#define SPEC_INNER 48
-#define SPEC_STAGES 3
-static void write_random_speculator(const char *dir) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) fail_msg("cannot write %s", path);
-    fprintf(f, "{\"architectures\": [\"MLPSpeculatorPreTrainedModel\"], \"model_type\": "
-               "\"mlp_speculator\", \"vocab_size\": 512, \"emb_dim\": 64, \"inner_dim\": %d, "
-               "\"n_predict\": %d, \"top_k_tokens_per_head\": [3, 2, 2], \"n_candidates\": 4, "
-               "\"tie_weights\": false, \"scale_input\": true, \"torch_dtype\": \"float32\"}\n",
-            SPEC_INNER, SPEC_STAGES);
-    fclose(f);
-    /* name, rows, cols (cols 0 = a vector) */
-    struct { char name[48]; int rows, cols; } t[5 * SPEC_STAGES];
-    int n = 0;
-    for (int i = 0; i < SPEC_STAGES; i++) {
-        snprintf(t[n].name, sizeof t[n].name, "speculator.emb.%d.weight", i);
-        t[n].rows = 512, t[n++].cols = SPEC_INNER;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.proj.%d.weight", i);
-        t[n].rows = SPEC_INNER, t[n++].cols = i ? SPEC_INNER : 64;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.head.%d.weight", i);
-        t[n].rows = 512, t[n++].cols = SPEC_INNER;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.weight", i);
-        t[n].rows = SPEC_INNER, t[n++].cols = 0;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.bias", i);
-        t[n].rows = SPEC_INNER, t[n++].cols = 0;
-    }
-    char header[8192];
-    size_t hl = 0, off = 0;
-    hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
-    for (int i = 0; i < n; i++) {
-        size_t bytes = sizeof(float) * (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
-        char shape[32];
-        if (t[i].cols) snprintf(shape, sizeof shape, "[%d, %d]", t[i].rows, t[i].cols);
-        else snprintf(shape, sizeof shape, "[%d]", t[i].rows);
-        hl += (size_t)snprintf(header + hl, sizeof header - hl,
-                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, "
-                               "\"data_offsets\": [%zu, %zu]}",
-                               i ? ", " : "", t[i].name, shape, off, off + bytes);
-        off += bytes;
-    }
-    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
-    assert_true(hl < sizeof header);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    f = fopen(path, "wb");
-    if (!f) fail_msg("cannot write %s", path);
-    uint64_t hlen = hl;
-    uint8_t le[8];
-    for (int k = 0; k < 8; k++) le[k] = (uint8_t)(hlen >> (8 * k));
-    fwrite(le, 1, 8, f);
-    fwrite(header, 1, hl, f);
-    for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
-        float *w = malloc(sizeof(float) * cnt);
-        /* LayerNorm weights around 1, everything else small */
-        test_fill_random(w, cnt, 1000 + (uint64_t)i, t[i].cols ? 0.3f : 0.2f);
-        if (!t[i].cols && strstr(t[i].name, "weight"))
-            for (size_t k = 0; k < cnt; k++) w[k] += 1.0f;
-        fwrite(w, sizeof(float), cnt, f); /* little-endian hosts only, as specd */
-        free(w);
-    }
-    fclose(f);
-}
-
 static char spec_dir[64];
 
 /* A target on `model` (in-process) and a draft-svc in front of it, offering
@@ -562,9 +490,9 @@ static world T; /* tiny-gqa, the group fixture */
  * length is off unless a request asks (the service default is 0). */
 static void write_half_head(const char *dir) {
     enum { H = 4 };
-    static float zeros[SPEC_INNER * H];
-    specd_accept_head_config c = {.input_dim = SPEC_INNER, .hidden_dim = H, .n_layers = 0,
-                                  .n_stages = SPEC_STAGES};
+    static float zeros[TEST_SPEC_INNER * H];
+    specd_accept_head_config c = {.input_dim = TEST_SPEC_INNER, .hidden_dim = H, .n_layers = 0,
+                                  .n_stages = TEST_SPEC_STAGES};
     specd_accept_head_weights w = {.in_w = zeros, .in_b = zeros, .stage_emb = zeros,
                                    .out_w = zeros, .out_b = 0.0f};
     char path[PATH_MAX];
@@ -577,7 +505,7 @@ static int group_setup(void **state) {
     (void)state;
     snprintf(spec_dir, sizeof spec_dir, "/tmp/specd-test-spec-XXXXXX");
     if (!mkdtemp(spec_dir)) fail_msg("mkdtemp: %s", strerror(errno));
-    write_random_speculator(spec_dir);
+    assert_int_equal(test_write_random_speculator(spec_dir), 0);
     write_half_head(spec_dir);
     world_up(&T, TINY, TINY_DRAFT, spec_dir, TINY_CTX, 128, 1);
     return 0;
@@ -809,12 +737,12 @@ static void test_tiny_adaptive_length(void **state) {
         for (int c = 0; c < 4; c++)
             for (int cand = 1; cand <= 3; cand += 2) {
                 req_ids(&b, prompts[p], n_prompts[p], 24);
-                req_drafter(&b, "mlp", cand, SPEC_STAGES);
+                req_drafter(&b, "mlp", cand, TEST_SPEC_STAGES);
                 b.spec.stop_threshold = cases[c].t;
                 draft_gen(&T, &b, got);
                 char what[128];
                 snprintf(what, sizeof what, "prompt %d, mlp %dx%d, stop_threshold %g", p, cand,
-                         SPEC_STAGES, (double)cases[c].t);
+                         TEST_SPEC_STAGES, (double)cases[c].t);
                 expect_same(got, ref, what);
                 expect_stats(got, n_prompts[p], "mlp", what);
                 /* acceptance_by_position has one entry per depth drafted */
@@ -828,7 +756,7 @@ static void test_tiny_adaptive_length(void **state) {
     req_sampling(&b);
     b.sp.temperature = 1.2f;
     b.sp.seed = 5;
-    req_drafter(&b, "mlp", 3, SPEC_STAGES);
+    req_drafter(&b, "mlp", 3, TEST_SPEC_STAGES);
     b.spec.stop_threshold = 0.6f;
     draft_gen(&T, &b, got);
     assert_int_equal(got->code, GRPC_STATUS_OK);

@@ -49,85 +49,18 @@ static char g_spec_dir[64];
 static int32_t g_prompt_ids[N_PROMPTS][24];
 static eval_prompt g_prompts[N_PROMPTS];
 
-/* An MLPSpeculator checkpoint with random weights for the tiny model (vocab
- * 512, emb_dim 64, 3 stages), as tests/integration/test_draft_svc.c writes
- * one. */
-#define SPEC_INNER 48
-#define SPEC_STAGES 3
-static void write_random_speculator(const char *dir) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) fail_msg("cannot write %s", path);
-    fprintf(f, "{\"architectures\": [\"MLPSpeculatorPreTrainedModel\"], \"model_type\": "
-               "\"mlp_speculator\", \"vocab_size\": 512, \"emb_dim\": 64, \"inner_dim\": %d, "
-               "\"n_predict\": %d, \"top_k_tokens_per_head\": [3, 2, 2], \"n_candidates\": 4, "
-               "\"tie_weights\": false, \"scale_input\": true, \"torch_dtype\": \"float32\"}\n",
-            SPEC_INNER, SPEC_STAGES);
-    fclose(f);
-    struct { char name[48]; int rows, cols; } t[5 * SPEC_STAGES]; /* cols 0 = a vector */
-    int n = 0;
-    for (int i = 0; i < SPEC_STAGES; i++) {
-        snprintf(t[n].name, sizeof t[n].name, "speculator.emb.%d.weight", i);
-        t[n].rows = 512, t[n++].cols = SPEC_INNER;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.proj.%d.weight", i);
-        t[n].rows = SPEC_INNER, t[n++].cols = i ? SPEC_INNER : 64;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.head.%d.weight", i);
-        t[n].rows = 512, t[n++].cols = SPEC_INNER;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.weight", i);
-        t[n].rows = SPEC_INNER, t[n++].cols = 0;
-        snprintf(t[n].name, sizeof t[n].name, "speculator.ln.%d.bias", i);
-        t[n].rows = SPEC_INNER, t[n++].cols = 0;
-    }
-    char header[8192];
-    size_t hl = 0, off = 0;
-    hl += (size_t)snprintf(header + hl, sizeof header - hl, "{");
-    for (int i = 0; i < n; i++) {
-        size_t bytes = sizeof(float) * (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
-        char shape[32];
-        if (t[i].cols) snprintf(shape, sizeof shape, "[%d, %d]", t[i].rows, t[i].cols);
-        else snprintf(shape, sizeof shape, "[%d]", t[i].rows);
-        hl += (size_t)snprintf(header + hl, sizeof header - hl,
-                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, "
-                               "\"data_offsets\": [%zu, %zu]}",
-                               i ? ", " : "", t[i].name, shape, off, off + bytes);
-        off += bytes;
-    }
-    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
-    assert_true(hl < sizeof header);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    f = fopen(path, "wb");
-    if (!f) fail_msg("cannot write %s", path);
-    uint64_t hlen = hl;
-    uint8_t le[8];
-    for (int k = 0; k < 8; k++) le[k] = (uint8_t)(hlen >> (8 * k));
-    fwrite(le, 1, 8, f);
-    fwrite(header, 1, hl, f);
-    for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
-        float *w = malloc(sizeof(float) * cnt);
-        /* LayerNorm weights around 1, everything else small */
-        test_fill_random(w, cnt, 1000 + (uint64_t)i, t[i].cols ? 0.3f : 0.2f);
-        if (!t[i].cols && strstr(t[i].name, "weight"))
-            for (size_t k = 0; k < cnt; k++) w[k] += 1.0f;
-        fwrite(w, sizeof(float), cnt, f); /* little-endian hosts only, as specd */
-        free(w);
-    }
-    fclose(f);
-}
-
 /* A SpecDec++ acceptance head with random weights for that speculator, in
  * dir/accept_head: its p's sit around 1/2, so thresholds cut paths at
  * different depths. */
 #define HEAD_HIDDEN 16
 static void write_random_accept_head(const char *dir) {
-    specd_accept_head_config c = {.input_dim = SPEC_INNER, .hidden_dim = HEAD_HIDDEN,
-                                  .n_layers = 1, .n_stages = SPEC_STAGES};
-    enum { H = HEAD_HIDDEN, D = SPEC_INNER };
-    static float in_w[H * D], in_b[H], emb[SPEC_STAGES * H], w1[H * H], b1[H], w2[H * H], b2[H],
+    specd_accept_head_config c = {.input_dim = TEST_SPEC_INNER, .hidden_dim = HEAD_HIDDEN,
+                                  .n_layers = 1, .n_stages = TEST_SPEC_STAGES};
+    enum { H = HEAD_HIDDEN, D = TEST_SPEC_INNER };
+    static float in_w[H * D], in_b[H], emb[TEST_SPEC_STAGES * H], w1[H * H], b1[H], w2[H * H], b2[H],
         out_w[H];
     float *all[] = {in_w, in_b, emb, w1, b1, w2, b2, out_w};
-    size_t sizes[] = {H * D, H, SPEC_STAGES * H, H * H, H, H * H, H, H};
+    size_t sizes[] = {H * D, H, TEST_SPEC_STAGES * H, H * H, H, H * H, H, H};
     for (int i = 0; i < 8; i++) test_fill_random(all[i], sizes[i], 77 + (uint64_t)i, 0.2f);
     specd_accept_head_weights w = {.in_w = in_w, .in_b = in_b, .stage_emb = emb,
                                    .fc1_w = {w1}, .fc1_b = {b1}, .fc2_w = {w2}, .fc2_b = {b2},
@@ -149,7 +82,7 @@ static int group_setup(void **state) {
     }
     snprintf(g_spec_dir, sizeof g_spec_dir, "/tmp/specd_eval_spec_%d", (int)getpid());
     if (mkdir(g_spec_dir, 0700)) return -1;
-    write_random_speculator(g_spec_dir);
+    assert_int_equal(test_write_random_speculator(g_spec_dir), 0);
     write_random_accept_head(g_spec_dir);
     /* prompts of different lengths, so lanes finish at different rounds */
     for (int p = 0; p < N_PROMPTS; p++) {
