@@ -5,12 +5,14 @@
  * shards), tensor lookup with shape checks, loading, and the stage forward
  * pass, which is the reference's loop body written out.
  *
- * Matmuls and embedding lookups go through the CPU compute backend
- * (kernels/backend.h): the head matmul ([rows x inner] . [inner x vocab]) is
- * nearly all the work and the backend spreads it over its thread pool,
- * reading each weight row once for the whole batch. The norms and GELU are
- * plain C on host memory, which is why this module asks for the CPU backend
- * specifically. */
+ * Every arithmetic step goes through the compute backend (kernels/backend.h):
+ * matmuls, embedding lookups, the norm + GELU. The head matmul ([rows x
+ * inner] . [inner x vocab]) is nearly all the work and the CPU backend
+ * spreads it over its thread pool, reading each weight row once for the
+ * whole batch. This module asks for the CPU backend: its stage API takes
+ * and returns host arrays, which on the CPU backend are device buffers
+ * already; the speculator is small enough that draft-svc runs it beside the
+ * scheduler on the CPU while the target owns the GPU. */
 #include "draft-svc/mlp_speculator.h"
 
 #include <cjson/cJSON.h>
@@ -287,6 +289,10 @@ struct specd_mlp_speculator {
     specd_bweight emb[SPECD_MLP_SPEC_MAX_PREDICT], proj[SPECD_MLP_SPEC_MAX_PREDICT],
         head[SPECD_MLP_SPEC_MAX_PREDICT];
     float *ln_w[SPECD_MLP_SPEC_MAX_PREDICT], *ln_b[SPECD_MLP_SPEC_MAX_PREDICT]; /* fp32 */
+    /* the same vectors as backend weights (aligned fp32 copies: safetensors
+     * data is only byte-aligned) */
+    specd_tensor t_lnw[SPECD_MLP_SPEC_MAX_PREDICT], t_lnb[SPECD_MLP_SPEC_MAX_PREDICT];
+    specd_bweight lnw[SPECD_MLP_SPEC_MAX_PREDICT], lnb[SPECD_MLP_SPEC_MAX_PREDICT];
     int ln_owned[SPECD_MLP_SPEC_MAX_PREDICT]; /* 1 where the stage owns its ln arrays */
     float emb_scale; /* emb_weight / state_weight */
     /* Reduced vocabulary (cfg.vocab_mapped), else NULL: draft id -> target id
@@ -363,6 +369,20 @@ static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, s
     return sp->be->ops->prepare_weight(sp->be, w, t, err);
 }
 
+/* An fp32 vector the loader converted, as a backend weight. */
+static int make_vector(specd_mlp_speculator *sp, const char *name, float *v, int n,
+                       specd_tensor *t, specd_bweight *w, specd_error *err) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->type = SPECD_F32;
+    t->n_dims = 1;
+    t->ne[0] = (uint64_t)n;
+    t->ne[1] = t->ne[2] = t->ne[3] = 1;
+    t->data = v;
+    t->nbytes = sizeof(float) * (uint64_t)n;
+    return sp->be->ops->prepare_weight(sp->be, w, t, err);
+}
+
 static float elem_f32(const safetensors_tensor *t, size_t i) {
     switch (t->type) {
     case SPECD_F16: return specd_fp16_to_f32(((const uint16_t *)t->data)[i]);
@@ -414,10 +434,14 @@ static int bind_weights(specd_mlp_speculator *sp, specd_error *err) {
         if (tied && i > 0) { /* same tensors as stage 0: share the fp32 copies */
             sp->ln_w[i] = sp->ln_w[0];
             sp->ln_b[i] = sp->ln_b[0];
-            continue;
+        } else {
+            sp->ln_owned[i] = 1;
+            if (!(sp->ln_w[i] = vector_f32(lw, err)) || !(sp->ln_b[i] = vector_f32(lb, err)))
+                return -1;
         }
-        sp->ln_owned[i] = 1;
-        if (!(sp->ln_w[i] = vector_f32(lw, err)) || !(sp->ln_b[i] = vector_f32(lb, err))) return -1;
+        if (make_vector(sp, lw->name, sp->ln_w[i], c->inner_dim, &sp->t_lnw[i], &sp->lnw[i], err) ||
+            make_vector(sp, lb->name, sp->ln_b[i], c->inner_dim, &sp->t_lnb[i], &sp->lnb[i], err))
+            return -1;
     }
     return 0;
 }
@@ -517,6 +541,8 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
             if (sp->emb[i].src) sp->be->ops->release_weight(sp->be, &sp->emb[i]);
             if (sp->proj[i].src) sp->be->ops->release_weight(sp->be, &sp->proj[i]);
             if (sp->head[i].src) sp->be->ops->release_weight(sp->be, &sp->head[i]);
+            if (sp->lnw[i].src) sp->be->ops->release_weight(sp->be, &sp->lnw[i]);
+            if (sp->lnb[i].src) sp->be->ops->release_weight(sp->be, &sp->lnb[i]);
         }
         if (sp->ln_owned[i]) {
             free(sp->ln_w[i]);
@@ -548,14 +574,6 @@ int specd_mlp_speculator_state_in_dim(const specd_mlp_speculator *sp, int stage)
  * The mean is accumulated in double: the reference sums in fp32 in a
  * pairwise order we cannot reproduce, and a double sum stays well inside its
  * rounding. */
-static float rms_scale(const float *x, int dim) {
-    double ss = 0;
-    for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
-    return (float)(1.0 / sqrt(ss / dim + NORM_EPS));
-}
-
-static float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
-
 static int grow_scratch(specd_mlp_speculator *sp, size_t rows, specd_error *err) {
     if (rows <= sp->rows_cap) return 0;
     float *xs = realloc(sp->x_scaled, sizeof(float) * rows * sp->cfg.emb_dim);
@@ -606,29 +624,20 @@ int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
      * norm gives it; the speculator was trained on rmsnorm(s) / sqrt(2). */
     const float *s = state_in;
     if (stage == 0 && c->scale_input) {
-        for (int r = 0; r < n_rows; r++) {
-            const float *x = state_in + (size_t)r * in_dim;
-            float *o = sp->x_scaled + (size_t)r * in_dim;
-            float k = rms_scale(x, in_dim);
-            for (int j = 0; j < in_dim; j++) o[j] = x[j] * k / (float)M_SQRT2;
-        }
+        be->ops->rmsnorm(be, sp->x_scaled, state_in, NULL, n_rows, in_dim, NORM_EPS);
+        be->ops->scale(be, sp->x_scaled, (float)M_SQRT1_2, (size_t)n_rows * in_dim);
         s = sp->x_scaled;
     }
 
     /* u = proj(s) + (emb_weight / state_weight) * emb(token) */
     be->ops->matmul(be, state_out, &sp->proj[stage], s, n_rows);
-    be->ops->embed(be, sp->z, &sp->emb[stage], ids, n_rows);
-    size_t n = (size_t)n_rows * dim;
-    for (size_t j = 0; j < n; j++) state_out[j] += sp->emb_scale * sp->z[j];
+    be->ops->embed_ids(be, sp->z, &sp->emb[stage], ids, n_rows);
+    be->ops->axpy(be, state_out, sp->emb_scale, sp->z, (size_t)n_rows * dim);
 
     /* s' = gelu(ln(u)): normalize, scale by weight, shift by bias, GELU
      * (exact erf form, torch.nn.GELU's default) */
-    const float *w = sp->ln_w[stage], *b = sp->ln_b[stage];
-    for (int r = 0; r < n_rows; r++) {
-        float *u = state_out + (size_t)r * dim;
-        float k = rms_scale(u, dim);
-        for (int j = 0; j < dim; j++) u[j] = gelu_erf(w[j] * (u[j] * k) + b[j]);
-    }
+    be->ops->norm_gelu(be, state_out, state_out, &sp->lnw[stage], &sp->lnb[stage], n_rows, dim,
+                       NORM_EPS);
 
     /* logits = head(s') */
     if (!head_out) return 0;

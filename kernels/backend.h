@@ -1,13 +1,26 @@
-/* backend.h - the one interface between the transformer and the hardware.
+/* backend.h - the one interface between the models and the hardware.
  *
- * The forward pass (target-svc/transformer.c) is written once, in terms of
- * the operations below. A backend owns memory ("device buffers": host memory
- * for the CPU backend, GPU memory for CUDA) and implements each op on it.
- * The transformer never dereferences a device buffer; data crosses to the
- * host only through to_host/from_host.
+ * The forward passes (target-svc/transformer.c, draft-svc/mlp_speculator.c)
+ * are written once, in terms of the operations below. A backend owns memory
+ * ("device buffers": host memory for the CPU backend, GPU memory for CUDA)
+ * and implements each op on it. Callers never dereference a device buffer;
+ * data crosses to the host only through to_host/from_host and the step
+ * upload.
  *
- * Shapes: activations are row-major [n_tok][width] fp32. Weight matrices are
- * backend-prepared copies/views of model tensors (specd_bweight). */
+ * A forward pass is a "step": the caller first hands the backend everything
+ * about the batch that lives on the host (token ids, RoPE angles, which
+ * sequence each token belongs to, masks, KV page tables, the rows to output)
+ * with begin_step, then issues ops that refer to it implicitly. That is what
+ * lets the CUDA backend upload one buffer per step and replay a recorded
+ * CUDA graph for every step of the same shape: the ops' arguments (buffer
+ * addresses and sizes) repeat, only the step's contents change.
+ *
+ * Shapes: activations are row-major [n_tok][width] fp32 device buffers.
+ * Weight matrices are backend-prepared copies/views of model tensors
+ * (specd_bweight). The KV cache is paged (see specd_kv_layout).
+ *
+ * Errors: ops return nothing (a GPU op only queues work); the first failure
+ * is kept and reported by finish(), which every step ends with. */
 #ifndef SPECD_BACKEND_H
 #define SPECD_BACKEND_H
 
@@ -20,26 +33,57 @@
 typedef struct specd_backend specd_backend;
 
 /* A weight matrix or vector as the backend keeps it (CPU: a view of the
- * mmapped tensor; CUDA: a device copy). rows = ne[1], cols = ne[0]. */
+ * mmapped tensor; CUDA: a device copy in fp16/bf16/fp32). rows = ne[1],
+ * cols = ne[0]. */
 typedef struct specd_bweight {
     const specd_tensor *src;
     int64_t rows, cols;
     void *impl;
 } specd_bweight;
 
-/* What one sequence contributes to an attention call. Tokens of a batch are
- * grouped by sequence, in order: sequence s owns batch rows
- * [tok_start, tok_start + n_new). */
-typedef struct specd_attn_seq {
-    float *k_cache;     /* device [capacity][n_kv_heads*head_dim] for this layer */
-    float *v_cache;
-    int n_past;         /* cache rows before this call; all visible */
+/* KV cache rows are grouped into pages of SPECD_KV_PAGE_ROWS rows. A
+ * sequence's logical row r lives in physical row
+ *     pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS + r % SPECD_KV_PAGE_ROWS
+ * of every layer's pool; pools are [n_pages * PAGE_ROWS][kv_dim] elements of
+ * the backend's kv_type, and one allocation holds all layers, K then V:
+ *     K of layer l at  base + (2*l)     * layer_elems
+ *     V of layer l at  base + (2*l + 1) * layer_elems
+ * so one kernel can move rows of every layer at once (kv_move). */
+#define SPECD_KV_PAGE_ROWS 16
+
+typedef struct specd_kv_layout {
+    void *base;            /* device buffer */
+    int n_layers;
+    int kv_dim;            /* n_kv_heads * head_dim */
+    int64_t n_rows;        /* physical rows per pool = n_pages * PAGE_ROWS */
+} specd_kv_layout;
+
+/* What one sequence contributes to a step. Tokens of a step are grouped by
+ * sequence, in order: sequence s owns batch rows [tok_start, tok_start+n_new). */
+typedef struct specd_step_seq {
+    int n_past;    /* cache rows before this step; all visible */
     int tok_start;
     int n_new;
-    /* n_new*n_new bytes on the host, mask[i*n_new + j] != 0 when new token
-     * i may attend to new token j (j <= i required). NULL means causal. */
+    /* n_new*n_new bytes, mask[i*n_new + j] != 0 when new token i may attend
+     * to new token j (j <= i, i sees i). NULL means causal. */
     const uint8_t *mask;
-} specd_attn_seq;
+    /* the sequence's page table: ceil((n_past + n_new) / PAGE_ROWS) page ids */
+    const int32_t *pages;
+} specd_step_seq;
+
+/* Everything about one forward pass that comes from the host. */
+typedef struct specd_step {
+    int n_tokens;
+    const int32_t *tokens;    /* [n_tokens] ids for embed */
+    /* [n_tokens][rot_dim/2][2] (cos, sin) per token and frequency, shared by
+     * all layers */
+    const float *cos_sin;
+    int rot_dim;
+    int n_seqs;
+    const specd_step_seq *seqs;
+    int n_out;
+    const int32_t *out_rows;  /* [n_out] batch rows gather_out picks */
+} specd_step;
 
 typedef struct specd_rope_cfg {
     int head_dim;
@@ -47,64 +91,123 @@ typedef struct specd_rope_cfg {
     int interleaved; /* see specd_llama_hparams.rope_interleaved */
 } specd_rope_cfg;
 
+/* What a benchmark needs to know of the device to state its bounds. */
+typedef struct specd_device_info {
+    char name[128];
+    double peak_bytes_per_s; /* memory bandwidth; 0 = unknown */
+    uint64_t memory_bytes;   /* 0 = unknown */
+} specd_device_info;
+
 typedef struct specd_backend_ops {
     const char *name;
     void (*destroy)(specd_backend *be);
 
     void *(*alloc)(specd_backend *be, size_t bytes); /* zeroed; NULL on OOM */
     void (*free)(specd_backend *be, void *buf);
+    /* to_host waits for the queued work that produces `dev` */
     void (*to_host)(specd_backend *be, void *host, const void *dev, size_t bytes);
     void (*from_host)(specd_backend *be, void *dev, const void *host, size_t bytes);
-    /* copies within device memory (KV compaction) */
-    void (*copy)(specd_backend *be, void *dst, const void *src, size_t bytes);
 
+    /* t->data == NULL asks for storage filled with seeded pseudo-random
+     * values (uniform in +-1/sqrt(cols), norm vectors near 1): benchmarks of
+     * model shapes nobody ships, generated where they are used. Backends
+     * that cannot (CPU: the weights are the file) refuse with a message. */
     int (*prepare_weight)(specd_backend *be, specd_bweight *w, const specd_tensor *t,
                           specd_error *err);
     void (*release_weight)(specd_backend *be, specd_bweight *w);
 
-    /* out[i] = row ids[i] of E as fp32; ids on the host */
-    void (*embed)(specd_backend *be, float *out, const specd_bweight *E, const int32_t *ids,
-                  int n_tok);
-    /* out = x / rms(x) * w, per row of width `dim`; w is an fp32 weight vector */
+    /* --- a step: begin_step, ops, finish ---------------------------------- */
+
+    /* Copies the step's host data to where the ops read it. The pointers in
+     * *st need to live only until begin_step returns. */
+    int (*begin_step)(specd_backend *be, const specd_step *st, specd_error *err);
+    /* Optional (NULL when the backend has no such thing): between graph_begin
+     * and graph_end the caller issues the same ops, on the same buffers, for
+     * every step with the same `key` and the same n_tokens/n_seqs/n_out.
+     * graph_begin returns 1 when it replayed a recorded graph (the caller
+     * skips the ops), 0 when the caller must issue them (they may be
+     * recorded). */
+    int (*graph_begin)(specd_backend *be, uint32_t key);
+    void (*graph_end)(specd_backend *be);
+    /* Forgets recorded graphs (a buffer they use was reallocated). */
+    void (*graph_reset)(specd_backend *be);
+    /* Waits for the step's work; the first error of any op since the last
+     * finish, or 0. */
+    int (*finish)(specd_backend *be, specd_error *err);
+
+    /* out[i] = row tokens[i] of E as fp32 (the step's tokens) */
+    void (*embed)(specd_backend *be, float *out, const specd_bweight *E);
+    /* out[i] = row ids[i] of E, ids a device buffer of n int32 (the
+     * speculator's lookups, outside any step) */
+    void (*embed_ids)(specd_backend *be, float *out, const specd_bweight *E,
+                      const int32_t *ids, int n);
+    /* out = x / rms(x) * w per row of width `dim`; w NULL = ones */
     void (*rmsnorm)(specd_backend *be, float *out, const float *x, const specd_bweight *w,
-                    int n_tok, int dim, float eps);
-    /* y[n_tok][W.rows] = x[n_tok][W.cols] . W^T */
-    void (*matmul)(specd_backend *be, float *y, const specd_bweight *W, const float *x,
-                   int n_tok);
+                    int n_rows, int dim, float eps);
+    /* out = gelu_erf(w * (x / rms(x)) + b) per row: the MLP speculator's
+     * LayerNormParameterized (no mean, elementwise scale and shift) + GELU */
+    void (*norm_gelu)(specd_backend *be, float *out, const float *x, const specd_bweight *w,
+                      const specd_bweight *b, int n_rows, int dim, float eps);
+    /* y[n][W.rows] = x[n][W.cols] . W^T */
+    void (*matmul)(specd_backend *be, float *y, const specd_bweight *W, const float *x, int n);
     /* rotates q [n_tok][n_heads*head_dim] and k [n_tok][n_kv_heads*head_dim]
-     * in place; cos_sin is a device table [n_tok][rot_dim/2][2] of (cos, sin)
-     * per token and frequency, computed once per forward pass and shared by
-     * all layers */
-    void (*rope)(specd_backend *be, float *q, float *k, const float *cos_sin, int n_tok,
-                 int n_heads, int n_kv_heads, const specd_rope_cfg *cfg);
-    /* writes k/v rows of the new tokens into each sequence's cache at
-     * n_past.., then out[t] = softmax(q_t . K^T * scale, masked) . V with
-     * grouped-query head sharing */
+     * in place with the step's cos_sin */
+    void (*rope)(specd_backend *be, float *q, float *k, int n_heads, int n_kv_heads,
+                 const specd_rope_cfg *cfg);
+    /* Writes the step's new k/v rows into layer `layer` of the cache at each
+     * sequence's rows n_past.., then out[t] = softmax(q_t . K^T / sqrt(d),
+     * masked) . V over the rows token t sees, with grouped-query head
+     * sharing. */
     void (*attention)(specd_backend *be, float *out, const float *q, const float *k,
-                      const float *v, const specd_attn_seq *seqs, int n_seqs, int n_heads,
+                      const float *v, const specd_kv_layout *kv, int layer, int n_heads,
                       int n_kv_heads, int head_dim);
     /* out[i] = silu(gate[i]) * up[i] */
     void (*swiglu)(specd_backend *be, float *out, const float *gate, const float *up, size_t n);
-    /* x[i] += y[i] */
-    void (*add)(specd_backend *be, float *x, const float *y, size_t n);
-    /* gathers rows: dst[i] = src[rows[i]] for rows of `width` floats */
-    void (*gather_rows)(specd_backend *be, float *dst, const float *src, const int32_t *rows,
-                        int n_rows, int width);
+    /* y[i] += a * x[i] */
+    void (*axpy)(specd_backend *be, float *y, float a, const float *x, size_t n);
+    /* x[i] *= a */
+    void (*scale)(specd_backend *be, float *x, float a, size_t n);
+    /* dst[i] = src[out_rows[i]] for the step's out rows, rows of `width` */
+    void (*gather_out)(specd_backend *be, float *dst, const float *src, int width);
+    /* ids[r] = the first index of the largest x[r][:] (device int32 [n]);
+     * NaN never wins */
+    void (*argmax)(specd_backend *be, int32_t *ids, const float *x, int n_rows, int width);
+
+    /* Moves KV rows, in every layer, K and V: physical row src[i] to dst[i],
+     * in order i = 0, 1, ... (so a row may be read after an earlier move
+     * wrote elsewhere, never after a later one). Host arrays, outside any
+     * step. */
+    void (*kv_move)(specd_backend *be, const specd_kv_layout *kv, const int32_t *src,
+                    const int32_t *dst, int n);
+
+    /* Optional: what the device is, for benchmarks. */
+    int (*device_info)(specd_backend *be, specd_device_info *out);
 } specd_backend_ops;
 
 struct specd_backend {
     const specd_backend_ops *ops;
+    specd_dtype kv_type; /* SPECD_F32 or SPECD_F16: what the KV pools hold */
 };
 
 typedef struct specd_backend_opts {
     const char *name; /* "cpu" (default) or "cuda" */
     int n_threads;    /* CPU: 0 = all online CPUs */
     int device;       /* CUDA device id */
+    /* CUDA: keep KV and the matrices' own precision in fp32 (models stored
+     * in F32: the small reference models the golden tests use). */
+    int kv_f32;
 } specd_backend_opts;
 
 /* Creates the named backend; a clear error if it is not compiled in or no
  * device is present. */
 specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error *err);
 specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err);
+/* NULL + "not built" message when the build had no nvcc. */
+specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err);
+/* 1 when the CUDA backend is compiled in (whether or not a GPU is present). */
+int specd_cuda_built(void);
+
+/* Bytes of one KV element of the given type. */
+static inline size_t specd_kv_elem_bytes(specd_dtype t) { return t == SPECD_F16 ? 2 : 4; }
 
 #endif

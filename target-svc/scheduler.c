@@ -26,6 +26,9 @@ struct specd_sched {
     specd_work *head, *tail; /* FIFO: older items get the budget first */
     int queued_tokens;       /* tokens still to be run by queued items */
     int *free_slots, n_free;
+    /* slots given back whose KV pages the worker has yet to return (the
+     * transformer belongs to the worker thread alone) */
+    int *released, n_released;
 
     /* Worker-only buffers, grown on demand. */
     int32_t *tokens, *out_rows;
@@ -34,6 +37,11 @@ struct specd_sched {
     int *item_rows;   /* first output row of each item in the pass (-1: none) */
     int *rcs;         /* each item's result in the pass */
     float *logits, *hidden;
+    /* Per pass: when no item needs whole rows of logits (greedy, no
+     * penalties or bias, no log-probabilities), the device computes each
+     * output row's argmax and only those ids cross to the host. */
+    int32_t *argmax;
+    int pass_ids;
     size_t out_cap;
     uint8_t *mask;    /* trees' masks, back to back */
     int32_t *pos;
@@ -98,6 +106,9 @@ static void complete(specd_work *w, int rc) {
 static int grow_out(specd_sched *s, size_t rows) {
     if (rows <= s->out_cap) return 0;
     size_t cap = rows * 2;
+    int32_t *a = realloc(s->argmax, cap * sizeof(int32_t));
+    if (!a) return -1;
+    s->argmax = a;
     float *l = realloc(s->logits, cap * (size_t)s->vocab * sizeof(float));
     if (!l) return -1;
     s->logits = l;
@@ -115,9 +126,11 @@ static int finish_item(specd_sched *s, specd_work *w, int row) {
     int out_row = row;
     if (w->kind == SPECD_WORK_TREE) {
         specd_verify_result res = {.accepted = w->accepted, .kept_rows = s->kept};
-        if (specd_verify_walk(w->tree, logits, s->vocab, w->sampling, w->counts, w->position,
-                              s->scratch, &res, &w->err))
-            return -1;
+        int rc = s->pass_ids ? specd_verify_walk_greedy(w->tree, s->argmax + row, &res, &w->err)
+                             : specd_verify_walk(w->tree, logits, s->vocab, w->sampling,
+                                                 w->counts, w->position, s->scratch, &res,
+                                                 &w->err);
+        if (rc) return -1;
         /* Emitted token i came from row kept[i] (the pending token's row for
          * the first, then each accepted node's row): the same raw logits a
          * plain decode of that position would produce. */
@@ -138,8 +151,9 @@ static int finish_item(specd_sched *s, specd_work *w, int row) {
         out_row = row + res.next_row;
     } else {
         w->n_accepted = 0;
-        w->next_token =
-            specd_decode_token(logits, s->vocab, w->sampling, w->counts, w->position, s->scratch);
+        w->next_token = s->pass_ids ? s->argmax[row]
+                                    : specd_decode_token(logits, s->vocab, w->sampling, w->counts,
+                                                         w->position, s->scratch);
         if (w->logprobs)
             specd_token_logprob_fill(&w->logprobs[0], logits, s->vocab, w->next_token,
                                      w->top_logprobs);
@@ -149,9 +163,17 @@ static int finish_item(specd_sched *s, specd_work *w, int row) {
     return 0;
 }
 
+/* Whether the item's step needs its rows' whole logits on the host. */
+static int needs_logits(const specd_work *w) {
+    return w->sampling->temperature > 0.0f || specd_sampling_adjusts_logits(w->sampling) ||
+           w->logprobs != NULL;
+}
+
 /* Gathers queued items into one batch under the token budget. Holds mu.
  * Returns the number of items; fills the worker buffers. */
 static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
+    while (s->n_released > 0) specd_transformer_release_slot(s->t, s->released[--s->n_released]);
+    s->pass_ids = 1;
     int budget = s->o.max_batch_tokens, n_tok = 0, n_items = 0, n_out = 0;
     size_t mask_off = 0;
     specd_work *w = s->head;
@@ -192,6 +214,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
         for (int r = 0; r < rows; r++)
             s->out_rows[n_out + r] = n_tok + (w->kind == SPECD_WORK_TREE ? r : take - 1);
         n_out += rows;
+        if (rows && needs_logits(w)) s->pass_ids = 0;
         s->items[n_items] = w;
         w->in_flight = take;
         w->active_sessions = (uint32_t)(s->n_slots - s->n_free);
@@ -244,7 +267,8 @@ static void *worker_main(void *arg) {
         specd_error err = {{0}};
         specd_batch b = {.n_tokens = n_tok, .tokens = s->tokens, .n_seqs = n_items,
                          .seqs = s->seqs, .n_out = n_out, .out_rows = s->out_rows,
-                         .logits = s->logits, .hidden = s->hidden};
+                         .logits = s->pass_ids ? NULL : s->logits,
+                         .argmax = s->pass_ids ? s->argmax : NULL, .hidden = s->hidden};
         int frc = specd_transformer_forward(s->t, &b, &err);
         uint32_t fwd_us = (uint32_t)(now_us() - t0);
         int *rcs = s->rcs;
@@ -310,6 +334,7 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
     if (s->free_slots)
         for (int i = 0; i < o->n_slots; i++) s->free_slots[i] = o->n_slots - 1 - i;
     s->n_free = o->n_slots;
+    s->released = malloc(sizeof(int) * (size_t)o->n_slots);
     int B = o->max_batch_tokens;
     s->tokens = malloc(sizeof(int32_t) * (size_t)B);
     s->out_rows = malloc(sizeof(int32_t) * (size_t)B);
@@ -325,7 +350,7 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
      * This size also covers specd_decode_token. */
     s->scratch = malloc(specd_verify_scratch_size(s->vocab, B > 1 ? B - 1 : 1));
     if (!s->tokens || !s->out_rows || !s->seqs || !s->items || !s->item_rows || !s->rcs || !s->pos ||
-        !s->kept || !s->mask || !s->scratch || !s->free_slots || grow_out(s, 1)) {
+        !s->kept || !s->mask || !s->scratch || !s->free_slots || !s->released || grow_out(s, 1)) {
         specd_seterr(err, "scheduler: out of memory");
         specd_sched_free(s);
         return NULL;
@@ -366,7 +391,9 @@ void specd_sched_free(specd_sched *s) {
     free(s->scratch);
     free(s->logits);
     free(s->hidden);
+    free(s->argmax);
     free(s->free_slots);
+    free(s->released);
     free(s);
 }
 
@@ -380,8 +407,11 @@ int specd_sched_acquire_slot(specd_sched *s) {
 void specd_sched_release_slot(specd_sched *s, int slot) {
     if (slot < 0 || slot >= s->n_slots) return;
     pthread_mutex_lock(&s->mu);
-    /* No reset needed: the next owner starts at n_past = 0 and overwrites. */
+    /* The next owner starts at n_past = 0 and overwrites the rows; the
+     * pages go back to the pool before the next pass, so other sessions can
+     * use them meanwhile. */
     s->free_slots[s->n_free++] = slot;
+    s->released[s->n_released++] = slot;
     pthread_mutex_unlock(&s->mu);
 }
 

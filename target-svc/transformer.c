@@ -36,21 +36,30 @@ struct specd_transformer {
     float *inv_freq; /* host, [head_dim/2], rope scaling applied */
     specd_rope_cfg rope;
 
-    /* KV cache: slot s, layer l -> kv_k[s*n_layers + l], [max_ctx][kv_dim] */
-    float **kv_k, **kv_v;
+    /* Paged KV cache: one device allocation holds every layer's K and V
+     * pools (kernels/backend.h, specd_kv_layout). Slot s owns the pages
+     * slot_pages[s][0..slot_n_pages[s]) in logical order; free pages sit on
+     * a stack that hands out low ids first, so a lightly used cache touches
+     * little memory (on the CPU the untouched rest is never even mapped). */
+    specd_kv_layout kv;
+    int n_pages, pages_per_slot;
+    int32_t *slot_pages; /* [n_slots][pages_per_slot] */
+    int *slot_n_pages;   /* [n_slots] */
+    int32_t *free_pages; /* stack, top at n_free_pages - 1 */
+    int n_free_pages;
 
     /* activations (device buffers) for up to max_batch tokens */
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2;
-    float *out_hidden; /* [max_batch][dim] rows the caller asked for */
-    float *out_logits; /* [logit_rows][vocab] */
+    float *out_hidden;   /* [max_batch][dim] rows the caller asked for */
+    float *out_logits;   /* [logit_rows][vocab] */
+    int32_t *out_argmax; /* [max_batch] */
     int logit_rows;
 
-    float *cos_sin;      /* device [max_batch][head_dim/2][2] */
-    float *cos_sin_host; /* the same, built on the host each forward */
-
-    /* host scratch */
+    /* host scratch for building a step */
+    float *cos_sin;      /* [max_batch][head_dim/2][2] */
     int32_t *pos;
-    specd_attn_seq *attn_seqs;
+    specd_step_seq *step_seqs;
+    int32_t *move_src, *move_dst; /* kv_compact's physical rows */
 };
 
 /* --- rope frequencies ------------------------------------------------------ */
@@ -115,6 +124,30 @@ static void *dev_alloc(specd_transformer *t, size_t bytes, int *failed) {
     return p;
 }
 
+static int alloc_kv(specd_transformer *t, int kv_pages, specd_error *err) {
+    t->pages_per_slot = (t->max_ctx + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS;
+    int64_t full = (int64_t)t->n_slots * t->pages_per_slot;
+    t->n_pages = kv_pages > 0 && kv_pages < full ? kv_pages : (int)full;
+    t->slot_pages = malloc(sizeof(int32_t) * (size_t)full);
+    t->slot_n_pages = calloc((size_t)t->n_slots, sizeof(int));
+    t->free_pages = malloc(sizeof(int32_t) * (size_t)t->n_pages);
+    if (!t->slot_pages || !t->slot_n_pages || !t->free_pages)
+        return specd_seterr(err, "transformer: out of memory for the KV page tables");
+    for (int i = 0; i < t->n_pages; i++) t->free_pages[i] = t->n_pages - 1 - i;
+    t->n_free_pages = t->n_pages;
+
+    t->kv = (specd_kv_layout){NULL, t->hp.n_layers, t->kv_dim,
+                              (int64_t)t->n_pages * SPECD_KV_PAGE_ROWS};
+    size_t bytes = 2 * (size_t)t->hp.n_layers * (size_t)t->kv.n_rows * (size_t)t->kv_dim *
+                   specd_kv_elem_bytes(t->be->kv_type);
+    t->kv.base = t->be->ops->alloc(t->be, bytes);
+    if (!t->kv.base)
+        return specd_seterr(err, "transformer: out of memory for the KV cache (%zu bytes: %d pages "
+                                 "of %d rows, %d layers)",
+                            bytes, t->n_pages, SPECD_KV_PAGE_ROWS, t->hp.n_layers);
+    return 0;
+}
+
 static int alloc_buffers(specd_transformer *t, specd_error *err) {
     const specd_llama_hparams *hp = &t->hp;
     size_t B = (size_t)t->max_batch;
@@ -129,27 +162,29 @@ static int alloc_buffers(specd_transformer *t, specd_error *err) {
     t->hb = dev_alloc(t, B * hp->hidden_dim * sizeof(float), &failed);
     t->hb2 = dev_alloc(t, B * hp->hidden_dim * sizeof(float), &failed);
     t->out_hidden = dev_alloc(t, B * hp->dim * sizeof(float), &failed);
+    t->out_argmax = dev_alloc(t, B * sizeof(int32_t), &failed);
     /* logits for every batch row would be max_batch x vocab floats (100 MB at
      * 512 x 49k); callers ask for a few rows per sequence, so start small
      * and grow on demand. */
     t->logit_rows = 0;
-    size_t n_caches = (size_t)t->n_slots * hp->n_layers;
-    t->kv_k = calloc(n_caches, sizeof(float *));
-    t->kv_v = calloc(n_caches, sizeof(float *));
-    if (!t->kv_k || !t->kv_v) failed = 1;
-    for (size_t i = 0; i < n_caches && !failed; i++) {
-        t->kv_k[i] = dev_alloc(t, (size_t)t->max_ctx * t->kv_dim * sizeof(float), &failed);
-        t->kv_v[i] = dev_alloc(t, (size_t)t->max_ctx * t->kv_dim * sizeof(float), &failed);
-    }
-    t->cos_sin = dev_alloc(t, B * hp->head_dim * sizeof(float), &failed);
-    t->cos_sin_host = malloc(B * hp->head_dim * sizeof(float));
+    t->cos_sin = malloc(B * hp->head_dim * sizeof(float));
     t->pos = malloc(B * sizeof(int32_t));
-    t->attn_seqs = malloc(B * sizeof(specd_attn_seq));
-    if (failed || !t->pos || !t->attn_seqs || !t->cos_sin_host)
-        return specd_seterr(err, "transformer: out of memory allocating buffers for %d slots x %d "
-                                 "context x %d batch tokens",
-                            t->n_slots, t->max_ctx, t->max_batch);
+    t->step_seqs = malloc(B * sizeof(specd_step_seq));
+    t->move_src = malloc(B * sizeof(int32_t));
+    t->move_dst = malloc(B * sizeof(int32_t));
+    if (failed || !t->pos || !t->step_seqs || !t->cos_sin || !t->move_src || !t->move_dst)
+        return specd_seterr(err, "transformer: out of memory allocating activations for %d batch "
+                                 "tokens",
+                            t->max_batch);
     return 0;
+}
+
+/* Models stored in fp32 (the small reference models of the golden tests)
+ * keep fp32 all the way on the GPU too, so their logits stay comparable
+ * with the reference at 1e-4; everything else runs fp16/bf16 there. */
+static int model_is_f32(const specd_model_file *m) {
+    const specd_tensor *q = specd_model_tensor(m, "blk.0.attn_q.weight");
+    return q && q->type == SPECD_F32;
 }
 
 specd_transformer *specd_transformer_create(const specd_model_file *m,
@@ -169,6 +204,7 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
 
     specd_backend_opts bo = {0};
     if (opts) bo = opts->backend;
+    if (model_is_f32(m)) bo.kv_f32 = 1;
     t->be = specd_backend_create(&bo, err);
     if (!t->be) {
         free(t);
@@ -196,7 +232,7 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
     }
     compute_inv_freq(t->inv_freq, &m->hp, rope_freqs);
     t->rope = (specd_rope_cfg){m->hp.head_dim, m->hp.head_dim, m->hp.rope_interleaved};
-    if (alloc_buffers(t, err)) goto fail;
+    if (alloc_buffers(t, err) || alloc_kv(t, opts ? opts->kv_pages : 0, err)) goto fail;
     return t;
 fail:
     specd_transformer_free(t);
@@ -207,15 +243,11 @@ void specd_transformer_free(specd_transformer *t) {
     if (!t) return;
     specd_backend *be = t->be;
     if (be) {
-        void *bufs[] = {t->x,   t->xb,  t->xb2, t->q,          t->k,         t->v,
-                        t->att, t->hb,  t->hb2, t->out_hidden, t->out_logits, t->cos_sin};
+        void *bufs[] = {t->x,   t->xb,  t->xb2, t->q,          t->k,           t->v,
+                        t->att, t->hb,  t->hb2, t->out_hidden, t->out_logits, t->out_argmax,
+                        t->kv.base};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
-        size_t n_caches = (size_t)t->n_slots * t->hp.n_layers;
-        for (size_t i = 0; i < n_caches; i++) {
-            if (t->kv_k && t->kv_k[i]) be->ops->free(be, t->kv_k[i]);
-            if (t->kv_v && t->kv_v[i]) be->ops->free(be, t->kv_v[i]);
-        }
         if (t->layers) {
             for (int l = 0; l < t->hp.n_layers; l++) {
                 specd_bweight *w = &t->layers[l].attn_norm;
@@ -228,13 +260,16 @@ void specd_transformer_free(specd_transformer *t) {
             if (top[i]->src) be->ops->release_weight(be, top[i]);
         be->ops->destroy(be);
     }
-    free(t->kv_k);
-    free(t->kv_v);
+    free(t->slot_pages);
+    free(t->slot_n_pages);
+    free(t->free_pages);
     free(t->layers);
     free(t->inv_freq);
     free(t->pos);
-    free(t->cos_sin_host);
-    free(t->attn_seqs);
+    free(t->cos_sin);
+    free(t->step_seqs);
+    free(t->move_src);
+    free(t->move_dst);
     free(t);
 }
 
@@ -242,6 +277,36 @@ const specd_llama_hparams *specd_transformer_hparams(const specd_transformer *t)
 int specd_transformer_max_ctx(const specd_transformer *t) { return t->max_ctx; }
 const char *specd_transformer_backend_name(const specd_transformer *t) {
     return t->be->ops->name;
+}
+specd_backend *specd_transformer_backend(const specd_transformer *t) { return t->be; }
+
+/* --- KV pages ------------------------------------------------------------- */
+
+static int pages_for(int rows) { return (rows + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS; }
+
+/* Gives the slot exactly `want` pages: takes from the free stack or returns
+ * its last pages (rows past the slot's live rows hold nothing anyone reads).
+ * Callers check beforehand that enough pages are free. */
+static void slot_resize(specd_transformer *t, int slot, int want) {
+    int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
+    int *held = &t->slot_n_pages[slot];
+    while (*held > want) t->free_pages[t->n_free_pages++] = pages[--*held];
+    while (*held < want) pages[(*held)++] = t->free_pages[--t->n_free_pages];
+}
+
+void specd_transformer_release_slot(specd_transformer *t, int slot) {
+    if (slot >= 0 && slot < t->n_slots) slot_resize(t, slot, 0);
+}
+
+void specd_transformer_kv_pages(const specd_transformer *t, int *n_free, int *n_total) {
+    if (n_free) *n_free = t->n_free_pages;
+    if (n_total) *n_total = t->n_pages;
+}
+
+/* The physical cache row of a slot's logical row. */
+static int32_t phys_row(const specd_transformer *t, int slot, int row) {
+    const int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
+    return pages[row / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS + row % SPECD_KV_PAGE_ROWS;
 }
 
 /* --- the forward pass ----------------------------------------------------- */
@@ -296,6 +361,8 @@ static int validate_batch(const specd_transformer *t, const specd_batch *b, spec
 
 static int ensure_logit_rows(specd_transformer *t, int rows, specd_error *err) {
     if (rows <= t->logit_rows) return 0;
+    /* recorded GPU graphs write to the old buffer */
+    if (t->be->ops->graph_reset) t->be->ops->graph_reset(t->be);
     if (t->out_logits) t->be->ops->free(t->be, t->out_logits);
     t->out_logits = t->be->ops->alloc(t->be, (size_t)rows * t->hp.vocab_size * sizeof(float));
     t->logit_rows = t->out_logits ? rows : 0;
@@ -303,97 +370,147 @@ static int ensure_logit_rows(specd_transformer *t, int rows, specd_error *err) {
     return 0;
 }
 
-int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_error *err) {
-    if (validate_batch(t, b, err)) return -1;
-    if (b->logits && ensure_logit_rows(t, b->n_out, err)) return -1;
+/* Pages the batch needs beyond what its slots hold; -1 when they are not
+ * free. Nothing changes here, so a refused batch leaves the cache as it was. */
+static int check_pages(const specd_transformer *t, const specd_batch *b, specd_error *err) {
+    int extra = 0, returned = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const specd_seq_input *in = &b->seqs[s];
+        int d = pages_for(in->n_past + in->n_new) - t->slot_n_pages[in->slot];
+        if (d > 0) extra += d;
+        else returned -= d;
+    }
+    if (extra > t->n_free_pages + returned)
+        return specd_seterr(err, "KV cache full: the batch needs %d more pages of %d rows, %d are "
+                                 "free (limits.kv_memory)",
+                            extra, SPECD_KV_PAGE_ROWS, t->n_free_pages + returned);
+    return 0;
+}
 
+/* What the backend needs to know of the batch, built on the host: RoPE
+ * angles, each sequence's rows, mask and page table. */
+static void build_step(specd_transformer *t, const specd_batch *b, specd_step *st) {
+    const specd_llama_hparams *hp = &t->hp;
+    int start = 0;
+    /* shrink first so pages returned by one sequence can serve another */
+    for (int s = 0; s < b->n_seqs; s++) {
+        int want = pages_for(b->seqs[s].n_past + b->seqs[s].n_new);
+        if (want < t->slot_n_pages[b->seqs[s].slot]) slot_resize(t, b->seqs[s].slot, want);
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        const specd_seq_input *in = &b->seqs[s];
+        slot_resize(t, in->slot, pages_for(in->n_past + in->n_new));
+        for (int i = 0; i < in->n_new; i++)
+            t->pos[start + i] = in->pos ? in->pos[i] : in->n_past + i;
+        t->step_seqs[s] = (specd_step_seq){in->n_past, start, in->n_new, in->mask,
+                                           t->slot_pages + (size_t)in->slot * t->pages_per_slot};
+        start += in->n_new;
+    }
+    /* RoPE rotation for every token, shared by all layers. The angle is
+     * computed in double: position x frequency loses too many bits in fp32 at
+     * long contexts for the 1e-4 logit tolerance. */
+    int half = hp->head_dim / 2;
+    for (int i = 0; i < b->n_tokens; i++) {
+        for (int f = 0; f < half; f++) {
+            double angle = (double)t->pos[i] * t->inv_freq[f];
+            t->cos_sin[((size_t)i * half + f) * 2] = (float)cos(angle);
+            t->cos_sin[((size_t)i * half + f) * 2 + 1] = (float)sin(angle);
+        }
+    }
+    *st = (specd_step){.n_tokens = b->n_tokens, .tokens = b->tokens, .cos_sin = t->cos_sin,
+                       .rot_dim = t->rope.rot_dim, .n_seqs = b->n_seqs, .seqs = t->step_seqs,
+                       .n_out = b->n_out, .out_rows = b->out_rows};
+}
+
+/* The layers, the final norm and the LM head: the part of a step that the
+ * GPU backend records once per shape and replays. */
+static void run_layers(specd_transformer *t, const specd_batch *b, int head) {
     specd_backend *be = t->be;
     const specd_backend_ops *op = be->ops;
     const specd_llama_hparams *hp = &t->hp;
     int n = b->n_tokens, dim = hp->dim;
 
-    /* where each token sits: its RoPE position and its sequence's caches */
-    int start = 0;
-    for (int s = 0; s < b->n_seqs; s++) {
-        const specd_seq_input *in = &b->seqs[s];
-        for (int i = 0; i < in->n_new; i++)
-            t->pos[start + i] = in->pos ? in->pos[i] : in->n_past + i;
-        t->attn_seqs[s] = (specd_attn_seq){NULL, NULL, in->n_past, start, in->n_new, in->mask};
-        start += in->n_new;
-    }
-
-    /* RoPE rotation for every token, shared by all layers. The angle is
-     * computed in double: position x frequency loses too many bits in fp32 at
-     * long contexts for the 1e-4 logit tolerance. */
-    int half = hp->head_dim / 2;
-    for (int i = 0; i < n; i++) {
-        for (int f = 0; f < half; f++) {
-            double angle = (double)t->pos[i] * t->inv_freq[f];
-            t->cos_sin_host[((size_t)i * half + f) * 2] = (float)cos(angle);
-            t->cos_sin_host[((size_t)i * half + f) * 2 + 1] = (float)sin(angle);
-        }
-    }
-    op->from_host(be, t->cos_sin, t->cos_sin_host, (size_t)n * hp->head_dim * sizeof(float));
-
-    op->embed(be, t->x, &t->tok_embd, b->tokens, n);
+    op->embed(be, t->x, &t->tok_embd);
     for (int l = 0; l < hp->n_layers; l++) {
         const layer_weights *L = &t->layers[l];
-        for (int s = 0; s < b->n_seqs; s++) {
-            size_t c = (size_t)b->seqs[s].slot * hp->n_layers + l;
-            t->attn_seqs[s].k_cache = t->kv_k[c];
-            t->attn_seqs[s].v_cache = t->kv_v[c];
-        }
         /* attention block */
         op->rmsnorm(be, t->xb, t->x, &L->attn_norm, n, dim, hp->norm_eps);
         op->matmul(be, t->q, &L->wq, t->xb, n);
         op->matmul(be, t->k, &L->wk, t->xb, n);
         op->matmul(be, t->v, &L->wv, t->xb, n);
-        op->rope(be, t->q, t->k, t->cos_sin, n, hp->n_heads, hp->n_kv_heads, &t->rope);
-        op->attention(be, t->att, t->q, t->k, t->v, t->attn_seqs, b->n_seqs, hp->n_heads,
-                      hp->n_kv_heads, hp->head_dim);
+        op->rope(be, t->q, t->k, hp->n_heads, hp->n_kv_heads, &t->rope);
+        op->attention(be, t->att, t->q, t->k, t->v, &t->kv, l, hp->n_heads, hp->n_kv_heads,
+                      hp->head_dim);
         op->matmul(be, t->xb2, &L->wo, t->att, n);
-        op->add(be, t->x, t->xb2, (size_t)n * dim);
+        op->axpy(be, t->x, 1.0f, t->xb2, (size_t)n * dim);
         /* feed-forward block */
         op->rmsnorm(be, t->xb, t->x, &L->ffn_norm, n, dim, hp->norm_eps);
         op->matmul(be, t->hb, &L->w_gate, t->xb, n);
         op->matmul(be, t->hb2, &L->w_up, t->xb, n);
         op->swiglu(be, t->hb, t->hb, t->hb2, (size_t)n * hp->hidden_dim);
         op->matmul(be, t->xb, &L->w_down, t->hb, n);
-        op->add(be, t->x, t->xb, (size_t)n * dim);
+        op->axpy(be, t->x, 1.0f, t->xb, (size_t)n * dim);
     }
-    if (b->n_out == 0) return 0;
-
-    op->gather_rows(be, t->xb, t->x, b->out_rows, b->n_out, dim);
+    if (b->n_out == 0) return;
+    op->gather_out(be, t->xb, t->x, dim);
     op->rmsnorm(be, t->out_hidden, t->xb, &t->output_norm, b->n_out, dim, hp->norm_eps);
-    if (b->hidden) op->to_host(be, b->hidden, t->out_hidden, (size_t)b->n_out * dim * sizeof(float));
-    if (b->logits) {
-        op->matmul(be, t->out_logits, &t->lm_head, t->out_hidden, b->n_out);
-        op->to_host(be, b->logits, t->out_logits,
-                    (size_t)b->n_out * hp->vocab_size * sizeof(float));
-    }
-    return 0;
+    if (!head) return;
+    op->matmul(be, t->out_logits, &t->lm_head, t->out_hidden, b->n_out);
+    if (b->argmax) op->argmax(be, t->out_argmax, t->out_logits, b->n_out, hp->vocab_size);
+}
+
+int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_error *err) {
+    if (validate_batch(t, b, err) || check_pages(t, b, err)) return -1;
+    int head = b->logits || b->argmax;
+    if (head && ensure_logit_rows(t, b->n_out, err)) return -1;
+
+    specd_backend *be = t->be;
+    const specd_backend_ops *op = be->ops;
+    const specd_llama_hparams *hp = &t->hp;
+    specd_step st;
+    build_step(t, b, &st);
+    if (op->begin_step(be, &st, err)) return -1;
+
+    /* a recorded graph fits every step with the same token/sequence/output
+     * counts and the same outputs asked for */
+    uint32_t key = (uint32_t)(b->logits != NULL) | (uint32_t)(b->argmax != NULL) << 1;
+    int replayed = op->graph_begin ? op->graph_begin(be, key) : 0;
+    if (!replayed) run_layers(t, b, head);
+    if (op->graph_end) op->graph_end(be);
+
+    size_t n_out = (size_t)b->n_out;
+    if (n_out && b->hidden)
+        op->to_host(be, b->hidden, t->out_hidden, n_out * hp->dim * sizeof(float));
+    if (n_out && b->argmax) op->to_host(be, b->argmax, t->out_argmax, n_out * sizeof(int32_t));
+    if (n_out && b->logits)
+        op->to_host(be, b->logits, t->out_logits, n_out * hp->vocab_size * sizeof(float));
+    return op->finish(be, err);
 }
 
 int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
                                  const int32_t *rows, int n_keep, specd_error *err) {
     if (slot < 0 || slot >= t->n_slots)
         return specd_seterr(err, "kv_compact: slot %d outside 0..%d", slot, t->n_slots - 1);
+    if (n_keep < 0 || n_keep > t->max_batch)
+        return specd_seterr(err, "kv_compact: n_keep %d outside 0..%d", n_keep, t->max_batch);
+    int held_rows = t->slot_n_pages[slot] * SPECD_KV_PAGE_ROWS;
     for (int i = 0; i < n_keep; i++) {
         /* strictly increasing rows mean each move goes to a row at or before
-         * its source, so copying in order never overwrites a row still needed */
-        if (rows[i] < i || (i > 0 && rows[i] <= rows[i - 1]) || n_past + rows[i] >= t->max_ctx)
+         * its source, so moving in order never overwrites a row still needed */
+        if (rows[i] < i || (i > 0 && rows[i] <= rows[i - 1]) || n_past < 0 ||
+            n_past + rows[i] >= held_rows)
             return specd_seterr(err, "kv_compact: rows[%d] = %d is not strictly increasing "
-                                     "inside the context", i, rows[i]);
+                                     "inside the slot's rows",
+                                i, rows[i]);
     }
-    size_t row_bytes = (size_t)t->kv_dim * sizeof(float);
-    for (int l = 0; l < t->hp.n_layers; l++) {
-        size_t c = (size_t)slot * t->hp.n_layers + l;
-        for (int i = 0; i < n_keep; i++) {
-            if (rows[i] == i) continue;
-            size_t dst = (size_t)(n_past + i) * t->kv_dim, src = (size_t)(n_past + rows[i]) * t->kv_dim;
-            t->be->ops->copy(t->be, t->kv_k[c] + dst, t->kv_k[c] + src, row_bytes);
-            t->be->ops->copy(t->be, t->kv_v[c] + dst, t->kv_v[c] + src, row_bytes);
-        }
+    int n_moves = 0;
+    for (int i = 0; i < n_keep; i++) {
+        if (rows[i] == i) continue;
+        t->move_src[n_moves] = phys_row(t, slot, n_past + rows[i]);
+        t->move_dst[n_moves] = phys_row(t, slot, n_past + i);
+        n_moves++;
     }
-    return 0;
+    if (n_moves) t->be->ops->kv_move(t->be, &t->kv, t->move_src, t->move_dst, n_moves);
+    slot_resize(t, slot, pages_for(n_past + n_keep));
+    return t->be->ops->finish(t->be, err);
 }

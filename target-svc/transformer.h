@@ -22,6 +22,11 @@ typedef struct specd_transformer_opts {
     int n_slots;      /* KV-cache slots (concurrent sequences); default 1 */
     int max_ctx;      /* rows per slot; 0 = model's max_seq_len */
     int max_batch;    /* most tokens per forward call; default 512 */
+    /* KV pages of SPECD_KV_PAGE_ROWS rows shared by all slots; 0 = enough
+     * for every slot's whole context (a slot then never runs out). Fewer
+     * lets many sessions share memory that few use fully; a forward that
+     * needs more pages than are free fails cleanly. */
+    int kv_pages;
 } specd_transformer_opts;
 
 typedef struct specd_seq_input {
@@ -46,6 +51,9 @@ typedef struct specd_batch {
     const int32_t *out_rows;     /* batch row indices [n_out] */
     float *logits;               /* host [n_out][vocab] or NULL */
     float *hidden;               /* host [n_out][dim] or NULL */
+    /* host [n_out] or NULL: each output row's argmax over its logits,
+     * computed on the device, so a greedy step moves ids, not logits */
+    int32_t *argmax;
 } specd_batch;
 
 specd_transformer *specd_transformer_create(const specd_model_file *m,
@@ -57,14 +65,25 @@ const specd_llama_hparams *specd_transformer_hparams(const specd_transformer *t)
 int specd_transformer_max_ctx(const specd_transformer *t);
 const char *specd_transformer_backend_name(const specd_transformer *t);
 
-/* Runs the batch. Writes the new tokens' K/V at rows n_past.. of each slot.
- * Errors (bad slot, token id out of range, context overflow, batch too
- * large) leave every cache untouched. */
+/* Runs the batch. Writes the new tokens' K/V at rows n_past.. of each slot
+ * (rows past n_past + n_new that the slot held are dropped). Errors (bad
+ * slot, token id out of range, context overflow, batch too large, no free
+ * KV pages) leave every cache untouched. */
 int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_error *err);
 
 /* Keeps rows[0..n_keep) of the new rows after n_past (in that order) and
- * moves them to n_past.. (the accepted path of a verified tree). */
+ * moves them to n_past.. (the accepted path of a verified tree); pages past
+ * the kept rows go back to the pool. */
 int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
                                  const int32_t *rows, int n_keep, specd_error *err);
+
+/* Returns every KV page of the slot to the pool (its session ended). */
+void specd_transformer_release_slot(specd_transformer *t, int slot);
+
+/* KV pages free / in all (SPECD_KV_PAGE_ROWS rows each). */
+void specd_transformer_kv_pages(const specd_transformer *t, int *n_free, int *n_total);
+
+/* The compute backend the transformer runs on (device info, KV type). */
+specd_backend *specd_transformer_backend(const specd_transformer *t);
 
 #endif

@@ -119,6 +119,29 @@ int specd_verify_walk(const specd_tree *tree, const float *logits, int vocab,
     }
 }
 
+int specd_verify_walk_greedy(const specd_tree *tree, const int32_t *row_argmax,
+                             specd_verify_result *res, specd_error *err) {
+    int cur = -1; /* node index; -1 = the pending token (batch row 0) */
+    res->n_accepted = 0;
+    res->kept_rows[0] = 0;
+    for (;;) {
+        int32_t next = row_argmax[cur + 1];
+        int chosen = -1;
+        for (int i = cur + 1; i < tree->n_nodes && chosen < 0; i++)
+            if (tree->parents[i] == cur && tree->tokens[i] == next) chosen = i;
+        if (chosen < 0) {
+            res->next_token = next;
+            res->next_row = cur + 1;
+            return 0;
+        }
+        res->accepted[res->n_accepted++] = next;
+        res->kept_rows[res->n_accepted] = chosen + 1;
+        cur = chosen;
+        if (res->n_accepted > tree->n_nodes)
+            return specd_seterr(err, "verify: walk longer than the tree (corrupt parents)");
+    }
+}
+
 void specd_token_logprob_fill(specd_token_logprob *out, const float *raw_logits, int vocab,
                               int32_t token, int top_n) {
     if (top_n < 0) top_n = 0;

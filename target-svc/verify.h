@@ -71,6 +71,13 @@ int specd_verify_walk(const specd_tree *tree, const float *logits, int vocab,
                       const specd_sampling *s, const specd_token_counts *counts,
                       uint64_t position, void *scratch, specd_verify_result *res,
                       specd_error *err);
+/* The greedy walk when only each row's argmax is known (computed on the
+ * device; valid when no penalty or bias applies): row_argmax[r] is the
+ * argmax of row r's logits. Chooses the same path and next token as
+ * specd_verify_walk would from the full rows. */
+int specd_verify_walk_greedy(const specd_tree *tree, const int32_t *row_argmax,
+                             specd_verify_result *res, specd_error *err);
+
 /* Enough scratch for the walk over trees of up to max_nodes nodes, and for
  * specd_decode_token (max_nodes may be 0 for that alone). */
 size_t specd_verify_scratch_size(int vocab, int max_nodes);

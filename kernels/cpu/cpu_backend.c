@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sampling.h"
 #include "kernels/backend.h"
 #include "matmul.h"
 #include "threadpool.h"
@@ -19,6 +20,11 @@ typedef struct cpu_backend {
     /* per-thread attention score buffers, grown on demand */
     float **scores;
     size_t scores_cap;
+    /* the current step (begin_step): the caller's host arrays, which live
+     * until its forward pass returns, plus the sequence of each token */
+    specd_step step;
+    int *tok_seq;
+    int tok_seq_cap;
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -28,6 +34,7 @@ static void cpu_destroy(specd_backend *be) {
     int n = specd_pool_size(c->pool);
     for (int i = 0; i < n && c->scores; i++) free(c->scores[i]);
     free(c->scores);
+    free(c->tok_seq);
     specd_pool_destroy(c->pool);
     free(c);
 }
@@ -53,7 +60,10 @@ static void cpu_memcpy(specd_backend *be, void *dst, const void *src, size_t byt
 static int cpu_prepare_weight(specd_backend *be, specd_bweight *w, const specd_tensor *t,
                               specd_error *err) {
     (void)be;
-    (void)err;
+    if (!t->data)
+        return specd_seterr(err, "cpu backend: tensor '%s' has no data (random weights are "
+                                 "generated only on a GPU backend)",
+                            t->name);
     w->src = t;
     w->cols = (int64_t)t->ne[0];
     w->rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
@@ -66,10 +76,36 @@ static void cpu_release_weight(specd_backend *be, specd_bweight *w) {
     memset(w, 0, sizeof *w);
 }
 
-static void cpu_embed(specd_backend *be, float *out, const specd_bweight *E, const int32_t *ids,
-                      int n_tok) {
+static void cpu_embed_ids(specd_backend *be, float *out, const specd_bweight *E,
+                          const int32_t *ids, int n) {
     (void)be;
-    for (int i = 0; i < n_tok; i++) cpu_tensor_row(E->src, ids[i], out + (size_t)i * E->cols);
+    for (int i = 0; i < n; i++) cpu_tensor_row(E->src, ids[i], out + (size_t)i * E->cols);
+}
+
+static void cpu_embed(specd_backend *be, float *out, const specd_bweight *E) {
+    cpu_embed_ids(be, out, E, cpu(be)->step.tokens, cpu(be)->step.n_tokens);
+}
+
+static int cpu_begin_step(specd_backend *be, const specd_step *st, specd_error *err) {
+    cpu_backend *c = cpu(be);
+    if (st->n_tokens > c->tok_seq_cap) {
+        int *p = realloc(c->tok_seq, sizeof(int) * (size_t)st->n_tokens);
+        if (!p) return specd_seterr(err, "cpu backend: out of memory for a %d-token step",
+                                    st->n_tokens);
+        c->tok_seq = p;
+        c->tok_seq_cap = st->n_tokens;
+    }
+    for (int s = 0; s < st->n_seqs; s++)
+        for (int i = 0; i < st->seqs[s].n_new; i++) c->tok_seq[st->seqs[s].tok_start + i] = s;
+    c->step = *st;
+    return 0;
+}
+
+/* Everything already happened when the ops returned. */
+static int cpu_finish(specd_backend *be, specd_error *err) {
+    (void)be;
+    (void)err;
+    return 0;
 }
 
 /* Norm weights are tiny vectors; they may be F32, F16 or BF16 on disk. */
@@ -81,18 +117,38 @@ static float weight_at(const specd_tensor *t, int i) {
     }
 }
 
+/* 1 / rms(x) over one row. Double accumulation: the reference computes
+ * mean(x^2) in fp32 over a pairwise tree; a double sum keeps us well inside
+ * its rounding. */
+static float inv_rms(const float *x, int dim, float eps) {
+    double ss = 0;
+    for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+    return (float)(1.0 / sqrt(ss / dim + eps));
+}
+
 static void cpu_rmsnorm(specd_backend *be, float *out, const float *x, const specd_bweight *w,
-                        int n_tok, int dim, float eps) {
+                        int n_rows, int dim, float eps) {
     (void)be;
-    for (int t = 0; t < n_tok; t++) {
+    for (int t = 0; t < n_rows; t++) {
         const float *xr = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
-        /* double accumulation: the reference computes mean(x^2) in fp32 over a
-         * pairwise tree; a double sum keeps us well inside its rounding. */
-        double ss = 0;
-        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / dim + eps));
-        for (int i = 0; i < dim; i++) o[i] = (xr[i] * scale) * weight_at(w->src, i);
+        float scale = inv_rms(xr, dim, eps);
+        for (int i = 0; i < dim; i++) o[i] = (xr[i] * scale) * (w ? weight_at(w->src, i) : 1.0f);
+    }
+}
+
+/* exact erf form, torch.nn.GELU's default */
+static float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
+
+static void cpu_norm_gelu(specd_backend *be, float *out, const float *x, const specd_bweight *w,
+                          const specd_bweight *b, int n_rows, int dim, float eps) {
+    (void)be;
+    for (int t = 0; t < n_rows; t++) {
+        const float *xr = x + (size_t)t * dim;
+        float *o = out + (size_t)t * dim;
+        float scale = inv_rms(xr, dim, eps);
+        for (int i = 0; i < dim; i++)
+            o[i] = gelu_erf(weight_at(w->src, i) * (xr[i] * scale) + weight_at(b->src, i));
     }
 }
 
@@ -115,9 +171,10 @@ static void rope_head(float *v, const float *cos_sin, const specd_rope_cfg *cfg)
     }
 }
 
-static void cpu_rope(specd_backend *be, float *q, float *k, const float *cos_sin, int n_tok,
-                     int n_heads, int n_kv_heads, const specd_rope_cfg *cfg) {
-    (void)be;
+static void cpu_rope(specd_backend *be, float *q, float *k, int n_heads, int n_kv_heads,
+                     const specd_rope_cfg *cfg) {
+    const float *cos_sin = cpu(be)->step.cos_sin;
+    int n_tok = cpu(be)->step.n_tokens;
     int hd = cfg->head_dim;
     for (int t = 0; t < n_tok; t++) {
         const float *cs = cos_sin + (size_t)t * cfg->rot_dim;
@@ -130,18 +187,28 @@ typedef struct attn_job {
     cpu_backend *c;
     float *out;
     const float *q;
-    const specd_attn_seq *seqs;
-    int n_seqs;
+    const void *k_pool, *v_pool; /* this layer's */
+    int f16;                     /* pools hold fp16, else fp32 */
     int n_heads, n_kv_heads, head_dim;
-    const int *tok_seq; /* batch row -> index into seqs */
 } attn_job;
+
+/* The physical row of a sequence's logical cache row (backend.h). */
+static size_t kv_row(const specd_step_seq *s, int r) {
+    return (size_t)s->pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS + r % SPECD_KV_PAGE_ROWS;
+}
+
+/* Element d of a cache row as fp32. */
+static inline float kv_at(const void *pool, int f16, size_t idx) {
+    return f16 ? specd_fp16_to_f32(((const uint16_t *)pool)[idx]) : ((const float *)pool)[idx];
+}
 
 /* One task = one (token, head): softmax(q.K^T/sqrt(d)) . V over the visible
  * rows: the n_past committed rows plus the new rows the mask allows. */
 static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
+    const specd_step *st = &j->c->step;
     int t = task / j->n_heads, h = task % j->n_heads;
-    const specd_attn_seq *s = &j->seqs[j->tok_seq[t]];
+    const specd_step_seq *s = &st->seqs[j->c->tok_seq[t]];
     int i = t - s->tok_start; /* index among the sequence's new tokens */
     int hd = j->head_dim, kvw = j->n_kv_heads * hd;
     int kvh = h / (j->n_heads / j->n_kv_heads);
@@ -157,9 +224,9 @@ static void attn_task(void *ctx, int task, int thread) {
             scores[r] = -INFINITY;
             continue;
         }
-        const float *kr = s->k_cache + (size_t)r * kvw + kvh * hd;
+        size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
         float dot = 0;
-        for (int d = 0; d < hd; d++) dot += qv[d] * kr[d];
+        for (int d = 0; d < hd; d++) dot += qv[d] * kv_at(j->k_pool, j->f16, base + d);
         scores[r] = dot * scale;
         if (scores[r] > maxs) maxs = scores[r];
     }
@@ -175,27 +242,42 @@ static void attn_task(void *ctx, int task, int thread) {
     for (int r = 0; r < n_rows; r++) {
         if (scores[r] == 0.0f) continue;
         float w = scores[r] * inv;
-        const float *vr = s->v_cache + (size_t)r * kvw + kvh * hd;
-        for (int d = 0; d < hd; d++) o[d] += w * vr[d];
+        size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
+        for (int d = 0; d < hd; d++) o[d] += w * kv_at(j->v_pool, j->f16, base + d);
     }
 }
 
+/* Stores one fp32 row into a pool row of the backend's KV type. */
+static void kv_store(void *pool, int f16, size_t idx, const float *src, int n) {
+    if (f16)
+        for (int d = 0; d < n; d++) ((uint16_t *)pool)[idx + d] = specd_f32_to_fp16(src[d]);
+    else
+        memcpy((float *)pool + idx, src, sizeof(float) * n);
+}
+
 static void cpu_attention(specd_backend *be, float *out, const float *q, const float *k,
-                          const float *v, const specd_attn_seq *seqs, int n_seqs, int n_heads,
+                          const float *v, const specd_kv_layout *kv, int layer, int n_heads,
                           int n_kv_heads, int head_dim) {
     cpu_backend *c = cpu(be);
+    const specd_step *st = &c->step;
     int kvw = n_kv_heads * head_dim;
-    int n_tok = 0;
+    int f16 = be->kv_type == SPECD_F16;
+    size_t esz = specd_kv_elem_bytes(be->kv_type);
+    size_t layer_bytes = (size_t)kv->n_rows * kv->kv_dim * esz;
+    char *k_pool = (char *)kv->base + (size_t)(2 * layer) * layer_bytes;
+    char *v_pool = k_pool + layer_bytes;
     size_t longest = 0;
-    for (int s = 0; s < n_seqs; s++) {
+    for (int s = 0; s < st->n_seqs; s++) {
+        const specd_step_seq *sq = &st->seqs[s];
         /* the new rows go into the cache first, so a token's own K/V and its
          * visible siblings are read from one place */
-        memcpy(seqs[s].k_cache + (size_t)seqs[s].n_past * kvw, k + (size_t)seqs[s].tok_start * kvw,
-               sizeof(float) * kvw * seqs[s].n_new);
-        memcpy(seqs[s].v_cache + (size_t)seqs[s].n_past * kvw, v + (size_t)seqs[s].tok_start * kvw,
-               sizeof(float) * kvw * seqs[s].n_new);
-        if (seqs[s].tok_start + seqs[s].n_new > n_tok) n_tok = seqs[s].tok_start + seqs[s].n_new;
-        size_t len = (size_t)seqs[s].n_past + seqs[s].n_new;
+        for (int i = 0; i < sq->n_new; i++) {
+            size_t dst = kv_row(sq, sq->n_past + i) * kvw;
+            size_t src = (size_t)(sq->tok_start + i) * kvw;
+            kv_store(k_pool, f16, dst, k + src, kvw);
+            kv_store(v_pool, f16, dst, v + src, kvw);
+        }
+        size_t len = (size_t)sq->n_past + sq->n_new;
         if (len > longest) longest = len;
     }
     if (longest > c->scores_cap) {
@@ -206,12 +288,8 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         }
         c->scores_cap = longest;
     }
-    int *tok_seq = malloc(sizeof(int) * (n_tok ? n_tok : 1));
-    for (int s = 0; s < n_seqs; s++)
-        for (int i = 0; i < seqs[s].n_new; i++) tok_seq[seqs[s].tok_start + i] = s;
-    attn_job j = {c, out, q, seqs, n_seqs, n_heads, n_kv_heads, head_dim, tok_seq};
-    specd_pool_run(c->pool, n_tok * n_heads, attn_task, &j);
-    free(tok_seq);
+    attn_job j = {c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim};
+    specd_pool_run(c->pool, st->n_tokens * n_heads, attn_task, &j);
 }
 
 static void cpu_swiglu(specd_backend *be, float *out, const float *gate, const float *up,
@@ -223,16 +301,39 @@ static void cpu_swiglu(specd_backend *be, float *out, const float *gate, const f
     }
 }
 
-static void cpu_add(specd_backend *be, float *x, const float *y, size_t n) {
+static void cpu_axpy(specd_backend *be, float *y, float a, const float *x, size_t n) {
     (void)be;
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-static void cpu_gather_rows(specd_backend *be, float *dst, const float *src, const int32_t *rows,
-                            int n_rows, int width) {
+static void cpu_scale(specd_backend *be, float *x, float a, size_t n) {
     (void)be;
-    for (int i = 0; i < n_rows; i++)
-        memcpy(dst + (size_t)i * width, src + (size_t)rows[i] * width, sizeof(float) * width);
+    for (size_t i = 0; i < n; i++) x[i] *= a;
+}
+
+static void cpu_gather_out(specd_backend *be, float *dst, const float *src, int width) {
+    const specd_step *st = &cpu(be)->step;
+    for (int i = 0; i < st->n_out; i++)
+        memcpy(dst + (size_t)i * width, src + (size_t)st->out_rows[i] * width,
+               sizeof(float) * width);
+}
+
+/* specd_argmax's rule (common/sampling.c): first of equal maxima, NaN never
+ * wins; the CUDA kernel's twin. */
+static void cpu_argmax(specd_backend *be, int32_t *ids, const float *x, int n_rows, int width) {
+    (void)be;
+    for (int r = 0; r < n_rows; r++) ids[r] = specd_argmax(x + (size_t)r * width, width);
+}
+
+static void cpu_kv_move(specd_backend *be, const specd_kv_layout *kv, const int32_t *src,
+                        const int32_t *dst, int n) {
+    size_t row_bytes = (size_t)kv->kv_dim * specd_kv_elem_bytes(be->kv_type);
+    size_t pool_bytes = (size_t)kv->n_rows * row_bytes;
+    for (int p = 0; p < 2 * kv->n_layers; p++) {
+        char *pool = (char *)kv->base + (size_t)p * pool_bytes;
+        for (int i = 0; i < n; i++)
+            memmove(pool + (size_t)dst[i] * row_bytes, pool + (size_t)src[i] * row_bytes, row_bytes);
+    }
 }
 
 static const specd_backend_ops k_cpu_ops = {
@@ -242,17 +343,24 @@ static const specd_backend_ops k_cpu_ops = {
     .free = cpu_free,
     .to_host = cpu_memcpy,
     .from_host = cpu_memcpy,
-    .copy = cpu_memcpy,
     .prepare_weight = cpu_prepare_weight,
     .release_weight = cpu_release_weight,
+    .begin_step = cpu_begin_step,
+    /* no graphs: graph_begin/graph_end/graph_reset stay NULL */
+    .finish = cpu_finish,
     .embed = cpu_embed,
+    .embed_ids = cpu_embed_ids,
     .rmsnorm = cpu_rmsnorm,
+    .norm_gelu = cpu_norm_gelu,
     .matmul = cpu_matmul_op,
     .rope = cpu_rope,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
-    .add = cpu_add,
-    .gather_rows = cpu_gather_rows,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .gather_out = cpu_gather_out,
+    .argmax = cpu_argmax,
+    .kv_move = cpu_kv_move,
 };
 
 specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err) {
@@ -262,6 +370,7 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err) {
         return NULL;
     }
     c->base.ops = &k_cpu_ops;
+    c->base.kv_type = SPECD_F32;
     c->pool = specd_pool_create(n_threads);
     if (!c->pool) {
         free(c);
