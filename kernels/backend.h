@@ -186,7 +186,11 @@ typedef struct specd_backend_ops {
 
 struct specd_backend {
     const specd_backend_ops *ops;
-    specd_dtype kv_type; /* SPECD_F32 or SPECD_F16: what the KV pools hold */
+    /* SPECD_F32 or SPECD_F16: what the KV pools hold. Set at creation (CPU:
+     * F32; CUDA: F16 unless kv_f32). The CPU backend implements both, so a
+     * test may set F16 on it, before allocating a cache, to get the twin of
+     * the GPU's layout. */
+    specd_dtype kv_type;
 };
 
 typedef struct specd_backend_opts {
