@@ -54,30 +54,19 @@ int main(int argc, char **argv) {
     if (!(tok = specd_tokenizer_from_model(m, &tok_err)))
         fprintf(stderr, "target-svc: no tokenizer (%s); text input is off\n", tok_err.msg);
 
-    /* KV budget: every session reserves a whole slot up front (K and V,
-     * fp32, every layer), so the context per session is what the budget
-     * allows, capped by the model's own context. */
-    const specd_llama_hparams *hp = &m->hp;
-    uint64_t row_bytes = 2ull * (uint64_t)hp->n_layers * (uint64_t)hp->n_kv_heads *
-                         (uint64_t)hp->head_dim * sizeof(float);
-    uint64_t rows = cfg.limits.kv_memory / ((uint64_t)cfg.limits.max_sessions * row_bytes);
-    int ctx = rows < (uint64_t)hp->max_seq_len ? (int)rows : hp->max_seq_len;
-    if (ctx < 2) {
-        fprintf(stderr,
-                "target-svc: limits.kv_memory = %llu bytes gives %d context rows per session "
-                "for %lld sessions; raise it or lower limits.max_sessions\n",
-                (unsigned long long)cfg.limits.kv_memory, ctx,
-                (long long)cfg.limits.max_sessions);
-        goto out;
-    }
+    /* KV budget: every session can fill a whole context, so the context
+     * per session is what limits.kv_memory allows for max_sessions of them
+     * (fp16 rows on the GPU, fp32 on the CPU), capped by the model's own;
+     * the transformer does the arithmetic because it knows the KV format. */
     specd_transformer_opts to = {
         .backend = {.name = specd_target_backends[cfg.backend], .n_threads = (int)cfg.threads,
                     .device = (int)cfg.device},
         .n_slots = (int)cfg.limits.max_sessions,
-        .max_ctx = ctx,
+        .kv_memory = cfg.limits.kv_memory,
         .max_batch = (int)cfg.batching.max_batch_tokens,
     };
     if (!(t = specd_transformer_create(m, &to, &err))) goto fail;
+    int ctx = specd_transformer_max_ctx(t);
     specd_target_opts so = {
         .max_sessions = (int)cfg.limits.max_sessions,
         .max_prompt_tokens = (int)cfg.limits.max_prompt_tokens,

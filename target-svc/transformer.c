@@ -232,6 +232,20 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
     }
     compute_inv_freq(t->inv_freq, &m->hp, rope_freqs);
     t->rope = (specd_rope_cfg){m->hp.head_dim, m->hp.head_dim, m->hp.rope_interleaved};
+    if (opts && opts->kv_memory) {
+        uint64_t row_bytes = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)t->kv_dim *
+                             specd_kv_elem_bytes(t->be->kv_type);
+        uint64_t rows = opts->kv_memory / ((uint64_t)t->n_slots * row_bytes);
+        if (rows < 2) {
+            specd_seterr(err, "limits.kv_memory = %llu bytes gives %llu context rows per session "
+                              "for %d sessions (%llu bytes a row); raise it or lower "
+                              "limits.max_sessions",
+                         (unsigned long long)opts->kv_memory, (unsigned long long)rows, t->n_slots,
+                         (unsigned long long)row_bytes);
+            goto fail;
+        }
+        if (rows < (uint64_t)t->max_ctx) t->max_ctx = (int)rows;
+    }
     if (alloc_buffers(t, err) || alloc_kv(t, opts ? opts->kv_pages : 0, err)) goto fail;
     return t;
 fail:

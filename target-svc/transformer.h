@@ -21,6 +21,9 @@ typedef struct specd_transformer_opts {
     specd_backend_opts backend;
     int n_slots;      /* KV-cache slots (concurrent sequences); default 1 */
     int max_ctx;      /* rows per slot; 0 = model's max_seq_len */
+    /* KV bytes to spend (0 = no budget): max_ctx shrinks so that n_slots
+     * whole contexts fit; fewer than 2 rows per slot is an error. */
+    uint64_t kv_memory;
     int max_batch;    /* most tokens per forward call; default 512 */
     /* KV pages of SPECD_KV_PAGE_ROWS rows shared by all slots; 0 = enough
      * for every slot's whole context (a slot then never runs out). Fewer

@@ -1029,6 +1029,13 @@ static void test_k8s_configs_parse(void **state) {
     assert_int_equal(rc, 0);
     assert_true(t.tls.insecure);
     specd_config_free(TARGET_FIELDS, N_TARGET, &t);
+    /* the GPU overlay's config (deploy/k8s-gpu/) */
+    char *ga[] = {"target-svc", "--config", (char *)test_path("deploy/k8s-gpu/target-svc-config.yaml")};
+    rc = specd_config_load(TARGET_FIELDS, N_TARGET, 3, ga, &t, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(specd_target_backends[t.backend], "cuda");
+    specd_config_free(TARGET_FIELDS, N_TARGET, &t);
     specd_draft_cfg d;
     char *da[] = {"draft-svc", "--config", (char *)test_path("deploy/k8s/config/draft-svc.yaml")};
     rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, 3, da, &d, &err);
