@@ -2,17 +2,34 @@
  * (`specd bench --e2e`, the end-to-end benchmark of the services, lives in
  * cmd_bench_e2e.c).
  *
- * Prints a table of prefill and decode tokens/s for one stream (the median
+ * Default: a table of prefill and decode tokens/s for one stream (the median
  * of --reps runs), the bytes of weights one decode step reads, and the
  * memory read bandwidth of this machine measured in the same run, so the
  * decode figure can be read as a fraction of the bandwidth bound. The decode
  * loop is real greedy decoding (argmax fed back), not a synthetic kernel
- * loop. */
+ * loop. CPU backend only.
+ *
+ * --verify: the cost of one greedy verification step, in the shape of Table
+ * 1 of IBM's "Accelerating Production LLMs with Combined Token/Embedding
+ * Speculators": for B sequences with P cached tokens each, ms per forward
+ * step of plain decoding (1 new token per sequence) next to the memory
+ * bound of that step, and of verifying a chain of k candidates (k+1 new
+ * tokens per sequence: the pending token plus the candidates, every row's
+ * argmax computed on the device, which is all a greedy verifier needs). On
+ * any backend (--backend cpu|cuda), with a model file or a synthetic shape
+ * (--shape llama2-7b: random fp16 weights generated on the device, see
+ * bench_shapes.h). One table per prompt length P; each cell is the median
+ * of --reps steps after --warmup steps (which also let the CUDA backend
+ * record its graph for the step's shape). Steps re-run at the same n_past,
+ * overwriting the same cache rows, so the measured state never drifts. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_shapes.h"
 #include "cli.h"
+#include "common/rng.h"
 #include "common/sampling.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
@@ -24,16 +41,26 @@ static void bench_usage(void) {
            "  -t, --threads N      CPU threads (default: all cores)\n"
            "  --prompt-len N       prefill length in tokens (default 128)\n"
            "  --gen N              decoded tokens per run (default 128)\n"
-           "  --reps N             runs; the median is reported (default 3)\n"
+           "  --reps N             runs; the median is reported (default 3; with --verify\n"
+           "                       steps per cell, default 10 on cuda, 3 on cpu)\n"
            "  --no-bandwidth       skip the memory-bandwidth measurement\n"
-           "  --verify             instead: cost of verifying k tokens per sequence for a\n"
-           "                       batch of B sequences, vs one decode step (ms per step)\n"
-           "  --batches LIST       B values for --verify (default 1,2,4,8,16,32)\n"
-           "  --ks LIST            k values for --verify (default 1,2,4,8,16)\n"
-           "  --ctx N              cached tokens per sequence for --verify (default 64)\n"
            "  --e2e                instead: tokens/s and tau through draft-svc + target-svc,\n"
-           "                       plain vs each drafter at 1..32 streams (specd bench --e2e -h)\n",
-           SPECD_DEFAULT_MODEL);
+           "                       plain vs each drafter at 1..32 streams (specd bench --e2e -h)\n"
+           "  --verify             instead: ms per greedy verification step of a chain of k\n"
+           "                       candidates for B sequences with P cached tokens each, vs a\n"
+           "                       plain decode step and its memory-bandwidth bound (the shape\n"
+           "                       of Table 1 in IBM's speculator paper); options:\n"
+           "    --backend NAME     cpu (default) or cuda\n"
+           "    --device N         CUDA device (default 0)\n"
+           "    --shape NAME       instead of -m: a synthetic model (%s) with random\n"
+           "                       fp16 weights generated on the device (not on cpu)\n"
+           "    --batches LIST     B values (default 1,2,4,8,32)\n"
+           "    --ks LIST          k values, candidates per sequence (default 1,2,4,8,16)\n"
+           "    --prompts LIST     P values, cached tokens per sequence (default 64,2048)\n"
+           "    --warmup N         untimed steps before each cell (default 3)\n"
+           "    --peak-gbs X       memory bandwidth for the bound, GB/s (default: the\n"
+           "                       device's rating on cuda, measured here on cpu)\n",
+           SPECD_DEFAULT_MODEL, SPECD_BENCH_SHAPE_NAMES);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -101,6 +128,455 @@ static double measure_bandwidth(int n_threads) {
     return best;
 }
 
+/* ---- --verify ---------------------------------------------------------------- */
+
+#define MAX_LIST 16
+/* Tokens per untimed prefill call: large enough that filling 32 x 2048
+ * tokens takes few calls, small next to the verify steps' own activations
+ * budget, so it does not decide the memory the transformer needs. */
+#define PREFILL_CHUNK 512
+/* Seed of the random token ids: fixed, so two runs feed identical batches. */
+#define TOKEN_SEED 0x5bec0de5ULL
+
+typedef struct verify_opts {
+    const char *backend; /* "cpu" or "cuda" */
+    int device, threads;
+    int reps, warmup;    /* reps 0 = the backend's default */
+    int measure_bw;      /* cpu: measure read bandwidth for the bound */
+    double peak_gbs;     /* > 0: the bound's bandwidth, overriding the rest */
+    int batches[MAX_LIST], n_b;
+    int ks[MAX_LIST], n_k;     /* plain decode (k = 0) is always measured too */
+    int prompts[MAX_LIST], n_p;
+} verify_opts;
+
+/* The transformer and the host buffers every step reuses. */
+typedef struct verify_run {
+    specd_transformer *t;
+    const verify_opts *o;
+    int vocab, max_ctx, max_batch, n_slots;
+    int32_t *toks, *rows, *ids; /* [max_batch]: inputs, out_rows 0..n-1, argmax ids */
+    specd_seq_input *seqs;      /* [n_slots]: a slot appears once per call */
+    double *runs;               /* [reps] */
+    uint64_t draws;             /* token ids drawn so far: each batch gets fresh ones */
+} verify_run;
+
+/* What the bound is computed from, and how it was obtained (printed). */
+typedef struct verify_env {
+    char device[160];
+    char backend[96];
+    const char *kv_name;    /* "F16" / "F32" */
+    double weight_bytes;    /* read by every decode step, whatever B */
+    double kv_token_bytes;  /* K and V of one cached token, all layers */
+    double peak_bytes_per_s; /* 0 = unknown: no bound columns */
+    char peak_src[160];
+} verify_env;
+
+static void verify_defaults(verify_opts *o) {
+    static const int b[] = {1, 2, 4, 8, 32}, k[] = {1, 2, 4, 8, 16}, p[] = {64, 2048};
+    *o = (verify_opts){.backend = "cpu", .warmup = 3, .measure_bw = 1, .n_b = 5, .n_k = 5,
+                       .n_p = 2};
+    memcpy(o->batches, b, sizeof b);
+    memcpy(o->ks, k, sizeof k);
+    memcpy(o->prompts, p, sizeof p);
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Ascending without repeats: rows and columns read in order, the largest
+ * value is the last, and a repeated B cannot ask for a slot twice. */
+static int sort_unique(int *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_int);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (!m || v[i] != v[m - 1]) v[m++] = v[i];
+    return m;
+}
+
+static int index_of(const int *v, int n, int x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return i;
+    return -1;
+}
+
+/* n random token ids into r->toks. Content does not change the cost of a
+ * dense forward pass, but real ids keep every row's arithmetic ordinary
+ * (no repeated rows a backend could treat specially). */
+static void fill_random(verify_run *r, int n) {
+    for (int i = 0; i < n; i++) {
+        uint32_t w[4];
+        specd_rng_u32x4(TOKEN_SEED, 0, r->draws++, w);
+        r->toks[i] = (int32_t)(w[0] % (uint32_t)r->vocab);
+    }
+}
+
+/* Creates and drops the backend once, so a missing GPU or a backend that is
+ * not built fails with its own message before anything is sized, instead
+ * of once per batch size in create_fitting's retries. */
+static int probe_backend(const verify_opts *o, specd_error *err) {
+    specd_backend_opts bo = {.name = o->backend, .n_threads = o->threads, .device = o->device};
+    specd_backend *be = specd_backend_create(&bo, err);
+    if (!be) return -1;
+    be->ops->destroy(be);
+    return 0;
+}
+
+/* Drops prompt lengths the model's context cannot hold with even one new
+ * token; returns how many remain. */
+static int fit_prompts(verify_opts *o, int max_seq_len) {
+    int n = 0;
+    for (int i = 0; i < o->n_p; i++) {
+        if (o->prompts[i] + 1 <= max_seq_len) o->prompts[n++] = o->prompts[i];
+        else
+            printf("note: skipping P=%d: the model's context is %d tokens\n", o->prompts[i],
+                   max_seq_len);
+    }
+    return o->n_p = n;
+}
+
+/* One transformer for the whole grid: a slot per sequence of the largest
+ * batch, rows for the longest prompt plus the longest chain (capped by the
+ * model's context; cells beyond it are skipped), and room for the largest
+ * step or a prefill chunk. When the device cannot hold that (the KV cache
+ * of B=32 x 2k tokens is 32 GiB for a 7B), the largest batch is dropped and
+ * creation retried, so the smaller batches are still measured. */
+static int create_fitting(verify_run *r, const specd_model_file *m, verify_opts *o) {
+    specd_error err = {{0}};
+    int max_k = o->ks[o->n_k - 1], max_p = o->prompts[o->n_p - 1];
+    r->max_ctx = max_p + max_k + 1 < m->hp.max_seq_len ? max_p + max_k + 1 : m->hp.max_seq_len;
+    while (o->n_b > 0) {
+        int max_b = o->batches[o->n_b - 1];
+        int step = max_b * (max_k + 1);
+        r->max_batch = step > PREFILL_CHUNK ? step : PREFILL_CHUNK;
+        r->n_slots = max_b;
+        specd_transformer_opts to = {
+            .backend = {.name = o->backend, .n_threads = o->threads, .device = o->device},
+            .n_slots = max_b, .max_ctx = r->max_ctx, .max_batch = r->max_batch};
+        r->t = specd_transformer_create(m, &to, &err);
+        if (r->t) return 0;
+        printf("note: cannot create the transformer for B=%d (%d slots x %d rows, %d-token "
+               "steps): %s\n",
+               max_b, max_b, r->max_ctx, r->max_batch, err.msg);
+        if (--o->n_b > 0) printf("note: retrying without B=%d\n", max_b);
+    }
+    fprintf(stderr, "specd bench: no batch size fits: %s\n", err.msg);
+    return -1;
+}
+
+static int alloc_run(verify_run *r, const specd_model_file *m) {
+    size_t n = (size_t)r->max_batch;
+    r->vocab = m->hp.vocab_size;
+    r->toks = malloc(n * sizeof(int32_t));
+    r->rows = malloc(n * sizeof(int32_t));
+    r->ids = malloc(n * sizeof(int32_t));
+    r->seqs = calloc((size_t)r->n_slots, sizeof *r->seqs);
+    r->runs = calloc((size_t)r->o->reps, sizeof(double));
+    if (!r->toks || !r->rows || !r->ids || !r->seqs || !r->runs) {
+        fprintf(stderr, "specd bench: out of memory\n");
+        return -1;
+    }
+    /* every step asks for all of its rows, in batch order */
+    for (size_t i = 0; i < n; i++) r->rows[i] = (int32_t)i;
+    return 0;
+}
+
+static void free_run(verify_run *r) {
+    free(r->toks);
+    free(r->rows);
+    free(r->ids);
+    free(r->seqs);
+    free(r->runs);
+    specd_transformer_free(r->t);
+}
+
+/* Fills slots 0..n_slots-1 with P random tokens each (untimed: it only
+ * builds the cache the steps read). Pieces of several slots share a call,
+ * up to max_batch tokens, so short prompts do not cost one call per slot;
+ * a slot appears at most once per call, so n_slots entries suffice. */
+static int prefill(verify_run *r, int P, specd_error *err) {
+    int slot = 0, done = 0; /* done: tokens of `slot` already in its cache */
+    while (slot < r->n_slots) {
+        int n_tok = 0, n_seqs = 0;
+        while (slot < r->n_slots && n_tok < r->max_batch) {
+            int take = P - done < r->max_batch - n_tok ? P - done : r->max_batch - n_tok;
+            r->seqs[n_seqs++] = (specd_seq_input){.slot = slot, .n_past = done, .n_new = take};
+            n_tok += take;
+            done += take;
+            if (done == P) {
+                slot++;
+                done = 0;
+            }
+        }
+        fill_random(r, n_tok);
+        specd_batch b = {.n_tokens = n_tok, .tokens = r->toks, .n_seqs = n_seqs, .seqs = r->seqs};
+        if (specd_transformer_forward(r->t, &b, err)) return -1;
+    }
+    return 0;
+}
+
+/* Median ms of one step: B sequences at n_past = P each add the pending
+ * token plus a chain of k candidates (k = 0: plain decode). A chain is a
+ * linear tree, so the causal mask (NULL) is its ancestor mask; every row's
+ * argmax comes back, not its logits: exactly a greedy verification. NAN
+ * (with a note) when the step fails, e.g. out of device memory. */
+static double time_step(verify_run *r, int B, int P, int k) {
+    int n_new = k + 1, n = B * n_new;
+    fill_random(r, n);
+    for (int s = 0; s < B; s++)
+        r->seqs[s] = (specd_seq_input){.slot = s, .n_past = P, .n_new = n_new};
+    specd_batch b = {.n_tokens = n, .tokens = r->toks, .n_seqs = B, .seqs = r->seqs,
+                     .n_out = n, .out_rows = r->rows, .argmax = r->ids};
+    specd_error err = {{0}};
+    int warmup = r->o->warmup, reps = r->o->reps;
+    for (int i = 0; i < warmup + reps; i++) {
+        /* forward ends with the backend's finish (a device sync), so the
+         * interval is the whole step as a caller waits for it */
+        double t0 = cli_now();
+        if (specd_transformer_forward(r->t, &b, &err)) {
+            printf("note: P=%d B=%d k=%d failed, skipped: %s\n", P, B, k, err.msg);
+            return NAN;
+        }
+        if (i >= warmup) r->runs[i - warmup] = (cli_now() - t0) * 1e3;
+    }
+    return median(r->runs, reps);
+}
+
+/* The bandwidth the bound divides by: an explicit --peak-gbs, else on the
+ * CPU backend the read bandwidth measured here (what decode can actually
+ * stream; no rating to look up), else the device's own rating. */
+static void pick_peak(verify_env *e, const verify_opts *o, const specd_device_info *di,
+                      int n_threads) {
+    if (o->peak_gbs > 0) {
+        e->peak_bytes_per_s = o->peak_gbs * 1e9;
+        snprintf(e->peak_src, sizeof e->peak_src, "given with --peak-gbs");
+    } else if (!strcmp(o->backend, "cpu") && o->measure_bw) {
+        e->peak_bytes_per_s = measure_bandwidth(n_threads) * 1e9;
+        snprintf(e->peak_src, sizeof e->peak_src,
+                 "measured here: best of 5 reads of a 512 MiB buffer, %d threads", n_threads);
+    } else if (di->peak_bytes_per_s > 0) {
+        e->peak_bytes_per_s = di->peak_bytes_per_s;
+        snprintf(e->peak_src, sizeof e->peak_src, "the device's rated memory bandwidth");
+    } else {
+        snprintf(e->peak_src, sizeof e->peak_src, "unknown (pass --peak-gbs): no bound columns");
+    }
+}
+
+/* The CPU's model name from /proc/cpuinfo ("this CPU" where there is none):
+ * what the CPU backend runs on, for a backend that does not say. */
+static void cpu_model_name(char *out, size_t cap) {
+    snprintf(out, cap, "this CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon) continue;
+        colon += strspn(colon + 1, " \t") + 1;
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(out, cap, "%s", colon);
+        break;
+    }
+    fclose(f);
+}
+
+/* Everything the header states, from the transformer's own backend: its KV
+ * type is the one the cache really holds (fp32 for fp32 models even on
+ * CUDA), and device_info names the device that ran the steps. */
+static void describe(verify_env *e, const verify_run *r, const specd_model_file *m,
+                     const verify_opts *o) {
+    specd_backend *be = specd_transformer_backend(r->t);
+    specd_device_info di;
+    memset(&di, 0, sizeof di); /* a backend without device_info leaves it unknown */
+    int have_info = be->ops->device_info && be->ops->device_info(be, &di) == 0;
+    int cpu = !strcmp(o->backend, "cpu"), n_threads = o->threads;
+    if (cpu && n_threads <= 0) { /* the CPU backend's default: all online CPUs */
+        specd_pool *p = specd_pool_create(0);
+        n_threads = specd_pool_size(p);
+        specd_pool_destroy(p);
+    }
+    if (have_info && di.name[0]) snprintf(e->device, sizeof e->device, "%s", di.name);
+    else if (cpu) cpu_model_name(e->device, sizeof e->device);
+    else snprintf(e->device, sizeof e->device, "unknown (the backend has no device_info)");
+    if (cpu)
+        snprintf(e->backend, sizeof e->backend, "cpu (%s), %d threads", cpu_simd_name(),
+                 n_threads);
+    else
+        snprintf(e->backend, sizeof e->backend, "%s, device %d", be->ops->name, o->device);
+    const specd_dtype_info *kv = specd_dtype_get(be->kv_type);
+    e->kv_name = kv && kv->name ? kv->name : "?";
+    e->weight_bytes = decode_weight_bytes(m);
+    e->kv_token_bytes = (double)m->hp.n_layers * 2 * m->hp.n_kv_heads * m->hp.head_dim *
+                        (double)specd_kv_elem_bytes(be->kv_type);
+    e->peak_bytes_per_s = 0;
+    pick_peak(e, o, &di, n_threads);
+}
+
+static void print_header(const verify_env *e, const verify_opts *o, const specd_model_file *m,
+                         const char *model_desc) {
+    const specd_llama_hparams *hp = &m->hp;
+    printf("verification cost per forward step (the shape of Table 1 in IBM's \"Accelerating "
+           "Production LLMs with Combined Token/Embedding Speculators\")\n\n");
+    printf("device    %s\n", e->device);
+    printf("backend   %s\n", e->backend);
+    printf("model     %s (%d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d)\n",
+           model_desc, hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+           hp->vocab_size);
+    printf("weights   %.1f MB read per decode step (every blk.* tensor, output_norm, LM head)\n",
+           e->weight_bytes / 1e6);
+    printf("KV cache  %s, %.1f KB per cached token (K and V, all layers)\n", e->kv_name,
+           e->kv_token_bytes / 1e3);
+    if (e->peak_bytes_per_s > 0)
+        printf("peak bw   %.1f GB/s, %s\n", e->peak_bytes_per_s / 1e9, e->peak_src);
+    else
+        printf("peak bw   %s\n", e->peak_src);
+    printf("timing    median of %d steps after %d warm-up steps, monotonic clock around "
+           "specd_transformer_forward (which ends with the backend's sync)\n\n",
+           o->reps, o->warmup);
+    printf("columns   plain ms: one decode step, B sequences x 1 new token, argmax of each "
+           "row on the device\n"
+           "          bound ms: (weights + B x P cached tokens of KV) / peak bw, the least "
+           "time a decode step can take\n"
+           "          of bound: bound ms / plain ms (100%% = at the bound)\n"
+           "          k=K: one verify step, B sequences x (pending token + chain of K "
+           "candidates), causal, argmax of all B x (K+1) rows; ms (ratio to plain ms)\n\n");
+}
+
+/* The least time a decode step of B sequences with P cached tokens can
+ * take: every weight and every cached K/V row read once at peak bandwidth.
+ * NAN when the bandwidth is unknown. */
+static double bound_ms(const verify_env *e, int B, int P) {
+    if (e->peak_bytes_per_s <= 0) return NAN;
+    return (e->weight_bytes + (double)B * P * e->kv_token_bytes) / e->peak_bytes_per_s * 1e3;
+}
+
+/* ms[bi][0] is plain decode, ms[bi][1 + ki] verify with ks[ki]; NAN =
+ * skipped. */
+static void print_table(const verify_env *e, const verify_opts *o, int P, const double *ms) {
+    int w = 1 + o->n_k;
+    printf("P = %d cached tokens per sequence\n\n", P);
+    printf("| batch | plain ms | bound ms | of bound |");
+    for (int ki = 0; ki < o->n_k; ki++) {
+        char head[16];
+        snprintf(head, sizeof head, "k=%d", o->ks[ki]);
+        printf(" %16s |", head);
+    }
+    printf("\n|------:|---------:|---------:|---------:|");
+    for (int ki = 0; ki < o->n_k; ki++) printf("-----------------:|");
+    printf("\n");
+    for (int bi = 0; bi < o->n_b; bi++) {
+        const double *row = ms + (size_t)bi * w;
+        int B = o->batches[bi];
+        double bound = bound_ms(e, B, P);
+        printf("| %5d |", B);
+        if (isnan(row[0])) printf("        - |");
+        else printf(" %8.2f |", row[0]);
+        if (isnan(bound)) printf("        - |");
+        else printf(" %8.2f |", bound);
+        if (isnan(bound) || isnan(row[0])) printf("        - |");
+        else printf(" %7.0f%% |", 100 * bound / row[0]);
+        for (int ki = 0; ki < o->n_k; ki++) {
+            if (isnan(row[1 + ki])) printf("                - |");
+            else if (isnan(row[0])) printf(" %8.2f         |", row[1 + ki]);
+            else printf(" %8.2f (%4.2fx) |", row[1 + ki], row[1 + ki] / row[0]);
+        }
+        printf("\n");
+    }
+    printf("\n");
+}
+
+/* The two numbers the GPU work is judged by, from the batch-1 row. */
+static void print_goals(const verify_env *e, const verify_opts *o, int P, const double *ms) {
+    int bi = index_of(o->batches, o->n_b, 1), ki = index_of(o->ks, o->n_k, 4);
+    const double *row = bi >= 0 ? ms + (size_t)bi * (1 + o->n_k) : NULL;
+    double bound = bound_ms(e, 1, P);
+    if (!row || isnan(row[0]))
+        printf("P=%d: plain decode at batch 1: not measured (needs 1 in --batches)\n", P);
+    else if (isnan(bound))
+        printf("P=%d: plain decode at batch 1: no bound (unknown bandwidth)\n", P);
+    else
+        printf("P=%d: plain decode at batch 1: %.2fx of the HBM bound (goal <= 1.25x)\n", P,
+               row[0] / bound);
+    if (!row || ki < 0 || isnan(row[0]) || isnan(row[1 + ki]))
+        printf("P=%d: verify k=4 at batch 1: not measured (needs 1 in --batches, 4 in --ks)\n", P);
+    else
+        printf("P=%d: verify k=4 at batch 1: %.2fx of plain (goal <= 1.10x)\n", P,
+               row[1 + ki] / row[0]);
+    printf("\n");
+}
+
+/* One prompt length: prefill, then every (B, k) cell. Returns how many cells
+ * were measured (0 when the prefill itself failed). */
+static int measure_prompt(verify_run *r, int P, double *ms) {
+    const verify_opts *o = r->o;
+    int w = 1 + o->n_k, measured = 0;
+    for (int i = 0; i < o->n_b * w; i++) ms[i] = NAN;
+    specd_error err = {{0}};
+    if (prefill(r, P, &err)) {
+        printf("note: skipping P=%d: the prefill failed: %s\n", P, err.msg);
+        return 0;
+    }
+    for (int bi = 0; bi < o->n_b; bi++) {
+        for (int c = 0; c < w; c++) {
+            int B = o->batches[bi], k = c ? o->ks[c - 1] : 0;
+            if (P + k + 1 > r->max_ctx) { /* only when capped by the model's context */
+                printf("note: P=%d k=%d skipped: %d rows exceed the model's context %d\n", P, k,
+                       P + k + 1, r->max_ctx);
+                continue;
+            }
+            ms[bi * w + c] = time_step(r, B, P, k);
+            measured += !isnan(ms[bi * w + c]);
+        }
+    }
+    return measured;
+}
+
+/* The whole --verify run. model_desc names the file or the shape;
+ * synthetic: the tensors have no data (random weights on the device). */
+static int bench_verify(const specd_model_file *m, const char *model_desc, int synthetic,
+                        verify_opts *o) {
+    specd_error err = {{0}};
+    if (synthetic && !strcmp(o->backend, "cpu")) {
+        /* the CPU backend computes on the mmapped file and has nowhere to
+         * generate 13 GB of weights; say so instead of its generic refusal */
+        fprintf(stderr, "specd bench: --shape %s has no weights: they are generated at random on "
+                        "the device, which the cpu backend cannot do; use --backend cuda, or "
+                        "-m PATH for a real model on the cpu\n", model_desc);
+        return 2;
+    }
+    if (probe_backend(o, &err)) {
+        fprintf(stderr, "specd bench: %s\n", err.msg);
+        return 1;
+    }
+    if (!fit_prompts(o, m->hp.max_seq_len)) {
+        fprintf(stderr, "specd bench: no prompt length fits the model's context\n");
+        return 1;
+    }
+    verify_run r = {.o = o};
+    if (create_fitting(&r, m, o) || alloc_run(&r, m)) {
+        free_run(&r);
+        return 1;
+    }
+    verify_env e;
+    describe(&e, &r, m, o);
+    print_header(&e, o, m, model_desc);
+    double *ms = malloc(sizeof(double) * (size_t)o->n_b * (1 + o->n_k));
+    int measured = 0;
+    for (int pi = 0; ms && pi < o->n_p; pi++) {
+        int P = o->prompts[pi];
+        int n = measure_prompt(&r, P, ms);
+        if (!n) continue;
+        measured += n;
+        print_table(&e, o, P, ms);
+        print_goals(&e, o, P, ms);
+    }
+    if (!ms) fprintf(stderr, "specd bench: out of memory\n");
+    free(ms);
+    free_run(&r);
+    return measured ? 0 : 1;
+}
+
 /* Parses "1,2,4" into v (at most cap values, each 1..hi). */
 static int parse_list(const char *opt, const char *s, int *v, int cap, int hi) {
     int n = 0;
@@ -113,83 +589,61 @@ static int parse_list(const char *opt, const char *s, int *v, int cap, int hi) {
         }
         v[n++] = (int)cli_int(opt, tok, 1, hi);
     }
+    if (!n) {
+        fprintf(stderr, "specd bench: %s needs at least one value\n", opt);
+        exit(2);
+    }
     return n;
 }
 
-/* Verification cost (the shape of Table 1 in IBM's speculator paper): B
- * sequences, each with `ctx` cached tokens, each adding k new tokens with
- * logits for every one of them (a verifier needs the target's distribution
- * at every node). k = 1 is a plain decode step. */
-static int bench_verify(specd_model_file *m, int threads, const int *batches, int n_b,
-                        const int *ks, int n_k, int ctx, int reps) {
-    int max_b = 0, max_k = 0;
-    for (int i = 0; i < n_b; i++) max_b = batches[i] > max_b ? batches[i] : max_b;
-    for (int i = 0; i < n_k; i++) max_k = ks[i] > max_k ? ks[i] : max_k;
-    int max_tok = max_b * max_k > max_b * ctx ? max_b * max_k : max_b * ctx;
-    specd_error err = {{0}};
-    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = threads},
-                                .n_slots = max_b, .max_ctx = ctx + max_k,
-                                .max_batch = max_tok};
-    specd_transformer *t = specd_transformer_create(m, &o, &err);
-    if (!t) {
-        fprintf(stderr, "specd bench: %s\n", err.msg);
-        return 1;
-    }
-    int vocab = m->hp.vocab_size;
-    int32_t *toks = malloc(sizeof(int32_t) * max_tok), *rows = malloc(sizeof(int32_t) * max_tok);
-    specd_seq_input *seqs = calloc((size_t)max_b, sizeof *seqs);
-    float *logits = malloc(sizeof(float) * (size_t)max_b * max_k * vocab);
-    for (int i = 0; i < max_tok; i++) {
-        toks[i] = (int32_t)((i * 7919u + 13) % vocab);
-        rows[i] = i;
-    }
-    /* fill every slot's cache once; later steps write after it and are
-     * simply overwritten by the next measurement */
-    for (int s = 0; s < max_b; s++) seqs[s] = (specd_seq_input){.slot = s, .n_past = 0, .n_new = ctx};
-    specd_batch pre = {.n_tokens = max_b * ctx, .tokens = toks, .n_seqs = max_b, .seqs = seqs};
-    int rc = specd_transformer_forward(t, &pre, &err);
-    double *ms = calloc((size_t)n_b * n_k, sizeof(double)), *runs = calloc((size_t)reps, sizeof(double));
-    for (int bi = 0; bi < n_b && !rc; bi++) {
-        for (int ki = 0; ki < n_k && !rc; ki++) {
-            int B = batches[bi], k = ks[ki];
-            for (int s = 0; s < B; s++)
-                seqs[s] = (specd_seq_input){.slot = s, .n_past = ctx, .n_new = k};
-            specd_batch b = {.n_tokens = B * k, .tokens = toks, .n_seqs = B, .seqs = seqs,
-                             .n_out = B * k, .out_rows = rows, .logits = logits};
-            for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
-                double t0 = cli_now();
-                rc = specd_transformer_forward(t, &b, &err);
-                if (r > 0) runs[r - 1] = (cli_now() - t0) * 1e3;
-            }
-            ms[bi * n_k + ki] = median(runs, reps);
+/* If argv[*i] is an option only --verify takes, consumes it (and its value)
+ * into v / *shape and returns 1; else 0. */
+static int verify_option(int argc, char **argv, int *i, verify_opts *v, const char **shape) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--backend")) {
+        v->backend = cli_value(argc, argv, i);
+        if (strcmp(v->backend, "cpu") && strcmp(v->backend, "cuda")) {
+            fprintf(stderr, "specd bench: --backend must be cpu or cuda, not '%s'\n", v->backend);
+            exit(2);
         }
-    }
-    if (rc) {
-        fprintf(stderr, "specd bench: %s\n", err.msg);
+    } else if (!strcmp(a, "--device")) {
+        v->device = (int)cli_int(a, cli_value(argc, argv, i), 0, 1023);
+    } else if (!strcmp(a, "--shape")) {
+        *shape = cli_value(argc, argv, i);
+    } else if (!strcmp(a, "--batches")) {
+        v->n_b = parse_list(a, cli_value(argc, argv, i), v->batches, MAX_LIST, 1024);
+    } else if (!strcmp(a, "--ks")) {
+        v->n_k = parse_list(a, cli_value(argc, argv, i), v->ks, MAX_LIST, 256);
+    } else if (!strcmp(a, "--prompts")) {
+        v->n_p = parse_list(a, cli_value(argc, argv, i), v->prompts, MAX_LIST, 1 << 20);
+    } else if (!strcmp(a, "--warmup")) {
+        v->warmup = (int)cli_int(a, cli_value(argc, argv, i), 0, 1000);
+    } else if (!strcmp(a, "--peak-gbs")) {
+        v->peak_gbs = cli_float(a, cli_value(argc, argv, i), 1e-3, 1e6);
     } else {
-        printf("verification cost: ms per forward step (ratio to k=1 at the same batch), %d cached "
-               "tokens per sequence, backend %s (%s), median of %d\n\n",
-               ctx, specd_transformer_backend_name(t), cpu_simd_name(), reps);
-        printf("| batch |");
-        for (int ki = 0; ki < n_k; ki++) printf("      k=%-2d      |", ks[ki]);
-        printf("\n|------:|");
-        for (int ki = 0; ki < n_k; ki++) printf("----------------:|");
-        printf("\n");
-        for (int bi = 0; bi < n_b; bi++) {
-            printf("| %5d |", batches[bi]);
-            for (int ki = 0; ki < n_k; ki++)
-                printf(" %7.1f (%4.2fx) |", ms[bi * n_k + ki], ms[bi * n_k + ki] / ms[bi * n_k]);
-            printf("\n");
-        }
+        return 0;
     }
-    free(ms);
-    free(runs);
-    free(toks);
-    free(rows);
-    free(seqs);
-    free(logits);
-    specd_transformer_free(t);
-    return rc ? 1 : 0;
+    return 1;
+}
+
+/* --verify after parsing: the model or the shape, the options that depend
+ * on the backend, then the benchmark. */
+static int run_verify(const char *model, const char *shape, verify_opts *v) {
+    /* per-cell medians: a GPU step is a few ms and noisier run to run than
+     * a CPU one, and costs little to repeat */
+    if (v->reps <= 0) v->reps = strcmp(v->backend, "cpu") ? 10 : 3;
+    v->n_b = sort_unique(v->batches, v->n_b);
+    v->n_k = sort_unique(v->ks, v->n_k);
+    v->n_p = sort_unique(v->prompts, v->n_p);
+    specd_error err = {{0}};
+    specd_model_file *m = shape ? bench_shape_create(shape, &err) : specd_model_open(model, &err);
+    if (!m) {
+        fprintf(stderr, "specd bench: %s\n", err.msg);
+        return shape ? 2 : 1;
+    }
+    int rc = bench_verify(m, shape ? shape : model, shape != NULL, v);
+    specd_model_close(m); /* frees a shape's tensor table too (bench_shapes.h) */
+    return rc;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -197,9 +651,10 @@ int cmd_bench(int argc, char **argv) {
      * options; hand the whole command line over. */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--e2e")) return cmd_bench_e2e(argc, argv);
-    const char *model = SPECD_DEFAULT_MODEL;
-    int threads = 0, prompt_len = 128, gen = 128, reps = 3, bandwidth = 1, verify = 0, vctx = 64;
-    int batches[16] = {1, 2, 4, 8, 16, 32}, n_batches = 6, ks[16] = {1, 2, 4, 8, 16}, n_ks = 5;
+    const char *model = NULL, *shape = NULL, *verify_only = NULL;
+    int threads = 0, prompt_len = 128, gen = 128, reps = 0, bandwidth = 1, verify = 0;
+    verify_opts v;
+    verify_defaults(&v);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = cli_value(argc, argv, &i);
@@ -208,14 +663,12 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-len"))
             prompt_len = (int)cli_int(a, cli_value(argc, argv, &i), 1, 8192);
         else if (!strcmp(a, "--gen")) gen = (int)cli_int(a, cli_value(argc, argv, &i), 1, 8192);
-        else if (!strcmp(a, "--reps")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 100);
+        else if (!strcmp(a, "--reps")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1000);
         else if (!strcmp(a, "--no-bandwidth")) bandwidth = 0;
         else if (!strcmp(a, "--verify")) verify = 1;
-        else if (!strcmp(a, "--batches"))
-            n_batches = parse_list(a, cli_value(argc, argv, &i), batches, 16, 256);
-        else if (!strcmp(a, "--ks")) n_ks = parse_list(a, cli_value(argc, argv, &i), ks, 16, 256);
-        else if (!strcmp(a, "--ctx")) vctx = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        else if (verify_option(argc, argv, &i, &v, &shape)) {
+            if (!verify_only) verify_only = a;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             bench_usage();
             return 0;
         } else {
@@ -223,6 +676,23 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
+    /* an option the plain benchmark would silently ignore is a mistake */
+    if (verify_only && !verify) {
+        fprintf(stderr, "specd bench: %s applies to --verify only\n", verify_only);
+        return 2;
+    }
+    if (model && shape) {
+        fprintf(stderr, "specd bench: give -m PATH or --shape NAME, not both\n");
+        return 2;
+    }
+    if (!model) model = SPECD_DEFAULT_MODEL;
+    if (verify) {
+        v.threads = threads;
+        v.reps = reps;
+        v.measure_bw = bandwidth;
+        return run_verify(model, shape, &v);
+    }
+    if (!reps) reps = 3;
     specd_error err = {{0}};
     specd_model_file *m = specd_model_open(model, &err);
     if (!m) {
@@ -230,11 +700,6 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     const specd_llama_hparams *hp = &m->hp;
-    if (verify) {
-        int vrc = bench_verify(m, threads, batches, n_batches, ks, n_ks, vctx, reps);
-        specd_model_close(m);
-        return vrc;
-    }
     int ctx = prompt_len + gen;
     if (ctx > hp->max_seq_len) {
         fprintf(stderr, "specd bench: --prompt-len + --gen = %d exceeds the model context %d\n",
