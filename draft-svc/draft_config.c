@@ -2,6 +2,7 @@
 #include "draft-svc/draft_config.h"
 
 const char *const specd_draft_default_choices[] = {"mlp", "draft_lm", "ngram", "none", NULL};
+const char *const specd_draft_backends[] = {"cpu", "cuda", NULL};
 
 /* The table's struct is always specd_draft_cfg; F saves repeating it. */
 #define F(name, type, member, ...) SPECD_CFG_FIELD(name, type, specd_draft_cfg, member, __VA_ARGS__)
@@ -23,6 +24,11 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("drafter.mlp.accept_head", SPECD_CFG_STRING, drafter.mlp.accept_head, NULL,
       "SpecDec++ acceptance head directory for that speculator (specd train accept-head); "
       "unset = fixed-length drafts"),
+    F("drafter.mlp.backend", SPECD_CFG_ENUM, drafter.mlp.backend, "cpu",
+      "where the speculator runs: cpu, or cuda (weights on the GPU in fp16)",
+      .choices = specd_draft_backends),
+    F("drafter.mlp.device", SPECD_CFG_INT64, drafter.mlp.device, "0",
+      "CUDA device id for drafter.mlp.backend = cuda", .min = 0, .max = 1024),
     F("drafter.draft_lm.path", SPECD_CFG_STRING, drafter.draft_lm.path, NULL,
       "draft language model (.gguf or HF directory, the target's tokenizer); unset = not offered"),
     F("drafter.draft_lm.max_sessions", SPECD_CFG_INT64, drafter.draft_lm.max_sessions, "64",

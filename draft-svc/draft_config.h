@@ -20,7 +20,7 @@ typedef struct specd_draft_cfg {
     specd_cfg_strlist targets;
     struct {
         int def;
-        struct { char *path, *accept_head; } mlp;
+        struct { char *path, *accept_head; int backend; int64_t device; } mlp;
         struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
         struct { bool enabled; int64_t min_n, max_n, max_scan; } ngram;
     } drafter;
@@ -47,6 +47,8 @@ typedef struct specd_draft_cfg {
 
 /* `drafter.default` choices, in the order of service.h's drafter indices. */
 extern const char *const specd_draft_default_choices[];
+/* Names of drafter.mlp.backend, indexed by its value. */
+extern const char *const specd_draft_backends[];
 extern const specd_cfg_field specd_draft_cfg_fields[];
 extern const size_t specd_draft_cfg_n_fields;
 

@@ -99,6 +99,8 @@ void specd_drafter_free(specd_drafter *d);
 typedef struct specd_mlp_drafter_opts {
     const char *path;       /* MLPSpeculator directory (config.json + safetensors) */
     int n_threads;          /* CPU threads, 0 = one per core */
+    const char *backend;    /* "cpu" (NULL = cpu) or "cuda" */
+    int device;             /* CUDA device id */
     int max_batch;          /* jobs per call, default 64 */
     int top_k_per_stage[8]; /* 0s = the checkpoint's top_k_tokens_per_head */
     /* SpecDec++ acceptance head directory (accept_head.h) for this

@@ -460,7 +460,9 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
         specd_seterr(err, "mlp drafter: out of memory");
         return NULL;
     }
-    m->sp = specd_mlp_speculator_load(o->path, o->n_threads, err);
+    specd_backend_opts bo = {.name = o->backend ? o->backend : "cpu", .n_threads = o->n_threads,
+                             .device = o->device};
+    m->sp = specd_mlp_speculator_load_on(o->path, &bo, err);
     if (!m->sp) goto fail;
     const specd_mlp_spec_config *c = specd_mlp_speculator_config(m->sp);
     m->vocab = c->target_vocab_size; /* the stage API's width, even over a reduced vocabulary */

@@ -65,6 +65,8 @@ int main(int argc, char **argv) {
     if (cfg.drafter.mlp.path) {
         specd_mlp_drafter_opts o = {.path = cfg.drafter.mlp.path,
                                     .n_threads = (int)cfg.threads,
+                                    .backend = specd_draft_backends[cfg.drafter.mlp.backend],
+                                    .device = (int)cfg.drafter.mlp.device,
                                     .accept_head = cfg.drafter.mlp.accept_head};
         if (!(drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&o, &err))) goto fail;
         hidden = drafters[SPECD_DRAFTER_MLP]->hidden_size;

@@ -9,10 +9,10 @@
  * matmuls, embedding lookups, the norm + GELU. The head matmul ([rows x
  * inner] . [inner x vocab]) is nearly all the work and the CPU backend
  * spreads it over its thread pool, reading each weight row once for the
- * whole batch. This module asks for the CPU backend: its stage API takes
- * and returns host arrays, which on the CPU backend are device buffers
- * already; the speculator is small enough that draft-svc runs it beside the
- * scheduler on the CPU while the target owns the GPU. */
+ * whole batch. The stage API takes and returns host arrays: on the CPU
+ * backend those are device buffers already; on a GPU backend each stage
+ * copies its inputs in and its outputs out (a few KB against the head's
+ * megabytes of weights). */
 #include "draft-svc/mlp_speculator.h"
 
 #include <cjson/cJSON.h>
@@ -303,6 +303,12 @@ struct specd_mlp_speculator {
     float *x_scaled, *z, *draft_logits;
     int32_t *draft_tokens;
     size_t rows_cap;
+    /* GPU backends only: device copies of a stage's inputs and outputs,
+     * grown on demand to dev_rows rows */
+    int on_device;
+    float *d_in, *d_out, *d_logits, *d_xs, *d_z;
+    int32_t *d_ids;
+    size_t dev_rows;
 };
 
 static int check_shape(const safetensors_tensor *t, int n_dims, int64_t d0, int64_t d1,
@@ -510,13 +516,20 @@ static int load_config_file(specd_mlp_speculator *sp, const char *dir, specd_err
 
 specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
                                                 specd_error *err) {
+    specd_backend_opts bo = {.name = "cpu", .n_threads = n_threads};
+    return specd_mlp_speculator_load_on(dir, &bo, err);
+}
+
+specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
+                                                   const specd_backend_opts *backend,
+                                                   specd_error *err) {
     specd_mlp_speculator *sp = calloc(1, sizeof *sp);
     if (!sp) {
         specd_seterr(err, "mlp speculator: out of memory");
         return NULL;
     }
     if (load_config_file(sp, dir, err) || open_weights(&sp->files, dir, err) ||
-        !(sp->be = specd_cpu_backend_create(n_threads, err)) || bind_weights(sp, err) ||
+        !(sp->be = specd_backend_create(backend, err)) || bind_weights(sp, err) ||
         bind_vocab_map(sp, err)) {
         specd_preferr(err, "mlp speculator %s", dir);
         specd_mlp_speculator_free(sp);
@@ -531,6 +544,7 @@ specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
     double state_weight = pow(0.5, 0.5 / n);
     double emb_weight = sqrt((1.0 - state_weight * state_weight) * (inner / 2.0));
     sp->emb_scale = (float)(emb_weight / state_weight);
+    sp->on_device = strcmp(sp->be->ops->name, "cpu") != 0;
     return sp;
 }
 
@@ -549,7 +563,12 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
             free(sp->ln_b[i]);
         }
     }
-    if (sp->be) sp->be->ops->destroy(sp->be);
+    if (sp->be) {
+        void *dev[] = {sp->d_in, sp->d_out, sp->d_logits, sp->d_xs, sp->d_z, sp->d_ids};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+            if (dev[i]) sp->be->ops->free(sp->be, dev[i]);
+        sp->be->ops->destroy(sp->be);
+    }
     weight_files_close(&sp->files);
     free(sp->draft_to_target);
     free(sp->target_to_draft);
@@ -593,6 +612,27 @@ static int grow_scratch(specd_mlp_speculator *sp, size_t rows, specd_error *err)
     return 0;
 }
 
+/* Device buffers for a GPU backend: the widest state (emb_dim or inner_dim)
+ * and the head's width, for `rows` rows. */
+static int grow_device(specd_mlp_speculator *sp, size_t rows, specd_error *err) {
+    if (rows <= sp->dev_rows) return 0;
+    specd_backend *be = sp->be;
+    const specd_mlp_spec_config *c = &sp->cfg;
+    size_t width = (size_t)(c->emb_dim > c->inner_dim ? c->emb_dim : c->inner_dim);
+    float **bufs[] = {&sp->d_in, &sp->d_out, &sp->d_logits, &sp->d_xs, &sp->d_z};
+    size_t widths[] = {width, width, (size_t)c->vocab_size, width, width};
+    for (int i = 0; i < 5; i++) {
+        if (*bufs[i]) be->ops->free(be, *bufs[i]);
+        *bufs[i] = be->ops->alloc(be, sizeof(float) * rows * widths[i]);
+    }
+    if (sp->d_ids) be->ops->free(be, sp->d_ids);
+    sp->d_ids = be->ops->alloc(be, sizeof(int32_t) * rows);
+    int ok = sp->d_in && sp->d_out && sp->d_logits && sp->d_xs && sp->d_z && sp->d_ids;
+    sp->dev_rows = ok ? rows : 0;
+    if (!ok) return specd_seterr(err, "mlp speculator: out of device memory for %zu rows", rows);
+    return 0;
+}
+
 int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
                                const float *state_in, const int32_t *tokens, float *state_out,
                                float *logits, specd_error *err) {
@@ -620,36 +660,55 @@ int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
     }
     int in_dim = specd_mlp_speculator_state_in_dim(sp, stage), dim = c->inner_dim;
 
+    /* On a GPU the stage runs on device copies; on the CPU the host arrays
+     * are the backend's buffers. */
+    const float *in = state_in;
+    const int32_t *dids = ids;
+    float *out = state_out, *lg = head_out, *xs = sp->x_scaled, *z = sp->z;
+    if (sp->on_device) {
+        if (grow_device(sp, (size_t)n_rows, err)) return -1;
+        be->ops->from_host(be, sp->d_in, state_in, sizeof(float) * (size_t)n_rows * in_dim);
+        be->ops->from_host(be, sp->d_ids, ids, sizeof(int32_t) * (size_t)n_rows);
+        in = sp->d_in, dids = sp->d_ids, out = sp->d_out, xs = sp->d_xs, z = sp->d_z;
+        lg = head_out ? sp->d_logits : NULL;
+    }
+
     /* scale_input: the target's hidden state has whatever scale its last
      * norm gives it; the speculator was trained on rmsnorm(s) / sqrt(2). */
-    const float *s = state_in;
+    const float *s = in;
     if (stage == 0 && c->scale_input) {
-        be->ops->rmsnorm(be, sp->x_scaled, state_in, NULL, n_rows, in_dim, NORM_EPS);
-        be->ops->scale(be, sp->x_scaled, (float)M_SQRT1_2, (size_t)n_rows * in_dim);
-        s = sp->x_scaled;
+        be->ops->rmsnorm(be, xs, in, NULL, n_rows, in_dim, NORM_EPS);
+        be->ops->scale(be, xs, (float)M_SQRT1_2, (size_t)n_rows * in_dim);
+        s = xs;
     }
 
     /* u = proj(s) + (emb_weight / state_weight) * emb(token) */
-    be->ops->matmul(be, state_out, &sp->proj[stage], s, n_rows);
-    be->ops->embed_ids(be, sp->z, &sp->emb[stage], ids, n_rows);
-    be->ops->axpy(be, state_out, sp->emb_scale, sp->z, (size_t)n_rows * dim);
+    be->ops->matmul(be, out, &sp->proj[stage], s, n_rows);
+    be->ops->embed_ids(be, z, &sp->emb[stage], dids, n_rows);
+    be->ops->axpy(be, out, sp->emb_scale, z, (size_t)n_rows * dim);
 
     /* s' = gelu(ln(u)): normalize, scale by weight, shift by bias, GELU
      * (exact erf form, torch.nn.GELU's default) */
-    be->ops->norm_gelu(be, state_out, state_out, &sp->lnw[stage], &sp->lnb[stage], n_rows, dim,
-                       NORM_EPS);
+    be->ops->norm_gelu(be, out, out, &sp->lnw[stage], &sp->lnb[stage], n_rows, dim, NORM_EPS);
 
     /* logits = head(s') */
+    if (lg) be->ops->matmul(be, lg, &sp->head[stage], out, n_rows);
+    if (sp->on_device) {
+        be->ops->to_host(be, state_out, out, sizeof(float) * (size_t)n_rows * dim);
+        if (lg)
+            be->ops->to_host(be, head_out, lg,
+                             sizeof(float) * (size_t)n_rows * (size_t)sp->head[stage].rows);
+    }
+    if (be->ops->finish(be, err)) return specd_preferr(err, "mlp speculator stage %d", stage);
     if (!head_out) return 0;
-    be->ops->matmul(be, head_out, &sp->head[stage], state_out, n_rows);
     if (head_out != logits) { /* scatter draft columns to target ids; the rest cannot be drawn */
         int V = c->vocab_size, T = c->target_vocab_size;
         for (int r = 0; r < n_rows; r++) {
-            float *out = logits + (size_t)r * T;
-            const float *in = head_out + (size_t)r * V;
-            for (int t = 0; t < T; t++) out[t] = -INFINITY;
+            float *row_out = logits + (size_t)r * T;
+            const float *row_in = head_out + (size_t)r * V;
+            for (int t = 0; t < T; t++) row_out[t] = -INFINITY;
             for (int d = 0; d < V; d++)
-                if (sp->draft_to_target[d] >= 0) out[sp->draft_to_target[d]] = in[d];
+                if (sp->draft_to_target[d] >= 0) row_out[sp->draft_to_target[d]] = row_in[d];
         }
     }
     return 0;

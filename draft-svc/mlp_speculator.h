@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "kernels/backend.h"
 
 /* Limits on what config.json may claim. Real speculators are far inside
  * them (Llama-3-70B's: vocab 128256, emb 8192, inner 3072, n_predict 4);
@@ -91,6 +92,12 @@ typedef struct specd_mlp_speculator specd_mlp_speculator;
  * core). NULL + a message naming the file, key or tensor on any problem. */
 specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
                                                 specd_error *err);
+/* The same on a chosen compute backend (kernels/backend.h): "cuda" keeps the
+ * weights on the GPU (fp16) and each stage copies its inputs there and its
+ * outputs back, so the stage API below is the same host arrays either way. */
+specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
+                                                   const specd_backend_opts *backend,
+                                                   specd_error *err);
 void specd_mlp_speculator_free(specd_mlp_speculator *sp);
 
 const specd_mlp_spec_config *specd_mlp_speculator_config(const specd_mlp_speculator *sp);
