@@ -44,6 +44,9 @@ static void generate_usage(void) {
            "local mode:\n"
            "  -m, --model PATH     .gguf file or Hugging Face directory (default %s)\n"
            "  -t, --threads N      CPU threads (default: all cores)\n"
+           "  --backend cpu|cuda   compute backend for the model (and the speculator)\n"
+           "                       (default cpu)\n"
+           "  --device N           CUDA device id (default 0)\n"
            "  --speculator DIR     speculative decoding with this MLP speculator: target-svc\n"
            "                       and draft-svc run in this process and the server-mode\n"
            "                       flags below apply to them\n"
@@ -157,6 +160,12 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         else if (!strcmp(a, "--ids")) o->print_ids = 1;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             o->threads = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
+            mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "--backend")) {
+            o->backend = cli_value(argc, argv, &i);
+            mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "--device")) {
+            o->device = (int)cli_int(a, cli_value(argc, argv, &i), 0, 1024);
             mark(&o->local_only_flag, a);
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             generate_usage();
@@ -278,8 +287,8 @@ static int generate_speculative(gen_opts *o) {
         return 2;
     }
     specd_error err = {{0}};
-    cli_inproc_opts io = {.model = o->model, .threads = o->threads, .max_sessions = 1,
-                          .speculator = o->speculator};
+    cli_inproc_opts io = {.model = o->model, .threads = o->threads, .backend = o->backend,
+                          .device = o->device, .max_sessions = 1, .speculator = o->speculator};
     cli_inproc *p = cli_inproc_start(&io, &err);
     if (!p) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
@@ -354,7 +363,8 @@ int cmd_generate(int argc, char **argv) {
                      n_ids, o.max_tokens, m->hp.max_seq_len);
         goto done;
     }
-    specd_transformer_opts topts = {.backend = {.name = "cpu", .n_threads = o.threads},
+    specd_transformer_opts topts = {.backend = {.name = o.backend ? o.backend : "cpu",
+                                                .n_threads = o.threads, .device = o.device},
                                     .n_slots = 1, .max_ctx = ctx, .max_batch = PREFILL_CHUNK};
     t = specd_transformer_create(m, &topts, &err);
     if (!t) goto done;

@@ -26,6 +26,8 @@ typedef struct gen_opts {
     /* ---- local mode ---- */
     const char *model;
     int threads;
+    const char *backend; /* --backend cpu|cuda (NULL = cpu) */
+    int device;          /* --device N: CUDA device id */
     /* --speculator DIR: speculative decoding on the local model, through
      * target-svc and draft-svc started in this process (tools/inproc.h);
      * the server-mode flags then apply to them. */

@@ -44,7 +44,8 @@ struct cli_inproc {
 static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_error *err) {
     const specd_target_cfg *c = &p->tcfg;
     specd_transformer_opts to = {
-        .backend = {.name = "cpu", .n_threads = o->threads},
+        .backend = {.name = o->backend ? o->backend : "cpu", .n_threads = o->threads,
+                    .device = o->device},
         .n_slots = o->max_sessions,
         .max_ctx = ctx,
         .max_batch = (int)c->batching.max_batch_tokens,
@@ -89,6 +90,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
             head = head_dir;
         }
         specd_mlp_drafter_opts mo = {.path = o->speculator, .n_threads = o->threads,
+                                     .backend = o->backend, .device = o->device,
                                      .accept_head = head};
         if (!(p->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, err)))
             return specd_preferr(err, "--speculator");

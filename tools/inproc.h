@@ -20,6 +20,8 @@ typedef struct cli_inproc_opts {
      * is used); unused for the in-process target, which is plaintext. */
     specd_rpc_channel_opts target_tls;
     int threads;             /* CPU threads for the target and each drafter; 0 = all */
+    const char *backend;     /* the target's and the speculator's backend; NULL = cpu */
+    int device;              /* CUDA device id */
     int max_sessions;        /* concurrent sessions on the target and the draft LM */
     int ctx;                 /* context rows per session; 0 = the model's */
     int ngram;               /* offer the n-gram drafter */
