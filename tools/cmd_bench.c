@@ -23,6 +23,7 @@
  * record its graph for the step's shape). Steps re-run at the same n_past,
  * overwriting the same cache rows, so the measured state never drifts. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,17 +74,34 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Bytes a single decode step must stream from memory: every layer matrix and
- * norm, the final norm and the LM head (one embedding row is negligible). */
-static double decode_weight_bytes(const specd_model_file *m) {
+/* Bytes of one tensor as a backend holds it, which is what a step streams.
+ * The CPU backend computes on the file's own blocks (nbytes). The CUDA
+ * backend (kernels/cuda/cuda_weights.c, prepare_weight) keeps vectors in
+ * fp32 and fp16/bf16 matrices as they are, and expands every other matrix
+ * type to fp16 (fp32 when its KV is fp32: fp32 models), so a Q4_1 file
+ * streams 3.2x its size there. Keep in step with that function. */
+static double stored_bytes(const specd_tensor *t, const char *backend, specd_dtype kv_type) {
+    if (!strcmp(backend, "cpu")) return (double)t->nbytes;
+    double n = (double)t->ne[0] * (double)t->ne[1];
+    if (t->n_dims <= 1) return n * 4;
+    if (t->type == SPECD_F16 || t->type == SPECD_BF16) return n * 2;
+    return n * (kv_type == SPECD_F32 ? 4 : 2);
+}
+
+/* Bytes a single decode step must stream from memory on `backend`: every
+ * layer matrix and norm, the final norm and the LM head (one embedding row
+ * is negligible). */
+static double decode_weight_bytes(const specd_model_file *m, const char *backend,
+                                  specd_dtype kv_type) {
     double total = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const specd_tensor *t = &m->tensors[i];
         if (!strncmp(t->name, "blk.", 4) || !strcmp(t->name, "output_norm.weight") ||
             !strcmp(t->name, "output.weight"))
-            total += (double)t->nbytes;
+            total += stored_bytes(t, backend, kv_type);
     }
-    if (m->hp.tied_embeddings) total += (double)specd_model_tensor(m, "token_embd.weight")->nbytes;
+    if (m->hp.tied_embeddings)
+        total += stored_bytes(specd_model_tensor(m, "token_embd.weight"), backend, kv_type);
     return total;
 }
 
@@ -165,11 +183,24 @@ typedef struct verify_env {
     char device[160];
     char backend[96];
     const char *kv_name;    /* "F16" / "F32" */
-    double weight_bytes;    /* read by every decode step, whatever B */
+    double weight_bytes;    /* read by every decode step, whatever B, as stored */
+    double file_bytes;      /* the same tensors' size in the model file */
     double kv_token_bytes;  /* K and V of one cached token, all layers */
     double peak_bytes_per_s; /* 0 = unknown: no bound columns */
     char peak_src[160];
 } verify_env;
+
+/* A skipped measurement, printed with the tables (it explains their "-"
+ * cells) and flushed at once so it keeps its place among the error
+ * messages on stderr. */
+static void note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("note: ");
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
 
 static void verify_defaults(verify_opts *o) {
     static const int b[] = {1, 2, 4, 8, 32}, k[] = {1, 2, 4, 8, 16}, p[] = {64, 2048};
@@ -230,8 +261,8 @@ static int fit_prompts(verify_opts *o, int max_seq_len) {
     for (int i = 0; i < o->n_p; i++) {
         if (o->prompts[i] + 1 <= max_seq_len) o->prompts[n++] = o->prompts[i];
         else
-            printf("note: skipping P=%d: the model's context is %d tokens\n", o->prompts[i],
-                   max_seq_len);
+            note("skipping P=%d: the model's context is %d tokens\n", o->prompts[i],
+                 max_seq_len);
     }
     return o->n_p = n;
 }
@@ -256,10 +287,9 @@ static int create_fitting(verify_run *r, const specd_model_file *m, verify_opts 
             .n_slots = max_b, .max_ctx = r->max_ctx, .max_batch = r->max_batch};
         r->t = specd_transformer_create(m, &to, &err);
         if (r->t) return 0;
-        printf("note: cannot create the transformer for B=%d (%d slots x %d rows, %d-token "
-               "steps): %s\n",
-               max_b, max_b, r->max_ctx, r->max_batch, err.msg);
-        if (--o->n_b > 0) printf("note: retrying without B=%d\n", max_b);
+        note("cannot create the transformer for B=%d (%d slots x %d rows, %d-token steps): %s\n",
+             max_b, max_b, r->max_ctx, r->max_batch, err.msg);
+        if (--o->n_b > 0) note("retrying without B=%d\n", max_b);
     }
     fprintf(stderr, "specd bench: no batch size fits: %s\n", err.msg);
     return -1;
@@ -335,7 +365,7 @@ static double time_step(verify_run *r, int B, int P, int k) {
          * interval is the whole step as a caller waits for it */
         double t0 = cli_now();
         if (specd_transformer_forward(r->t, &b, &err)) {
-            printf("note: P=%d B=%d k=%d failed, skipped: %s\n", P, B, k, err.msg);
+            note("P=%d B=%d k=%d failed, skipped: %s\n", P, B, k, err.msg);
             return NAN;
         }
         if (i >= warmup) r->runs[i - warmup] = (cli_now() - t0) * 1e3;
@@ -345,7 +375,8 @@ static double time_step(verify_run *r, int B, int P, int k) {
 
 /* The bandwidth the bound divides by: an explicit --peak-gbs, else on the
  * CPU backend the read bandwidth measured here (what decode can actually
- * stream; no rating to look up), else the device's own rating. */
+ * stream; a CPU has no rating to look up), else the device's theoretical
+ * peak as its backend reports it. */
 static void pick_peak(verify_env *e, const verify_opts *o, const specd_device_info *di,
                       int n_threads) {
     if (o->peak_gbs > 0) {
@@ -357,7 +388,8 @@ static void pick_peak(verify_env *e, const verify_opts *o, const specd_device_in
                  "measured here: best of 5 reads of a 512 MiB buffer, %d threads", n_threads);
     } else if (di->peak_bytes_per_s > 0) {
         e->peak_bytes_per_s = di->peak_bytes_per_s;
-        snprintf(e->peak_src, sizeof e->peak_src, "the device's rated memory bandwidth");
+        snprintf(e->peak_src, sizeof e->peak_src,
+                 "the backend's device_info (theoretical peak of the device's memory)");
     } else {
         snprintf(e->peak_src, sizeof e->peak_src, "unknown (pass --peak-gbs): no bound columns");
     }
@@ -400,13 +432,14 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
     else if (cpu) cpu_model_name(e->device, sizeof e->device);
     else snprintf(e->device, sizeof e->device, "unknown (the backend has no device_info)");
     if (cpu)
-        snprintf(e->backend, sizeof e->backend, "cpu (%s), %d threads", cpu_simd_name(),
-                 n_threads);
+        snprintf(e->backend, sizeof e->backend, "cpu (%s), %d thread%s", cpu_simd_name(),
+                 n_threads, n_threads == 1 ? "" : "s");
     else
         snprintf(e->backend, sizeof e->backend, "%s, device %d", be->ops->name, o->device);
     const specd_dtype_info *kv = specd_dtype_get(be->kv_type);
     e->kv_name = kv && kv->name ? kv->name : "?";
-    e->weight_bytes = decode_weight_bytes(m);
+    e->weight_bytes = decode_weight_bytes(m, o->backend, be->kv_type);
+    e->file_bytes = decode_weight_bytes(m, "cpu", be->kv_type);
     e->kv_token_bytes = (double)m->hp.n_layers * 2 * m->hp.n_kv_heads * m->hp.head_dim *
                         (double)specd_kv_elem_bytes(be->kv_type);
     e->peak_bytes_per_s = 0;
@@ -423,8 +456,10 @@ static void print_header(const verify_env *e, const verify_opts *o, const specd_
     printf("model     %s (%d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d)\n",
            model_desc, hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->head_dim,
            hp->vocab_size);
-    printf("weights   %.1f MB read per decode step (every blk.* tensor, output_norm, LM head)\n",
-           e->weight_bytes / 1e6);
+    printf("weights   %.1f MB read per decode step as the backend stores them (every blk.* "
+           "tensor, output_norm, LM head)", e->weight_bytes / 1e6);
+    if (e->file_bytes != e->weight_bytes) printf("; %.1f MB in the file", e->file_bytes / 1e6);
+    printf("\n");
     printf("KV cache  %s, %.1f KB per cached token (K and V, all layers)\n", e->kv_name,
            e->kv_token_bytes / 1e3);
     if (e->peak_bytes_per_s > 0)
@@ -460,10 +495,10 @@ static void print_table(const verify_env *e, const verify_opts *o, int P, const 
     for (int ki = 0; ki < o->n_k; ki++) {
         char head[16];
         snprintf(head, sizeof head, "k=%d", o->ks[ki]);
-        printf(" %16s |", head);
+        printf(" %17s |", head);
     }
     printf("\n|------:|---------:|---------:|---------:|");
-    for (int ki = 0; ki < o->n_k; ki++) printf("-----------------:|");
+    for (int ki = 0; ki < o->n_k; ki++) printf("------------------:|");
     printf("\n");
     for (int bi = 0; bi < o->n_b; bi++) {
         const double *row = ms + (size_t)bi * w;
@@ -477,9 +512,11 @@ static void print_table(const verify_env *e, const verify_opts *o, int P, const 
         if (isnan(bound) || isnan(row[0])) printf("        - |");
         else printf(" %7.0f%% |", 100 * bound / row[0]);
         for (int ki = 0; ki < o->n_k; ki++) {
-            if (isnan(row[1 + ki])) printf("                - |");
-            else if (isnan(row[0])) printf(" %8.2f         |", row[1 + ki]);
-            else printf(" %8.2f (%4.2fx) |", row[1 + ki], row[1 + ki] / row[0]);
+            double v = row[1 + ki];
+            char cell[48] = "-";
+            if (!isnan(v) && isnan(row[0])) snprintf(cell, sizeof cell, "%.2f", v);
+            else if (!isnan(v)) snprintf(cell, sizeof cell, "%.2f (%.2fx)", v, v / row[0]);
+            printf(" %17s |", cell);
         }
         printf("\n");
     }
@@ -514,15 +551,16 @@ static int measure_prompt(verify_run *r, int P, double *ms) {
     for (int i = 0; i < o->n_b * w; i++) ms[i] = NAN;
     specd_error err = {{0}};
     if (prefill(r, P, &err)) {
-        printf("note: skipping P=%d: the prefill failed: %s\n", P, err.msg);
+        note("skipping P=%d: the prefill failed: %s\n", P, err.msg);
         return 0;
     }
     for (int bi = 0; bi < o->n_b; bi++) {
         for (int c = 0; c < w; c++) {
             int B = o->batches[bi], k = c ? o->ks[c - 1] : 0;
             if (P + k + 1 > r->max_ctx) { /* only when capped by the model's context */
-                printf("note: P=%d k=%d skipped: %d rows exceed the model's context %d\n", P, k,
-                       P + k + 1, r->max_ctx);
+                if (bi == 0) /* once per column, not once per cell */
+                    note("P=%d k=%d skipped: %d rows exceed the model's context %d\n", P, k,
+                         P + k + 1, r->max_ctx);
                 continue;
             }
             ms[bi * w + c] = time_step(r, B, P, k);
@@ -755,7 +793,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "specd bench: %s\n", err.msg);
     } else {
         double pre = median(pre_s, reps), dec = median(dec_s, reps);
-        double wbytes = decode_weight_bytes(m);
+        double wbytes = decode_weight_bytes(m, "cpu", SPECD_F32);
         double achieved = wbytes * gen / dec / 1e9;
         printf("model    %s (%d layers, dim %d, vocab %d)\n", model, hp->n_layers, hp->dim,
                hp->vocab_size);
