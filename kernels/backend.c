@@ -6,10 +6,21 @@
 specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error *err) {
     const char *name = opts && opts->name ? opts->name : "cpu";
     if (!strcmp(name, "cpu")) return specd_cpu_backend_create(opts ? opts->n_threads : 0, err);
-    if (!strcmp(name, "cuda")) {
-        specd_seterr(err, "backend: 'cuda' is not built into this binary (no nvcc at build time)");
-        return NULL;
-    }
+    if (!strcmp(name, "cuda"))
+        return specd_cuda_backend_create(opts->device, opts->kv_f32, err);
     specd_seterr(err, "backend: unknown backend '%s' (expected 'cpu' or 'cuda')", name);
     return NULL;
 }
+
+#ifndef SPECD_HAVE_CUDA
+/* Built without nvcc: the CUDA entry points still exist, so callers link and
+ * get a clear message instead of a missing symbol. */
+specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err) {
+    (void)device;
+    (void)kv_f32;
+    specd_seterr(err, "backend: 'cuda' is not built into this binary (no nvcc at build time)");
+    return NULL;
+}
+
+int specd_cuda_built(void) { return 0; }
+#endif

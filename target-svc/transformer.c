@@ -217,9 +217,12 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
         goto fail;
     }
     if (prep(t, &t->tok_embd, m, "token_embd.weight", err) ||
-        prep(t, &t->output_norm, m, "output_norm.weight", err) ||
-        prep(t, &t->lm_head, m, m->hp.tied_embeddings ? "token_embd.weight" : "output.weight", err))
+        prep(t, &t->output_norm, m, "output_norm.weight", err))
         goto fail;
+    /* tied: the LM head is the embedding table, prepared once (a GPU would
+     * otherwise hold two copies); released once, as tok_embd */
+    if (m->hp.tied_embeddings) t->lm_head = t->tok_embd;
+    else if (prep(t, &t->lm_head, m, "output.weight", err)) goto fail;
     for (int l = 0; l < m->hp.n_layers; l++)
         if (prep_layer(t, &t->layers[l], m, l, err)) goto fail;
 
@@ -269,9 +272,10 @@ void specd_transformer_free(specd_transformer *t) {
                     if (w[i].src) be->ops->release_weight(be, &w[i]);
             }
         }
-        specd_bweight *top[] = {&t->tok_embd, &t->output_norm, &t->lm_head};
+        specd_bweight *top[] = {&t->tok_embd, &t->output_norm,
+                                t->hp.tied_embeddings ? NULL : &t->lm_head};
         for (int i = 0; i < 3; i++)
-            if (top[i]->src) be->ops->release_weight(be, top[i]);
+            if (top[i] && top[i]->src) be->ops->release_weight(be, top[i]);
         be->ops->destroy(be);
     }
     free(t->slot_pages);
