@@ -118,8 +118,9 @@ typedef struct specd_backend_ops {
 
     /* --- a step: begin_step, ops, finish ---------------------------------- */
 
-    /* Copies the step's host data to where the ops read it. The pointers in
-     * *st need to live only until begin_step returns. */
+    /* Hands the step's host data to the backend. The arrays *st points to
+     * must stay unchanged until finish() returns: the CPU backend reads them
+     * in place; the CUDA backend copies them here, in one upload. */
     int (*begin_step)(specd_backend *be, const specd_step *st, specd_error *err);
     /* Optional (NULL when the backend has no such thing): between graph_begin
      * and graph_end the caller issues the same ops, on the same buffers, for
