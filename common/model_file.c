@@ -232,24 +232,31 @@ static int check_tensor(const specd_model_file *m, const char *name, uint64_t ne
     return 0;
 }
 
-static int check_layer(const specd_model_file *m, int l, specd_error *err) {
-    const specd_llama_hparams *hp = &m->hp;
+void specd_llama_layer_shapes(const specd_llama_hparams *hp, int layer,
+                              specd_tensor_shape out[SPECD_LLAMA_LAYER_TENSORS]) {
     uint64_t dim = (uint64_t)hp->dim, hidden = (uint64_t)hp->hidden_dim;
     uint64_t q_dim = (uint64_t)hp->n_heads * (uint64_t)hp->head_dim;
     uint64_t kv_dim = (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim;
-    struct {
+    const struct {
         const char *suffix;
         uint64_t ne0, ne1;
-    } want[] = {
+    } want[SPECD_LLAMA_LAYER_TENSORS] = {
         {"attn_norm", dim, 0},     {"attn_q", dim, q_dim},       {"attn_k", dim, kv_dim},
         {"attn_v", dim, kv_dim},   {"attn_output", q_dim, dim},  {"ffn_norm", dim, 0},
         {"ffn_gate", dim, hidden}, {"ffn_up", dim, hidden},      {"ffn_down", hidden, dim},
     };
-    char name[96];
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, want[i].suffix);
-        if (check_tensor(m, name, want[i].ne0, want[i].ne1, err)) return -1;
+    for (int i = 0; i < SPECD_LLAMA_LAYER_TENSORS; i++) {
+        snprintf(out[i].name, sizeof out[i].name, "blk.%d.%s.weight", layer, want[i].suffix);
+        out[i].ne0 = want[i].ne0;
+        out[i].ne1 = want[i].ne1;
     }
+}
+
+static int check_layer(const specd_model_file *m, int l, specd_error *err) {
+    specd_tensor_shape want[SPECD_LLAMA_LAYER_TENSORS];
+    specd_llama_layer_shapes(&m->hp, l, want);
+    for (int i = 0; i < SPECD_LLAMA_LAYER_TENSORS; i++)
+        if (check_tensor(m, want[i].name, want[i].ne0, want[i].ne1, err)) return -1;
     return 0;
 }
 

@@ -104,6 +104,18 @@ int specd_model_load_hf(specd_model_file *m, const char *dir, specd_error *err);
  * with the implied shape and a supported type. */
 int specd_model_validate(const specd_model_file *m, specd_error *err);
 
+/* The tensors of one Llama layer that the forward pass reads, with the
+ * shapes the hyperparameters imply: ne1 == 0 marks a vector [ne0] (a norm
+ * weight), else a matrix [ne0 = inputs, ne1 = outputs]. One table for
+ * validation and for the benchmarks' synthetic models. */
+#define SPECD_LLAMA_LAYER_TENSORS 9
+typedef struct specd_tensor_shape {
+    char name[96];
+    uint64_t ne0, ne1;
+} specd_tensor_shape;
+void specd_llama_layer_shapes(const specd_llama_hparams *hp, int layer,
+                              specd_tensor_shape out[SPECD_LLAMA_LAYER_TENSORS]);
+
 /* mmaps a whole file read-only and records it in m->maps. */
 int specd_model_map_file(specd_model_file *m, const char *path, const void **addr,
                          size_t *len, specd_error *err);

@@ -39,27 +39,14 @@ static int add(specd_model_file *m, const char *name, specd_dtype type, uint64_t
     return specd_model_add_tensor(m, &t, err);
 }
 
-/* The nine tensors of layer l, named and shaped as check_layer in
- * common/model_file.c expects them. */
+/* The tensors of layer l, named and shaped as validation expects them
+ * (specd_llama_layer_shapes); matrices in the shape's type, norms F32. */
 static int add_layer(specd_model_file *m, int l, specd_dtype wt, specd_error *err) {
-    const specd_llama_hparams *hp = &m->hp;
-    uint64_t dim = (uint64_t)hp->dim, hidden = (uint64_t)hp->hidden_dim;
-    uint64_t q_dim = (uint64_t)hp->n_heads * (uint64_t)hp->head_dim;
-    uint64_t kv_dim = (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim;
-    struct {
-        const char *suffix;
-        uint64_t ne0, ne1;
-    } want[] = {
-        {"attn_norm", dim, 0},     {"attn_q", dim, q_dim},      {"attn_k", dim, kv_dim},
-        {"attn_v", dim, kv_dim},   {"attn_output", q_dim, dim}, {"ffn_norm", dim, 0},
-        {"ffn_gate", dim, hidden}, {"ffn_up", dim, hidden},     {"ffn_down", hidden, dim},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, want[i].suffix);
-        specd_dtype type = want[i].ne1 ? wt : SPECD_F32;
-        if (add(m, name, type, want[i].ne0, want[i].ne1, err)) return -1;
-    }
+    specd_tensor_shape want[SPECD_LLAMA_LAYER_TENSORS];
+    specd_llama_layer_shapes(&m->hp, l, want);
+    for (int i = 0; i < SPECD_LLAMA_LAYER_TENSORS; i++)
+        if (add(m, want[i].name, want[i].ne1 ? wt : SPECD_F32, want[i].ne0, want[i].ne1, err))
+            return -1;
     return 0;
 }
 
