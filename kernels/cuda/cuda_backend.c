@@ -238,6 +238,10 @@ specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *er
     cb->base.kv_type = kv_f32 ? SPECD_F32 : SPECD_F16;
     cb->device = device;
     cb->capturing = -1;
+    /* SPECD_CUDA_GRAPHS=0: every step eager. An operator's switch for ruling
+     * graphs in or out when a step misbehaves on a new driver or GPU. */
+    const char *graphs = getenv("SPECD_CUDA_GRAPHS");
+    cb->graphs_off = graphs && !strcmp(graphs, "0");
     if ((e = cudaSetDevice(device)) != cudaSuccess) return create_failed(cb, err, "cudaSetDevice", e);
     if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess)
         return create_failed(cb, err, "cudaStreamCreateWithFlags", e);

@@ -51,7 +51,7 @@ int cuda_graph_begin(specd_backend *be, uint32_t key) {
     }
     /* no graphs for big steps, without a step, or after an error (a graph
      * recorded in a broken state would replay it) */
-    if (!cb->have_step || cb->has_err || cb->n_tokens <= 0 ||
+    if (cb->graphs_off || !cb->have_step || cb->has_err || cb->n_tokens <= 0 ||
         cb->n_tokens > CUDA_GRAPH_MAX_TOKENS)
         return 0;
     uint64_t now = ++cb->graph_clock;

@@ -91,6 +91,7 @@ typedef struct cuda_backend {
     cuda_graph_entry graphs[CUDA_GRAPH_SLOTS];
     uint64_t graph_clock;
     int capturing;          /* index of the entry being recorded, -1 = none */
+    int graphs_off;         /* SPECD_CUDA_GRAPHS=0 in the environment */
     int capture_nest;       /* graph_begin calls nested inside a recording */
 } cuda_backend;
 
