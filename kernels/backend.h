@@ -38,6 +38,7 @@ typedef struct specd_backend specd_backend;
 typedef struct specd_bweight {
     const specd_tensor *src;
     int64_t rows, cols;
+    uint64_t bytes; /* what the backend holds (and a pass over it streams) */
     void *impl;
 } specd_bweight;
 

@@ -298,6 +298,15 @@ const char *specd_transformer_backend_name(const specd_transformer *t) {
 }
 specd_backend *specd_transformer_backend(const specd_transformer *t) { return t->be; }
 
+double specd_transformer_decode_weight_bytes(const specd_transformer *t) {
+    double total = (double)t->output_norm.bytes + (double)t->lm_head.bytes;
+    for (int l = 0; l < t->hp.n_layers; l++) {
+        const specd_bweight *w = &t->layers[l].attn_norm;
+        for (int i = 0; i < 9; i++) total += (double)w[i].bytes;
+    }
+    return total;
+}
+
 /* --- KV pages ------------------------------------------------------------- */
 
 static int pages_for(int rows) { return (rows + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS; }

@@ -86,6 +86,10 @@ void specd_transformer_release_slot(specd_transformer *t, int slot);
 /* KV pages free / in all (SPECD_KV_PAGE_ROWS rows each). */
 void specd_transformer_kv_pages(const specd_transformer *t, int *n_free, int *n_total);
 
+/* Bytes of weights one decode step streams as the backend holds them: every
+ * layer's matrices and norms, the final norm and the LM head. */
+double specd_transformer_decode_weight_bytes(const specd_transformer *t);
+
 /* The compute backend the transformer runs on (device info, KV type). */
 specd_backend *specd_transformer_backend(const specd_transformer *t);
 

@@ -74,34 +74,19 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Bytes of one tensor as a backend holds it, which is what a step streams.
- * The CPU backend computes on the file's own blocks (nbytes). The CUDA
- * backend (kernels/cuda/cuda_weights.c, prepare_weight) keeps vectors in
- * fp32 and fp16/bf16 matrices as they are, and expands every other matrix
- * type to fp16 (fp32 when its KV is fp32: fp32 models), so a Q4_1 file
- * streams 3.2x its size there. Keep in step with that function. */
-static double stored_bytes(const specd_tensor *t, const char *backend, specd_dtype kv_type) {
-    if (!strcmp(backend, "cpu")) return (double)t->nbytes;
-    double n = (double)t->ne[0] * (double)t->ne[1];
-    if (t->n_dims <= 1) return n * 4;
-    if (t->type == SPECD_F16 || t->type == SPECD_BF16) return n * 2;
-    return n * (kv_type == SPECD_F32 ? 4 : 2);
-}
-
-/* Bytes a single decode step must stream from memory on `backend`: every
- * layer matrix and norm, the final norm and the LM head (one embedding row
- * is negligible). */
-static double decode_weight_bytes(const specd_model_file *m, const char *backend,
-                                  specd_dtype kv_type) {
+/* Bytes of the file's tensors a decode step reads: every layer matrix and
+ * norm, the final norm and the LM head (one embedding row is negligible).
+ * specd_transformer_decode_weight_bytes gives the same as a backend holds
+ * them (the CUDA backend expands quantized blocks to fp16). */
+static double decode_weight_bytes(const specd_model_file *m) {
     double total = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const specd_tensor *t = &m->tensors[i];
         if (!strncmp(t->name, "blk.", 4) || !strcmp(t->name, "output_norm.weight") ||
             !strcmp(t->name, "output.weight"))
-            total += stored_bytes(t, backend, kv_type);
+            total += (double)t->nbytes;
     }
-    if (m->hp.tied_embeddings)
-        total += stored_bytes(specd_model_tensor(m, "token_embd.weight"), backend, kv_type);
+    if (m->hp.tied_embeddings) total += (double)specd_model_tensor(m, "token_embd.weight")->nbytes;
     return total;
 }
 
@@ -438,8 +423,8 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
         snprintf(e->backend, sizeof e->backend, "%s, device %d", be->ops->name, o->device);
     const specd_dtype_info *kv = specd_dtype_get(be->kv_type);
     e->kv_name = kv && kv->name ? kv->name : "?";
-    e->weight_bytes = decode_weight_bytes(m, o->backend, be->kv_type);
-    e->file_bytes = decode_weight_bytes(m, "cpu", be->kv_type);
+    e->weight_bytes = specd_transformer_decode_weight_bytes(r->t);
+    e->file_bytes = decode_weight_bytes(m);
     e->kv_token_bytes = (double)m->hp.n_layers * 2 * m->hp.n_kv_heads * m->hp.head_dim *
                         (double)specd_kv_elem_bytes(be->kv_type);
     e->peak_bytes_per_s = 0;
@@ -793,7 +778,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "specd bench: %s\n", err.msg);
     } else {
         double pre = median(pre_s, reps), dec = median(dec_s, reps);
-        double wbytes = decode_weight_bytes(m, "cpu", SPECD_F32);
+        double wbytes = decode_weight_bytes(m);
         double achieved = wbytes * gen / dec / 1e9;
         printf("model    %s (%d layers, dim %d, vocab %d)\n", model, hp->n_layers, hp->dim,
                hp->vocab_size);

@@ -67,6 +67,7 @@ static int cpu_prepare_weight(specd_backend *be, specd_bweight *w, const specd_t
     w->src = t;
     w->cols = (int64_t)t->ne[0];
     w->rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
+    w->bytes = t->nbytes; /* the file's own blocks */
     w->impl = NULL;
     return 0;
 }

@@ -159,6 +159,7 @@ int cuda_prepare_weight(specd_backend *be, specd_bweight *w, const specd_tensor 
     w->src = t;
     w->rows = rows;
     w->cols = cols;
+    w->bytes = bytes;
     w->impl = cw;
     return 0;
 }
