@@ -21,6 +21,4 @@ specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *er
     specd_seterr(err, "backend: 'cuda' is not built into this binary (no nvcc at build time)");
     return NULL;
 }
-
-int specd_cuda_built(void) { return 0; }
 #endif

@@ -210,8 +210,6 @@ specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error 
 specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err);
 /* NULL + "not built" message when the build had no nvcc. */
 specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err);
-/* 1 when the CUDA backend is compiled in (whether or not a GPU is present). */
-int specd_cuda_built(void);
 
 /* Bytes of one KV element of the given type. */
 static inline size_t specd_kv_elem_bytes(specd_dtype t) { return t == SPECD_F16 ? 2 : 4; }

@@ -204,8 +204,6 @@ static const specd_backend_ops k_cuda_ops = {
     .device_info = cuda_device_info,
 };
 
-int specd_cuda_built(void) { return 1; }
-
 /* Creation failed at `what`: the message names the device; undo what exists. */
 static specd_backend *create_failed(cuda_backend *cb, specd_error *err, const char *what,
                                     cudaError_t e) {
