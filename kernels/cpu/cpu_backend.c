@@ -198,9 +198,28 @@ static size_t kv_row(const specd_step_seq *s, int r) {
     return (size_t)s->pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS + r % SPECD_KV_PAGE_ROWS;
 }
 
-/* Element d of a cache row as fp32. */
-static inline float kv_at(const void *pool, int f16, size_t idx) {
-    return f16 ? specd_fp16_to_f32(((const uint16_t *)pool)[idx]) : ((const float *)pool)[idx];
+/* q . (a cache row) and o += w * (a cache row), for either KV type. The
+ * type test sits outside the loop: these are the attention hot loops. */
+static float kv_dot(const float *q, const void *pool, int f16, size_t base, int n) {
+    float dot = 0;
+    if (f16) {
+        const uint16_t *r = (const uint16_t *)pool + base;
+        for (int d = 0; d < n; d++) dot += q[d] * specd_fp16_to_f32(r[d]);
+    } else {
+        const float *r = (const float *)pool + base;
+        for (int d = 0; d < n; d++) dot += q[d] * r[d];
+    }
+    return dot;
+}
+
+static void kv_axpy(float *o, float w, const void *pool, int f16, size_t base, int n) {
+    if (f16) {
+        const uint16_t *r = (const uint16_t *)pool + base;
+        for (int d = 0; d < n; d++) o[d] += w * specd_fp16_to_f32(r[d]);
+    } else {
+        const float *r = (const float *)pool + base;
+        for (int d = 0; d < n; d++) o[d] += w * r[d];
+    }
 }
 
 /* One task = one (token, head): softmax(q.K^T/sqrt(d)) . V over the visible
@@ -226,9 +245,7 @@ static void attn_task(void *ctx, int task, int thread) {
             continue;
         }
         size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-        float dot = 0;
-        for (int d = 0; d < hd; d++) dot += qv[d] * kv_at(j->k_pool, j->f16, base + d);
-        scores[r] = dot * scale;
+        scores[r] = kv_dot(qv, j->k_pool, j->f16, base, hd) * scale;
         if (scores[r] > maxs) maxs = scores[r];
     }
     double sum = 0;
@@ -244,7 +261,7 @@ static void attn_task(void *ctx, int task, int thread) {
         if (scores[r] == 0.0f) continue;
         float w = scores[r] * inv;
         size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-        for (int d = 0; d < hd; d++) o[d] += w * kv_at(j->v_pool, j->f16, base + d);
+        kv_axpy(o, w, j->v_pool, j->f16, base, hd);
     }
 }
 
