@@ -3,9 +3,12 @@
 
 #include <string.h>
 
+const char *const specd_precision_names[] = {"fast", "exact", NULL};
+
 specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error *err) {
     const char *name = opts && opts->name ? opts->name : "cpu";
-    if (!strcmp(name, "cpu")) return specd_cpu_backend_create(opts ? opts->n_threads : 0, err);
+    if (!strcmp(name, "cpu")) return specd_cpu_backend_create(opts ? opts->n_threads : 0,
+                                        opts ? opts->precision : SPECD_PRECISION_FAST, err);
     if (!strcmp(name, "cuda"))
         return specd_cuda_backend_create(opts->device, opts->kv_f32, err);
     specd_seterr(err, "backend: unknown backend '%s' (expected 'cpu' or 'cuda')", name);

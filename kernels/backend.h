@@ -195,6 +195,17 @@ struct specd_backend {
     specd_dtype kv_type;
 };
 
+/* How a CPU matmul treats activations. FAST (the default) quantizes each
+ * activation row to int8 blocks and multiplies in integers, as llama.cpp
+ * does (kernels/cpu/qmatmul.h); EXACT keeps fp32 activations, so results
+ * equal an fp32 matmul on the dequantized weights up to rounding (the
+ * Hugging Face golden tests use it). Both are bitwise batch-invariant on
+ * the integer path's types; GPUs ignore the setting (fp16 GEMMs). */
+typedef enum specd_precision { SPECD_PRECISION_FAST = 0, SPECD_PRECISION_EXACT = 1 } specd_precision;
+
+/* Names as config and CLI spell them, indexed by specd_precision. */
+extern const char *const specd_precision_names[];
+
 typedef struct specd_backend_opts {
     const char *name; /* "cpu" (default) or "cuda" */
     int n_threads;    /* CPU: 0 = all online CPUs */
@@ -202,12 +213,14 @@ typedef struct specd_backend_opts {
     /* CUDA: keep KV and the matrices' own precision in fp32 (models stored
      * in F32: the small reference models the golden tests use). */
     int kv_f32;
+    specd_precision precision; /* CPU: see specd_precision */
 } specd_backend_opts;
 
 /* Creates the named backend; a clear error if it is not compiled in or no
  * device is present. */
 specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error *err);
-specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err);
+specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision,
+                                        specd_error *err);
 /* NULL + "not built" message when the build had no nvcc. */
 specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err);
 

@@ -60,7 +60,8 @@ int main(int argc, char **argv) {
      * the transformer does the arithmetic because it knows the KV format. */
     specd_transformer_opts to = {
         .backend = {.name = specd_target_backends[cfg.backend], .n_threads = (int)cfg.threads,
-                    .device = (int)cfg.device},
+                    .device = (int)cfg.device,
+                    .precision = (specd_precision)cfg.precision},
         .n_slots = (int)cfg.limits.max_sessions,
         .kv_memory = cfg.limits.kv_memory,
         .max_batch = (int)cfg.batching.max_batch_tokens,

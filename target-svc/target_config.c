@@ -1,6 +1,8 @@
 /* target_config.c - see target_config.h. */
 #include "target_config.h"
 
+#include "kernels/backend.h"
+
 const char *const specd_target_backends[] = {"cpu", "cuda", NULL};
 
 /* Keep in step with deploy/config/target-svc.example.yaml. */
@@ -15,6 +17,10 @@ const specd_cfg_field specd_target_cfg_fields[] = {
                     .min = 0, .max = 1024),
     SPECD_CFG_FIELD("threads", SPECD_CFG_INT64, specd_target_cfg, threads, "0",
                     "CPU compute threads (0 = one per core)", .min = 0, .max = 1024),
+    SPECD_CFG_FIELD("precision", SPECD_CFG_ENUM, specd_target_cfg, precision, "fast",
+                    "CPU matmul: fast (int8 activations, as llama.cpp) or exact (fp32 "
+                    "activations)",
+                    .choices = specd_precision_names),
     SPECD_CFG_FIELD("limits.max_sessions", SPECD_CFG_INT64, specd_target_cfg, limits.max_sessions,
                     "64", "concurrent sessions (each holds a KV cache)", .min = 1, .max = 65536),
     SPECD_CFG_FIELD("limits.max_prompt_tokens", SPECD_CFG_INT64, specd_target_cfg,

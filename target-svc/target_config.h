@@ -19,6 +19,7 @@ typedef struct specd_target_cfg {
     int backend;
     int64_t device;
     int64_t threads;
+    int precision; /* specd_precision, named by specd_precision_names */
     struct {
         int64_t max_sessions, max_prompt_tokens, max_tree_tokens;
         uint64_t kv_memory;

@@ -119,3 +119,74 @@ int test_write_random_speculator(const char *dir) {
     }
     return fclose(f) == 0 ? 0 : -1;
 }
+
+/* ---- random valid weight blocks (test_util.h) ---------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float rng_unit(uint64_t *s) { /* [-1, 1) */
+    return (float)(rng_next(s) >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* A positive fp16 scale spread over two decades, like real scales. */
+static uint16_t rand_scale(uint64_t *s) {
+    float v = 0.002f + 0.05f * (rng_unit(s) + 1.0f);
+    return specd_f32_to_fp16(v);
+}
+
+uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
+                             size_t *row_bytes) {
+    const specd_dtype_info *in = specd_dtype_get(type);
+    *row_bytes = (size_t)(cols / in->block_elems) * in->block_bytes;
+    size_t total = *row_bytes * (size_t)rows;
+    uint8_t *w = malloc(total + 1);
+    if (!w) abort();
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
+    switch (type) {
+    case SPECD_F32:
+        for (size_t i = 0; i < total / 4; i++) {
+            float v = rng_unit(&s);
+            memcpy(w + 4 * i, &v, 4);
+        }
+        break;
+    case SPECD_F16:
+        for (size_t i = 0; i < total / 2; i++) put_u16(w + 2 * i, specd_f32_to_fp16(rng_unit(&s)));
+        break;
+    case SPECD_BF16:
+        for (size_t i = 0; i < total / 2; i++) put_u16(w + 2 * i, specd_f32_to_bf16(rng_unit(&s)));
+        break;
+    default: {
+        /* Fill every byte at random (every bit pattern of quants and packed
+         * 6-bit scales is valid), then overwrite the fp16 fields with sane
+         * scales (random bits could be NaN or Inf). */
+        for (size_t i = 0; i < total; i++) w[i] = (uint8_t)rng_next(&s);
+        size_t nblk = total / in->block_bytes;
+        for (size_t b = 0; b < nblk; b++) {
+            uint8_t *p = w + b * in->block_bytes;
+            switch (type) {
+            case SPECD_Q8_0:
+            case SPECD_Q4_0: put_u16(p, rand_scale(&s)); break;
+            case SPECD_Q4_1:
+                put_u16(p, rand_scale(&s));
+                put_u16(p + 2, specd_f32_to_fp16(-0.4f * (rng_unit(&s) + 1.0f)));
+                break;
+            case SPECD_Q4_K:
+                put_u16(p, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
+                put_u16(p + 2, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
+                break;
+            case SPECD_Q6_K: put_u16(p + 208, rand_scale(&s)); break;
+            default: abort(); /* no generator for this type */
+            }
+        }
+    }
+    }
+    return w;
+}
+

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
+
 /* Path under the source tree (SPECD_SOURCE_DIR or "."), in a static buffer
  * that the next call overwrites. */
 const char *test_path(const char *rel);
@@ -16,6 +18,12 @@ const char *test_write_temp(const void *buf, size_t len, const char *suffix);
 int test_file_exists(const char *path);
 /* Fills with deterministic pseudo-random floats in [-scale, scale]. */
 void test_fill_random(float *x, size_t n, uint64_t seed, float scale);
+
+/* rows x cols weights of `type` in the file's block layout, malloc'd:
+ * random quants and valid random fp16 scales (floats in [-1, 1) for
+ * F32/F16/BF16); *row_bytes gets the bytes per row. Deterministic in seed. */
+uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
+                             size_t *row_bytes);
 
 /* An MLPSpeculator checkpoint (config.json + model.safetensors, the Hugging
  * Face layout IBM publishes) with random F32 weights, shaped for the tiny

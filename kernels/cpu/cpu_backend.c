@@ -1,8 +1,10 @@
 /* cpu_backend.c - the CPU implementation of kernels/backend.h.
  *
- * Device buffers are plain host memory. Weight matrices are used where they
- * lie in the mmapped model file (no copy); matmul and embedding lookups go
- * to matmul.c, which computes on the quantized blocks directly. Everything
+ * Device buffers are plain host memory. With precision "fast" (the default)
+ * Q4_0/Q4_1/Q8_0 matrices are repacked once into the integer path's tiles
+ * (qmatmul.h); every other matrix, and every matrix under "exact", is used
+ * where it lies in the mmapped model file (no copy) by the fp32-activation
+ * kernels (matmul.h). Embedding lookups always read the file's rows. Everything
  * else (norms, RoPE, attention) is simple fp32 code here, split across the
  * thread pool where the work is large enough to pay for the hand-off. */
 #include <math.h>
@@ -12,11 +14,13 @@
 #include "common/sampling.h"
 #include "kernels/backend.h"
 #include "matmul.h"
+#include "qmatmul.h"
 #include "threadpool.h"
 
 typedef struct cpu_backend {
     specd_backend base;
     specd_pool *pool;
+    specd_precision precision;
     /* per-thread attention score buffers, grown on demand */
     float **scores;
     size_t scores_cap;
@@ -69,11 +73,28 @@ static int cpu_prepare_weight(specd_backend *be, specd_bweight *w, const specd_t
     w->rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
     w->bytes = t->nbytes; /* the file's own blocks */
     w->impl = NULL;
+    if (cpu(be)->precision != SPECD_PRECISION_FAST || t->n_dims < 2) return 0;
+    cpu_qweight *q = calloc(1, sizeof *q);
+    int r = q ? cpu_qweight_make(t, q) : -1;
+    if (r < 0) {
+        free(q);
+        return specd_seterr(err, "cpu backend: out of memory repacking '%s'", t->name);
+    }
+    if (r == 0) { /* no integer path for this type: the fp32 kernels */
+        free(q);
+        return 0;
+    }
+    w->impl = q;
+    w->bytes = cpu_qweight_bytes(q);
     return 0;
 }
 
 static void cpu_release_weight(specd_backend *be, specd_bweight *w) {
     (void)be;
+    if (w->impl) {
+        cpu_qweight_free(w->impl);
+        free(w->impl);
+    }
     memset(w, 0, sizeof *w);
 }
 
@@ -155,7 +176,8 @@ static void cpu_norm_gelu(specd_backend *be, float *out, const float *x, const s
 
 static void cpu_matmul_op(specd_backend *be, float *y, const specd_bweight *W, const float *x,
                           int n_tok) {
-    cpu_matmul(cpu(be)->pool, y, W->src, x, n_tok);
+    if (W->impl) cpu_qmatmul(cpu(be)->pool, y, W->impl, x, n_tok);
+    else cpu_matmul(cpu(be)->pool, y, W->src, x, n_tok);
 }
 
 /* Rotates pairs of one head vector. Interleaved pairs are (2i, 2i+1) (GGUF
@@ -381,7 +403,8 @@ static const specd_backend_ops k_cpu_ops = {
     .kv_move = cpu_kv_move,
 };
 
-specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err) {
+specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision,
+                                        specd_error *err) {
     cpu_backend *c = calloc(1, sizeof *c);
     if (!c) {
         specd_seterr(err, "cpu backend: out of memory");
@@ -389,6 +412,7 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_error *err) {
     }
     c->base.ops = &k_cpu_ops;
     c->base.kv_type = SPECD_F32;
+    c->precision = precision;
     c->pool = specd_pool_create(n_threads);
     if (!c->pool) {
         free(c);

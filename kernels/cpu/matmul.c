@@ -29,35 +29,68 @@
 #include <cpuid.h>
 #endif
 
-static cpu_kernel_set g_scalar, g_avx2, g_avx512;
-static int g_have_avx2, g_have_avx512;
+/* The kernel sets, best last. A set with VNNI shares its fp32 kernels with
+ * the plain set of its width and differs only in the integer kernels. */
+enum { SET_SCALAR, SET_AVX2, SET_AVXVNNI, SET_AVX512, SET_AVX512VNNI, N_SETS };
+static const char *const k_set_names[N_SETS] = {"scalar", "avx2", "avxvnni", "avx512",
+                                                "avx512vnni"};
+static cpu_kernel_set g_sets[N_SETS];
+static int g_have[N_SETS];
 static _Atomic(const cpu_kernel_set *) g_active;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+static const cpu_kernel_set *best_set(void) {
+    for (int i = N_SETS - 1; i > 0; i--)
+        if (g_have[i]) return &g_sets[i];
+    return &g_sets[SET_SCALAR];
+}
+
+static const cpu_kernel_set *set_named(const char *name) {
+    for (int i = 0; i < N_SETS; i++)
+        if (!strcmp(name, k_set_names[i])) return g_have[i] ? &g_sets[i] : NULL;
+    return NULL;
+}
+
 static void detect(void) {
-    cpu_kernels_scalar(&g_scalar);
+    g_have[SET_SCALAR] = cpu_kernels_scalar(&g_sets[SET_SCALAR]) &&
+                         cpu_qkernels_scalar(&g_sets[SET_SCALAR]);
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     /* The kernels also use F16C (fp16 scales) and FMA; every AVX2 CPU made
      * has them, but a hypervisor can mask features, so check all. */
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    int f16c = 0;
+    int f16c = 0, avxvnni = 0, avx512vnni = 0;
     {
-        /* __builtin_cpu_supports has no "f16c" in older GCCs: ask CPUID. */
+        /* Older compilers' __builtin_cpu_supports lack "f16c" and the VNNI
+         * names: ask CPUID (leaf 1 ECX.29; leaf 7.0 ECX.11; leaf 7.1 EAX.4).
+         * The register state they need is AVX's or AVX-512's, checked above
+         * and below through __builtin_cpu_supports. */
         unsigned a, b, c, d;
         if (__get_cpuid(1, &a, &b, &c, &d)) f16c = (c & bit_F16C) != 0;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) avx512vnni = (c >> 11) & 1;
+        if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avxvnni = (a >> 4) & 1;
     }
-    g_have_avx2 = avx2 && f16c && cpu_kernels_avx2(&g_avx2);
-    g_have_avx512 = g_have_avx2 && __builtin_cpu_supports("avx512f") &&
-                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512dq") && cpu_kernels_avx512(&g_avx512);
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    g_have[SET_AVX2] = avx2 && f16c && cpu_kernels_avx2(&g_sets[SET_AVX2]) &&
+                       cpu_qkernels_avx2(&g_sets[SET_AVX2], 0);
+    if (g_have[SET_AVX2] && avxvnni) {
+        g_sets[SET_AVXVNNI] = g_sets[SET_AVX2];
+        g_have[SET_AVXVNNI] = cpu_qkernels_avx2(&g_sets[SET_AVXVNNI], 1);
+    }
+    g_have[SET_AVX512] = g_have[SET_AVX2] && avx512 && cpu_kernels_avx512(&g_sets[SET_AVX512]) &&
+                         cpu_qkernels_avx512(&g_sets[SET_AVX512], 0);
+    if (g_have[SET_AVX512] && avx512vnni) {
+        g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
+        g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
+    }
 #endif
-    const cpu_kernel_set *best = g_have_avx512 ? &g_avx512 : g_have_avx2 ? &g_avx2 : &g_scalar;
+    for (int i = 0; i < N_SETS; i++) g_sets[i].name = k_set_names[i];
+    const cpu_kernel_set *best = best_set();
     const char *env = getenv("SPECD_SIMD");
     if (env && *env && strcmp(env, "auto") != 0) {
-        if (!strcmp(env, "avx512") && g_have_avx512) best = &g_avx512;
-        else if (!strcmp(env, "avx2") && g_have_avx2) best = &g_avx2;
-        else if (!strcmp(env, "scalar")) best = &g_scalar;
+        const cpu_kernel_set *ks = set_named(env);
+        if (ks) best = ks;
         else fprintf(stderr, "specd: SPECD_SIMD=%s not available here, using %s\n", env, best->name);
     }
     atomic_store(&g_active, best);
@@ -72,15 +105,15 @@ const char *cpu_simd_name(void) { return active()->name; }
 
 int cpu_simd_force(const char *name) {
     active();
-    const cpu_kernel_set *ks = NULL;
-    if (!name || !strcmp(name, "auto"))
-        ks = g_have_avx512 ? &g_avx512 : g_have_avx2 ? &g_avx2 : &g_scalar;
-    else if (!strcmp(name, "avx512") && g_have_avx512) ks = &g_avx512;
-    else if (!strcmp(name, "avx2") && g_have_avx2) ks = &g_avx2;
-    else if (!strcmp(name, "scalar")) ks = &g_scalar;
+    const cpu_kernel_set *ks = !name || !strcmp(name, "auto") ? best_set() : set_named(name);
     if (!ks) return 0;
     atomic_store(&g_active, ks);
     return 1;
+}
+
+int cpu_simd_available(const char *name) {
+    active();
+    return set_named(name) != NULL;
 }
 
 void cpu_dequant_row(specd_dtype type, const void *src, float *dst, int64_t n) {
@@ -197,4 +230,48 @@ void cpu_matmul(specd_pool *pool, float *y, const specd_tensor *W, const float *
     j.chunk = chunk_rows(j.rows, specd_pool_size(pool));
     int n_tasks = (int)((j.rows + j.chunk - 1) / j.chunk);
     specd_pool_run(pool, n_tasks, mm_task, &j);
+}
+
+/* ---- the integer-activation path (qmatmul.h) ------------------------------ */
+
+typedef struct qmm_job {
+    cpu_qrows_fn fn;
+    cpu_qmm_args args;
+    int64_t groups, chunk; /* row groups of 16, per task */
+} qmm_job;
+
+static void qmm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const qmm_job *j = ctx;
+    int64_t g0 = (int64_t)task * j->chunk;
+    int64_t g1 = g0 + j->chunk < j->groups ? g0 + j->chunk : j->groups;
+    j->fn(&j->args, g0, g1);
+}
+
+void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
+    if (n_tok <= 0) return;
+    const cpu_kernel_set *ks = active();
+    /* One buffer: per-block scales, scaled sums and sums, then the int8
+     * values (n_tok * cols bytes), all from the caller's thread buffer. The
+     * quantization is a pass over x, small next to rows * cols * n_tok
+     * multiply-adds, and done once for all tasks. */
+    const size_t nbt = (size_t)n_tok * (size_t)W->nb;
+    const size_t qfloats = ((size_t)n_tok * (size_t)W->cols + 3) / 4;
+    float *buf = pack_buffer(3 * nbt + qfloats);
+    float *d = buf, *s = buf + nbt;
+    int32_t *sq = (int32_t *)(buf + 2 * nbt);
+    int8_t *q = (int8_t *)(buf + 3 * nbt);
+    cpu_quantize_act(x, n_tok, W->cols, q, d, s, sq);
+    qmm_job j = {
+        .fn = ks->qrows[W->kind],
+        .args = {.w = W,
+                 .a = {.n_tok = n_tok, .cols = W->cols, .nb = W->nb, .q = q, .d = d, .s = s,
+                       .sq = sq},
+                 .y = y,
+                 .ldy = W->rows},
+        .groups = W->n_groups,
+    };
+    j.chunk = chunk_rows(W->n_groups * QT_ROWS, specd_pool_size(pool)) / QT_ROWS;
+    int n_tasks = (int)((j.groups + j.chunk - 1) / j.chunk);
+    specd_pool_run(pool, n_tasks, qmm_task, &j);
 }

@@ -31,9 +31,14 @@ void cpu_tensor_row(const specd_tensor *W, int64_t r, float *dst);
 void cpu_matmul(specd_pool *pool, float *y, const specd_tensor *W, const float *x, int n_tok);
 void cpu_matmul_ref(float *y, const specd_tensor *W, const float *x, int n_tok);
 
-/* Name of the SIMD path chosen at run time ("avx512", "avx2", "scalar"). */
+/* Name of the SIMD path chosen at run time: "avx512vnni", "avx512",
+ * "avxvnni", "avx2" or "scalar" (the best the CPU has, unless SPECD_SIMD
+ * names another). The VNNI paths differ from their plain twins only in the
+ * integer-activation kernels (qmatmul.h). */
 const char *cpu_simd_name(void);
 /* Forces a path (for tests and benches); returns 0 if the CPU lacks it. */
 int cpu_simd_force(const char *name);
+/* 1 if the CPU (and this build) has the named path. */
+int cpu_simd_available(const char *name);
 
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "qmatmul.h"
 
 /* Block structs, byte-exact copies of GGML's layouts (the file format). All
  * fields are byte arrays or uint16 so there is no padding; sizes are checked
@@ -151,6 +152,8 @@ typedef struct cpu_kernel_set {
     int nt_max; /* token group size of the packed x (0: rows use x only) */
     cpu_dequant_fn dequant[SPECD_DTYPE_COUNT];
     cpu_rows_fn rows[SPECD_DTYPE_COUNT];
+    /* the integer-activation kernels, per tile kind (qmatmul.h) */
+    cpu_qrows_fn qrows[CPU_QKINDS];
 } cpu_kernel_set;
 
 /* Each fills `ks` and returns 1, or returns 0 when the file was built
@@ -159,5 +162,10 @@ typedef struct cpu_kernel_set {
 int cpu_kernels_scalar(cpu_kernel_set *ks);
 int cpu_kernels_avx2(cpu_kernel_set *ks);
 int cpu_kernels_avx512(cpu_kernel_set *ks);
+/* The integer-activation kernels of a set (qmatmul*.c); vnni selects the
+ * vpdpbusd flavour (AVX-VNNI for avx2, AVX512-VNNI for avx512). */
+int cpu_qkernels_scalar(cpu_kernel_set *ks);
+int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);
+int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni);
 
 #endif

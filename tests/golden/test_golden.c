@@ -189,8 +189,12 @@ static void check_case(const golden_set *g, const golden_case *c) {
     if (!m) fail_msg("%s: open %s: %s", c->name, c->model_path, err.msg);
     int vocab = m->hp.vocab_size, dim = m->hp.dim, n = c->n_prompt;
     assert_int_equal(vocab, g->config.vocab_size);
-    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2}, .n_slots = 1,
-                                .max_ctx = n + c->n_greedy + 1, .max_batch = n};
+    /* precision exact: the Hugging Face references are fp32 matmuls on the
+     * dequantized weights (the fast path has its own llama.cpp reference,
+     * test_llamacpp_logits) */
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2,
+                                            .precision = SPECD_PRECISION_EXACT},
+                                .n_slots = 1, .max_ctx = n + c->n_greedy + 1, .max_batch = n};
     specd_transformer *t = specd_transformer_create(m, &o, &err);
     if (!t) fail_msg("%s: %s", c->name, err.msg);
 

@@ -1,0 +1,109 @@
+/* qmatmul.h - the integer-activation matmul (precision "fast", the default).
+ *
+ * y[t][r] = sum_c W[r][c] * x[t][c], computed the way llama.cpp does on the
+ * CPU: each activation row is quantized once per matmul to int8 blocks of 32
+ * with an fp32 scale per block (llama.cpp's Q8_1), and every weight block is
+ * multiplied with it in integers (maddubs/madd on AVX2, vpdpbusd with VNNI).
+ * Only one int32 sum per (row, token, block) ever reaches floating point.
+ *
+ * Weights are repacked once, at load, into tiles of 16 rows x 32 columns
+ * (layout below): a SIMD register holds 4 consecutive weights of each of 16
+ * rows (8 with AVX2), so one vpdpbusd against 4 broadcast activation bytes
+ * advances 16 output rows at once. Outputs come out as whole vectors: there
+ * is no horizontal reduction anywhere.
+ *
+ * Bitwise batch invariance (a row's result does not depend on what else is
+ * in the batch, nor on the thread split) holds by construction: every output
+ * element is produced by the same sequence of operations whatever M is, with
+ * one fp32 accumulator per element, walked over the blocks in column order:
+ *
+ *     acc = 0
+ *     for each block b:   isum = sum_j wq[j] * xq[j]              (exact int32)
+ *                         acc  = fma((float)isum, wd * xd[b], acc)
+ *                         acc  = fma(wm, xs[b], acc)          (4-bit types)
+ *
+ * The scalar twin (cpu_qmatmul_ref) performs exactly those operations with
+ * fmaf, so every SIMD path must equal it bit for bit, and the tests check
+ * that. Tasks split only the rows, never the columns.
+ *
+ * Supported weight types: Q4_0, Q4_1 (tile kind Q4) and Q8_0 (kind Q8).
+ * Other types keep the fp32-activation kernels (matmul.h), which are also
+ * the "exact" precision path for every type. */
+#ifndef SPECD_CPU_QMATMUL_H
+#define SPECD_CPU_QMATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/model_file.h"
+#include "threadpool.h"
+
+#define QT_ROWS 16 /* rows per tile */
+#define QT_COLS 32 /* columns per tile = one quantization block */
+
+/* Tile layouts, one tile per (row group g, block b), tiles of a row group
+ * consecutive: tile (g, b) at data + (g * nb + b) * tile_bytes.
+ *
+ *   Q4: d[16] fp16 | m[16] fp16 | qs: 4 x 64 bytes
+ *       weight(row i, col c) = d[i] * q + m[i], q a nibble of qs:
+ *       col c = 4v + j      (v 0..3, j 0..3): low  nibble of qs[v][4i + j]
+ *       col c = 16 + 4v + j                : high nibble of qs[v][4i + j]
+ *       (Q4_0's "q - 8" becomes m = -8 d, exact in fp16.)
+ *   Q8: d[16] fp16 | qs: 8 x 64 bytes of int8
+ *       weight(row i, col 4v + j) = d[i] * qs[v][4i + j]
+ *
+ * Rows past the tensor's last row (the last group's padding) are zero. */
+typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_QKINDS } cpu_qkind;
+
+#define QT_Q4_BYTES (32 + 32 + 256)
+#define QT_Q8_BYTES (32 + 512)
+
+typedef struct cpu_qweight {
+    cpu_qkind kind;
+    int64_t rows, cols;
+    int64_t n_groups; /* ceil(rows / 16) */
+    int64_t nb;       /* cols / 32 */
+    size_t tile_bytes;
+    uint8_t *data; /* 64-byte aligned */
+} cpu_qweight;
+
+/* Activations as the kernels read them: token t's int8 values at
+ * q + t * cols, its block scales at d[t * nb + b], the block's
+ * d * sum(q) at s[...] and sum(q) itself at sq[...]. */
+typedef struct cpu_qact {
+    int n_tok;
+    int64_t cols, nb;
+    const int8_t *q;
+    const float *d, *s;
+    const int32_t *sq;
+} cpu_qact;
+
+/* 1: repacked into *out; 0: the type has no integer path (use the fp32
+ * kernels); -1: out of memory or an unusable tensor (cols not a multiple of
+ * 32, a scale that overflows fp16 when scaled). */
+int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out);
+void cpu_qweight_free(cpu_qweight *w);
+/* Bytes the tiles take (what a pass over the matrix streams). */
+size_t cpu_qweight_bytes(const cpu_qweight *w);
+
+/* The quantizer every path shares: block scale d = max|x| / 127, values
+ * rint(x / d) (ties to even). Writes n_tok * cols bytes to q and n_tok * nb
+ * entries to d, s, sq. */
+void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float *d, float *s,
+                      int32_t *sq);
+
+void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok);
+/* The scalar twin: the same result, bit for bit, one element at a time. */
+void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok);
+
+/* Row groups [g0, g1) for all tokens; y is [n_tok][ldy]. One per ISA and
+ * tile kind (qmatmul_scalar/avx2/avx512). */
+typedef struct cpu_qmm_args {
+    const cpu_qweight *w;
+    cpu_qact a;
+    float *y;
+    int64_t ldy;
+} cpu_qmm_args;
+typedef void (*cpu_qrows_fn)(const cpu_qmm_args *a, int64_t g0, int64_t g1);
+
+#endif

@@ -1,0 +1,166 @@
+/* qmatmul_avx2.c - AVX2 kernels of the integer-activation matmul, with and
+ * without AVX-VNNI (read qmatmul.h, then qmatmul_avx512.c: same scheme).
+ *
+ * A ymm register holds 4 consecutive weights of 8 rows, so a 16-row tile is
+ * processed as two halves of 8 rows (bytes 0..31 and 32..63 of each 64-byte
+ * chunk). AVX2 has 16 registers: 8 decoded chunks, up to NT = 4 token
+ * accumulators, and the temporaries fit without spilling.
+ *
+ *   AVX-VNNI: isum = vpdpbusd(isum, w_u8, x_s8)
+ *   AVX2:     isum += vpmaddwd(vpmaddubsw(w_u8, x_s8), 1)
+ *
+ * Signed Q8_0 weights: VNNI adds 128 and subtracts 128 * sum(x); plain AVX2
+ * uses vpsignb to move the weight's sign onto the activation. */
+#include "qmatmul.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define TAVX2 "avx2,fma,f16c"
+#define NT 4
+
+static inline int32_t ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#define DOT_VNNI(acc, w, x) _mm256_dpbusd_avx_epi32((acc), (w), (x))
+#define DOT_AVX2(acc, w, x) \
+    _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((w), (x)), ones))
+
+/* Stores 8 outputs, or the first n of them. */
+#define STORE8(p, v, n)                                                     \
+    do {                                                                    \
+        if ((n) >= 8) {                                                     \
+            _mm256_storeu_ps((p), (v));                                     \
+        } else if ((n) > 0) {                                               \
+            float tmp_[8];                                                  \
+            _mm256_storeu_ps(tmp_, (v));                                    \
+            memcpy((p), tmp_, sizeof(float) * (size_t)(n));                 \
+        }                                                                   \
+    } while (0)
+
+#define DEF_Q4(NAME, TARGET, DOT)                                                              \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m256i lo4 = _mm256_set1_epi8(0x0F);                                           \
+        const __m256i ones = _mm256_set1_epi16(1);                                            \
+        (void)ones;                                                                           \
+        __m256 acc[NT];                                                                       \
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
+        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
+        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
+            const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h))); \
+            const __m256 wm =                                                                 \
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));       \
+            __m256i q[8];                                                                     \
+            for (int v = 0; v < 4; v++) {                                                     \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(tile + 64 + 64 * v + 32 * h)); \
+                q[v] = _mm256_and_si256(raw, lo4);                                            \
+                q[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);                  \
+            }                                                                                 \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
+                for (int c = 0; c < 8; c += 2) {                                              \
+                    s0 = DOT(s0, q[c], _mm256_set1_epi32(ld32(xq + 4 * c)));                  \
+                    s1 = DOT(s1, q[c + 1], _mm256_set1_epi32(ld32(xq + 4 * c + 4)));          \
+                }                                                                             \
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                \
+                acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(wd, _mm256_set1_ps(a->a.d[xb])),    \
+                                         acc[t]);                                             \
+                acc[t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(a->a.s[xb]), acc[t]);             \
+            }                                                                                 \
+        }                                                                                     \
+        const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
+        for (int t = 0; t < nt; t++)                                                          \
+            STORE8(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS + 8 * h, acc[t], n);        \
+    }                                                                                         \
+    DEF_DRIVER(NAME, TARGET)
+
+#define DEF_Q8(NAME, TARGET, DOT, VNNI)                                                        \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m256i sign80 = _mm256_set1_epi8((char)0x80);                                  \
+        const __m256i ones = _mm256_set1_epi16(1);                                            \
+        (void)ones, (void)sign80;                                                             \
+        __m256 acc[NT];                                                                       \
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
+        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
+        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
+            const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h))); \
+            /* raw signed weights (for vpsignb) and the dot's unsigned operand */             \
+            __m256i wr[8], wu[8];                                                             \
+            for (int c = 0; c < 8; c++) {                                                     \
+                wr[c] = _mm256_loadu_si256((const __m256i *)(tile + 32 + 64 * c + 32 * h));   \
+                wu[c] = VNNI ? _mm256_xor_si256(wr[c], sign80) : _mm256_abs_epi8(wr[c]);      \
+            }                                                                                 \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
+                for (int c = 0; c < 8; c += 2) {                                              \
+                    __m256i x0 = _mm256_set1_epi32(ld32(xq + 4 * c));                         \
+                    __m256i x1 = _mm256_set1_epi32(ld32(xq + 4 * c + 4));                     \
+                    if (!VNNI) {                                                              \
+                        x0 = _mm256_sign_epi8(x0, wr[c]);                                     \
+                        x1 = _mm256_sign_epi8(x1, wr[c + 1]);                                 \
+                    }                                                                         \
+                    s0 = DOT(s0, wu[c], x0);                                                  \
+                    s1 = DOT(s1, wu[c + 1], x1);                                              \
+                }                                                                             \
+                __m256i is = _mm256_add_epi32(s0, s1);                                        \
+                if (VNNI) is = _mm256_sub_epi32(is, _mm256_set1_epi32(a->a.sq[xb] * 128));    \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),                              \
+                                         _mm256_mul_ps(wd, _mm256_set1_ps(a->a.d[xb])),       \
+                                         acc[t]);                                             \
+            }                                                                                 \
+        }                                                                                     \
+        const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
+        for (int t = 0; t < nt; t++)                                                          \
+            STORE8(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS + 8 * h, acc[t], n);        \
+    }                                                                                         \
+    DEF_DRIVER(NAME, TARGET)
+
+/* Row groups [g0, g1): each half of each group, tokens NT at a time. A half
+ * past the last row (rows <= 8 in the last group) is skipped. */
+#define DEF_DRIVER(NAME, TARGET)                                                               \
+    static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
+                                                     int64_t g1) {                            \
+        for (int64_t g = g0; g < g1; g++) {                                                   \
+            for (int h = 0; h < 2; h++) {                                                     \
+                if (g * QT_ROWS + 8 * h >= a->w->rows) break;                                 \
+                int t0 = 0;                                                                   \
+                for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, h, t0, NT);         \
+                switch (a->a.n_tok - t0) {                                                    \
+                case 1: NAME##_pass(a, g, h, t0, 1); break;                                   \
+                case 2: NAME##_pass(a, g, h, t0, 2); break;                                   \
+                case 3: NAME##_pass(a, g, h, t0, 3); break;                                   \
+                default: break;                                                               \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+DEF_Q4(q4_avx2, TAVX2, DOT_AVX2)
+DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI)
+DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
+DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
+
+int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
+    ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;
+    ks->qrows[CPU_Q8] = vnni ? q8_avxvnni : q8_avx2;
+    return 1;
+}
+
+#else
+int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
+    (void)ks, (void)vnni;
+    return 0;
+}
+#endif

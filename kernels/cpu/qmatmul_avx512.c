@@ -1,0 +1,199 @@
+/* qmatmul_avx512.c - AVX-512 kernels of the integer-activation matmul, with
+ * and without VNNI (read qmatmul.h first: tile layout and operation order).
+ *
+ * One zmm register holds 4 consecutive weights of each of a tile's 16 rows,
+ * so a tile's 32 columns are 8 registers ("chunks"), decoded once per block
+ * and shared by up to NT tokens. For each token a chunk meets 4 activation
+ * bytes broadcast to all lanes (a load-port broadcast, no shuffle):
+ *
+ *   VNNI:     isum = vpdpbusd(isum, w_u8, x_s8)               (1 instruction)
+ *   AVX-512BW: isum += vpmaddwd(vpmaddubsw(w_u8, x_s8), 1)      (3 instructions)
+ *
+ * vpdpbusd and vpmaddubsw take unsigned weights. 4-bit weights are unsigned
+ * already. Signed Q8_0 weights: VNNI adds 128 (xor 0x80) and subtracts
+ * 128 * sum(x) afterwards, exactly; without VNNI the sign moves onto the
+ * activation (|w| times x negated where w < 0), whose pair sums stay within
+ * int16 (2 * 128 * 127). 4-bit pairs reach at most 2 * 15 * 127.
+ *
+ * Two independent isum chains per token (even and odd chunks) halve the
+ * vpdpbusd latency chain; integer addition is exact, so this changes no bit.
+ *
+ * Compiled with per-function target attributes (no -march), and only called
+ * after matmul.c checked __builtin_cpu_supports. */
+#include "qmatmul.h"
+#include "quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define NT 8 /* tokens per pass: 8 accumulators + 8 weight registers + temps */
+
+static inline int32_t ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The two dot flavours, as macros so each kernel below is compiled for its
+ * own target. `ones` is 16-bit 1s (vpmaddwd's partner). */
+#define DOT_VNNI(acc, w, x) _mm512_dpbusd_epi32((acc), (w), (x))
+#define DOT_BW(acc, w, x) \
+    _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((w), (x)), ones))
+
+/* Stores 16 outputs, or the first n of them (the last, partial row group). */
+#define STORE_ROWS(p, v, n)                                                   \
+    do {                                                                      \
+        if ((n) >= 16) _mm512_storeu_ps((p), (v));                            \
+        else _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (v));   \
+    } while (0)
+
+/* ---- 4-bit tiles (Q4_0, Q4_1) -------------------------------------------- */
+
+#define DEF_Q4(NAME, TARGET, DOT)                                                              \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m512i lo4 = _mm512_set1_epi8(0x0F);                                           \
+        const __m512i ones = _mm512_set1_epi16(1);                                            \
+        (void)ones;                                                                           \
+        __m512 acc[NT];                                                                       \
+        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();                            \
+        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
+        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
+            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));     \
+            const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32))); \
+            __m512i q[8];                                                                     \
+            for (int v = 0; v < 4; v++) {                                                     \
+                __m512i raw = _mm512_loadu_si512((const void *)(tile + 64 + 64 * v));         \
+                q[v] = _mm512_and_si512(raw, lo4);                                            \
+                q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);                  \
+            }                                                                                 \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
+                for (int c = 0; c < 8; c += 2) {                                              \
+                    s0 = DOT(s0, q[c], _mm512_set1_epi32(ld32(xq + 4 * c)));                  \
+                    s1 = DOT(s1, q[c + 1], _mm512_set1_epi32(ld32(xq + 4 * c + 4)));          \
+                }                                                                             \
+                const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));                \
+                acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(wd, _mm512_set1_ps(a->a.d[xb])),    \
+                                         acc[t]);                                             \
+                acc[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(a->a.s[xb]), acc[t]);             \
+            }                                                                                 \
+        }                                                                                     \
+        const int64_t n = W->rows - g * QT_ROWS;                                              \
+        for (int t = 0; t < nt; t++)                                                          \
+            STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
+    }                                                                                         \
+    static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
+                                                     int64_t g1) {                            \
+        for (int64_t g = g0; g < g1; g++) {                                                   \
+            int t0 = 0;                                                                       \
+            for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, t0, NT);                \
+            switch (a->a.n_tok - t0) {                                                        \
+            case 1: NAME##_pass(a, g, t0, 1); break;                                          \
+            case 2: NAME##_pass(a, g, t0, 2); break;                                          \
+            case 3: NAME##_pass(a, g, t0, 3); break;                                          \
+            case 4: NAME##_pass(a, g, t0, 4); break;                                          \
+            case 5: NAME##_pass(a, g, t0, 5); break;                                          \
+            case 6: NAME##_pass(a, g, t0, 6); break;                                          \
+            case 7: NAME##_pass(a, g, t0, 7); break;                                          \
+            default: break;                                                                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+/* ---- 8-bit tiles (Q8_0) --------------------------------------------------- */
+
+/* VNNI: weights + 128 as unsigned bytes, then isum -= 128 * sum(x). */
+#define Q8_PREP_VNNI(w, c) (w)[c] = _mm512_xor_si512((w)[c], sign80)
+#define Q8_DOT_VNNI(s, w, neg, c, xv) _mm512_dpbusd_epi32((s), (w)[c], (xv))
+#define Q8_FIX_VNNI(is, sqv) _mm512_sub_epi32((is), _mm512_slli_epi32((sqv), 7))
+/* BW: |w| times x with w's sign (x negated where w < 0). */
+#define Q8_PREP_BW(w, c)                          \
+    do {                                          \
+        neg[c] = _mm512_movepi8_mask((w)[c]);     \
+        (w)[c] = _mm512_abs_epi8((w)[c]);         \
+    } while (0)
+#define Q8_DOT_BW(s, w, neg, c, xv)                                                          \
+    _mm512_add_epi32((s), _mm512_madd_epi16(                                                 \
+                              _mm512_maddubs_epi16(                                          \
+                                  (w)[c], _mm512_mask_sub_epi8((xv), (neg)[c],              \
+                                                               _mm512_setzero_si512(), (xv))), \
+                              ones))
+#define Q8_FIX_BW(is, sqv) (is)
+
+#define DEF_Q8(NAME, TARGET, PREP, DOT, FIX)                                                   \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m512i sign80 = _mm512_set1_epi8((char)0x80);                                  \
+        const __m512i ones = _mm512_set1_epi16(1);                                            \
+        (void)sign80, (void)ones;                                                             \
+        __m512 acc[NT];                                                                       \
+        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();                            \
+        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
+        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
+            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));     \
+            __m512i w[8];                                                                     \
+            __mmask64 neg[8];                                                                 \
+            (void)neg;                                                                        \
+            for (int c = 0; c < 8; c++) {                                                     \
+                w[c] = _mm512_loadu_si512((const void *)(tile + 32 + 64 * c));                \
+                PREP(w, c);                                                                   \
+            }                                                                                 \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
+                for (int c = 0; c < 8; c += 2) {                                              \
+                    s0 = DOT(s0, w, neg, c, _mm512_set1_epi32(ld32(xq + 4 * c)));             \
+                    s1 = DOT(s1, w, neg, c + 1, _mm512_set1_epi32(ld32(xq + 4 * c + 4)));     \
+                }                                                                             \
+                __m512i is = FIX(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(a->a.sq[xb]));   \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is),                              \
+                                         _mm512_mul_ps(wd, _mm512_set1_ps(a->a.d[xb])),       \
+                                         acc[t]);                                             \
+            }                                                                                 \
+        }                                                                                     \
+        const int64_t n = W->rows - g * QT_ROWS;                                              \
+        for (int t = 0; t < nt; t++)                                                          \
+            STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
+    }                                                                                         \
+    static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
+                                                     int64_t g1) {                            \
+        for (int64_t g = g0; g < g1; g++) {                                                   \
+            int t0 = 0;                                                                       \
+            for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, t0, NT);                \
+            switch (a->a.n_tok - t0) {                                                        \
+            case 1: NAME##_pass(a, g, t0, 1); break;                                          \
+            case 2: NAME##_pass(a, g, t0, 2); break;                                          \
+            case 3: NAME##_pass(a, g, t0, 3); break;                                          \
+            case 4: NAME##_pass(a, g, t0, 4); break;                                          \
+            case 5: NAME##_pass(a, g, t0, 5); break;                                          \
+            case 6: NAME##_pass(a, g, t0, 6); break;                                          \
+            case 7: NAME##_pass(a, g, t0, 7); break;                                          \
+            default: break;                                                                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+DEF_Q4(q4_bw, TBW, DOT_BW)
+DEF_Q4(q4_vnni, TBW ",avx512vnni", DOT_VNNI)
+DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_FIX_BW)
+DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_FIX_VNNI)
+
+int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
+    ks->qrows[CPU_Q4] = vnni ? q4_vnni : q4_bw;
+    ks->qrows[CPU_Q8] = vnni ? q8_vnni : q8_bw;
+    return 1;
+}
+
+#else
+int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
+    (void)ks, (void)vnni;
+    return 0;
+}
+#endif

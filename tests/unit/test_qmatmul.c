@@ -1,0 +1,294 @@
+/* test_qmatmul.c - the integer-activation matmul (kernels/cpu/qmatmul.h).
+ *
+ * What must hold, and how it is checked:
+ *   - every SIMD path (scalar, avx2, avxvnni, avx512, avx512vnni: each one
+ *     this CPU has, forced in turn) equals the scalar twin bit for bit, for
+ *     every tile kind, shapes with partial row groups, 1..70 tokens and 1, 2
+ *     and 3 threads;
+ *   - batch invariance: each row of a batch equals that row computed alone,
+ *     bit for bit, wherever it sits in the batch;
+ *   - accuracy against a double-precision matmul on the dequantized weights
+ *     and the unquantized activations, within the bound that int8
+ *     activations allow: each activation moves by at most half a step
+ *     (max|x_block| / 254), so |y - y_ref| <= sum_b max|x_b|/254 *
+ *     sum_{c in b} |w_c|, plus 1e-5 * sum|w*x| for float rounding;
+ *   - the quantizer's values on known inputs, and which types have the path. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/threadpool.h"
+#include "tests/test_util.h"
+
+static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+#define N_PATHS (sizeof k_paths / sizeof k_paths[0])
+static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q8_0};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+typedef struct qfixture {
+    specd_tensor t;
+    uint8_t *raw;
+    size_t row_bytes;
+    cpu_qweight w;
+} qfixture;
+
+static void qfix_make(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    f->raw = test_random_weights(type, rows, cols, seed, &f->row_bytes);
+    snprintf(f->t.name, sizeof f->t.name, "test.weight");
+    f->t.type = type;
+    f->t.n_dims = 2;
+    f->t.ne[0] = (uint64_t)cols;
+    f->t.ne[1] = (uint64_t)rows;
+    f->t.ne[2] = f->t.ne[3] = 1;
+    f->t.data = f->raw;
+    f->t.nbytes = f->row_bytes * (size_t)rows;
+    assert_int_equal(cpu_qweight_make(&f->t, &f->w), 1);
+}
+
+static void qfix_free(qfixture *f) {
+    cpu_qweight_free(&f->w);
+    free(f->raw);
+}
+
+static float *alloc_nan(size_t n) {
+    float *p = malloc(sizeof(float) * n);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) p[i] = NAN; /* unwritten outputs show */
+    return p;
+}
+
+static void expect_same_bits(const float *a, const float *b, int n_tok, int64_t rows,
+                             const char *what, const char *path, specd_dtype type, int threads) {
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            size_t i = (size_t)t * rows + r;
+            if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+                fail_msg("%s: path %s, %s, %lld rows, %d tokens, %d threads: y[%d][%lld] = "
+                         "%.9g, expected %.9g",
+                         what, path, specd_dtype_get(type)->name, (long long)rows, n_tok,
+                         threads, t, (long long)r, a[i], b[i]);
+        }
+}
+
+/* Every path against the scalar twin, bit for bit. */
+static void test_paths_equal_scalar_twin(void **state) {
+    (void)state;
+    const int64_t shapes[][2] = {{16, 32}, {37, 64}, {5, 96}, {192, 576}, {203, 1536}};
+    const int toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 70};
+    specd_pool *pools[3] = {specd_pool_create(1), specd_pool_create(2), specd_pool_create(3)};
+    int tested = 0;
+    for (size_t p = 0; p < N_PATHS; p++) {
+        if (!cpu_simd_force(k_paths[p])) {
+            print_message("  (path %s not available on this CPU)\n", k_paths[p]);
+            continue;
+        }
+        tested++;
+        for (size_t ti = 0; ti < N_TYPES; ti++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                qfixture f;
+                qfix_make(&f, k_types[ti], shapes[si][0], shapes[si][1], 100 + si + 10 * ti);
+                for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+                    int n = toks[k];
+                    size_t ny = (size_t)n * (size_t)f.w.rows;
+                    float *x = malloc(sizeof(float) * (size_t)n * (size_t)f.w.cols);
+                    test_fill_random(x, (size_t)n * (size_t)f.w.cols, 7 + k, 1.5f);
+                    float *ref = alloc_nan(ny);
+                    cpu_qmatmul_ref(ref, &f.w, x, n);
+                    for (int pi = 0; pi < 3; pi++) {
+                        float *y = alloc_nan(ny);
+                        cpu_qmatmul(pools[pi], y, &f.w, x, n);
+                        expect_same_bits(y, ref, n, f.w.rows, "twin", k_paths[p], k_types[ti],
+                                         pi + 1);
+                        free(y);
+                    }
+                    free(ref);
+                    free(x);
+                }
+                qfix_free(&f);
+            }
+    }
+    assert_true(tested >= 1);
+    cpu_simd_force("auto");
+    for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
+}
+
+/* A row's result does not depend on its batch: every row of batches of
+ * several sizes, at shuffled positions, equals the row computed alone. */
+static void test_batch_invariance(void **state) {
+    (void)state;
+    specd_pool *pool = specd_pool_create(2);
+    const int64_t rows = 75, cols = 576;
+    const int max_n = 64;
+    float *rowsx = malloc(sizeof(float) * (size_t)max_n * cols);
+    test_fill_random(rowsx, (size_t)max_n * cols, 99, 2.0f);
+    for (size_t p = 0; p < N_PATHS; p++) {
+        if (!cpu_simd_force(k_paths[p])) continue;
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            qfixture f;
+            qfix_make(&f, k_types[ti], rows, cols, 31 + ti);
+            /* each distinct row alone */
+            float *alone = malloc(sizeof(float) * (size_t)max_n * rows);
+            for (int t = 0; t < max_n; t++)
+                cpu_qmatmul(pool, alone + (size_t)t * rows, &f.w, rowsx + (size_t)t * cols, 1);
+            const int sizes[] = {2, 3, 8, 9, 13, 64};
+            uint64_t s = 12345;
+            for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+                int n = sizes[si];
+                int *pick = malloc(sizeof(int) * (size_t)n);
+                float *x = malloc(sizeof(float) * (size_t)n * cols);
+                for (int i = 0; i < n; i++) {
+                    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                    pick[i] = (int)((s >> 33) % max_n);
+                    memcpy(x + (size_t)i * cols, rowsx + (size_t)pick[i] * cols,
+                           sizeof(float) * cols);
+                }
+                float *y = alloc_nan((size_t)n * rows);
+                cpu_qmatmul(pool, y, &f.w, x, n);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(y + (size_t)i * rows, alone + (size_t)pick[i] * rows,
+                               sizeof(float) * rows) != 0)
+                        fail_msg("path %s %s: row %d of a batch of %d differs from the row alone",
+                                 k_paths[p], specd_dtype_get(k_types[ti])->name, i, n);
+                free(y);
+                free(x);
+                free(pick);
+            }
+            free(alone);
+            qfix_free(&f);
+        }
+    }
+    cpu_simd_force("auto");
+    free(rowsx);
+    specd_pool_destroy(pool);
+}
+
+/* Against double precision on the dequantized weights and the original
+ * activations, within the int8 activation bound (file header). */
+static void test_accuracy_bound(void **state) {
+    (void)state;
+    specd_pool *pool = specd_pool_create(2);
+    const int64_t rows = 48, cols = 1536;
+    const int n = 5;
+    float *wr = malloc(sizeof(float) * cols);
+    float *x = malloc(sizeof(float) * n * cols);
+    test_fill_random(x, (size_t)n * cols, 3, 1.0f);
+    /* an outlier per row, as real activations have, so blocks differ */
+    for (int t = 0; t < n; t++) x[t * cols + 17 * (t + 1)] = 9.0f;
+    double worst = 0;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        qfixture f;
+        qfix_make(&f, k_types[ti], rows, cols, 5 + ti);
+        float *y = alloc_nan((size_t)n * rows);
+        cpu_qmatmul(pool, y, &f.w, x, n);
+        for (int64_t r = 0; r < rows; r++) {
+            cpu_dequant_row_ref(k_types[ti], f.raw + r * f.row_bytes, wr, cols);
+            for (int t = 0; t < n; t++) {
+                const float *xt = x + (size_t)t * cols;
+                double ref = 0, mag = 0, bound = 0;
+                for (int64_t b = 0; b < cols / 32; b++) {
+                    double amax = 0, wsum = 0;
+                    for (int j = 0; j < 32; j++) {
+                        int64_t c = 32 * b + j;
+                        ref += (double)wr[c] * xt[c];
+                        mag += fabs((double)wr[c] * xt[c]);
+                        amax = fmax(amax, fabs(xt[c]));
+                        wsum += fabs(wr[c]);
+                    }
+                    bound += amax / 254.0 * wsum;
+                }
+                bound += 1e-5 * mag;
+                double err = fabs(y[t * rows + r] - ref);
+                if (bound > 0 && err / bound > worst) worst = err / bound;
+                if (!(err <= bound))
+                    fail_msg("%s: y[%d][%lld] = %.9g, ref %.9g, error %.3g over the bound %.3g",
+                             specd_dtype_get(k_types[ti])->name, t, (long long)r,
+                             y[t * rows + r], ref, err, bound);
+            }
+        }
+        free(y);
+        qfix_free(&f);
+    }
+    print_message("  worst error / bound: %.3f\n", worst);
+    free(wr);
+    free(x);
+    specd_pool_destroy(pool);
+}
+
+static void test_quantizer_known_values(void **state) {
+    (void)state;
+    float x[64];
+    int8_t q[64];
+    float d[2], s[2];
+    int32_t sq[2];
+    /* block 0: x_j = j - 15.5 * (j odd) ... a ramp with max |x| = 31 at j=31 */
+    for (int j = 0; j < 32; j++) x[j] = (float)j * ((j & 1) ? -1.0f : 1.0f);
+    /* block 1: all zero -> d = 0, q = 0 */
+    for (int j = 32; j < 64; j++) x[j] = 0.0f;
+    cpu_quantize_act(x, 1, 64, q, d, s, sq);
+    assert_true(d[0] == 31.0f / 127.0f);
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) {
+        float want = rintf(x[j] * (1.0f / d[0]));
+        assert_int_equal(q[j], (int)want);
+        sum += q[j];
+    }
+    assert_int_equal(q[31], -127);
+    assert_int_equal(sq[0], sum);
+    assert_true(s[0] == d[0] * (float)sum);
+    assert_true(d[1] == 0.0f && s[1] == 0.0f && sq[1] == 0);
+    for (int j = 32; j < 64; j++) assert_int_equal(q[j], 0);
+}
+
+/* Types without a tile kind keep the fp32 path; so do bad shapes. */
+static void test_which_types(void **state) {
+    (void)state;
+    const specd_dtype no[] = {SPECD_F32, SPECD_F16, SPECD_BF16, SPECD_Q4_K, SPECD_Q6_K};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        size_t rb;
+        uint8_t *raw = test_random_weights(no[i], 4, 256, 1, &rb);
+        specd_tensor t;
+        memset(&t, 0, sizeof t);
+        t.type = no[i];
+        t.n_dims = 2;
+        t.ne[0] = 256;
+        t.ne[1] = 4;
+        t.data = raw;
+        cpu_qweight w;
+        assert_int_equal(cpu_qweight_make(&t, &w), 0);
+        free(raw);
+    }
+    /* Q4_0 with a scale whose -8x overflows fp16 keeps the fp32 path too */
+    uint8_t blk[18] = {0};
+    uint16_t big = specd_f32_to_fp16(30000.0f);
+    memcpy(blk, &big, 2);
+    specd_tensor t;
+    memset(&t, 0, sizeof t);
+    t.type = SPECD_Q4_0;
+    t.n_dims = 2;
+    t.ne[0] = 32;
+    t.ne[1] = 1;
+    t.data = blk;
+    cpu_qweight w;
+    assert_int_equal(cpu_qweight_make(&t, &w), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantizer_known_values),
+        cmocka_unit_test(test_which_types),
+        cmocka_unit_test(test_paths_equal_scalar_twin),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_accuracy_bound),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
