@@ -225,12 +225,10 @@ static void plain_tail_deq(specd_dtype type, const uint8_t *src, int64_t from, i
 }
 
 /* Rows per tile at one token (2 rows x 2 accumulators; 16 ymm registers
- * leave no room for more), rows whose scales are prepared together, and the
- * L1 budget of a column block's packed activations with several tokens
- * (see quant_avx512.c for the reasoning behind each). */
+ * leave no room for more) and rows whose scales are prepared together (see
+ * quant_avx512.c for the reasoning behind each). */
 #define R1 2
 #define RS 16
-#define KB_BYTES (16 * 1024)
 
 /* Software prefetch at decode: see quant_avx512.c. */
 #define PF_BYTES (12 * 1024)
@@ -245,13 +243,12 @@ INL void prefetch(const uint8_t *p, size_t ahead) {
 }
 
 static inline int64_t col_block(int64_t ng, int nt) {
-    /* rows shorter than one group (cols < 32) are all tail: no blocks, and
-     * the division below would be by zero */
-    if (ng <= 0) return 8;
-    int64_t max = KB_BYTES / (128 * nt);
-    int64_t nblk = (ng + max - 1) / max;
-    int64_t kb = (ng + nblk - 1) / nblk;
-    return (kb + 7) / 8 * 8;
+    (void)nt;
+    /* Bitwise batch invariance: a row is always one pass over all its
+     * columns, as at one token (per-block partial sums added afterwards
+     * would round differently). With 4 tokens the packed activations of a
+     * 1536-wide row take 24 KB, still L1-resident. */
+    return ng > 0 ? (ng + 7) / 8 * 8 : 8;
 }
 
 /* out[r*nt + t] = sum over groups [gb, ge) of row r . x_t (R rows, nt

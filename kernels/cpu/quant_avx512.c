@@ -30,7 +30,7 @@
  *     and hide FMA latency; their sums are reduced together (hsum16).
  *   - At one token, software prefetches keep enough weight reads in flight
  *     (see PF_BYTES); with several tokens, columns are processed in blocks
- *     whose packed activations stay in L1 (see col_block).
+ *     whose packed activations stay in L1.
  *
  * The weights stay in their file format; nothing is repacked or copied. The
  * matmul may use an FMA where the reference does a multiply then an add
@@ -48,9 +48,10 @@
 #define INL static inline __attribute__((always_inline)) T512
 
 /* Tokens handled together per weight group (the packed-x group size): with
- * 2 rows per tile that is 16 accumulators of the 32 zmm registers, leaving
- * room for the expanded weights, lookup tables and constants. */
-#define NT_MAX 8
+ * 2 rows per tile and two accumulators per output (see DEF_TILE) that is 16
+ * accumulators of the 32 zmm registers, leaving room for the expanded
+ * weights, lookup tables and constants. */
+#define NT_MAX 4
 
 /* Groups (of 32 weights) whose scales are converted at once: 2048 columns,
  * a multiple of the 8 groups of a K-quant super-block. The fp32 scales
@@ -346,21 +347,14 @@ INL void prefetch(const uint8_t *p, size_t ahead) {
  * SEG groups need 16*SEG*2 + 16*SEG floats = 12 KB of stack. */
 #define RS 16
 
-/* Bytes of packed activations per column block with several tokens: they
- * stay in L1 (48 KB on recent cores) while every row of the task passes by.
- * Whole rows of a 1536-wide matrix at 8 tokens would be 48 KB. */
-#define KB_BYTES (24 * 1024)
 
-/* Groups per column block for nt tokens: rows split into equal blocks of at
- * most KB_BYTES, a multiple of 8 groups (a K-quant super-block). */
 static inline int64_t col_block(int64_t ng, int nt) {
-    /* rows shorter than one group (cols < 32) are all tail: no blocks, and
-     * the division below would be by zero */
-    if (ng <= 0) return 8;
-    int64_t max = KB_BYTES / (128 * nt);
-    int64_t nblk = (ng + max - 1) / max;
-    int64_t kb = (ng + nblk - 1) / nblk;
-    return (kb + 7) / 8 * 8;
+    (void)nt;
+    /* Bitwise batch invariance: a row is always one pass over all its
+     * columns, as at one token (per-block partial sums added afterwards
+     * would round differently). With 4 tokens the packed activations of a
+     * 1536-wide row take 24 KB, still L1-resident. */
+    return ng > 0 ? (ng + 7) / 8 * 8 : 8;
 }
 
 /* out[r*nt + t] = sum over groups g in [gb, ge) of row r . x_t, for R rows
@@ -375,8 +369,11 @@ static inline int64_t col_block(int64_t ng, int nt) {
     INL void tile_##TY(const uint8_t *row0, size_t rb, int R, int64_t gb, int64_t ge,         \
                        const float *x, int nt, const float *psd, const float *psm, size_t pf,  \
                        float *out) {                                                           \
+        /* Two accumulators per output, the group's halves (two FMA chains),  \
+         * summed at the end: the same operations for an output whatever nt   \
+         * and R are, so a row's result never depends on its batch. */         \
         __m512 acc[16];                                                                        \
-        const int na = nt == 1 ? 2 * R : R * nt;                                               \
+        const int na = 2 * R * nt;                                                             \
         for (int k = 0; k < na; k++) acc[k] = _mm512_setzero_ps();                             \
         float sdb[R1 * SDG * SEG], smb[R1 * SEG];                                              \
         for (int64_t g0 = gb; g0 < ge; g0 += SEG) {                                            \
@@ -394,22 +391,15 @@ static inline int64_t col_block(int64_t ng, int nt) {
                     if (pf) prefetch(row0 + r * rb, pf + (size_t)((g0 + i) * GB));             \
                     ex_##TY(row0 + r * rb, g0 + i, i, sd + r * SDG * n, sm + r * n, &w0, &w1,  \
                             0);                                                                \
-                    if (nt == 1) {                                                             \
-                        acc[2 * r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), acc[2 * r]);     \
-                        acc[2 * r + 1] =                                                       \
-                            _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), acc[2 * r + 1]);     \
-                    } else {                                                                   \
-                        for (int t = 0; t < nt; t++) {                                         \
-                            __m512 *a = &acc[r * nt + t];                                      \
-                            *a = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg + 32 * t), *a);        \
-                            *a = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 32 * t + 16), *a);   \
-                        }                                                                      \
+                    for (int t = 0; t < nt; t++) {                                             \
+                        __m512 *a = &acc[2 * (r * nt + t)];                                    \
+                        a[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg + 32 * t), a[0]);        \
+                        a[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 32 * t + 16), a[1]);   \
                     }                                                                          \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        if (nt == 1)                                                                           \
-            for (int r = 0; r < R; r++) acc[r] = _mm512_add_ps(acc[2 * r], acc[2 * r + 1]);   \
+        for (int k = 0; k < R * nt; k++) acc[k] = _mm512_add_ps(acc[2 * k], acc[2 * k + 1]);   \
         /* A full-width store: narrower reloads of it forward from the store   \
          * buffer (they would wait for a masked store to retire). */                          \
         _mm512_storeu_ps(out, hsum16(acc, R * nt));                                            \
@@ -418,14 +408,10 @@ static inline int64_t col_block(int64_t ng, int nt) {
 #define TILE_NT(TY, R, NT) tile_##TY(row, rb, R, gb, ge, xg, NT, sd, sm, pf, out)
 #define TILE_SWITCH(TY, R)                                                                     \
     switch (nt) {                                                                              \
-    case 1: TILE_NT(TY, R, 1); break; /* the last of 9, 17, ... tokens */                      \
+    case 1: TILE_NT(TY, R, 1); break; /* the last of 5, 9, ... tokens */                       \
     case 2: TILE_NT(TY, R, 2); break;                                                          \
     case 3: TILE_NT(TY, R, 3); break;                                                          \
-    case 4: TILE_NT(TY, R, 4); break;                                                          \
-    case 5: TILE_NT(TY, R, 5); break;                                                          \
-    case 6: TILE_NT(TY, R, 6); break;                                                          \
-    case 7: TILE_NT(TY, R, 7); break;                                                          \
-    default: TILE_NT(TY, R, 8); break;                                                         \
+    default: TILE_NT(TY, R, 4); break;                                                         \
     }
 
 /* Rows [r0, r1) for all tokens.

@@ -386,6 +386,56 @@ static void test_pool_results_visible(void **state) {
 }
 
 /* An optional argument runs only the tests matching it (e.g. "test_pool*"). */
+/* Bitwise batch invariance of the fp32-activation kernels ("exact"): each
+ * row of a batch equals the row computed alone, for every type and path
+ * (one pass over all columns per row, two accumulators per output whatever
+ * the tile). */
+static void test_matmul_batch_invariance(void **state) {
+    (void)state;
+    specd_pool *pool = specd_pool_create(2);
+    const int64_t rows = 21, cols = 1536;
+    const int sizes[] = {2, 3, 4, 5, 8, 9, 17};
+    float *xs = malloc(sizeof(float) * 17 * cols);
+    test_fill_random(xs, 17 * (size_t)cols, 41, 1.0f);
+    for (size_t p = 0; p < 3; p++) {
+        if (!cpu_simd_force(k_paths[p])) continue;
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            specd_dtype type = k_types[ti];
+            size_t rb;
+            uint8_t *w = test_random_weights(type, rows, cols, 77 + ti, &rb);
+            specd_tensor W;
+            memset(&W, 0, sizeof W);
+            W.type = type;
+            W.n_dims = 2;
+            W.ne[0] = (uint64_t)cols;
+            W.ne[1] = (uint64_t)rows;
+            W.data = w;
+            float *alone = malloc(sizeof(float) * 17 * rows);
+            for (int t = 0; t < 17; t++) cpu_matmul(pool, alone + t * rows, &W, xs + t * cols, 1);
+            for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+                int n = sizes[si];
+                float *y = malloc(sizeof(float) * (size_t)n * rows);
+                /* rows in reverse order: token t of the batch is row 16 - t */
+                float *x = malloc(sizeof(float) * (size_t)n * cols);
+                for (int t = 0; t < n; t++)
+                    memcpy(x + t * cols, xs + (16 - t) * cols, sizeof(float) * cols);
+                cpu_matmul(pool, y, &W, x, n);
+                for (int t = 0; t < n; t++)
+                    if (memcmp(y + t * rows, alone + (16 - t) * rows, sizeof(float) * rows))
+                        fail_msg("%s %s: row %d of a batch of %d differs from the row alone",
+                                 k_paths[p], specd_dtype_get(type)->name, t, n);
+                free(x);
+                free(y);
+            }
+            free(alone);
+            free(w);
+        }
+    }
+    cpu_simd_force("auto");
+    free(xs);
+    specd_pool_destroy(pool);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -398,6 +448,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tensor_row),
         cmocka_unit_test(test_matmul_all),
         cmocka_unit_test(test_matmul_model_shapes),
+        cmocka_unit_test(test_matmul_batch_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
