@@ -33,6 +33,10 @@
 #              speculator) on the same backend: specd bench --e2e plain vs
 #              mlp, and specd generate speculative vs plain, which must give
 #              identical tokens (greedy).
+#   ipc        co-location: target-svc as a separate process, draft-svc's
+#              mlp speculator on the same GPU: hidden states through CUDA
+#              IPC (common/ipc_caps.h); any fallback to bytes fails it.
+#              Dry run: the CPU target refuses, the bytes path must work.
 # Writes $OUT/report.md (machine, summary table, bench tables) and
 # $OUT/check.log (every command's raw output), and prints the summary table
 # last. Exit 0 when no step failed.
@@ -279,6 +283,7 @@ fi
 
 # --- e2e -------------------------------------------------------------------
 t=$(date +%s)
+if [ $DRY = 1 ]; then n=16; streams=1; thr=(-t 2); else n=64; streams=1,4,16; thr=(); fi
 E2E_MODEL=""
 if [ $HAVE_GGUF = 1 ]; then
   E2E_MODEL=$GGUF
@@ -290,7 +295,6 @@ if [ $BUILT = 0 ]; then
 elif [ -z "$E2E_MODEL" ]; then
   row e2e SKIP 0 "no SmolLM2 model: neither the GGUF nor PyTorch to make the same-shape one"
 else
-  if [ $DRY = 1 ]; then n=16; streams=1; thr=(-t 2); else n=64; streams=1,4,16; thr=(); fi
   prompt="Write a short list of five colours, one per line."
   gen=("$S" generate "${thr[@]}" --backend "$BACKEND" -m "$E2E_MODEL" -p "$prompt" -n "$n" --ignore-eos)
   ok=1; detail=""
@@ -317,6 +321,51 @@ else
     ok=0; detail="$detail; bench --e2e failed: $(tail -1 "$STEP_OUT" | cut -c1-100)"
   fi
   row e2e "$([ $ok = 1 ] && echo PASS || echo FAIL)" "$(since $t)" "$([ "$E2E_MODEL" = "$GGUF" ] || echo 'random same-shape model; ')$detail"
+fi
+
+# --- ipc -------------------------------------------------------------------
+# Co-location across two processes: target-svc as its own process, draft-svc
+# (in specd bench --e2e) with the mlp speculator on the same backend. On a
+# GPU the target grants CUDA IPC at Open and every step's hidden state goes
+# through GPU memory; either side logs a line if it falls back to bytes,
+# which fails the step. Dry run: the CPU target refuses the offer and the
+# run must simply work on the bytes path. (In one process, as in e2e above,
+# a handle cannot be mapped by its own exporter: that run uses bytes.)
+t=$(date +%s)
+if [ $BUILT = 0 ] || [ -z "$E2E_MODEL" ]; then
+  row ipc SKIP 0 "$([ $BUILT = 0 ] && echo 'not built' || echo 'no SmolLM2 model (see e2e)')"
+else
+  port=$((40000 + $$ % 10000))
+  "$BUILD/target-svc" --config deploy/config/target-svc.example.yaml --tls.insecure=true \
+    --listen="127.0.0.1:$port" --model="$E2E_MODEL" --backend="$BACKEND" > "$WORK/target-svc.log" 2>&1 &
+  tpid=$!
+  up=0
+  for _ in $(seq 1 120); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { up=1; break; }
+    kill -0 $tpid 2>/dev/null || break
+    sleep 0.5
+  done
+  if [ $up = 0 ]; then
+    row ipc FAIL "$(since $t)" "target-svc did not start (check.log)"
+  else
+    icmd=("$S" bench --e2e "${thr[@]}" --target "127.0.0.1:$port" --insecure --backend "$BACKEND"
+          -m "$E2E_MODEL" --speculator "$SPEC" --drafters mlp --streams 1 -n "$n" --requests 1)
+    if run ipc "$(cap 150)" "${icmd[@]}"; then
+      bench_block "target-svc as its own process; specd ${icmd[*]:1}"
+      if grep -q 'CUDA IPC' "$STEP_OUT" "$WORK/target-svc.log"; then
+        ipc_note=$(grep -h -m1 'CUDA IPC' "$STEP_OUT" "$WORK/target-svc.log" | cut -c1-140)
+        [ $DRY = 1 ] && row ipc PASS "$(since $t)" "fallback: $ipc_note" || row ipc FAIL "$(since $t)" "$ipc_note"
+      elif [ $DRY = 1 ]; then
+        row ipc PASS "$(since $t)" "CPU backend: no offer (speculator on the CPU), hidden states as bytes through a separate target-svc process"
+      else
+        row ipc PASS "$(since $t)" "hidden states through CUDA IPC between target-svc and draft-svc, no fallback logged"
+      fi
+    else
+      row ipc FAIL "$(since $t)" "$(tail -1 "$STEP_OUT" | cut -c1-160)"
+    fi
+  fi
+  kill $tpid 2>/dev/null; wait $tpid 2>/dev/null
+  { echo; echo "===== [target-svc process]"; cat "$WORK/target-svc.log"; } >> "$LOG"
 fi
 
 # --- report ----------------------------------------------------------------
