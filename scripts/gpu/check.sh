@@ -99,7 +99,11 @@ bench_block() { { echo; echo "### $1"; echo; echo '```'; cat "$STEP_OUT"; echo '
 {
   echo "# specd GPU bring-up kit report"
   echo
-  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (+ local changes)')"
+  # the device's copy of the tree may have no .git
+  if rev=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet 2>/dev/null || rev="$rev (+ local changes)"
+  else rev="unknown (no git here)"; fi
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit $rev"
   echo "- mode: $([ $DRY = 1 ] && echo 'DRY RUN on the CPU backend (no GPU)' || echo 'GPU, backend cuda')"
   echo "- CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; SIMD: $(grep -o -w 'avx2\|avx512f\|avx512bw\|avx512vl\|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   if [ $DRY = 0 ]; then
