@@ -165,10 +165,14 @@ BUILT=0
 if [ $DRY = 0 ]; then
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  # SPECD_WERROR=OFF: the image's gcc may be newer than Debian 12's and
+  # warn where ours does not; a warning must not cost the GPU window, so it
+  # is counted in the row instead (CI keeps -Werror)
   if run build-cfg "$(cap 120)" cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-       -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
+       -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSPECD_WERROR=OFF &&
      run build "$(cap 420)" cmake --build "$BUILD" -j"$(nproc)"; then
-    BUILT=1; row build PASS "$(since $t)" "$BUILD/, nvcc for sm_$arch, $(nproc) jobs"
+    BUILT=1
+    row build PASS "$(since $t)" "$BUILD/, nvcc for sm_$arch, $(nproc) jobs, $(grep -c 'warning' "$STEP_OUT") warning lines (check.log)"
   else
     row build FAIL "$(since $t)" "$(grep -m1 -i 'error' "$STEP_OUT" | cut -c1-160)"
   fi
