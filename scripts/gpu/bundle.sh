@@ -23,7 +23,7 @@
 #  3. proves the prefix resolves every module CMakeLists.txt asks for,
 #     with pkg-config looking at the prefix alone;
 #  4. packs it into .gpu-bundle/prefix.tar.xz (one file; OpenBLAS alone is
-#     36 MB unpacked, 9 MB compressed) with a MANIFEST of package versions
+#     35 MiB unpacked, 4 MiB compressed) with a MANIFEST of package versions
 #     and SHA256SUMS, which scripts/gpu/check.sh verifies and unpacks there;
 #  5. prints the folder's size and FAILS (exit 3) if it plus the tracked
 #     tree exceeds 60 MiB: the device tool moves at most 64 MiB per command
