@@ -85,6 +85,10 @@ struct specd_drafter {
     int hidden_size;  /* > 0: needs the target's hidden states of this width */
     int max_batch;    /* most jobs per propose() */
     int max_depth;    /* longest path it can draft (n_predict for mlp) */
+    /* 1 when it computes on CUDA device cuda_device: the driver then offers
+     * the target co-location (hidden states through GPU memory,
+     * common/ipc_caps.h). 0 (calloc's) = on the host. */
+    int on_cuda, cuda_device;
     void *impl;
 };
 

@@ -495,6 +495,8 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
     d->hidden_size = m->emb_dim; /* conditions on the target's hidden state */
     d->max_batch = m->max_batch;
     d->max_depth = m->n_predict;
+    d->on_cuda = o->backend && !strcmp(o->backend, "cuda");
+    d->cuda_device = o->device;
     d->impl = m;
     return d;
 fail:

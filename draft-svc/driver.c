@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "common/dtype.h"
+#include "common/ipc_caps.h"
+#include "kernels/ipc.h"
 
 /* ---- cancellation ------------------------------------------------------------ */
 
@@ -63,6 +65,7 @@ typedef struct gen {
     specd_token_counts counts;
     float *hidden; /* target hidden state of the newest token, if have_hidden */
     int hidden_size, have_hidden;
+    specd_ipc_import *ipc; /* the current target session's co-location grant, mapped */
     void *draft_state;
     int drafting; /* 0 once the drafter has no session for us */
     specd_tree_buf tb;
@@ -115,8 +118,32 @@ static int deliver(gen *g, const int32_t *toks, int n, Specd__V1__TokenLogprob *
     return 0;
 }
 
+/* Co-location (common/ipc_caps.h), the client's half: a grant on step 0 is
+ * checked and mapped; when either fails the session simply keeps the bytes
+ * path (no Tree asks for hidden_via_ipc). */
+static void take_grant(gen *g, const Specd__V1__VerifyResponse *r) {
+    /* step 0 only, as the proto says; one mapping per target session */
+    if (!r->cuda_ipc || r->step != 0 || g->ipc || !g->hidden || !g->req->drafter) return;
+    specd_error err = {{0}};
+    static volatile int warned; /* once per process: every session would say the same */
+    if ((specd_ipc_grant_check(r->cuda_ipc, g->hidden_size, &err) ||
+         !(g->ipc = specd_ipc_import_open(r->cuda_ipc, g->req->drafter->cuda_device, &err))) &&
+        !warned) {
+        warned = 1;
+        fprintf(stderr, "draft-svc: CUDA IPC grant not used (bytes instead): %s\n", err.msg);
+    }
+}
+
 static void take_hidden(gen *g, const Specd__V1__VerifyResponse *r) {
     g->have_hidden = 0;
+    take_grant(g, r);
+    if (r->hidden_in_ipc) {
+        specd_error err = {{0}};
+        /* only a Tree that asked gets this, and only one with a mapping asks */
+        if (g->hidden && g->ipc && !specd_ipc_import_get(g->ipc, g->hidden, &err))
+            g->have_hidden = 1;
+        return;
+    }
     if (!g->hidden || r->hidden_fp16.len != sizeof(uint16_t) * (size_t)g->hidden_size) return;
     const uint8_t *b = r->hidden_fp16.data;
     for (int i = 0; i < g->hidden_size; i++)
@@ -290,6 +317,19 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     open.stop_ids = (int32_t *)q->stop_ids;
     open.ignore_eos = q->ignore_eos;
     open.return_hidden = q->drafter && q->drafter->hidden_size > 0;
+    /* offer co-location when the speculator is on a GPU; a grant belongs to
+     * one target session, so a re-open after failover starts without one */
+    specd_ipc_import_free(g->ipc);
+    g->ipc = NULL;
+    Specd__V1__CudaIpcOffer offer = SPECD__V1__CUDA_IPC_OFFER__INIT;
+    char node[SPECD_IPC_NODE_MAX], uuid[33];
+    specd_error ipc_err = {{0}};
+    if (open.return_hidden && q->drafter->on_cuda && !specd_ipc_node_id(node, &ipc_err) &&
+        !specd_ipc_device_uuid(q->drafter->cuda_device, uuid, &ipc_err)) {
+        offer.node_id = node;
+        offer.device_uuid = uuid;
+        open.cuda_ipc = &offer;
+    }
     open.resumed_tokens = g->n_gen;
     open.logprobs = q->logprobs;
     open.top_logprobs = q->top_logprobs;
@@ -345,6 +385,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         tree.n_tokens = tree.n_parents = (size_t)sent_n;
         tree.tokens = (int32_t *)sent_tokens;
         tree.parents = (int32_t *)sent_parents;
+        tree.hidden_via_ipc = g->ipc != NULL;
         int sampling = q->sampling.temperature > 0 && sent_n > 0;
         if (sampling) {
             size_t nq = (size_t)sent_n + 1;
@@ -536,6 +577,7 @@ out:
     if (req->drafter) specd_drafter_session_close(req->drafter, g.draft_state);
     specd_token_counts_free(&g.counts);
     specd_tree_buf_free(&g.tb);
+    specd_ipc_import_free(g.ipc);
     free(g.hidden);
     free(g.hist);
     return code;

@@ -74,6 +74,7 @@ int main(int argc, char **argv) {
         .max_tree_tokens = (int)cfg.limits.max_tree_tokens,
         .max_batch_tokens = (int)cfg.batching.max_batch_tokens,
         .max_wait_ms = (int)cfg.batching.max_wait,
+        .device = (int)cfg.device,
     };
     if (!(svc = specd_target_service_create(m, t, tok, &so, &err))) goto fail;
     /* tls.insecure wins over the TLS files, as the example config says, so a

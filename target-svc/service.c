@@ -13,8 +13,10 @@
 #include <time.h>
 
 #include "common/dtype.h"
+#include "common/ipc_caps.h"
 #include "common/prompt.h"
 #include "common/text_stream.h"
+#include "kernels/ipc.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
@@ -110,17 +112,48 @@ typedef struct verify_bufs {
     float *hidden;
     uint16_t *hidden16;
     lp_bufs lp;        /* [max_tree_tokens + 1], only with Open.logprobs */
+    specd_ipc_export *ipc; /* co-location grant (ipc_caps.h); NULL = bytes only */
 } verify_bufs;
+
+/* Open.cuda_ipc: grants it when ipc_caps.h finds no reason not to and the
+ * buffer can be made; any failure leaves the session on the bytes path. */
+static void ipc_grant(specd_target_service *svc, specd_session *s,
+                      const Specd__V1__VerifyOpen *o, verify_bufs *b) {
+    char node[SPECD_IPC_NODE_MAX];
+    specd_error err = {{0}};
+    int have_node = o->cuda_ipc && !specd_ipc_node_id(node, &err);
+    if (specd_ipc_grant_refusal(o->cuda_ipc, s->return_hidden,
+                                specd_transformer_backend_name(svc->t), have_node ? node : NULL))
+        return;
+    if ((b->ipc = specd_ipc_export_create(svc->o.device, svc->dim, &err)))
+        s->ipc_granted = 1;
+    else
+        fprintf(stderr, "target-svc: CUDA IPC not granted: %s\n", err.msg);
+}
 
 /* Sends one VerifyResponse. `hidden` NULL = no hidden state in it; `lp` NULL =
  * no log-probabilities, else lp->lp holds one per emitted token (n_acc + 1). */
 static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t step,
                        const int32_t *acc, const int32_t *acc_nodes, int n_acc, int32_t next,
                        const float *hidden, uint16_t *h16, lp_bufs *lp,
-                       Specd__V1__FinishReason fr, const specd_work *w) {
+                       Specd__V1__FinishReason fr, const specd_work *w,
+                       specd_ipc_export *ipc, int via_ipc) {
     Specd__V1__VerifyResponse r = SPECD__V1__VERIFY_RESPONSE__INIT;
     Specd__V1__StepTimings tm = SPECD__V1__STEP_TIMINGS__INIT;
+    Specd__V1__CudaIpcGrant grant = SPECD__V1__CUDA_IPC_GRANT__INIT;
     r.step = step;
+    /* Co-location: step 0 carries the grant (and the bytes, as always); a
+     * Tree that asked gets its hidden state in the buffer, or the bytes
+     * when writing it failed (hidden_in_ipc stays false: the fallback). */
+    if (ipc && step == 0) {
+        specd_ipc_export_grant(ipc, &grant);
+        r.cuda_ipc = &grant;
+    }
+    specd_error ipc_err = {{0}};
+    if (hidden && ipc && via_ipc && !specd_ipc_export_put(ipc, hidden, &ipc_err)) {
+        r.hidden_in_ipc = 1;
+        hidden = NULL;
+    }
     r.n_accepted = r.n_accepted_nodes = (size_t)n_acc;
     r.accepted = (int32_t *)acc;
     r.accepted_nodes = (int32_t *)acc_nodes;
@@ -172,6 +205,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
             specd_rpc_call_finish(c, code, err.msg);
             return 1;
         }
+        ipc_grant(svc, s, req->open, b);
         if (s->logprobs && lp_bufs_alloc(&b->lp, svc->o.max_tree_tokens + 1)) {
             specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
             return 1;
@@ -199,7 +233,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         if (run_work(svc, c, &w)) return 1;
         specd_session_emit(s, &w.next_token, 1, s->n_prompt, &fr);
         if (send_verify(c, svc, 0, NULL, NULL, 0, w.next_token, w.hidden, b->hidden16,
-                        s->logprobs ? &b->lp : NULL, fr, &w))
+                        s->logprobs ? &b->lp : NULL, fr, &w, b->ipc, 0))
             return 1;
         break;
     case SPECD__V1__VERIFY_REQUEST__MSG_TREE: {
@@ -235,7 +269,8 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
          * belonged to a later row and the session is over anyway. */
         int full = kept == n_acc + 1;
         if (send_verify(c, svc, s->step, b->acc, b->acc_nodes, kept - 1, b->emitted[kept - 1],
-                        full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL, fr, &w))
+                        full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL, fr, &w,
+                        b->ipc, req->tree->hidden_via_ipc))
             return 1;
         break;
     }
@@ -293,6 +328,7 @@ static void h_verify(specd_rpc_call *c, void *user) {
 out:
     specd_sched_release_slot(svc->sched, slot);
     specd_session_free(&s);
+    specd_ipc_export_free(b.ipc);
     free(b.toks);
     free(b.acc);
     free(b.acc_nodes);

@@ -27,6 +27,8 @@ typedef struct specd_target_opts {
     int max_tree_tokens;   /* + 1 (the pending token) must be <= max_batch_tokens */
     int max_batch_tokens;  /* = the transformer's max_batch */
     int max_wait_ms;
+    int device;            /* the transformer's CUDA device: where co-located
+                            * sessions' hidden-state buffers live (ipc_caps.h) */
 } specd_target_opts;
 
 /* Starts the scheduler's model worker. tok may be NULL (a model without a

@@ -168,6 +168,10 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
         return specd_seterr(err, "tree.parents has %zu entries, tree.tokens %zu", t->n_parents,
                             t->n_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
+    if (t->hidden_via_ipc && !s->ipc_granted)
+        return specd_seterr(err, "tree.hidden_via_ipc is set, but this session has no CUDA IPC "
+                                 "grant (step 0 carried none)"),
+               GRPC_STATUS_INVALID_ARGUMENT;
     /* Rows needed: the cache, the pending token and every node. */
     int room = s->lim.context - s->n_past - 1;
     if ((int)t->n_tokens > room)

@@ -70,6 +70,9 @@ typedef struct specd_session {
     specd_tree tree;
     specd_sparse_dist *q;
     int q_cap;
+    /* Co-location (common/ipc_caps.h): 1 once step 0 carried a CUDA IPC
+     * grant; only then may a Tree set hidden_via_ipc. Set by the service. */
+    int ipc_granted;
 } specd_session;
 
 void specd_session_init(specd_session *s, const specd_session_limits *lim);

@@ -26,6 +26,16 @@ static const bench_shape shapes[] = {
        * picks the RoPE kernel variant, and both cost the same */
       .rope_interleaved = 1, .norm_eps = 1e-5f, .tied_embeddings = 0, .bos_id = 1, .eos_id = 2},
      SPECD_F16},
+    /* SmolLM2-135M (config.json of HuggingFaceTB/SmolLM2-135M-Instruct): the
+     * default model's shape, so the GPU kit times it without carrying the
+     * 98 MB file (on the GPU its Q4_1 matrices are fp16 anyway, see
+     * cuda_weights.c: the same bytes per step as these random ones) */
+    {"smollm2-135m",
+     {.vocab_size = 49152, .dim = 576, .hidden_dim = 1536, .n_layers = 30, .n_heads = 9,
+      .n_kv_heads = 3, .head_dim = 64, .max_seq_len = 8192, .rope_theta = 100000.0f,
+      .rope_scaling = SPECD_ROPE_SCALING_NONE, .rope_interleaved = 1, .norm_eps = 1e-5f,
+      .tied_embeddings = 1, .bos_id = 1, .eos_id = 2},
+     SPECD_F16},
 };
 
 /* Appends one tensor with no data: ne1 == 0 makes a vector [ne0]. */

@@ -18,8 +18,8 @@
 #include "common/error.h"
 #include "common/model_file.h"
 
-/* The names bench_shape_create knows, for usage text: "llama2-7b". */
-#define SPECD_BENCH_SHAPE_NAMES "llama2-7b"
+/* The names bench_shape_create knows, for usage text. */
+#define SPECD_BENCH_SHAPE_NAMES "llama2-7b, smollm2-135m"
 
 /* Builds the named shape; NULL + message for an unknown name or OOM. */
 specd_model_file *bench_shape_create(const char *name, specd_error *err);

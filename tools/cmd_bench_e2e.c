@@ -94,6 +94,8 @@ typedef struct bench_opts {
     int max_new, threads, requests, ctx, candidates, depth;
     const char *only_drafters;
     const char *accept_head;
+    const char *backend; /* in-process target's and speculator's backend (NULL = cpu) */
+    int device;
     float stop_thresholds[MAX_THRESHOLDS];
     int n_thresholds;
     cli_sampling samp;
@@ -160,6 +162,8 @@ static void usage(void) {
            "  --requests N         requests per stream per cell (default: one per prompt)\n"
            "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
            "  --ctx N              context rows per session in-process (default 1024 + N)\n"
+           "  --backend cpu|cuda, --device N  backend of the in-process target and of the\n"
+           "                       mlp speculator (default cpu)\n"
            "  --drafters LIST      only these (e.g. none,ngram); default: none + all offered\n"
            "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n"
            "  --stop-thresholds LIST  add a row \"mlp adaptive t=X\" per threshold X (0 < X < 1):\n"
@@ -590,6 +594,15 @@ static int parse(int argc, char **argv, bench_opts *o) {
             o->requests = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->threads = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
+        else if (!strcmp(a, "--backend")) {
+            o->backend = cli_value(argc, argv, &i);
+            if (strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
+                fprintf(stderr, "specd bench --e2e: --backend must be cpu or cuda, not '%s'\n",
+                        o->backend);
+                return 2;
+            }
+        } else if (!strcmp(a, "--device"))
+            o->device = (int)cli_int(a, cli_value(argc, argv, &i), 0, 255);
         else if (!strcmp(a, "--ctx")) o->ctx = (int)cli_int(a, cli_value(argc, argv, &i), 2, 1 << 24);
         else if (!strcmp(a, "--candidates"))
             o->candidates = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
@@ -683,6 +696,8 @@ int cmd_bench_e2e(int argc, char **argv) {
             .target_addr = o.target,
             .target_tls = o.tls,
             .threads = o.threads,
+            .backend = o.backend,
+            .device = o.device,
             .max_sessions = max_streams,
             /* room for prompts of up to ~1k tokens plus the output and a tree */
             .ctx = o.ctx ? o.ctx : 1024 + o.max_new,
@@ -728,9 +743,8 @@ int cmd_bench_e2e(int argc, char **argv) {
            o.candidates || o.depth ? "fixed by --candidates/--depth" : "server policy");
     char threads_s[16] = "all";
     if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
-    printf("machine: %s, %ld CPUs online, %s threads, %s\n\n", hostname,
-           sysconf(_SC_NPROCESSORS_ONLN), threads_s,
-           date);
+    printf("machine: %s, %ld CPUs online, %s threads, backend %s, %s\n\n", hostname,
+           sysconf(_SC_NPROCESSORS_ONLN), threads_s, o.backend ? o.backend : "cpu", date);
     fflush(stdout);
 
     run_ctx rc = {.ch = ch, .o = &o, .prompts = prompts, .n_prompts = n_prompts,

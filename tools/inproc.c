@@ -59,6 +59,7 @@ static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_
         .max_tree_tokens = (int)c->limits.max_tree_tokens,
         .max_batch_tokens = (int)c->batching.max_batch_tokens,
         .max_wait_ms = (int)c->batching.max_wait,
+        .device = o->device,
     };
     if (!(p->tsvc = specd_target_service_create(p->m, p->t, p->tok, &so, err))) return -1;
     specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1,

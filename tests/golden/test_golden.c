@@ -269,16 +269,20 @@ static void check_case(const golden_set *g, const golden_case *c) {
     specd_model_close(m);
 }
 
+static void run_set_dir(const char *dir) {
+    specd_error err = {{0}};
+    golden_set *g = golden_load(dir, &err);
+    if (!g) fail_msg("golden set %s: %s", dir, err.msg);
+    for (int i = 0; i < g->n_cases; i++) check_case(g, &g->cases[i]);
+    golden_free(g);
+}
+
 static void run_set(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s", test_path("tests/golden/data"));
     size_t len = strlen(dir);
     snprintf(dir + len, sizeof dir - len, "/%s", name);
-    specd_error err = {{0}};
-    golden_set *g = golden_load(dir, &err);
-    if (!g) fail_msg("golden set %s: %s", name, err.msg);
-    for (int i = 0; i < g->n_cases; i++) check_case(g, &g->cases[i]);
-    golden_free(g);
+    run_set_dir(dir);
 }
 
 static void test_tiny_gqa(void **state) {
@@ -296,11 +300,26 @@ static void test_smollm2(void **state) {
     run_set("smollm2");
 }
 
+/* A fixture set made elsewhere, named by SPECD_GOLDEN_EXTRA: the GPU kit's
+ * PyTorch cross-check (scripts/gpu/torch_xcheck.py writes a set whose
+ * references PyTorch computed on the GPU; scripts/gpu/check.sh points this
+ * test at it). Same checks as the committed sets, CPU and CUDA. */
+static void test_extra_set(void **state) {
+    (void)state;
+    const char *dir = getenv("SPECD_GOLDEN_EXTRA");
+    if (!dir || !*dir) {
+        printf("SKIPPED: no extra fixture set (SPECD_GOLDEN_EXTRA is not set)\n");
+        return;
+    }
+    run_set_dir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_gqa),
         cmocka_unit_test(test_tiny_tied),
         cmocka_unit_test(test_smollm2),
+        cmocka_unit_test(test_extra_set),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     printf("golden: %d cases compared, %d skipped\n", g_cases_run, g_cases_skipped);

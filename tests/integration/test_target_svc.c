@@ -29,6 +29,7 @@
 #include <cmocka.h>
 #include <grpc/grpc.h>
 
+#include "common/ipc_caps.h"
 #include "common/rpc_client.h"
 #include "common/rpc_server.h"
 #include "common/sampling.h"
@@ -189,6 +190,16 @@ static int v_open(ccall *cc, const int32_t *prompt, int n, int max_new) {
     o.max_new_tokens = max_new;
     o.ignore_eos = 1; /* plain greedy does not stop at EOS either */
     o.return_hidden = 1;
+    /* Every session offers co-location from this very node (as draft-svc
+     * with a CUDA speculator does): this CPU target must refuse it, and the
+     * hidden states keep coming as bytes (checked in verify_session). */
+    Specd__V1__CudaIpcOffer off = SPECD__V1__CUDA_IPC_OFFER__INIT;
+    char node[SPECD_IPC_NODE_MAX];
+    specd_error err = {{0}};
+    if (!specd_ipc_node_id(node, &err)) {
+        off.node_id = node;
+        o.cuda_ipc = &off;
+    }
     r.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_OPEN;
     r.open = &o;
     return cc_send_msg(cc, &r.base, 0);
@@ -271,8 +282,10 @@ static int verify_session(specd_rpc_channel *ch, const int32_t *prompt, int n_pr
     uint64_t st = 0x9e3779b97f4a7c15ULL + (uint64_t)kind * 7 + (uint64_t)n_prompt;
     Specd__V1__VerifyResponse *r = v_recv(&cc);
     for (uint32_t step = 1; r; step++) {
-        /* The hidden state may be left out only on the final response. */
+        /* The hidden state may be left out only on the final response; a
+         * CPU target never grants CUDA IPC (the bytes path, v_open). */
         if (r->step != step - 1 || (r->hidden_fp16.len != 64 * 2 && !r->finish_reason) ||
+            r->cuda_ipc || r->hidden_in_ipc ||
             n_out + (int)r->n_accepted + 1 > n_gen) {
             snprintf(msg, msg_cap, "bad response at step %u", r->step);
             break;
