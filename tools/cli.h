@@ -26,6 +26,8 @@ double cli_now(void);
 /* Parses an integer/float option value or exits with a message naming the
  * option. */
 long cli_int(const char *opt, const char *val, long lo, long hi);
+/* --precision fast|exact as a specd_precision; exits 2 on anything else. */
+int cli_precision(const char *opt, const char *val);
 double cli_float(const char *opt, const char *val, double lo, double hi);
 /* The value after option argv[*i], advancing *i; exits if missing. */
 const char *cli_value(int argc, char **argv, int *i);

@@ -45,6 +45,8 @@ static void bench_usage(void) {
            "  --reps N             runs; the median is reported (default 3; with --verify\n"
            "                       steps per cell, default 10 on cuda, 3 on cpu)\n"
            "  --no-bandwidth       skip the memory-bandwidth measurement\n"
+           "  --precision P        CPU matmul: fast (int8 activations, default) or exact\n"
+           "                       (fp32 activations); also applies to --verify\n"
            "  --e2e                instead: tokens/s and tau through draft-svc + target-svc,\n"
            "                       plain vs each drafter at 1..32 streams (specd bench --e2e -h)\n"
            "  --verify             instead: ms per greedy verification step of a chain of k\n"
@@ -143,6 +145,7 @@ static double measure_bandwidth(int n_threads) {
 
 typedef struct verify_opts {
     const char *backend; /* "cpu" or "cuda" */
+    specd_precision precision;
     int device, threads;
     int reps, warmup;    /* reps 0 = the backend's default */
     int measure_bw;      /* cpu: measure read bandwidth for the bound */
@@ -232,7 +235,8 @@ static void fill_random(verify_run *r, int n) {
  * not built fails with its own message before anything is sized, instead
  * of once per batch size in create_fitting's retries. */
 static int probe_backend(const verify_opts *o, specd_error *err) {
-    specd_backend_opts bo = {.name = o->backend, .n_threads = o->threads, .device = o->device};
+    specd_backend_opts bo = {.name = o->backend, .n_threads = o->threads, .device = o->device,
+                             .precision = o->precision};
     specd_backend *be = specd_backend_create(&bo, err);
     if (!be) return -1;
     be->ops->destroy(be);
@@ -268,7 +272,8 @@ static int create_fitting(verify_run *r, const specd_model_file *m, verify_opts 
         r->max_batch = step > PREFILL_CHUNK ? step : PREFILL_CHUNK;
         r->n_slots = max_b;
         specd_transformer_opts to = {
-            .backend = {.name = o->backend, .n_threads = o->threads, .device = o->device},
+            .backend = {.name = o->backend, .n_threads = o->threads, .device = o->device,
+                        .precision = o->precision},
             .n_slots = max_b, .max_ctx = r->max_ctx, .max_batch = r->max_batch};
         r->t = specd_transformer_create(m, &to, &err);
         if (r->t) return 0;
@@ -676,6 +681,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(argv[i], "--e2e")) return cmd_bench_e2e(argc, argv);
     const char *model = NULL, *shape = NULL, *verify_only = NULL;
     int threads = 0, prompt_len = 128, gen = 128, reps = 0, bandwidth = 1, verify = 0;
+    specd_precision precision = SPECD_PRECISION_FAST;
     verify_opts v;
     verify_defaults(&v);
     for (int i = 1; i < argc; i++) {
@@ -688,6 +694,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) gen = (int)cli_int(a, cli_value(argc, argv, &i), 1, 8192);
         else if (!strcmp(a, "--reps")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1000);
         else if (!strcmp(a, "--no-bandwidth")) bandwidth = 0;
+        else if (!strcmp(a, "--precision"))
+            precision = (specd_precision)cli_precision(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--verify")) verify = 1;
         else if (verify_option(argc, argv, &i, &v, &shape)) {
             if (!verify_only) verify_only = a;
@@ -713,6 +721,7 @@ int cmd_bench(int argc, char **argv) {
         v.threads = threads;
         v.reps = reps;
         v.measure_bw = bandwidth;
+        v.precision = precision;
         return run_verify(model, shape, &v);
     }
     if (!reps) reps = 3;
@@ -730,8 +739,9 @@ int cmd_bench(int argc, char **argv) {
         specd_model_close(m);
         return 2;
     }
-    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = threads}, .n_slots = 1,
-                                .max_ctx = ctx, .max_batch = prompt_len};
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = threads,
+                                            .precision = precision},
+                                .n_slots = 1, .max_ctx = ctx, .max_batch = prompt_len};
     specd_transformer *t = specd_transformer_create(m, &o, &err);
     if (!t) {
         fprintf(stderr, "specd bench: %s\n", err.msg);
@@ -778,12 +788,13 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "specd bench: %s\n", err.msg);
     } else {
         double pre = median(pre_s, reps), dec = median(dec_s, reps);
-        double wbytes = decode_weight_bytes(m);
+        double wbytes = specd_transformer_decode_weight_bytes(t);
         double achieved = wbytes * gen / dec / 1e9;
         printf("model    %s (%d layers, dim %d, vocab %d)\n", model, hp->n_layers, hp->dim,
                hp->vocab_size);
-        printf("backend  %s (%s), %d threads, median of %d runs\n\n",
-               specd_transformer_backend_name(t), cpu_simd_name(), n_threads, reps);
+        printf("backend  %s (%s, precision %s), %d threads, median of %d runs\n\n",
+               specd_transformer_backend_name(t), cpu_simd_name(),
+               specd_precision_names[precision], n_threads, reps);
         printf("| phase   | tokens | time (ms) | tokens/s |\n");
         printf("|---------|-------:|----------:|---------:|\n");
         printf("| prefill | %6d | %9.1f | %8.1f |\n", prompt_len, pre * 1e3, prompt_len / pre);

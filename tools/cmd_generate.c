@@ -47,6 +47,8 @@ static void generate_usage(void) {
            "  --backend cpu|cuda   compute backend for the model (and the speculator)\n"
            "                       (default cpu)\n"
            "  --device N           CUDA device id (default 0)\n"
+           "  --precision P        CPU matmul: fast (int8 activations, as llama.cpp; default)\n"
+           "                       or exact (fp32 activations)\n"
            "  --speculator DIR     speculative decoding with this MLP speculator: target-svc\n"
            "                       and draft-svc run in this process and the server-mode\n"
            "                       flags below apply to them\n"
@@ -166,6 +168,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
             mark(&o->local_only_flag, a);
         } else if (!strcmp(a, "--device")) {
             o->device = (int)cli_int(a, cli_value(argc, argv, &i), 0, 1024);
+            mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "--precision")) {
+            o->precision = cli_precision(a, cli_value(argc, argv, &i));
             mark(&o->local_only_flag, a);
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             generate_usage();
@@ -288,7 +293,7 @@ static int generate_speculative(gen_opts *o) {
     }
     specd_error err = {{0}};
     cli_inproc_opts io = {.model = o->model, .threads = o->threads, .backend = o->backend,
-                          .device = o->device, .max_sessions = 1, .speculator = o->speculator};
+                          .device = o->device, .precision = o->precision, .max_sessions = 1, .speculator = o->speculator};
     cli_inproc *p = cli_inproc_start(&io, &err);
     if (!p) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
@@ -364,7 +369,8 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     specd_transformer_opts topts = {.backend = {.name = o.backend ? o.backend : "cpu",
-                                                .n_threads = o.threads, .device = o.device},
+                                                .n_threads = o.threads, .device = o.device,
+                                                .precision = (specd_precision)o.precision},
                                     .n_slots = 1, .max_ctx = ctx, .max_batch = PREFILL_CHUNK};
     t = specd_transformer_create(m, &topts, &err);
     if (!t) goto done;

@@ -45,7 +45,7 @@ static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_
     const specd_target_cfg *c = &p->tcfg;
     specd_transformer_opts to = {
         .backend = {.name = o->backend ? o->backend : "cpu", .n_threads = o->threads,
-                    .device = o->device},
+                    .device = o->device, .precision = (specd_precision)o->precision},
         .n_slots = o->max_sessions,
         .max_ctx = ctx,
         .max_batch = (int)c->batching.max_batch_tokens,

@@ -22,6 +22,7 @@ typedef struct cli_inproc_opts {
     int threads;             /* CPU threads for the target and each drafter; 0 = all */
     const char *backend;     /* the target's and the speculator's backend; NULL = cpu */
     int device;              /* CUDA device id */
+    int precision;           /* the target's CPU matmul precision (specd_precision) */
     int max_sessions;        /* concurrent sessions on the target and the draft LM */
     int ctx;                 /* context rows per session; 0 = the model's */
     int ngram;               /* offer the n-gram drafter */

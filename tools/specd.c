@@ -14,6 +14,8 @@
 
 #include "cli.h"
 
+#include "kernels/backend.h"
+
 double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -29,6 +31,13 @@ long cli_int(const char *opt, const char *val, long lo, long hi) {
         exit(2);
     }
     return v;
+}
+
+int cli_precision(const char *opt, const char *val) {
+    for (int i = 0; specd_precision_names[i]; i++)
+        if (!strcmp(val, specd_precision_names[i])) return i;
+    fprintf(stderr, "specd: %s expects fast or exact, got '%s'\n", opt, val);
+    exit(2);
 }
 
 double cli_float(const char *opt, const char *val, double lo, double hi) {
