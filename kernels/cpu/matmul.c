@@ -80,6 +80,8 @@ static void detect(void) {
     }
     g_have[SET_AVX512] = g_have[SET_AVX2] && avx512 && cpu_kernels_avx512(&g_sets[SET_AVX512]) &&
                          cpu_qkernels_avx512(&g_sets[SET_AVX512], 0);
+    /* quantizing activations is a small pass: AVX2's quantizer serves AVX-512 too */
+    g_sets[SET_AVX512].quantize = g_sets[SET_AVX2].quantize;
     if (g_have[SET_AVX512] && avx512vnni) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
         g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
@@ -248,6 +250,11 @@ static void qmm_task(void *ctx, int task, int thread) {
     j->fn(&j->args, g0, g1);
 }
 
+void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q, float *d,
+                             float *s, int32_t *sq) {
+    active()->quantize(x, n_tok, cols, q, d, s, sq);
+}
+
 void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
     if (n_tok <= 0) return;
     const cpu_kernel_set *ks = active();
@@ -261,7 +268,7 @@ void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *
     float *d = buf, *s = buf + nbt;
     int32_t *sq = (int32_t *)(buf + 2 * nbt);
     int8_t *q = (int8_t *)(buf + 3 * nbt);
-    cpu_quantize_act(x, n_tok, W->cols, q, d, s, sq);
+    ks->quantize(x, n_tok, W->cols, q, d, s, sq);
     qmm_job j = {
         .fn = ks->qrows[W->kind],
         .args = {.w = W,

@@ -97,8 +97,13 @@ void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float 
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + (size_t)t * cols + b * QT_COLS;
             int8_t *qb = q + (size_t)t * cols + b * QT_COLS;
+            /* max as vmaxps computes it (second operand on NaN), so the
+             * SIMD quantizers give the same bits */
             float amax = 0.0f;
-            for (int j = 0; j < QT_COLS; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            for (int j = 0; j < QT_COLS; j++) {
+                float a = fabsf(xb[j]);
+                amax = amax > a ? amax : a;
+            }
             const float db = amax / 127.0f;
             const float id = db != 0.0f ? 1.0f / db : 0.0f;
             int32_t sum = 0;
@@ -165,6 +170,7 @@ static void qrows_scalar(const cpu_qmm_args *a, int64_t g0, int64_t g1) {
 int cpu_qkernels_scalar(cpu_kernel_set *ks) {
     ks->qrows[CPU_Q4] = qrows_scalar;
     ks->qrows[CPU_Q8] = qrows_scalar;
+    ks->quantize = cpu_quantize_act;
     return 1;
 }
 

@@ -92,6 +92,10 @@ size_t cpu_qweight_bytes(const cpu_qweight *w);
 void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float *d, float *s,
                       int32_t *sq);
 
+/* The same, by the active SIMD path's quantizer (bit-identical to it). */
+void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q, float *d,
+                             float *s, int32_t *sq);
+
 void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok);
 /* The scalar twin: the same result, bit for bit, one element at a time. */
 void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok);

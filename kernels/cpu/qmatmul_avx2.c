@@ -147,6 +147,57 @@ static inline int32_t ld32(const int8_t *p) {
         }                                                                                     \
     }
 
+/* The activation quantizer (cpu_quantize_act's twin, bit for bit): the
+ * same operations per element (|x|, max, x * (1/d), round to nearest even,
+ * clamp), eight lanes at a time. The block max is an exact operation, so
+ * the lane tree finds the scalar loop's value. */
+static __attribute__((target(TAVX2))) void quantize_avx2(const float *x, int n_tok, int64_t cols,
+                                                         int8_t *q, float *d, float *s,
+                                                         int32_t *sq) {
+    const int64_t nb = cols / QT_COLS;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int t = 0; t < n_tok; t++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)t * cols + b * QT_COLS;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm256_loadu_ps(xb + 8 * k);
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+            const float amax = _mm_cvtss_f32(m4);
+            const float db = amax / 127.0f;
+            const float id = db != 0.0f ? 1.0f / db : 0.0f;
+            const __m256 idv = _mm256_set1_ps(id);
+            __m256i qi[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], idv),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+                qi[k] = _mm256_cvtps_epi32(r);
+            }
+            /* int32 -> int8 in element order: packs work within 128-bit lanes,
+             * so the permute puts the quarters back in sequence */
+            __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
+            __m256i p = _mm256_packs_epi16(p01, p23);
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(q + (size_t)t * cols + b * QT_COLS), p);
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
+                                           _mm256_add_epi32(qi[2], qi[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+            const int32_t total = _mm_cvtsi128_si32(s4);
+            d[(size_t)t * nb + b] = db;
+            sq[(size_t)t * nb + b] = total;
+            s[(size_t)t * nb + b] = db * (float)total;
+        }
+    }
+}
+
 DEF_Q4(q4_avx2, TAVX2, DOT_AVX2)
 DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI)
 DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
@@ -155,6 +206,7 @@ DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;
     ks->qrows[CPU_Q8] = vnni ? q8_avxvnni : q8_avx2;
+    ks->quantize = quantize_avx2;
     return 1;
 }
 

@@ -154,6 +154,9 @@ typedef struct cpu_kernel_set {
     cpu_rows_fn rows[SPECD_DTYPE_COUNT];
     /* the integer-activation kernels, per tile kind (qmatmul.h) */
     cpu_qrows_fn qrows[CPU_QKINDS];
+    /* the activation quantizer (cpu_quantize_act or a SIMD twin) */
+    void (*quantize)(const float *x, int n_tok, int64_t cols, int8_t *q, float *d, float *s,
+                     int32_t *sq);
 } cpu_kernel_set;
 
 /* Each fills `ks` and returns 1, or returns 0 when the file was built

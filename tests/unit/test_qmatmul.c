@@ -249,6 +249,34 @@ static void test_quantizer_known_values(void **state) {
     for (int j = 32; j < 64; j++) assert_int_equal(q[j], 0);
 }
 
+/* Every path's quantizer equals the scalar one bit for bit, on values with
+ * exact ties (x * (1/d) landing on k + 0.5), zeros, tiny and huge blocks. */
+static void test_quantizers_equal(void **state) {
+    (void)state;
+    const int n = 7;
+    const int64_t cols = 1536, nb = cols / 32;
+    float *x = malloc(sizeof(float) * n * cols);
+    test_fill_random(x, (size_t)n * cols, 5, 3.0f);
+    for (int j = 0; j < 32; j++) x[j] = (float)j - 15.5f;      /* ties at d = 15.5/127 */
+    for (int j = 32; j < 64; j++) x[j] = 0.0f;                  /* an all-zero block */
+    for (int j = 64; j < 96; j++) x[j] = 1e-30f * (float)(j - 80); /* tiny */
+    for (int j = 96; j < 128; j++) x[j] = 1e30f * (float)(j - 112); /* huge */
+    int8_t *q0 = malloc((size_t)n * cols), *q1 = malloc((size_t)n * cols);
+    float *d0 = malloc(sizeof(float) * n * nb), *d1 = malloc(sizeof(float) * n * nb);
+    float *s0 = malloc(sizeof(float) * n * nb), *s1 = malloc(sizeof(float) * n * nb);
+    int32_t *a0 = malloc(sizeof(int32_t) * n * nb), *a1 = malloc(sizeof(int32_t) * n * nb);
+    cpu_quantize_act(x, n, cols, q0, d0, s0, a0);
+    for (size_t p = 0; p < N_PATHS; p++) {
+        if (!cpu_simd_force(k_paths[p])) continue;
+        cpu_quantize_act_active(x, n, cols, q1, d1, s1, a1);
+        if (memcmp(q0, q1, (size_t)n * cols) || memcmp(d0, d1, sizeof(float) * n * nb) ||
+            memcmp(s0, s1, sizeof(float) * n * nb) || memcmp(a0, a1, sizeof(int32_t) * n * nb))
+            fail_msg("path %s: the quantizer differs from the scalar one", k_paths[p]);
+    }
+    cpu_simd_force("auto");
+    free(x), free(q0), free(q1), free(d0), free(d1), free(s0), free(s1), free(a0), free(a1);
+}
+
 /* Types without a tile kind keep the fp32 path; so do bad shapes. */
 static void test_which_types(void **state) {
     (void)state;
@@ -286,6 +314,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantizer_known_values),
         cmocka_unit_test(test_which_types),
+        cmocka_unit_test(test_quantizers_equal),
         cmocka_unit_test(test_paths_equal_scalar_twin),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_accuracy_bound),
