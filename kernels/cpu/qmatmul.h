@@ -55,6 +55,12 @@
  * Rows past the tensor's last row (the last group's padding) are zero. */
 typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_QKINDS } cpu_qkind;
 
+/* Decode reads a matrix once at a low demand rate (the dot products sit
+ * between loads); the kernels keep reads in flight with a software prefetch
+ * this far ahead of the tile they work on, one per cache line (prefetches
+ * never fault, so the address may lie past the matrix). */
+#define QT_PREFETCH_BYTES (12 * 1024)
+
 #define QT_Q4_BYTES (32 + 32 + 256)
 #define QT_Q8_BYTES (32 + 512)
 

@@ -20,6 +20,11 @@
 #define TAVX2 "avx2,fma,f16c"
 #define NT 4
 
+/* One prefetch per cache line of the tile QT_PREFETCH_BYTES ahead. */
+#define PREFETCH_TILE(tile, bytes)                                                         \
+    for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
+    _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
+
 static inline int32_t ld32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -53,6 +58,7 @@ static inline int32_t ld32(const int8_t *p) {
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
         const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
         for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
+            PREFETCH_TILE(tile, QT_Q4_BYTES);                                                 \
             const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h))); \
             const __m256 wm =                                                                 \
                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));       \
@@ -93,6 +99,7 @@ static inline int32_t ld32(const int8_t *p) {
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
         const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
         for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
+            PREFETCH_TILE(tile, QT_Q8_BYTES);                                                 \
             const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h))); \
             /* raw signed weights (for vpsignb) and the dot's unsigned operand */             \
             __m256i wr[8], wu[8];                                                             \

@@ -29,6 +29,11 @@
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define NT 8 /* tokens per pass: 8 accumulators + 8 weight registers + temps */
 
+/* One prefetch per cache line of the tile QT_PREFETCH_BYTES ahead. */
+#define PREFETCH_TILE(tile, bytes)                                                         \
+    for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
+    _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
+
 static inline int32_t ld32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -61,6 +66,7 @@ static inline int32_t ld32(const int8_t *p) {
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();                            \
         const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
         for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
+            PREFETCH_TILE(tile, QT_Q4_BYTES);                                                 \
             const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));     \
             const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32))); \
             __m512i q[8];                                                                     \
@@ -136,6 +142,7 @@ static inline int32_t ld32(const int8_t *p) {
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();                            \
         const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
         for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
+            PREFETCH_TILE(tile, QT_Q8_BYTES);                                                 \
             const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));     \
             __m512i w[8];                                                                     \
             __mmask64 neg[8];                                                                 \
