@@ -332,13 +332,9 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     specd_pool_run(c->pool, st->n_tokens * n_heads, attn_task, &j);
 }
 
-static void cpu_swiglu(specd_backend *be, float *out, const float *gate, const float *up,
-                       size_t n) {
-    (void)be;
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+static void cpu_swiglu_op(specd_backend *be, float *out, const float *gate, const float *up,
+                          size_t n) {
+    cpu_swiglu(cpu(be)->pool, out, gate, up, n);
 }
 
 static void cpu_axpy(specd_backend *be, float *y, float a, const float *x, size_t n) {
@@ -395,7 +391,7 @@ static const specd_backend_ops k_cpu_ops = {
     .matmul = cpu_matmul_op,
     .rope = cpu_rope,
     .attention = cpu_attention,
-    .swiglu = cpu_swiglu,
+    .swiglu = cpu_swiglu_op,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
     .gather_out = cpu_gather_out,

@@ -73,15 +73,17 @@ static void detect(void) {
     int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     g_have[SET_AVX2] = avx2 && f16c && cpu_kernels_avx2(&g_sets[SET_AVX2]) &&
-                       cpu_qkernels_avx2(&g_sets[SET_AVX2], 0);
+                       cpu_qkernels_avx2(&g_sets[SET_AVX2], 0) && cpu_vec_avx2(&g_sets[SET_AVX2]);
     if (g_have[SET_AVX2] && avxvnni) {
         g_sets[SET_AVXVNNI] = g_sets[SET_AVX2];
         g_have[SET_AVXVNNI] = cpu_qkernels_avx2(&g_sets[SET_AVXVNNI], 1);
     }
     g_have[SET_AVX512] = g_have[SET_AVX2] && avx512 && cpu_kernels_avx512(&g_sets[SET_AVX512]) &&
                          cpu_qkernels_avx512(&g_sets[SET_AVX512], 0);
-    /* quantizing activations is a small pass: AVX2's quantizer serves AVX-512 too */
+    /* quantizing activations and SwiGLU are small passes: AVX2's kernels
+     * serve AVX-512 too */
     g_sets[SET_AVX512].quantize = g_sets[SET_AVX2].quantize;
+    g_sets[SET_AVX512].swiglu = g_sets[SET_AVX2].swiglu;
     if (g_have[SET_AVX512] && avx512vnni) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
         g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
@@ -253,6 +255,32 @@ static void qmm_task(void *ctx, int task, int thread) {
 void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q, float *d,
                              float *s, int32_t *sq) {
     active()->quantize(x, n_tok, cols, q, d, s, sq);
+}
+
+/* SwiGLU by the active path, split over the pool when large (prefill): at
+ * decode it is 1536 values a layer, not worth a hand-off. */
+typedef struct swiglu_job {
+    void (*fn)(float *, const float *, const float *, size_t);
+    float *out;
+    const float *gate, *up;
+    size_t n, chunk;
+} swiglu_job;
+
+static void swiglu_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const swiglu_job *j = ctx;
+    size_t i0 = (size_t)task * j->chunk, n = j->n - i0 < j->chunk ? j->n - i0 : j->chunk;
+    j->fn(j->out + i0, j->gate + i0, j->up + i0, n);
+}
+
+void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up, size_t n) {
+    const cpu_kernel_set *ks = active();
+    if (n < 16384 || specd_pool_size(pool) < 2) {
+        ks->swiglu(out, gate, up, n);
+        return;
+    }
+    swiglu_job j = {ks->swiglu, out, gate, up, n, 8192};
+    specd_pool_run(pool, (int)((n + j.chunk - 1) / j.chunk), swiglu_task, &j);
 }
 
 void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {

@@ -31,6 +31,10 @@ void cpu_tensor_row(const specd_tensor *W, int64_t r, float *dst);
 void cpu_matmul(specd_pool *pool, float *y, const specd_tensor *W, const float *x, int n_tok);
 void cpu_matmul_ref(float *y, const specd_tensor *W, const float *x, int n_tok);
 
+/* out[i] = silu(gate[i]) * up[i] by the active path (AVX2: a vector exp
+ * within 2 ulp of expf; scalar: expf), over the pool when n is large. */
+void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up, size_t n);
+
 /* Name of the SIMD path chosen at run time: "avx512vnni", "avx512",
  * "avxvnni", "avx2" or "scalar" (the best the CPU has, unless SPECD_SIMD
  * names another). The VNNI paths differ from their plain twins only in the

@@ -167,7 +167,12 @@ static void qrows_scalar(const cpu_qmm_args *a, int64_t g0, int64_t g1) {
     }
 }
 
+void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = cpu_swiglu_scalar_one(gate[i], up[i]);
+}
+
 int cpu_qkernels_scalar(cpu_kernel_set *ks) {
+    ks->swiglu = cpu_swiglu_scalar;
     ks->qrows[CPU_Q4] = qrows_scalar;
     ks->qrows[CPU_Q8] = qrows_scalar;
     ks->quantize = cpu_quantize_act;

@@ -9,6 +9,7 @@
 #ifndef SPECD_CPU_QUANT_IMPL_H
 #define SPECD_CPU_QUANT_IMPL_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -154,6 +155,8 @@ typedef struct cpu_kernel_set {
     cpu_rows_fn rows[SPECD_DTYPE_COUNT];
     /* the integer-activation kernels, per tile kind (qmatmul.h) */
     cpu_qrows_fn qrows[CPU_QKINDS];
+    /* out[i] = silu(gate[i]) * up[i] (cpu_swiglu_scalar or vec_avx2.c) */
+    void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     /* the activation quantizer (cpu_quantize_act or a SIMD twin) */
     void (*quantize)(const float *x, int n_tok, int64_t cols, int8_t *q, float *d, float *s,
                      int32_t *sq);
@@ -168,6 +171,12 @@ int cpu_kernels_avx512(cpu_kernel_set *ks);
 /* The integer-activation kernels of a set (qmatmul*.c); vnni selects the
  * vpdpbusd flavour (AVX-VNNI for avx2, AVX512-VNNI for avx512). */
 int cpu_qkernels_scalar(cpu_kernel_set *ks);
+/* Elementwise kernels (vec_avx2.c); the scalar ones are below. */
+int cpu_vec_avx2(cpu_kernel_set *ks);
+static inline float cpu_swiglu_scalar_one(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni);
 
