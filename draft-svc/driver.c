@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/admission.h"
 #include "common/dtype.h"
 
 /* ---- cancellation ------------------------------------------------------------ */
@@ -263,8 +264,19 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
                            specd_error *err) {
     const specd_target_info *info = specd_tpool_member_info(m);
     const specd_gen_request *q = g->req;
+    if (g->n_gen == 0) {
+        /* The first session: the prompt against this target's context, with
+         * target-svc's rule and words (common/admission.h), so a prompt that
+         * cannot fit is refused as Target.Generate refuses it, not answered
+         * with 0 tokens. */
+        specd_admission_limits adm = {.context = info->context_length,
+                                      .max_prompt_tokens = g->n_hist};
+        if ((*code = specd_admit_prompt(&adm, "request.input", (size_t)g->n_hist, 0, err)))
+            return STEP_FATAL;
+    }
     if (g->n_hist + 1 > info->context_length) {
-        /* Nothing more fits: the request ends as a full context would. */
+        /* After a failover to a target with a smaller context, nothing more
+         * fits: the request ends as a full context would. */
         g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
         return STEP_DONE;
     }

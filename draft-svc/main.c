@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "common/config.h"
+#include "common/version.h"
 #include "common/model_file.h"
 #include "common/rpc_server.h"
 #include "common/tokenizer.h"
@@ -25,6 +26,7 @@
 int main(int argc, char **argv) {
     specd_draft_cfg cfg;
     specd_error err = {{0}};
+    if (specd_print_version_if_asked(argc, argv, "draft-svc")) return 0;
     int rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, argc, argv, &cfg,
                                &err);
     if (rc == 1) {

@@ -17,7 +17,8 @@
 #include "common/tokenizer.h"
 #include "target-svc/transformer.h"
 
-#define SPECD_TARGET_VERSION "0.1.0"
+/* GetInfo.version: the one specd version (CMake project VERSION) */
+#include "common/version.h"
 
 typedef struct specd_target_service specd_target_service;
 
@@ -27,6 +28,9 @@ typedef struct specd_target_opts {
     int max_tree_tokens;   /* + 1 (the pending token) must be <= max_batch_tokens */
     int max_batch_tokens;  /* = the transformer's max_batch */
     int max_wait_ms;
+    /* Generate's max_new_tokens cap and default (0 = 4096 / 256, draft-svc's
+     * defaults); Verify sessions are bounded by the context instead. */
+    int max_new_tokens, default_max_new_tokens;
 } specd_target_opts;
 
 /* Starts the scheduler's model worker. tok may be NULL (a model without a

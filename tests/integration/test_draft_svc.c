@@ -914,7 +914,7 @@ static void test_get_info(void **state) {
                                             (ProtobufCMessage **)&info, WAIT_MS, &err);
     if (code != GRPC_STATUS_OK) fail_msg("GetInfo: %s", err.msg);
     assert_string_equal(info->service, "specd.v1.Draft");
-    assert_string_equal(info->version, SPECD_DRAFT_VERSION);
+    assert_string_equal(info->version, SPECD_VERSION);
     assert_int_equal(info->vocab_size, 512);
     assert_int_equal(info->hidden_size, 64);
     assert_int_equal(info->context_length, TINY_CTX);
