@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/sampling.h"
 #include "common/utf8.h"
 
 /* 0 if s is valid UTF-8, else -1 + err naming the field and the offset of
@@ -21,6 +22,36 @@ static int check_utf8(const char *s, const char *field, long index, specd_error 
         i += len;
     }
     return 0;
+}
+
+grpc_status_code specd_admit_outputs(const char *field, const int32_t *stop_ids, size_t n_stop_ids,
+                                     int logprobs, int top_logprobs, int vocab, specd_error *err) {
+    if (n_stop_ids > SPECD_ADMIT_MAX_STOP_IDS)
+        return specd_seterr(err, "%s.stop_ids: %zu ids, at most %d", field, n_stop_ids,
+                            SPECD_ADMIT_MAX_STOP_IDS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    for (size_t i = 0; vocab > 0 && i < n_stop_ids; i++)
+        if (stop_ids[i] < 0 || stop_ids[i] >= vocab)
+            return specd_seterr(err, "%s.stop_ids[%zu] = %d is outside 0..%d", field, i,
+                                stop_ids[i], vocab - 1),
+                   GRPC_STATUS_INVALID_ARGUMENT;
+    if (vocab <= 0)
+        for (size_t i = 0; i < n_stop_ids; i++)
+            if (stop_ids[i] < 0)
+                return specd_seterr(err, "%s.stop_ids[%zu] = %d is negative", field, i,
+                                    stop_ids[i]),
+                       GRPC_STATUS_INVALID_ARGUMENT;
+    if (top_logprobs < 0 || top_logprobs > SPECD_MAX_TOP_LOGPROBS)
+        return specd_seterr(err, "%s.top_logprobs = %d must be in 0..%d", field, top_logprobs,
+                            SPECD_MAX_TOP_LOGPROBS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    /* Alternatives without the log-probabilities they belong to would be
+     * silently dropped; say so instead (OpenAI refuses the same). */
+    if (top_logprobs > 0 && !logprobs)
+        return specd_seterr(err, "%s.top_logprobs = %d needs %s.logprobs = true", field,
+                            top_logprobs, field),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    return GRPC_STATUS_OK;
 }
 
 grpc_status_code specd_admit_strings(const Specd__V1__GenerateRequest *req, specd_error *err) {

@@ -31,6 +31,7 @@
 #define SPECD_ADMISSION_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <grpc/status.h>
 
@@ -55,6 +56,15 @@ grpc_status_code specd_admit_prompt(const specd_admission_limits *lim, const cha
  * effective max_new_tokens, or INVALID_ARGUMENT + err. */
 grpc_status_code specd_admit_generate(const specd_admission_limits *lim, size_t n_prompt,
                                       int max_new_tokens, int *max_new_out, specd_error *err);
+
+/* The output options both services take (GenerateRequest on both, and
+ * VerifyOpen): at most SPECD_ADMIT_MAX_STOP_IDS stop ids, each in
+ * 0..vocab-1 (vocab <= 0: not checked here, the target checks them);
+ * top_logprobs in 0..SPECD_MAX_TOP_LOGPROBS and only with logprobs.
+ * field prefixes the names ("request" -> "request.stop_ids[0] = ..."). */
+#define SPECD_ADMIT_MAX_STOP_IDS 64
+grpc_status_code specd_admit_outputs(const char *field, const int32_t *stop_ids, size_t n_stop_ids,
+                                     int logprobs, int top_logprobs, int vocab, specd_error *err);
 
 /* Every string field of req is valid UTF-8: text, chat.messages[i].role and
  * .content, stop[i], drafter. GRPC_STATUS_OK or INVALID_ARGUMENT + err

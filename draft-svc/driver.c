@@ -178,19 +178,45 @@ static void draft(gen *g, const specd_target_info *info) {
     g->tb.cap = alloc_cap;
 }
 
-/* Reads one response with a deadline; maps failures to step codes. */
-static step_rc recv_resp(gen *g, specd_rpc_stream *s, int timeout_ms,
+/* How often a waiting step looks at the target's liveness. */
+#define LIVENESS_SLICE_MS 250
+
+/* Reads one response; maps failures to step codes. Busy is not dead: the
+ * wait goes on as long as the target answers its health checks
+ * (target_watch.c records each answer on the member), and fails over once
+ * the target has been silent, answering neither the step nor a health
+ * check, for step_timeout (a hung or frozen target; a lost connection ends
+ * the stream sooner, through keepalive). cap_ms bounds one response even
+ * from a live target (open_timeout: a target that is alive but makes no
+ * progress). A target never probed (no target_watch running) has no
+ * liveness to judge: plain_ms is then a plain deadline for the response
+ * (open_timeout for Open, step_timeout for a step). */
+static step_rc recv_resp(gen *g, specd_rpc_stream *s, const specd_tpool_member *m, int plain_ms,
                          Specd__V1__VerifyResponse **out, grpc_status_code *code,
                          specd_error *err) {
     *out = NULL;
-    specd_rpc_cio io = specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
-                                             (ProtobufCMessage **)out, timeout_ms, err);
-    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
-    if (io == SPECD_RPC_CIO_TIMEOUT) {
-        specd_seterr(err, "target step took longer than %d ms", timeout_ms);
-        *code = GRPC_STATUS_DEADLINE_EXCEEDED;
-        return STEP_RETRY;
+    double t0 = now_ms();
+    specd_rpc_cio io;
+    for (;;) {
+        io = specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
+                                   (ProtobufCMessage **)out, LIVENESS_SLICE_MS, err);
+        if (io != SPECD_RPC_CIO_TIMEOUT) break;
+        double t = now_ms(), alive = (double)specd_tpool_member_last_alive(m);
+        double silent = t - (alive > t0 ? alive : t0);
+        int cap_ms = alive > 0 ? g->env->open_timeout_ms : plain_ms;
+        if (alive > 0 && silent >= g->env->step_timeout_ms) {
+            specd_seterr(err, "target answered neither the step nor a health check for %.0f ms "
+                              "(step_timeout %d ms)", silent, g->env->step_timeout_ms);
+            *code = GRPC_STATUS_DEADLINE_EXCEEDED;
+            return STEP_RETRY;
+        }
+        if (t - t0 >= cap_ms) {
+            specd_seterr(err, "target step took longer than %d ms", cap_ms);
+            *code = GRPC_STATUS_DEADLINE_EXCEEDED;
+            return STEP_RETRY;
+        }
     }
+    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
     if (io == SPECD_RPC_CIO_INVALID) {
         *code = GRPC_STATUS_INTERNAL;
         return STEP_RETRY;
@@ -314,7 +340,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         goto out;
     }
     g->have_hidden = 0;
-    rc = recv_resp(g, s, g->env->open_timeout_ms, &r, code, err);
+    rc = recv_resp(g, s, m, g->env->open_timeout_ms, &r, code, err);
     if (rc != STEP_DONE) goto out;
     uint32_t step = 0;
     /* The tree last sent (what the answer is checked against). */
@@ -392,7 +418,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             if (rc == STEP_FATAL) *code = GRPC_STATUS_CANCELLED;
             goto out;
         }
-        rc = recv_resp(g, s, g->env->step_timeout_ms, &r, code, err);
+        rc = recv_resp(g, s, m, g->env->step_timeout_ms, &r, code, err);
         if (rc != STEP_DONE) goto out;
     }
 out:

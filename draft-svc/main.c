@@ -19,6 +19,7 @@
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
+#include "draft-svc/target_watch.h"
 
 /* As target-svc: shorter than Kubernetes' default 30 s termination grace. */
 #define DRAIN_GRACE_MS 20000
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
     specd_tpool *pool = NULL;
     specd_draft_service *svc = NULL;
     specd_rpc_server *srv = NULL;
+    specd_target_watch *watch = NULL;
     char tok_sha[65] = "";
     int vocab = 0, hidden = 0;
 
@@ -150,6 +152,10 @@ int main(int argc, char **argv) {
     if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
     if (specd_draft_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
+    /* Readiness from the targets' health, and the liveness the driver judges
+     * slow steps by (target_watch.h). */
+    specd_target_watch_opts wo = {0};
+    if (!(watch = specd_target_watch_start(pool, srv, &wo, &err))) goto fail;
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
             specd_draft_default_choices[cfg.drafter.def]);
@@ -164,6 +170,7 @@ int main(int argc, char **argv) {
 fail:
     fprintf(stderr, "draft-svc: %s\n", err.msg);
 out:
+    specd_target_watch_stop(watch); /* it sets the server's health: before the server goes */
     specd_rpc_server_destroy(srv);
     specd_draft_service_free(svc);
     specd_tpool_free(pool);

@@ -8,7 +8,6 @@
 #include "common/prompt.h"
 #include "draft-svc/driver.h"
 
-#define MAX_STOP_IDS 64
 /* Far above any useful tree (the targets cap tree tokens anyway); it only
  * bounds what a request may ask the drafters to consider. */
 #define MAX_CANDIDATES 64
@@ -46,22 +45,9 @@ static grpc_status_code check_fields(const specd_draft_limits *lim,
                             req->drafter, have),
                GRPC_STATUS_INVALID_ARGUMENT;
     }
-    if (req->n_stop_ids > MAX_STOP_IDS)
-        return specd_seterr(err, "request.stop_ids: %zu ids, at most %d", req->n_stop_ids,
-                            MAX_STOP_IDS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    for (size_t i = 0; i < req->n_stop_ids; i++)
-        if (req->stop_ids[i] < 0 || (lim->vocab > 0 && req->stop_ids[i] >= lim->vocab))
-            return specd_seterr(err, "request.stop_ids[%zu] = %d is outside the vocabulary", i,
-                                req->stop_ids[i]),
-                   GRPC_STATUS_INVALID_ARGUMENT;
-    if (req->top_logprobs < 0 || req->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
-        return specd_seterr(err, "request.top_logprobs = %d: must be in 0..%d", req->top_logprobs,
-                            SPECD_MAX_TOP_LOGPROBS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    if (req->top_logprobs > 0 && !req->logprobs)
-        return specd_seterr(err, "request.top_logprobs needs request.logprobs = true"),
-               GRPC_STATUS_INVALID_ARGUMENT;
+    grpc_status_code code = specd_admit_outputs("request", req->stop_ids, req->n_stop_ids,
+                                                req->logprobs, req->top_logprobs, lim->vocab, err);
+    if (code) return code;
     const Specd__V1__Speculation *sp = req->speculation;
     if (sp && (sp->candidates < 0 || sp->candidates > MAX_CANDIDATES))
         return specd_seterr(err, "request.speculation.candidates = %d: must be in 0..%d",

@@ -336,9 +336,10 @@ static void h_generate(specd_rpc_call *c, void *user) {
     have_ts = 1;
     size_t n_ids;
     int max_new;
-    /* Emptiness here, the size limits in specd_admit_generate with
-     * draft-svc's words; ids and the rest by the session below. */
-    if ((code = specd_prompt_from_request(svc->tok, req, 0, 0, &ids, &n_ids, &err)) ||
+    /* Emptiness and ids here, the size limits in specd_admit_generate,
+     * both with draft-svc's words; the rest by the session below. */
+    if ((code = specd_prompt_from_request(svc->tok, req, svc->lim.vocab, 0, &ids, &n_ids,
+                                          &err)) ||
         (code = specd_admit_generate(&svc->adm, n_ids, req->max_new_tokens, &max_new, &err))) {
         specd_rpc_call_finish(c, code, err.msg);
         goto out;

@@ -76,21 +76,10 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     if (o->max_new_tokens <= 0)
         return specd_seterr(err, "%s.max_new_tokens = %d must be > 0", field, o->max_new_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
-    for (size_t i = 0; i < o->n_stop_ids; i++)
-        if (o->stop_ids[i] < 0 || o->stop_ids[i] >= L->vocab)
-            return specd_seterr(err, "%s.stop_ids[%zu] = %d is outside 0..%d", field, i,
-                                o->stop_ids[i], L->vocab - 1),
-                   GRPC_STATUS_INVALID_ARGUMENT;
-    if (o->top_logprobs < 0 || o->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
-        return specd_seterr(err, "%s.top_logprobs = %d must be in 0..%d", field, o->top_logprobs,
-                            SPECD_MAX_TOP_LOGPROBS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    /* Alternatives without the log-probabilities they belong to would be
-     * silently dropped; say so instead (OpenAI refuses the same). */
-    if (o->top_logprobs > 0 && !o->logprobs)
-        return specd_seterr(err, "%s.top_logprobs = %d needs %s.logprobs = true", field,
-                            o->top_logprobs, field),
-               GRPC_STATUS_INVALID_ARGUMENT;
+    /* stop ids and logprobs options: draft-svc's words (common/admission.h) */
+    if ((pcode = specd_admit_outputs(field, o->stop_ids, o->n_stop_ids, o->logprobs,
+                                     o->top_logprobs, L->vocab, err)))
+        return pcode;
 
     char sfield[64];
     snprintf(sfield, sizeof sfield, "%s.sampling", field);
