@@ -134,7 +134,12 @@ static void draft(gen *g, const specd_target_info *info) {
     int cand = q->candidates, depth = q->depth;
     if (!cand || !depth) {
         int pc = 1, pd = 1;
-        if (!specd_policy_shape(g->env->policy, g->target_load, &pc, &pd)) return;
+        /* A sampled request's shape must not follow the load, or its seed
+         * would not reproduce (policy.h). */
+        int shaped = q->sampling.temperature > 0
+                         ? specd_policy_sampled_shape(g->env->policy, g->target_load, &pc, &pd)
+                         : specd_policy_shape(g->env->policy, g->target_load, &pc, &pd);
+        if (!shaped) return;
         if (!cand) cand = pc;
         if (!depth) depth = pd;
     }

@@ -133,6 +133,7 @@ int main(int argc, char **argv) {
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = drafters[i];
     dop.policy.off_above = (int)cfg.speculation.off_above;
+    dop.policy.sampled_load_aware = cfg.speculation.sampled_load_aware;
     dop.policy.min_acceptance = cfg.speculation.min_acceptance;
     dop.policy.warmup_steps = (int)cfg.speculation.warmup_steps;
     dop.policy.cooldown_steps = (int)cfg.speculation.cooldown_steps;

@@ -143,6 +143,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];
     dop.policy.off_above = (int)c->speculation.off_above;
+    dop.policy.sampled_load_aware = c->speculation.sampled_load_aware;
     dop.policy.min_acceptance = c->speculation.min_acceptance;
     dop.policy.warmup_steps = (int)c->speculation.warmup_steps;
     dop.policy.cooldown_steps = (int)c->speculation.cooldown_steps;
