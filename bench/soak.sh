@@ -75,7 +75,7 @@ stream() { # stream INDEX: requests until the end time, counting them
   echo "$k" >"$work/count-$i"
 }
 
-rss() { sed -n 's/^VmRSS: *\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
+rss() { sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
 start=$(date +%s)
 end=$((start + secs))
 for i in $(seq 0 $((streams - 1))); do
@@ -116,4 +116,8 @@ print(f"whole run: draft-svc {rows[0][1]/1024:.1f} -> {last[1]/1024:.1f} MiB, "
       f"target-svc {rows[0][2]/1024:.1f} -> {last[2]/1024:.1f} MiB")
 PY
 echo "$total requests by $streams streams in $secs s; $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-grep -h -v '^$' "$work"/client-*.err 2>/dev/null | sed 's/[0-9.]\+ ms//' | sort | uniq -c | sort -rn | head -5 || true
+# the clients' failures (their stats lines aside), most frequent first; the
+# 1 s deadlines show up here as DEADLINE_EXCEEDED by design
+echo "client errors:"
+cat "$work"/client-*.err 2>/dev/null | grep -v -e '^\[specd\] drafter' -e '^$' | sed 's/[0-9.]\+ ms//' |
+  sort | uniq -c | sort -rn | head -5 || true

@@ -208,3 +208,14 @@ int svc_health(specd_rpc_channel *ch, const char *service) {
     protobuf_c_message_free_unpacked(&r->base, NULL);
     return st;
 }
+
+void svc_policy(specd_policy *p, char *const *table, int n) {
+    specd_error err = {{0}};
+    memset(p, 0, sizeof *p);
+    if (specd_policy_parse_table(p, table, n, "load_table", &err)) fail_msg("%s", err.msg);
+    p->off_above = 32;
+    p->min_acceptance = 0.1;
+    p->warmup_steps = 4;
+    p->cooldown_steps = 16;
+    p->ewma_alpha = 0.2;
+}

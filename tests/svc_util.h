@@ -13,6 +13,7 @@
 #include <grpc/status.h>
 
 #include "common/rpc_client.h"
+#include "draft-svc/policy.h"
 #include "specd.pb-c.h"
 
 /* A free TCP port on 127.0.0.1 (bound, read back, released). */
@@ -56,6 +57,11 @@ void svc_generate_bg(specd_rpc_channel *ch, const char *method,
 void svc_gen_join(svc_gen *o);
 /* The server's message alone: detail after "CODE: " (or all of it). */
 const char *svc_gen_message(const svc_gen *o);
+
+/* draft-svc's speculation policy as draft_config.c's defaults set it
+ * (off_above 32, min_acceptance 0.1, warm-up 4, cool-down 16), with the
+ * given load table ("SESSIONS:CxD" entries). */
+void svc_policy(specd_policy *p, char *const *table, int n);
 
 /* grpc.health.v1 Check of `service` at ch: the status (1 SERVING,
  * 2 NOT_SERVING, ...), or -1 when the call failed. */

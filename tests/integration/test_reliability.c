@@ -135,12 +135,7 @@ static void draft_up(draft_side *d, const char *const *targets, int n, int step_
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) o.drafters[i] = d->drafters[i];
     /* draft_config.c's defaults */
     char *table[] = {"1:1x5", "4:1x4", "16:1x2"};
-    assert_int_equal(specd_policy_parse_table(&o.policy, table, 3, "load_table", &err), 0);
-    o.policy.off_above = 32;
-    o.policy.min_acceptance = 0.1;
-    o.policy.warmup_steps = 4;
-    o.policy.cooldown_steps = 16;
-    o.policy.ewma_alpha = 0.2;
+    svc_policy(&o.policy, table, 3);
     if (!(d->svc = specd_draft_service_create(&o, &err))) fail_msg("%s", err.msg);
     specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1};
     if (!(d->srv = specd_rpc_server_create(&ro, &err))) fail_msg("%s", err.msg);
