@@ -119,5 +119,5 @@ echo "$total requests by $streams streams in $secs s; $(lscpu | sed -n 's/^Model
 # the clients' failures (their stats lines aside), most frequent first; the
 # 1 s deadlines show up here as DEADLINE_EXCEEDED by design
 echo "client errors:"
-cat "$work"/client-*.err 2>/dev/null | grep -v -e '^\[specd\] drafter' -e '^$' | sed 's/[0-9.]\+ ms//' |
+cat "$work"/client-*.err 2>/dev/null | grep -v -e '^\[specd\] ' -e '^$' | sed 's/[0-9.]\+ ms//' |
   sort | uniq -c | sort -rn | head -5 || true
