@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
     if (specd_rpc_server_start(srv, &err)) goto fail;
     /* Readiness from the targets' health, and the liveness the driver judges
      * slow steps by (target_watch.h). */
-    specd_target_watch_opts wo = {0};
+    specd_target_watch_opts wo = {.trim_interval_ms = 10000};
     if (!(watch = specd_target_watch_start(pool, srv, &wo, &err))) goto fail;
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",

@@ -3,6 +3,7 @@
 #include "draft-svc/target_watch.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@ static void *watch_main(void *arg) {
     specd_target_watch *w = arg;
     specd_tpool_member *ms[WATCH_MAX_MEMBERS];
     int last = -1;
+    int64_t trimmed_at = now_ms();
     for (;;) {
         int n = specd_tpool_members(w->pool, ms, WATCH_MAX_MEMBERS);
         int ready = 0;
@@ -77,6 +79,10 @@ static void *watch_main(void *arg) {
         if (ready != last) {
             set_ready(w, ready);
             last = ready;
+        }
+        if (w->o.trim_interval_ms > 0 && now_ms() - trimmed_at >= w->o.trim_interval_ms) {
+            malloc_trim(0);
+            trimmed_at = now_ms();
         }
         pthread_mutex_lock(&w->mu);
         struct timespec until;

@@ -31,6 +31,13 @@ typedef struct specd_target_watch_opts {
     int interval_ms;      /* between probe rounds; 0 = 250 */
     int probe_timeout_ms; /* one Check's deadline; 0 = 500 */
     int alive_window_ms;  /* "usable" = answered within this; 0 = 1000 */
+    /* > 0: also return the allocator's free pages to the system this often
+     * (malloc_trim). draft-svc's handler threads each allocate in their own
+     * glibc arena; memory they freed stays resident in it, and a 10-minute
+     * soak (bench/soak.sh) saw RSS still creeping after the working set had
+     * levelled off. The watch thread is the process's one periodic thread,
+     * so it does this too. 0 = never. */
+    int trim_interval_ms;
 } specd_target_watch_opts;
 
 /* Starts the thread; srv (may be NULL) gets the readiness described above.

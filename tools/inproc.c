@@ -157,7 +157,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     if (!(p->dsrv = specd_rpc_server_create(&ro, err)) ||
         specd_draft_service_register(p->dsvc, p->dsrv, err) ||
         specd_rpc_server_start(p->dsrv, err) ||
-        !(p->watch = specd_target_watch_start(p->pool, p->dsrv, &(specd_target_watch_opts){0},
+        !(p->watch = specd_target_watch_start(p->pool, p->dsrv, &(specd_target_watch_opts){.trim_interval_ms = 10000},
                                               err)))
         return -1;
     snprintf(p->draft_addr, sizeof p->draft_addr, "127.0.0.1:%d", specd_rpc_server_port(p->dsrv));
