@@ -339,6 +339,10 @@ void specd_rpc_channel_free(specd_rpc_channel *ch) {
 
 const char *specd_rpc_channel_target(const specd_rpc_channel *ch) { return ch->target; }
 
+void specd_rpc_channel_reset_backoff(specd_rpc_channel *ch) {
+    grpc_channel_reset_connect_backoff(ch->channel);
+}
+
 static grpc_call *new_call(specd_rpc_channel *ch, grpc_completion_queue *cq, const char *method,
                            int timeout_ms) {
     grpc_slice m = grpc_slice_from_copied_string(method);

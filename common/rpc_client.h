@@ -66,6 +66,10 @@ typedef struct specd_rpc_channel_opts {
 specd_rpc_channel *specd_rpc_channel_create(const specd_rpc_channel_opts *o, specd_error *err);
 void specd_rpc_channel_free(specd_rpc_channel *ch); /* NULL is a no-op; no calls may be live */
 const char *specd_rpc_channel_target(const specd_rpc_channel *ch);
+/* Connect now on the next call instead of waiting out gRPC's reconnect
+ * backoff (up to 10 s): for a health probe that must notice a peer coming
+ * back within a second. */
+void specd_rpc_channel_reset_backoff(specd_rpc_channel *ch);
 
 /* One request, one response. timeout_ms <= 0 = no deadline. Returns the
  * call's status: GRPC_STATUS_OK with *resp decoded as resp_desc (free with

@@ -49,6 +49,18 @@ static size_t held_suffix(const specd_stopper *st, const char *s, size_t len) {
     return best;
 }
 
+/* pos moved back to the start of the UTF-8 character it falls in (at most
+ * 3 continuation bytes back). The released text must end between whole
+ * characters: a cut inside one (a stop string, or a held prefix of one,
+ * that begins with a continuation byte) would send a text delta that is not
+ * valid UTF-8, which most clients cannot parse as a proto3 string. */
+static size_t char_start(const char *buf, size_t pos, size_t total) {
+    for (int i = 0; i < 3 && pos > 0 && pos < total && ((unsigned char)buf[pos] & 0xC0) == 0x80;
+         i++)
+        pos--;
+    return pos;
+}
+
 static int grow(char **buf, size_t *cap, size_t need) {
     if (need <= *cap) return 0;
     size_t cap2 = need * 2;
@@ -72,8 +84,15 @@ const char *specd_stopper_push(specd_stopper *st, const char *text, size_t len, 
         if (hit && (size_t)(hit - st->buf) < emit) emit = (size_t)(hit - st->buf);
     }
     size_t keep = 0;
-    if (emit < total) st->stopped = 1;
-    else keep = held_suffix(st, st->buf, total), emit = total - keep;
+    if (emit < total) {
+        st->stopped = 1;
+        /* The partial character before a mid-character match is dropped
+         * with the rest of the stream. */
+        emit = char_start(st->buf, emit, total);
+    } else {
+        emit = char_start(st->buf, total - held_suffix(st, st->buf, total), total);
+        keep = total - emit;
+    }
     memcpy(st->out, st->buf, emit);
     st->out[emit] = 0;
     memmove(st->buf, st->buf + emit, keep);

@@ -4,7 +4,10 @@
  * text that could still turn into a stop string is held back until it cannot
  * (or until the stream ends). What push() releases is therefore always safe:
  * nothing at or after a stop string is ever emitted. The stop string itself
- * is not emitted either (as OpenAI-style APIs behave). */
+ * is not emitted either (as OpenAI-style APIs behave). Text is released
+ * and held back in whole UTF-8 characters only, so every piece released is
+ * valid UTF-8 when the text pushed is (requests' stop strings are checked
+ * to be valid UTF-8 too: common/admission.h). */
 #ifndef SPECD_STOP_STRINGS_H
 #define SPECD_STOP_STRINGS_H
 

@@ -50,6 +50,10 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("speculation.off_above", SPECD_CFG_INT64, speculation.off_above, "32",
       "no speculation while the target has more active sessions (0 = never off)", .min = 0,
       .max = 1 << 20),
+    F("speculation.sampled_load_aware", SPECD_CFG_BOOL, speculation.sampled_load_aware, "false",
+      "sampled requests (temperature > 0) follow the load table too: faster under load, but "
+      "their seed then reproduces only at the same load (false = they keep the table's first "
+      "shape at any load, so a seed gives the same output whatever else runs)"),
     F("speculation.min_acceptance", SPECD_CFG_DOUBLE, speculation.min_acceptance, "0.1",
       "a session whose smoothed accepted/drafted ratio falls below this decodes plainly for a "
       "while (0 = never)", .fmin = 0, .fmax = 1),
@@ -75,9 +79,12 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("limits.max_calls", SPECD_CFG_INT64, limits.max_calls, "256",
       "concurrent calls; more are refused with RESOURCE_EXHAUSTED", .min = 1, .max = 65536),
     F("target.step_timeout", SPECD_CFG_DURATION, target.step_timeout, "30s",
-      "a verify step slower than this counts as a failed target", .min = 1, .max = 3600000),
+      "a target that answers neither a step nor its health checks for this long counts as "
+      "failed (a busy target that still answers health checks is waited for)", .min = 1,
+      .max = 3600000),
     F("target.open_timeout", SPECD_CFG_DURATION, target.open_timeout, "120s",
-      "longest wait for a session's prefill", .min = 1, .max = 3600000),
+      "longest wait for any one answer (prefill or step) from a live target", .min = 1,
+      .max = 3600000),
     F("target.max_failovers", SPECD_CFG_INT64, target.max_failovers, "3",
       "times one request may move to another target", .min = 0, .max = 1000),
     F("target.resolve_interval", SPECD_CFG_DURATION, target.resolve_interval, "10s",

@@ -30,6 +30,7 @@ typedef struct specd_draft_cfg {
         double min_acceptance;
         int64_t warmup_steps, cooldown_steps;
         struct { double threshold; int64_t min_depth; } adaptive;
+        bool sampled_load_aware;
     } speculation;
     struct {
         int64_t max_prompt_tokens, max_new_tokens, default_max_new_tokens, max_tree_tokens;

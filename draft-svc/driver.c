@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/admission.h"
 #include "common/dtype.h"
 #include "common/ipc_caps.h"
 #include "kernels/ipc.h"
@@ -160,7 +161,12 @@ static void draft(gen *g, const specd_target_info *info) {
     int cand = q->candidates, depth = q->depth;
     if (!cand || !depth) {
         int pc = 1, pd = 1;
-        if (!specd_policy_shape(g->env->policy, g->target_load, &pc, &pd)) return;
+        /* A sampled request's shape must not follow the load, or its seed
+         * would not reproduce (policy.h). */
+        int shaped = q->sampling.temperature > 0
+                         ? specd_policy_sampled_shape(g->env->policy, g->target_load, &pc, &pd)
+                         : specd_policy_shape(g->env->policy, g->target_load, &pc, &pd);
+        if (!shaped) return;
         if (!cand) cand = pc;
         if (!depth) depth = pd;
     }
@@ -204,19 +210,45 @@ static void draft(gen *g, const specd_target_info *info) {
     g->tb.cap = alloc_cap;
 }
 
-/* Reads one response with a deadline; maps failures to step codes. */
-static step_rc recv_resp(gen *g, specd_rpc_stream *s, int timeout_ms,
+/* How often a waiting step looks at the target's liveness. */
+#define LIVENESS_SLICE_MS 250
+
+/* Reads one response; maps failures to step codes. Busy is not dead: the
+ * wait goes on as long as the target answers its health checks
+ * (target_watch.c records each answer on the member), and fails over once
+ * the target has been silent, answering neither the step nor a health
+ * check, for step_timeout (a hung or frozen target; a lost connection ends
+ * the stream sooner, through keepalive). cap_ms bounds one response even
+ * from a live target (open_timeout: a target that is alive but makes no
+ * progress). A target never probed (no target_watch running) has no
+ * liveness to judge: plain_ms is then a plain deadline for the response
+ * (open_timeout for Open, step_timeout for a step). */
+static step_rc recv_resp(gen *g, specd_rpc_stream *s, const specd_tpool_member *m, int plain_ms,
                          Specd__V1__VerifyResponse **out, grpc_status_code *code,
                          specd_error *err) {
     *out = NULL;
-    specd_rpc_cio io = specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
-                                             (ProtobufCMessage **)out, timeout_ms, err);
-    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
-    if (io == SPECD_RPC_CIO_TIMEOUT) {
-        specd_seterr(err, "target step took longer than %d ms", timeout_ms);
-        *code = GRPC_STATUS_DEADLINE_EXCEEDED;
-        return STEP_RETRY;
+    double t0 = now_ms();
+    specd_rpc_cio io;
+    for (;;) {
+        io = specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
+                                   (ProtobufCMessage **)out, LIVENESS_SLICE_MS, err);
+        if (io != SPECD_RPC_CIO_TIMEOUT) break;
+        double t = now_ms(), alive = (double)specd_tpool_member_last_alive(m);
+        double silent = t - (alive > t0 ? alive : t0);
+        int cap_ms = alive > 0 ? g->env->open_timeout_ms : plain_ms;
+        if (alive > 0 && silent >= g->env->step_timeout_ms) {
+            specd_seterr(err, "target answered neither the step nor a health check for %.0f ms "
+                              "(step_timeout %d ms)", silent, g->env->step_timeout_ms);
+            *code = GRPC_STATUS_DEADLINE_EXCEEDED;
+            return STEP_RETRY;
+        }
+        if (t - t0 >= cap_ms) {
+            specd_seterr(err, "target step took longer than %d ms", cap_ms);
+            *code = GRPC_STATUS_DEADLINE_EXCEEDED;
+            return STEP_RETRY;
+        }
     }
+    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
     if (io == SPECD_RPC_CIO_INVALID) {
         *code = GRPC_STATUS_INTERNAL;
         return STEP_RETRY;
@@ -290,8 +322,19 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
                            specd_error *err) {
     const specd_target_info *info = specd_tpool_member_info(m);
     const specd_gen_request *q = g->req;
+    if (g->n_gen == 0) {
+        /* The first session: the prompt against this target's context, with
+         * target-svc's rule and words (common/admission.h), so a prompt that
+         * cannot fit is refused as Target.Generate refuses it, not answered
+         * with 0 tokens. */
+        specd_admission_limits adm = {.context = info->context_length,
+                                      .max_prompt_tokens = g->n_hist};
+        if ((*code = specd_admit_prompt(&adm, "request.input", (size_t)g->n_hist, 0, err)))
+            return STEP_FATAL;
+    }
     if (g->n_hist + 1 > info->context_length) {
-        /* Nothing more fits: the request ends as a full context would. */
+        /* After a failover to a target with a smaller context, nothing more
+         * fits: the request ends as a full context would. */
         g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
         return STEP_DONE;
     }
@@ -342,7 +385,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         goto out;
     }
     g->have_hidden = 0;
-    rc = recv_resp(g, s, g->env->open_timeout_ms, &r, code, err);
+    rc = recv_resp(g, s, m, g->env->open_timeout_ms, &r, code, err);
     if (rc != STEP_DONE) goto out;
     uint32_t step = 0;
     /* The tree last sent (what the answer is checked against). */
@@ -421,7 +464,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             if (rc == STEP_FATAL) *code = GRPC_STATUS_CANCELLED;
             goto out;
         }
-        rc = recv_resp(g, s, g->env->step_timeout_ms, &r, code, err);
+        rc = recv_resp(g, s, m, g->env->step_timeout_ms, &r, code, err);
         if (rc != STEP_DONE) goto out;
     }
 out:

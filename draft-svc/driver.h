@@ -43,8 +43,14 @@ typedef struct specd_driver_env {
     specd_tpool *pool;
     const specd_policy *policy;
     int max_tree_tokens;   /* own cap on tree size (also capped by each target's) */
-    int step_timeout_ms;   /* a target step slower than this counts as a failure */
-    int open_timeout_ms;   /* Open (prefill) may take longer: its own limit */
+    /* A target that answers neither a step (or Open) nor its health checks
+     * for step_timeout is given up: the session fails over. A slow step
+     * from a target that still answers health checks (busy, not dead) is
+     * waited for, up to open_timeout for any one response. For a target
+     * never probed (no target_watch running) they are plain deadlines:
+     * step_timeout per step, open_timeout for Open. */
+    int step_timeout_ms;
+    int open_timeout_ms;
     int max_failovers;     /* per request */
     /* SpecDec++ adaptive length for drafters with an acceptance head
      * (drafter.h's specd_draft_job): the default stop threshold (0 = off)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "common/config.h"
+#include "common/version.h"
 #include "common/model_file.h"
 #include "common/rpc_server.h"
 #include "common/tokenizer.h"
@@ -18,6 +19,7 @@
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
+#include "draft-svc/target_watch.h"
 
 /* As target-svc: shorter than Kubernetes' default 30 s termination grace. */
 #define DRAIN_GRACE_MS 20000
@@ -25,6 +27,7 @@
 int main(int argc, char **argv) {
     specd_draft_cfg cfg;
     specd_error err = {{0}};
+    if (specd_print_version_if_asked(argc, argv, "draft-svc")) return 0;
     int rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, argc, argv, &cfg,
                                &err);
     if (rc == 1) {
@@ -43,6 +46,7 @@ int main(int argc, char **argv) {
     specd_tpool *pool = NULL;
     specd_draft_service *svc = NULL;
     specd_rpc_server *srv = NULL;
+    specd_target_watch *watch = NULL;
     char tok_sha[65] = "";
     int vocab = 0, hidden = 0;
 
@@ -129,6 +133,7 @@ int main(int argc, char **argv) {
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = drafters[i];
     dop.policy.off_above = (int)cfg.speculation.off_above;
+    dop.policy.sampled_load_aware = cfg.speculation.sampled_load_aware;
     dop.policy.min_acceptance = cfg.speculation.min_acceptance;
     dop.policy.warmup_steps = (int)cfg.speculation.warmup_steps;
     dop.policy.cooldown_steps = (int)cfg.speculation.cooldown_steps;
@@ -148,6 +153,10 @@ int main(int argc, char **argv) {
     if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
     if (specd_draft_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
+    /* Readiness from the targets' health, and the liveness the driver judges
+     * slow steps by (target_watch.h). */
+    specd_target_watch_opts wo = {.trim_interval_ms = 10000};
+    if (!(watch = specd_target_watch_start(pool, srv, &wo, &err))) goto fail;
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
             specd_draft_default_choices[cfg.drafter.def]);
@@ -162,6 +171,7 @@ int main(int argc, char **argv) {
 fail:
     fprintf(stderr, "draft-svc: %s\n", err.msg);
 out:
+    specd_target_watch_stop(watch); /* it sets the server's health: before the server goes */
     specd_rpc_server_destroy(srv);
     specd_draft_service_free(svc);
     specd_tpool_free(pool);

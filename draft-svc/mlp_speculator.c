@@ -360,6 +360,18 @@ static const safetensors_tensor *stage_tensor(const specd_mlp_speculator *sp, co
     return check_shape(t, n_dims, d0, d1, err) ? NULL : t;
 }
 
+/* Reads one byte of every page of [p, p + n): the mapped weights become
+ * resident now. The embedding and head rows a step reads depend on the
+ * tokens, so without this the file would become resident page by page over
+ * hours of traffic, and draft-svc's RSS would creep up to the file's size
+ * (bench/soak.sh saw it); resident from the start, RSS is flat. */
+static void prefault(const void *p, size_t n) {
+    const volatile unsigned char *c = p;
+    unsigned sum = 0;
+    for (size_t i = 0; i < n; i += 4096) sum += c[i];
+    (void)sum;
+}
+
 /* A 2-D weight as the backend sees it: GGUF order, ne[0] = input width. */
 static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, specd_tensor *t,
                        specd_bweight *w, specd_error *err) {
@@ -372,6 +384,7 @@ static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, s
     t->ne[2] = t->ne[3] = 1;
     t->data = st->data;
     t->nbytes = st->nbytes;
+    prefault(st->data, st->nbytes);
     return sp->be->ops->prepare_weight(sp->be, w, t, err);
 }
 

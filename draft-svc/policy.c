@@ -42,6 +42,14 @@ int specd_policy_shape(const specd_policy *p, int sessions, int *cand, int *dept
     return 1;
 }
 
+int specd_policy_sampled_shape(const specd_policy *p, int sessions, int *cand, int *depth) {
+    if (p->sampled_load_aware) return specd_policy_shape(p, sessions, cand, depth);
+    if (p->n_rules == 0) return 0;
+    *cand = p->rules[0].candidates;
+    *depth = p->rules[0].depth;
+    return 1;
+}
+
 void specd_accept_state_init(specd_accept_state *s) {
     memset(s, 0, sizeof *s);
     s->ewma = 1.0; /* optimistic: every session starts out speculating */

@@ -40,6 +40,9 @@ typedef struct specd_policy {
     double ewma_alpha;    /* weight of the newest step, (0, 1] */
     int warmup_steps;     /* steps before the collapse rule may fire */
     int cooldown_steps;   /* plain steps after a collapse */
+    /* Sampled requests: 0 (the default) = the table's first shape at any
+     * load, so a seed reproduces whatever else runs; 1 = the load table. */
+    int sampled_load_aware;
 } specd_policy;
 
 /* Parses "SESSIONS:CANDIDATESxDEPTH" entries. -1 + err naming the entry
@@ -51,6 +54,16 @@ int specd_policy_parse_table(specd_policy *p, char *const *entries, int n, const
  * *depth set, or 0 = no speculation at this load. Loads above the last rule
  * (but not above off_above) use the last rule. */
 int specd_policy_shape(const specd_policy *p, int sessions, int *cand, int *depth);
+
+/* Tree shape for a sampled request (temperature > 0). With rejection
+ * sampling the drafts change which random draws the verifier makes, so the
+ * output of a seeded request depends on the tree shape: a shape that
+ * followed the load would make the seed's output depend on other traffic.
+ * So unless sampled_load_aware, it is the shape the request gets on an idle
+ * target (the first rule), at any load, and off_above does not apply: the
+ * same seed and inputs give what they give on an idle server. 0 = none
+ * (no rules). */
+int specd_policy_sampled_shape(const specd_policy *p, int sessions, int *cand, int *depth);
 
 typedef struct specd_accept_state {
     double ewma;    /* accepted / drafted, smoothed */

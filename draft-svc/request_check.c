@@ -8,7 +8,6 @@
 #include "common/prompt.h"
 #include "draft-svc/driver.h"
 
-#define MAX_STOP_IDS 64
 /* Far above any useful tree (the targets cap tree tokens anyway); it only
  * bounds what a request may ask the drafters to consider. */
 #define MAX_CANDIDATES 64
@@ -37,11 +36,6 @@ static void offered(const specd_draft_limits *lim, char *buf, size_t cap) {
 static grpc_status_code check_fields(const specd_draft_limits *lim,
                                      const Specd__V1__GenerateRequest *req, int *drafter,
                                      specd_error *err) {
-    if (req->max_new_tokens < 0 || req->max_new_tokens > lim->max_new_tokens)
-        return specd_seterr(err, "request.max_new_tokens = %d: must be in 1..%d (0 = %d)",
-                            req->max_new_tokens, lim->max_new_tokens,
-                            lim->default_max_new_tokens),
-               GRPC_STATUS_INVALID_ARGUMENT;
     if ((*drafter = pick_drafter(lim, req->drafter)) < 0) {
         char have[128];
         offered(lim, have, sizeof have);
@@ -51,22 +45,9 @@ static grpc_status_code check_fields(const specd_draft_limits *lim,
                             req->drafter, have),
                GRPC_STATUS_INVALID_ARGUMENT;
     }
-    if (req->n_stop_ids > MAX_STOP_IDS)
-        return specd_seterr(err, "request.stop_ids: %zu ids, at most %d", req->n_stop_ids,
-                            MAX_STOP_IDS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    for (size_t i = 0; i < req->n_stop_ids; i++)
-        if (req->stop_ids[i] < 0 || (lim->vocab > 0 && req->stop_ids[i] >= lim->vocab))
-            return specd_seterr(err, "request.stop_ids[%zu] = %d is outside the vocabulary", i,
-                                req->stop_ids[i]),
-                   GRPC_STATUS_INVALID_ARGUMENT;
-    if (req->top_logprobs < 0 || req->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
-        return specd_seterr(err, "request.top_logprobs = %d: must be in 0..%d", req->top_logprobs,
-                            SPECD_MAX_TOP_LOGPROBS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    if (req->top_logprobs > 0 && !req->logprobs)
-        return specd_seterr(err, "request.top_logprobs needs request.logprobs = true"),
-               GRPC_STATUS_INVALID_ARGUMENT;
+    grpc_status_code code = specd_admit_outputs("request", req->stop_ids, req->n_stop_ids,
+                                                req->logprobs, req->top_logprobs, lim->vocab, err);
+    if (code) return code;
     const Specd__V1__Speculation *sp = req->speculation;
     if (sp && (sp->candidates < 0 || sp->candidates > MAX_CANDIDATES))
         return specd_seterr(err, "request.speculation.candidates = %d: must be in 0..%d",
@@ -90,15 +71,21 @@ grpc_status_code specd_draft_prepare(const specd_draft_limits *lim,
     memset(out, 0, sizeof *out);
     out->drafter = SPECD_N_DRAFTERS;
     grpc_status_code code;
+    if ((code = specd_admit_strings(req, err))) return code;
     if ((code = check_fields(lim, req, &out->drafter, err))) return code;
-    out->max_new_tokens = req->max_new_tokens ? req->max_new_tokens : lim->default_max_new_tokens;
     if (specd_sampling_from_proto(req->sampling, lim->vocab, "request.sampling", &out->samp, err))
         return GRPC_STATUS_INVALID_ARGUMENT;
     if (specd_text_stream_init(&out->ts, lim->tok, req->stop, req->n_stop, "request.stop", err))
         return lim->tok ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_FAILED_PRECONDITION;
     out->have_ts = 1;
-    return specd_prompt_from_request(lim->tok, req, lim->vocab, lim->max_prompt_tokens, &out->ids,
-                                     &out->n_ids, err);
+    /* The size limits come after the conversion, in specd_admit_generate,
+     * exactly as target-svc checks them (same order, same words). The
+     * message size bounds what the conversion may cost. */
+    if ((code = specd_prompt_from_request(lim->tok, req, lim->vocab, 0, &out->ids, &out->n_ids,
+                                          err)))
+        return code;
+    return specd_admit_generate(&lim->adm, out->n_ids, req->max_new_tokens, &out->max_new_tokens,
+                                err);
 }
 
 void specd_draft_prepared_free(specd_draft_prepared *p) {

@@ -13,6 +13,7 @@
 
 #include <grpc/status.h>
 
+#include "common/admission.h"
 #include "common/error.h"
 #include "common/sampling_proto.h"
 #include "common/text_stream.h"
@@ -26,9 +27,11 @@ typedef struct specd_draft_limits {
     int vocab;                        /* 0 = unknown (ids are then checked by the target) */
     int offered[SPECD_N_DRAFTERS];    /* nonzero: that drafter is configured */
     int default_drafter;              /* index, or SPECD_N_DRAFTERS = none */
-    int max_prompt_tokens;
-    int max_new_tokens;               /* most a request may ask for */
-    int default_max_new_tokens;       /* when a request says 0 */
+    /* Prompt and max_new_tokens limits, shared with target-svc
+     * (common/admission.h). adm.context is 0 here: the context is the
+     * target's, which the driver checks the prompt against (the same
+     * specd_admit_prompt) when it opens the first session. */
+    specd_admission_limits adm;
 } specd_draft_limits;
 
 /* A checked request, ready for the driver. Free with

@@ -93,7 +93,9 @@ static void h_generate(specd_rpc_call *c, void *user) {
         specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
         goto out;
     }
-    /* Every check that needs no target (request_check.h, fuzzed on its own). */
+    /* Every check that needs no target (request_check.h, fuzzed on its
+     * own); the prompt against a target's context is checked by the driver
+     * with the same function when it opens the session. */
     if ((code = specd_draft_prepare(&svc->lim, req, &pr, &err))) {
         specd_rpc_call_finish(c, code, err.msg);
         goto out;
@@ -182,7 +184,7 @@ static void h_info(specd_rpc_call *c, void *user) {
         return;
     }
     r.service = "specd.v1.Draft";
-    r.version = SPECD_DRAFT_VERSION;
+    r.version = SPECD_VERSION;
     r.model_id = ti.model_id;
     r.vocab_size = ti.vocab_size;
     r.hidden_size = ti.hidden_size;
@@ -256,9 +258,9 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         .tok = o->tok,
         .vocab = svc->vocab,
         .default_drafter = o->default_drafter,
-        .max_prompt_tokens = o->max_prompt_tokens,
-        .max_new_tokens = o->max_new_tokens,
-        .default_max_new_tokens = o->default_max_new_tokens,
+        .adm = {.max_prompt_tokens = o->max_prompt_tokens,
+                .max_new_tokens = o->max_new_tokens,
+                .default_max_new_tokens = o->default_max_new_tokens},
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) svc->lim.offered[i] = o->drafters[i] != NULL;
     svc->env = (specd_driver_env){

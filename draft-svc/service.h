@@ -22,7 +22,8 @@
 #include "draft-svc/policy.h"
 #include "draft-svc/target_pool.h"
 
-#define SPECD_DRAFT_VERSION "0.2.0"
+/* GetInfo.version: the one specd version (CMake project VERSION) */
+#include "common/version.h"
 
 /* Indices of the drafters a service may offer. */
 enum { SPECD_DRAFTER_MLP, SPECD_DRAFTER_LM, SPECD_DRAFTER_NGRAM, SPECD_N_DRAFTERS };

@@ -3,6 +3,7 @@
 
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct specd_tpool_member {
     int listed;           /* still in the resolved set */
     int failures;         /* consecutive */
     int64_t down_until_ms;
+    _Atomic int64_t last_alive_ms; /* last SERVING health answer; read without mu */
     specd_target_info info;
 };
 
@@ -380,4 +382,65 @@ int specd_tpool_list_up(specd_tpool *p, char **out, int cap) {
         if (p->m[i]->state == MEMBER_UP) out[k++] = strdup(p->m[i]->addr);
     pthread_mutex_unlock(&p->mu);
     return k;
+}
+
+/* ---- liveness ------------------------------------------------------------------- */
+
+int specd_tpool_members(specd_tpool *p, specd_tpool_member **out, int cap) {
+    pthread_mutex_lock(&p->mu);
+    refresh(p);
+    int k = 0;
+    for (int i = 0; i < p->n && k < cap; i++) {
+        p->m[i]->refs++;
+        out[k++] = p->m[i];
+    }
+    pthread_mutex_unlock(&p->mu);
+    return k;
+}
+
+void specd_tpool_member_put(specd_tpool *p, specd_tpool_member *m) {
+    pthread_mutex_lock(&p->mu);
+    member_unref(m);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void specd_tpool_note_health(specd_tpool *p, specd_tpool_member *m, int serving) {
+    if (!serving) return;
+    atomic_store(&m->last_alive_ms, now_ms());
+    pthread_mutex_lock(&p->mu);
+    if (m->state == MEMBER_DOWN) {
+        /* Answering again: no reason to wait out the backoff. GetInfo runs
+         * again before it gets a session (it may have been replaced by
+         * another model). */
+        m->state = MEMBER_UNCHECKED;
+        m->failures = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int specd_tpool_check(specd_tpool *p, specd_tpool_member *m) {
+    pthread_mutex_lock(&p->mu);
+    member_state st = m->state;
+    pthread_mutex_unlock(&p->mu);
+    if (st == MEMBER_UP) return 1;
+    if (st != MEMBER_UNCHECKED) return 0;
+    specd_target_info info;
+    int ok = check_member(p, m, &info);
+    pthread_mutex_lock(&p->mu);
+    if (m->state == MEMBER_UNCHECKED) { /* an acquire may have checked it meanwhile */
+        if (ok == 1) {
+            m->info = info;
+            m->state = MEMBER_UP;
+            m->failures = 0;
+        } else if (ok == 0) {
+            m->state = MEMBER_INCOMPATIBLE;
+        }
+    }
+    ok = m->state == MEMBER_UP;
+    pthread_mutex_unlock(&p->mu);
+    return ok;
+}
+
+int64_t specd_tpool_member_last_alive(const specd_tpool_member *m) {
+    return atomic_load(&((specd_tpool_member *)m)->last_alive_ms);
 }

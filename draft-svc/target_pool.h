@@ -83,6 +83,28 @@ int specd_tpool_member_sessions(const specd_tpool_member *m);
 /* Info of any compatible member (fetching one if needed): 0, or -1 + err. */
 int specd_tpool_any_info(specd_tpool *p, specd_target_info *out, specd_error *err);
 
+/* ---- liveness (draft-svc/target_watch.c probes, the driver reads) ---- */
+
+/* References to every member now listed, in out[0..cap) (at most cap);
+ * give each back with specd_tpool_member_put. Returns the count. */
+int specd_tpool_members(specd_tpool *p, specd_tpool_member **out, int cap);
+void specd_tpool_member_put(specd_tpool *p, specd_tpool_member *m);
+
+/* A health probe's answer for m: serving = 1 records "alive now" and, for
+ * a member marked down, ends its backoff (it is checked with GetInfo again
+ * by the next acquire or specd_tpool_check: a target that is back is used
+ * at once). serving = 0 changes nothing by itself: a busy target is slow,
+ * not gone; the driver judges a silent one by how long it has been silent. */
+void specd_tpool_note_health(specd_tpool *p, specd_tpool_member *m, int serving);
+
+/* Runs the GetInfo compatibility check now for a member that has not had
+ * it (so health can say whether a usable target exists before any request
+ * came). 1 = the member is up and compatible, 0 = not (or unreachable). */
+int specd_tpool_check(specd_tpool *p, specd_tpool_member *m);
+
+/* Monotonic ms of m's last SERVING health answer; 0 = none yet. */
+int64_t specd_tpool_member_last_alive(const specd_tpool_member *m);
+
 /* Addresses of the members currently up, as "addr" strings written into
  * out[0..cap) (malloc'd; the caller frees each). Returns the count. */
 int specd_tpool_list_up(specd_tpool *p, char **out, int cap);

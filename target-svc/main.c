@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "common/config.h"
+#include "common/version.h"
 #include "common/model_file.h"
 #include "common/rpc_server.h"
 #include "common/tokenizer.h"
@@ -28,6 +29,7 @@
 int main(int argc, char **argv) {
     specd_target_cfg cfg;
     specd_error err = {{0}};
+    if (specd_print_version_if_asked(argc, argv, "target-svc")) return 0;
     int rc = specd_config_load(specd_target_cfg_fields, specd_target_cfg_n_fields, argc, argv, &cfg, &err);
     if (rc == 1) {
         printf("usage: target-svc [--config FILE] [--key=value ...]\n");
@@ -72,6 +74,8 @@ int main(int argc, char **argv) {
         .max_sessions = (int)cfg.limits.max_sessions,
         .max_prompt_tokens = (int)cfg.limits.max_prompt_tokens,
         .max_tree_tokens = (int)cfg.limits.max_tree_tokens,
+        .max_new_tokens = (int)cfg.limits.max_new_tokens,
+        .default_max_new_tokens = (int)cfg.limits.default_max_new_tokens,
         .max_batch_tokens = (int)cfg.batching.max_batch_tokens,
         .max_wait_ms = (int)cfg.batching.max_wait,
         .device = (int)cfg.device,

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/admission.h"
 #include "common/dtype.h"
 #include "common/ipc_caps.h"
 #include "common/prompt.h"
@@ -28,6 +29,7 @@ struct specd_target_service {
     specd_target_opts o;
     specd_sched *sched;
     specd_session_limits lim;
+    specd_admission_limits adm; /* Generate's, as draft-svc's (common/admission.h) */
     int dim;
     char tok_sha256[65]; /* "" without a tokenizer */
     char model_id[1024];
@@ -357,6 +359,10 @@ static void h_generate(specd_rpc_call *c, void *user) {
         specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
         goto out;
     }
+    if ((code = specd_admit_strings(req, &err))) {
+        specd_rpc_call_finish(c, code, err.msg);
+        goto out;
+    }
     if (specd_text_stream_init(&ts, svc->tok, req->stop, req->n_stop, "request.stop", &err)) {
         specd_rpc_call_finish(c, svc->tok ? GRPC_STATUS_INVALID_ARGUMENT
                                           : GRPC_STATUS_FAILED_PRECONDITION,
@@ -365,9 +371,12 @@ static void h_generate(specd_rpc_call *c, void *user) {
     }
     have_ts = 1;
     size_t n_ids;
-    /* Length, emptiness and ids are checked by the session below, with the
-     * same messages as Verify.Open. */
-    if ((code = specd_prompt_from_request(svc->tok, req, 0, 0, &ids, &n_ids, &err))) {
+    int max_new;
+    /* Emptiness and ids here, the size limits in specd_admit_generate,
+     * both with draft-svc's words; the rest by the session below. */
+    if ((code = specd_prompt_from_request(svc->tok, req, svc->lim.vocab, 0, &ids, &n_ids,
+                                          &err)) ||
+        (code = specd_admit_generate(&svc->adm, n_ids, req->max_new_tokens, &max_new, &err))) {
         specd_rpc_call_finish(c, code, err.msg);
         goto out;
     }
@@ -377,7 +386,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
     open.n_prompt_ids = n_ids;
     open.prompt_ids = ids;
     open.sampling = req->sampling;
-    open.max_new_tokens = req->max_new_tokens;
+    open.max_new_tokens = max_new;
     open.n_stop_ids = req->n_stop_ids;
     open.stop_ids = req->stop_ids;
     open.ignore_eos = req->ignore_eos;
@@ -490,7 +499,7 @@ static void h_info(specd_rpc_call *c, void *user) {
     const specd_llama_hparams *hp = &svc->m->hp;
     Specd__V1__Info r = SPECD__V1__INFO__INIT;
     r.service = "specd.v1.Target";
-    r.version = SPECD_TARGET_VERSION;
+    r.version = SPECD_VERSION;
     r.model_id = svc->model_id;
     r.vocab_size = hp->vocab_size;
     r.hidden_size = hp->dim;
@@ -535,6 +544,14 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
         .max_tree_tokens = o->max_tree_tokens,
         .eos_id = tok && specd_tokenizer_eos(tok) >= 0 ? specd_tokenizer_eos(tok) : m->hp.eos_id,
     };
+    svc->adm = (specd_admission_limits){
+        .context = svc->lim.context,
+        .max_prompt_tokens = o->max_prompt_tokens,
+        .max_new_tokens = o->max_new_tokens > 0 ? o->max_new_tokens : 4096,
+        .default_max_new_tokens = o->default_max_new_tokens > 0 ? o->default_max_new_tokens : 256,
+    };
+    if (svc->adm.default_max_new_tokens > svc->adm.max_new_tokens)
+        svc->adm.default_max_new_tokens = svc->adm.max_new_tokens;
     /* model_id: the file or directory name, the most recognizable thing a
      * model file carries. */
     const char *base = strrchr(m->path, '/');

@@ -17,7 +17,8 @@
 #include "common/tokenizer.h"
 #include "target-svc/transformer.h"
 
-#define SPECD_TARGET_VERSION "0.1.0"
+/* GetInfo.version: the one specd version (CMake project VERSION) */
+#include "common/version.h"
 
 typedef struct specd_target_service specd_target_service;
 
@@ -29,6 +30,9 @@ typedef struct specd_target_opts {
     int max_wait_ms;
     int device;            /* the transformer's CUDA device: where co-located
                             * sessions' hidden-state buffers live (ipc_caps.h) */
+    /* Generate's max_new_tokens cap and default (0 = 4096 / 256, draft-svc's
+     * defaults); Verify sessions are bounded by the context instead. */
+    int max_new_tokens, default_max_new_tokens;
 } specd_target_opts;
 
 /* Starts the scheduler's model worker. tok may be NULL (a model without a

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/admission.h"
 #include "common/sampling_proto.h"
 
 void specd_session_init(specd_session *s, const specd_session_limits *lim) {
@@ -57,18 +58,16 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
                             o->n_prompt_ids),
                GRPC_STATUS_INVALID_ARGUMENT;
     /* max_prompt_tokens bounds the prefill a client may ask for; tokens it
-     * already paid for on a lost target do not count against it. */
+     * already paid for on a lost target do not count against it. The prompt
+     * plus the pending token must fit the context. One rule for both
+     * services (common/admission.h). */
     size_t n_new_prompt = o->n_prompt_ids - (size_t)o->resumed_tokens;
-    if (n_new_prompt > (size_t)L->max_prompt_tokens)
-        return specd_seterr(err, "%s.prompt_ids has %zu tokens (%d of them resumed), over the "
-                                 "limit of %d", field, o->n_prompt_ids, o->resumed_tokens,
-                            L->max_prompt_tokens),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    /* The prompt plus the pending token must fit: prompt < context. */
-    if (o->n_prompt_ids >= (size_t)L->context)
-        return specd_seterr(err, "%s.prompt_ids has %zu tokens, but the context holds %d", field,
-                            o->n_prompt_ids, L->context),
-               GRPC_STATUS_INVALID_ARGUMENT;
+    char pfield[64];
+    snprintf(pfield, sizeof pfield, "%s.prompt_ids", field);
+    specd_admission_limits adm = {.context = L->context, .max_prompt_tokens = L->max_prompt_tokens};
+    grpc_status_code pcode =
+        specd_admit_prompt(&adm, pfield, o->n_prompt_ids, (size_t)o->resumed_tokens, err);
+    if (pcode) return pcode;
     for (size_t i = 0; i < o->n_prompt_ids; i++)
         if (o->prompt_ids[i] < 0 || o->prompt_ids[i] >= L->vocab)
             return specd_seterr(err, "%s.prompt_ids[%zu] = %d is outside 0..%d", field, i,
@@ -77,21 +76,10 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     if (o->max_new_tokens <= 0)
         return specd_seterr(err, "%s.max_new_tokens = %d must be > 0", field, o->max_new_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
-    for (size_t i = 0; i < o->n_stop_ids; i++)
-        if (o->stop_ids[i] < 0 || o->stop_ids[i] >= L->vocab)
-            return specd_seterr(err, "%s.stop_ids[%zu] = %d is outside 0..%d", field, i,
-                                o->stop_ids[i], L->vocab - 1),
-                   GRPC_STATUS_INVALID_ARGUMENT;
-    if (o->top_logprobs < 0 || o->top_logprobs > SPECD_MAX_TOP_LOGPROBS)
-        return specd_seterr(err, "%s.top_logprobs = %d must be in 0..%d", field, o->top_logprobs,
-                            SPECD_MAX_TOP_LOGPROBS),
-               GRPC_STATUS_INVALID_ARGUMENT;
-    /* Alternatives without the log-probabilities they belong to would be
-     * silently dropped; say so instead (OpenAI refuses the same). */
-    if (o->top_logprobs > 0 && !o->logprobs)
-        return specd_seterr(err, "%s.top_logprobs = %d needs %s.logprobs = true", field,
-                            o->top_logprobs, field),
-               GRPC_STATUS_INVALID_ARGUMENT;
+    /* stop ids and logprobs options: draft-svc's words (common/admission.h) */
+    if ((pcode = specd_admit_outputs(field, o->stop_ids, o->n_stop_ids, o->logprobs,
+                                     o->top_logprobs, L->vocab, err)))
+        return pcode;
 
     char sfield[64];
     snprintf(sfield, sizeof sfield, "%s.sampling", field);

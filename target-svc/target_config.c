@@ -26,6 +26,15 @@ const specd_cfg_field specd_target_cfg_fields[] = {
     SPECD_CFG_FIELD("limits.max_prompt_tokens", SPECD_CFG_INT64, specd_target_cfg,
                     limits.max_prompt_tokens, "4096", "longest prompt, in tokens", .min = 1,
                     .max = 1 << 24),
+    /* The same two limits, defaults and words as draft-svc's (Generate is
+     * served by both, common/admission.h). */
+    SPECD_CFG_FIELD("limits.max_new_tokens", SPECD_CFG_INT64, specd_target_cfg,
+                    limits.max_new_tokens, "4096", "most tokens a Generate request may ask for",
+                    .min = 1, .max = 1 << 24),
+    SPECD_CFG_FIELD("limits.default_max_new_tokens", SPECD_CFG_INT64, specd_target_cfg,
+                    limits.default_max_new_tokens, "256",
+                    "max_new_tokens of a Generate request that sets none", .min = 1,
+                    .max = 1 << 24),
     SPECD_CFG_FIELD("limits.max_tree_tokens", SPECD_CFG_INT64, specd_target_cfg,
                     limits.max_tree_tokens, "64", "most tokens in one candidate tree", .min = 1,
                     .max = 4096),

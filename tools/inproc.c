@@ -19,6 +19,7 @@
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
+#include "draft-svc/target_watch.h"
 #include "target-svc/service.h"
 #include "target-svc/target_config.h"
 #include "target-svc/transformer.h"
@@ -38,6 +39,7 @@ struct cli_inproc {
     specd_tpool *pool;
     specd_draft_service *dsvc;
     specd_rpc_server *dsrv;
+    specd_target_watch *watch; /* target health: readiness and liveness, as in main.c */
     char target_addr[256], draft_addr[64];
 };
 
@@ -142,6 +144,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     };
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];
     dop.policy.off_above = (int)c->speculation.off_above;
+    dop.policy.sampled_load_aware = c->speculation.sampled_load_aware;
     dop.policy.min_acceptance = c->speculation.min_acceptance;
     dop.policy.warmup_steps = (int)c->speculation.warmup_steps;
     dop.policy.cooldown_steps = (int)c->speculation.cooldown_steps;
@@ -154,7 +157,9 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
                                 .max_calls = (int)c->limits.max_calls};
     if (!(p->dsrv = specd_rpc_server_create(&ro, err)) ||
         specd_draft_service_register(p->dsvc, p->dsrv, err) ||
-        specd_rpc_server_start(p->dsrv, err))
+        specd_rpc_server_start(p->dsrv, err) ||
+        !(p->watch = specd_target_watch_start(p->pool, p->dsrv, &(specd_target_watch_opts){.trim_interval_ms = 10000},
+                                              err)))
         return -1;
     snprintf(p->draft_addr, sizeof p->draft_addr, "127.0.0.1:%d", specd_rpc_server_port(p->dsrv));
     return 0;
@@ -206,6 +211,7 @@ void cli_inproc_stop(cli_inproc *p) {
     if (!p) return;
     /* Front door first: draft-svc's handlers hold sessions on the target,
      * and each service may go only after its server (no handler running). */
+    specd_target_watch_stop(p->watch); /* sets dsrv's health: before dsrv goes */
     specd_rpc_server_destroy(p->dsrv);
     specd_draft_service_free(p->dsvc);
     specd_tpool_free(p->pool);

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "common/version.h"
 
 #include "kernels/backend.h"
 
@@ -92,7 +93,8 @@ static void usage(FILE *f) {
                "  train      train a speculator (train speculator) or its acceptance head\n"
                "             (train accept-head) for a target (specd train --help)\n"
                "  eval       tau per candidates and heads, and SpecDec++ rates, of a\n"
-               "             speculator on held-out prompts (specd eval --help)\n");
+               "             speculator on held-out prompts (specd eval --help)\n"
+               "  --version  print the version\n");
 }
 
 int main(int argc, char **argv) {
@@ -100,6 +102,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    /* only as the first word: a subcommand owns the rest of the line */
+    if (specd_print_version_if_asked(2, argv, "specd")) return 0;
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);

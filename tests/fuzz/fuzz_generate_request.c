@@ -11,8 +11,8 @@
  *
  * Invariants: never a crash; a refusal has a status other than OK and a
  * message; an accepted request has a drafter that is offered (or none),
- * 1..max max_new_tokens, a non-empty prompt within the limit and the
- * vocabulary, stop ids within the vocabulary, and sampling settings that
+ * 1..max max_new_tokens, a non-empty prompt within the limit and inside
+ * the vocabulary, valid UTF-8 in every string, stop ids within the vocabulary, and sampling settings that
  * validate; its text stream takes the prompt's tokens without failing. */
 #include <stddef.h>
 #include <stdint.h>
@@ -50,8 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *buf = size ? data + 1 : data;
     size_t len = size ? size - 1 : 0;
     /* Small limits so the fuzzer reaches every boundary quickly. */
-    specd_draft_limits lim = {.max_prompt_tokens = 16, .max_new_tokens = 64,
-                              .default_max_new_tokens = 8};
+    specd_draft_limits lim = {.adm = {.max_prompt_tokens = 16,
+                                      .max_new_tokens = 64, .default_max_new_tokens = 8}};
     lim.tok = ctl & 1 ? tok : NULL;
     lim.vocab = ctl & 1 ? specd_tokenizer_n_vocab(tok) : 100;
     lim.offered[SPECD_DRAFTER_NGRAM] = 1;
@@ -73,8 +73,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         if (pr.drafter < 0 || pr.drafter > SPECD_N_DRAFTERS) abort();
         if (pr.drafter < SPECD_N_DRAFTERS && !lim.offered[pr.drafter]) abort();
-        if (pr.max_new_tokens < 1 || pr.max_new_tokens > lim.max_new_tokens) abort();
-        if (!pr.ids || pr.n_ids < 1 || pr.n_ids > (size_t)lim.max_prompt_tokens) abort();
+        if (pr.max_new_tokens < 1 || pr.max_new_tokens > lim.adm.max_new_tokens) abort();
+        if (!pr.ids || pr.n_ids < 1 || pr.n_ids > (size_t)lim.adm.max_prompt_tokens) abort();
+        for (size_t i = 0; i < req->n_stop; i++)
+            if (!specd_utf8_valid((const uint8_t *)req->stop[i], strlen(req->stop[i]))) abort();
         for (size_t i = 0; i < pr.n_ids; i++)
             if (pr.ids[i] < 0 || pr.ids[i] >= lim.vocab) abort();
         for (size_t i = 0; i < req->n_stop_ids; i++)

@@ -74,12 +74,17 @@ static void apply(specd_session *s, const uint8_t *buf, size_t len) {
                 specd_logits_adjust(&s->sampling, specd_session_counts(s), toks, n, row,
                                     s->lim.vocab, scratch);
             }
+            /* The target's own next token after the path: any token of the
+             * vocabulary; the pending one stands in. (Not tree.tokens[0]: an
+             * empty tree, a plain decode step, is legal and has no tokens.) */
+            int32_t next = s->pending;
+            if (next < 0 || next >= s->lim.vocab) abort();
             if (s->logprobs) {
                 float row[100] = {0}, lp, top_lps[SPECD_MAX_TOP_LOGPROBS];
                 int32_t top_ids[SPECD_MAX_TOP_LOGPROBS];
-                specd_logprobs(row, s->lim.vocab, toks[0], s->top_logprobs, &lp, top_ids, top_lps);
+                specd_logprobs(row, s->lim.vocab, next, s->top_logprobs, &lp, top_ids, top_lps);
             }
-            toks[n++] = s->tree.tokens[0];
+            toks[n++] = next;
             int before = s->n_out;
             Specd__V1__FinishReason fr;
             int kept = specd_session_emit(s, toks, n, s->n_past + n, &fr);

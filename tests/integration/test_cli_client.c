@@ -33,7 +33,10 @@
 
 #include "common/model_file.h"
 #include "common/sampling.h"
+#include "common/version.h"
+#include "specd.pb-c.h"
 #include "target-svc/transformer.h"
+#include "tests/svc_util.h"
 #include "tests/test_util.h"
 #include "tools/inproc.h"
 
@@ -323,12 +326,38 @@ static void test_other_errors(void **state) {
     run_free(&r);
 }
 
+/* One version everywhere: `specd --version` prints CMake's project version,
+ * which both services report in GetInfo. */
+static void test_version(void **state) {
+    (void)state;
+    run_out r = run_cli("--version");
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, "specd " SPECD_VERSION "\n");
+    run_free(&r);
+    specd_rpc_channel *ch = svc_channel_to(draft_addr);
+    specd_rpc_channel *tch = svc_channel_to(target_addr);
+    const char *methods[] = {"/specd.v1.Draft/GetInfo", "/specd.v1.Target/GetInfo"};
+    specd_rpc_channel *chans[] = {ch, tch};
+    for (int i = 0; i < 2; i++) {
+        Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
+        Specd__V1__Info *info = NULL;
+        specd_error err = {{0}};
+        assert_int_equal(specd_rpc_unary(chans[i], methods[i], &q.base, &specd__v1__info__descriptor,
+                                         (ProtobufCMessage **)&info, 10000, &err),
+                         GRPC_STATUS_OK);
+        assert_string_equal(info->version, SPECD_VERSION);
+        protobuf_c_message_free_unpacked(&info->base, NULL);
+    }
+    specd_rpc_channel_free(ch);
+    specd_rpc_channel_free(tch);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_ngram),     cmocka_unit_test(test_text_plain),
         cmocka_unit_test(test_text_fixed_tree), cmocka_unit_test(test_target_service),
         cmocka_unit_test(test_json),           cmocka_unit_test(test_unknown_drafter),
-        cmocka_unit_test(test_other_errors),
+        cmocka_unit_test(test_other_errors),     cmocka_unit_test(test_version),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -62,6 +62,7 @@
 #include "target-svc/service.h"
 #include "target-svc/transformer.h"
 #include "tests/stats_util.h"
+#include "tests/svc_util.h"
 #include "tests/test_util.h"
 
 #define TINY "tests/golden/data/tiny-gqa/hf"
@@ -386,14 +387,9 @@ static void draft_up(world *w, const char *const *targets, int n_targets, int ma
                           .step_timeout_ms = 20000, .open_timeout_ms = 20000,
                           .max_failovers = max_failovers};
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) o.drafters[i] = w->drafters[i];
-    /* main.c's defaults */
+    /* main.c's defaults, with wider trees */
     char *table[] = {"1:4x5", "4:2x4", "16:1x3"};
-    assert_int_equal(specd_policy_parse_table(&o.policy, table, 3, "load_table", &err), 0);
-    o.policy.off_above = 32;
-    o.policy.min_acceptance = 0.1;
-    o.policy.warmup_steps = 4;
-    o.policy.cooldown_steps = 16;
-    o.policy.ewma_alpha = 0.2;
+    svc_policy(&o.policy, table, 3);
     w->dsvc = specd_draft_service_create(&o, &err);
     if (!w->dsvc) fail_msg("draft service: %s", err.msg);
     specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1};
@@ -914,7 +910,7 @@ static void test_get_info(void **state) {
                                             (ProtobufCMessage **)&info, WAIT_MS, &err);
     if (code != GRPC_STATUS_OK) fail_msg("GetInfo: %s", err.msg);
     assert_string_equal(info->service, "specd.v1.Draft");
-    assert_string_equal(info->version, SPECD_DRAFT_VERSION);
+    assert_string_equal(info->version, SPECD_VERSION);
     assert_int_equal(info->vocab_size, 512);
     assert_int_equal(info->hidden_size, 64);
     assert_int_equal(info->context_length, TINY_CTX);
@@ -1315,93 +1311,16 @@ static void test_smol_text(void **state) {
 
 /* ---- 5. failover across target-svc processes ---------------------------------------- */
 
-#define MAX_KIDS 8
-static pid_t kids[MAX_KIDS];
-static char kid_logs[MAX_KIDS][80];
-
-/* SIGKILL + reap + remove its log. */
-static void kill_kid(pid_t pid) {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
-    }
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (kids[i] == pid) {
-            kids[i] = 0;
-            unlink(kid_logs[i]);
-        }
-}
-
-static void kill_all_kids(void) {
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (kids[i] > 0) kill_kid(kids[i]);
-}
-
-/* A free TCP port on 127.0.0.1 (bound, read back, released). */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
-        getsockname(fd, (struct sockaddr *)&a, &len))
-        fail_msg("cannot find a free port: %s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static char target_bin[PATH_MAX];
-
-/* Starts build/target-svc on the tiny model at 127.0.0.1:port and waits
- * until it serves (its log says so). Its stderr goes to a file, never a pipe
- * nobody reads. */
+/* target-svc child processes: tests/svc_util.c. Slow steps (15 ms) so a
+ * kill lands mid-generation. */
 static pid_t start_target(int port) {
-    char listen[64], log[80];
-    snprintf(listen, sizeof listen, "--listen=127.0.0.1:%d", port);
-    snprintf(log, sizeof log, "/tmp/specd-test-target-%d-%d.log", (int)getpid(), port);
-    char model[PATH_MAX + 16];
-    snprintf(model, sizeof model, "--model=%s", test_path(TINY_GGUF));
-    pid_t pid = fork();
-    if (pid < 0) fail_msg("fork: %s", strerror(errno));
-    if (pid == 0) {
-        /* Dies with the test process whatever ends it (a crash skips the
-         * atexit handler and cmocka's teardown). */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 2);
-            dup2(fd, 1);
-        }
-        /* Slow steps (15 ms) so a kill lands mid-generation. */
-        execl(target_bin, target_bin, model, listen, "--tls.insecure=true",
-              "--batching.max_wait=15ms", "--threads=1", "--limits.kv_memory=64MiB",
-              (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (!kids[i]) {
-            kids[i] = pid;
-            snprintf(kid_logs[i], sizeof kid_logs[i], "%s", log);
-            break;
-        }
-    for (int i = 0; i < 1000; i++) {
-        size_t len = 0;
-        char *text = test_read_file(log, &len);
-        int up = text && strstr(text, "serving");
-        free(text);
-        if (up) return pid;
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            for (int k = 0; k < MAX_KIDS; k++)
-                if (kids[k] == pid) kids[k] = 0;
-            text = test_read_file(log, &len);
-            fail_msg("target-svc exited at start: %s", text ? text : "(no log)");
-        }
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    fail_msg("target-svc on port %d did not come up in 20 s", port);
-    return -1;
+    static const char *const flags[] = {"--batching.max_wait=15ms", "--threads=1",
+                                        "--limits.kv_memory=64MiB", NULL};
+    char model[PATH_MAX];
+    snprintf(model, sizeof model, "%s", test_path(TINY_GGUF));
+    pid_t pid = svc_start_target(port, model, flags);
+    if (!pid) fail_msg("target-svc is not built");
+    return pid;
 }
 
 static void sleep_ms(int ms) {
@@ -1452,7 +1371,7 @@ static void bg_wait_tokens(bg_gen *g, int n, int may_end) {
 
 static int failover_teardown(void **state) {
     (void)state;
-    kill_all_kids(); /* always reaped, even after a failed assertion */
+    svc_kill_all(); /* always reaped, even after a failed assertion */
     return 0;
 }
 
@@ -1474,18 +1393,19 @@ static int failover_teardown(void **state) {
  * generation; see the report on pool vs channel backoff. */
 static void test_failover(void **state) {
     (void)state;
-    ssize_t n = readlink("/proc/self/exe", target_bin, sizeof target_bin - 16);
+    char bin[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", bin, sizeof bin - 16);
     if (n <= 0) skip();
-    target_bin[n] = 0;
-    char *slash = strrchr(target_bin, '/');
+    bin[n] = 0;
+    char *slash = strrchr(bin, '/');
     if (!slash) skip();
     strcpy(slash + 1, "target-svc");
-    if (access(target_bin, X_OK)) {
-        printf("  %s is not built: failover skipped\n", target_bin);
+    if (access(bin, X_OK)) {
+        printf("  %s is not built: failover skipped\n", bin);
         skip();
     }
-    int port_a = free_port(), port_b = free_port();
-    while (port_b == port_a) port_b = free_port();
+    int port_a = svc_free_port(), port_b = svc_free_port();
+    while (port_b == port_a) port_b = svc_free_port();
     char addr_a[32], addr_b[32];
     snprintf(addr_a, sizeof addr_a, "127.0.0.1:%d", port_a);
     snprintf(addr_b, sizeof addr_b, "127.0.0.1:%d", port_b);
@@ -1524,7 +1444,7 @@ static void test_failover(void **state) {
     kill(a, SIGSTOP);
     b = start_target(port_b);
     int at_kill = atomic_load(&g.progress);
-    kill_kid(a);
+    svc_kill(a);
     a = 0;
     pthread_join(g.th, NULL);
     printf("  killed target A after %d streamed tokens\n", at_kill);
@@ -1541,7 +1461,7 @@ static void test_failover(void **state) {
      * the same either way. */
     bg_wait_tokens(&g, 10, 1);
     at_kill = atomic_load(&g.progress);
-    kill_kid(b);
+    svc_kill(b);
     b = 0;
     pthread_join(g.th, NULL);
     printf("  killed target B after %d streamed tokens; failovers %d\n", at_kill, got->failovers);
@@ -1556,11 +1476,11 @@ static void test_failover(void **state) {
     free(got);
     draft_down(&W);
     specd_drafter_free(W.drafters[SPECD_DRAFTER_NGRAM]);
-    kill_kid(a);
+    svc_kill(a);
 }
 
 int main(void) {
-    atexit(kill_all_kids);
+    atexit(svc_kill_all);
     /* Running some tests while working on them: SPECD_TEST_FILTER=test_cancel,
      * SPECD_TEST_SKIP=test_s* (cmocka glob patterns). */
     const char *filter = getenv("SPECD_TEST_FILTER");

@@ -447,7 +447,7 @@ static void test_bad_input(void **state) {
     int32_t long_prompt[33];
     for (int i = 0; i < 33; i++) long_prompt[i] = 5;
     expect_bad(long_prompt, 33, 1, 0, NULL, NULL, -1, GRPC_STATUS_INVALID_ARGUMENT,
-               "open.prompt_ids has 33");
+               "open.prompt_ids: the prompt has 33 tokens");
     int32_t tok_oob[] = {3, VOCAB + 7}, par_ok[] = {-1, 0};
     expect_bad(prompt, n, 1, 1, tok_oob, par_ok, 2, GRPC_STATUS_INVALID_ARGUMENT,
                "tree.tokens[1]");
@@ -605,7 +605,7 @@ static void test_get_info(void **state) {
     if (code != GRPC_STATUS_OK) fail_msg("GetInfo: %s", err.msg);
     Specd__V1__Info *info = (Specd__V1__Info *)resp;
     assert_string_equal(info->service, "specd.v1.Target");
-    assert_string_equal(info->version, SPECD_TARGET_VERSION);
+    assert_string_equal(info->version, SPECD_VERSION);
     assert_string_equal(info->model_id, "hf");
     assert_int_equal(info->vocab_size, VOCAB);
     assert_int_equal(info->hidden_size, 64);

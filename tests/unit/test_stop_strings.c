@@ -10,18 +10,29 @@
 #include <cmocka.h>
 
 #include "common/stop_strings.h"
+#include "common/utf8.h"
 
 /* Feeds `text` in pieces of `step` bytes; returns everything released. */
+/* Push one character at a time and check each released piece for valid
+ * UTF-8 (`step` is then ignored). */
+static int valid_pieces;
+
 static char *run(char **stops, size_t n, const char *text, size_t step, int *stopped) {
     specd_stopper st;
     specd_error err = {{0}};
     assert_int_equal(specd_stopper_init(&st, stops, n, "request.stop", &err), 0);
     static char out[1024];
     size_t o = 0, len = strlen(text);
-    for (size_t i = 0; i < len; i += step) {
-        size_t piece = len - i < step ? len - i : step, got;
+    for (size_t i = 0, piece; i < len; i += piece) {
+        size_t got;
+        piece = len - i < step ? len - i : step;
+        if (valid_pieces) /* one whole character per push, as the text stream pushes */
+            specd_utf8_next((const uint8_t *)text + i, len - i, &piece);
         const char *r = specd_stopper_push(&st, text + i, piece, &got);
         assert_non_null(r);
+        /* every piece released is whole characters (the texts here are
+         * valid UTF-8 at every split point the tests use) */
+        if (valid_pieces) assert_true(specd_utf8_valid((const uint8_t *)r, got));
         memcpy(out + o, r, got);
         o += got;
         /* released text never contains a stop string */
@@ -58,6 +69,27 @@ static void test_stops_at_every_split(void **state) {
     }
 }
 
+/* Stop strings that begin inside a character (the fuzzer's "\xbdhx"
+ * against a U+FFFD, EF BF BD, in the text): the matcher holds back and cuts
+ * whole characters only, so no released piece ends mid-character. Pushed a
+ * whole character at a time, as the text stream does. */
+static void test_whole_characters(void **state) {
+    (void)state;
+    char *stops[] = {"\xbdhx"};
+    int stopped;
+    valid_pieces = 1;
+    /* a held prefix ("\xbd") of the stop inside U+FFFD: held as the whole
+     * character, released at flush */
+    assert_string_equal(run(stops, 1, "a\xef\xbf\xbd", 3, &stopped), "a\xef\xbf\xbd");
+    assert_false(stopped);
+    /* a match starting mid-character: the partial character is dropped */
+    assert_string_equal(run(stops, 1, "ab\xef\xbf\xbdhx tail", 1, &stopped), "ab");
+    assert_true(stopped);
+    char *cjk[] = {"\xe4\xb8\x96\xe7"}; /* a valid character + a lead byte */
+    assert_string_equal(run(cjk, 1, "x\xe4\xb8\x96y", 1, &stopped), "x\xe4\xb8\x96y");
+    valid_pieces = 0;
+}
+
 static void test_bad_stop_strings(void **state) {
     (void)state;
     specd_stopper st;
@@ -76,6 +108,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stops_at_every_split),
         cmocka_unit_test(test_bad_stop_strings),
+        cmocka_unit_test(test_whole_characters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -317,9 +317,9 @@ static void test_open_checks(void **state) {
         const char *want; /* NULL = accepted */
     } cases[] = {
         {4, 0, 0, 0, NULL},
-        {5, 0, 0, 0, "open.prompt_ids has 5 tokens (0 of them resumed), over the limit of 4"},
+        {5, 0, 0, 0, "open.prompt_ids: the prompt has 5 tokens, over the limit of 4"},
         {10, 6, 0, 0, NULL}, /* 4 new + 6 resumed: the limit counts new ones */
-        {10, 5, 0, 0, "over the limit of 4"},
+        {10, 5, 0, 0, "the prompt has 10 tokens (5 of them resumed), over the limit of 4"},
         {3, 3, 0, 0, "open.resumed_tokens = 3 must be in 0..2"},
         {3, -1, 0, 0, "open.resumed_tokens = -1"},
         {3, 0, 1, 20, NULL},
