@@ -357,8 +357,7 @@ static void cpu_gather_out(specd_backend *be, float *dst, const float *src, int 
 /* specd_argmax's rule (common/sampling.c): first of equal maxima, NaN never
  * wins; the CUDA kernel's twin. */
 static void cpu_argmax(specd_backend *be, int32_t *ids, const float *x, int n_rows, int width) {
-    (void)be;
-    for (int r = 0; r < n_rows; r++) ids[r] = specd_argmax(x + (size_t)r * width, width);
+    cpu_argmax_rows(cpu(be)->pool, ids, x, n_rows, width);
 }
 
 static void cpu_kv_move(specd_backend *be, const specd_kv_layout *kv, const int32_t *src,

@@ -84,6 +84,7 @@ static void detect(void) {
      * serve AVX-512 too */
     g_sets[SET_AVX512].quantize = g_sets[SET_AVX2].quantize;
     g_sets[SET_AVX512].swiglu = g_sets[SET_AVX2].swiglu;
+    g_sets[SET_AVX512].argmax = g_sets[SET_AVX2].argmax;
     if (g_have[SET_AVX512] && avx512vnni) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
         g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
@@ -271,6 +272,27 @@ static void swiglu_task(void *ctx, int task, int thread) {
     const swiglu_job *j = ctx;
     size_t i0 = (size_t)task * j->chunk, n = j->n - i0 < j->chunk ? j->n - i0 : j->chunk;
     j->fn(j->out + i0, j->gate + i0, j->up + i0, n);
+}
+
+/* Each row's argmax; rows split over the pool (a verification step asks
+ * for one per tree node, each a pass over the vocabulary). */
+typedef struct argmax_job {
+    int (*fn)(const float *, int);
+    int32_t *ids;
+    const float *x;
+    int width;
+} argmax_job;
+
+static void argmax_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const argmax_job *j = ctx;
+    j->ids[task] = j->fn(j->x + (size_t)task * j->width, j->width);
+}
+
+void cpu_argmax_rows(specd_pool *pool, int32_t *ids, const float *x, int n_rows, int width) {
+    argmax_job j = {active()->argmax, ids, x, width};
+    if (n_rows == 1) ids[0] = j.fn(x, width);
+    else if (n_rows > 1) specd_pool_run(pool, n_rows, argmax_task, &j);
 }
 
 void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up, size_t n) {

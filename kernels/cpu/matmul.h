@@ -35,6 +35,10 @@ void cpu_matmul_ref(float *y, const specd_tensor *W, const float *x, int n_tok);
  * within 2 ulp of expf; scalar: expf), over the pool when n is large. */
 void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up, size_t n);
 
+/* ids[r] = specd_argmax(x + r * width, width) for each row, by the active
+ * path (AVX2: two vector passes), rows over the pool. */
+void cpu_argmax_rows(specd_pool *pool, int32_t *ids, const float *x, int n_rows, int width);
+
 /* Name of the SIMD path chosen at run time: "avx512vnni", "avx512",
  * "avxvnni", "avx2" or "scalar" (the best the CPU has, unless SPECD_SIMD
  * names another). The VNNI paths differ from their plain twins only in the

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/sampling.h"
 #include "quant_impl.h"
 
 /* ---- repacking ------------------------------------------------------------ */
@@ -173,6 +174,7 @@ void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n)
 
 int cpu_qkernels_scalar(cpu_kernel_set *ks) {
     ks->swiglu = cpu_swiglu_scalar;
+    ks->argmax = specd_argmax;
     ks->qrows[CPU_Q4] = qrows_scalar;
     ks->qrows[CPU_Q8] = qrows_scalar;
     ks->quantize = cpu_quantize_act;

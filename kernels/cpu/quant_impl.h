@@ -155,6 +155,8 @@ typedef struct cpu_kernel_set {
     cpu_rows_fn rows[SPECD_DTYPE_COUNT];
     /* the integer-activation kernels, per tile kind (qmatmul.h) */
     cpu_qrows_fn qrows[CPU_QKINDS];
+    /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
+    int (*argmax)(const float *x, int n);
     /* out[i] = silu(gate[i]) * up[i] (cpu_swiglu_scalar or vec_avx2.c) */
     void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     /* the activation quantizer (cpu_quantize_act or a SIMD twin) */

@@ -50,7 +50,33 @@ static TAVX2 void swiglu_avx2(float *out, const float *gate, const float *up, si
     for (; i < n; i++) out[i] = cpu_swiglu_scalar_one(gate[i], up[i]);
 }
 
+/* specd_argmax's rule: the first index of the largest value, NaN never
+ * wins (all NaN: 0). Pass 1 finds the maximum (vmaxps returns its second
+ * operand when the first is NaN, so the running max never becomes NaN);
+ * pass 2 the first index holding it. A row of logits (196 KB for 49k
+ * entries) stays in L2 between the passes. */
+static TAVX2 int argmax_avx2(const float *x, int n) {
+    if (n <= 0) return -1;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    float mx[8], best;
+    _mm256_storeu_ps(mx, m);
+    best = mx[0];
+    for (int k = 1; k < 8; k++) best = mx[k] > best ? mx[k] : best;
+    for (; i < n; i++) best = x[i] > best ? x[i] : best;
+    const __m256 b = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz((unsigned)mask);
+    }
+    for (; i < n; i++)
+        if (x[i] == best) return i;
+    return 0; /* every value NaN */
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
+    ks->argmax = argmax_avx2;
     ks->swiglu = swiglu_avx2;
     return 1;
 }

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common/dtype.h"
+#include "common/sampling.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 #include "tests/test_util.h"
@@ -466,6 +467,36 @@ static void test_swiglu_paths(void **state) {
     free(g), free(u), free(y);
 }
 
+/* The argmax op on every path equals specd_argmax: ties to the first index,
+ * NaN never wins, -inf rows, all-NaN rows, tails past the vector width. */
+static void test_argmax_paths(void **state) {
+    (void)state;
+    const int width = 1003, rows = 9;
+    float *x = malloc(sizeof(float) * rows * width);
+    test_fill_random(x, (size_t)rows * width, 17, 5.0f);
+    x[0 * width + 500] = 9.0f, x[0 * width + 700] = 9.0f;        /* tie: 500 */
+    x[1 * width + 1002] = 50.0f;                                 /* in the tail */
+    for (int i = 0; i < width; i++) x[2 * width + i] = -INFINITY; /* all -inf: 0 */
+    for (int i = 0; i < width; i++) x[3 * width + i] = NAN;       /* all NaN: 0 */
+    x[4 * width + 3] = NAN, x[4 * width + 4] = 100.0f;          /* NaN never wins */
+    for (int i = 0; i < width; i++) x[5 * width + i] = i < 10 ? NAN : -INFINITY;
+    int32_t ids[9];
+    specd_pool *pool = specd_pool_create(2);
+    for (size_t p = 0; p < 3; p++) {
+        if (!cpu_simd_force(k_paths[p])) continue;
+        for (int n = 1; n <= rows; n += rows - 1) {
+            cpu_argmax_rows(pool, ids, x, n, width);
+            for (int r = 0; r < n; r++)
+                if (ids[r] != specd_argmax(x + (size_t)r * width, width))
+                    fail_msg("%s: argmax of row %d is %d, specd_argmax %d", k_paths[p], r, ids[r],
+                             specd_argmax(x + (size_t)r * width, width));
+        }
+    }
+    cpu_simd_force("auto");
+    specd_pool_destroy(pool);
+    free(x);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -480,6 +511,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_model_shapes),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_swiglu_paths),
+        cmocka_unit_test(test_argmax_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
