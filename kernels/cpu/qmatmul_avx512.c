@@ -53,6 +53,27 @@ static inline int32_t ld32(const int8_t *p) {
         else _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (v));   \
     } while (0)
 
+/* Row groups [g0, g1) for all tokens, NT at a time; the remainder's count
+ * is a constant in each call, so its loops unroll. */
+#define DEF_DRIVER(NAME, TARGET)                                                               \
+    static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
+                                                     int64_t g1) {                            \
+        for (int64_t g = g0; g < g1; g++) {                                                   \
+            int t0 = 0;                                                                       \
+            for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, t0, NT);                \
+            switch (a->a.n_tok - t0) {                                                        \
+            case 1: NAME##_pass(a, g, t0, 1); break;                                          \
+            case 2: NAME##_pass(a, g, t0, 2); break;                                          \
+            case 3: NAME##_pass(a, g, t0, 3); break;                                          \
+            case 4: NAME##_pass(a, g, t0, 4); break;                                          \
+            case 5: NAME##_pass(a, g, t0, 5); break;                                          \
+            case 6: NAME##_pass(a, g, t0, 6); break;                                          \
+            case 7: NAME##_pass(a, g, t0, 7); break;                                          \
+            default: break;                                                                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
 /* ---- 4-bit tiles (Q4_0, Q4_1) -------------------------------------------- */
 
 #define DEF_Q4(NAME, TARGET, DOT)                                                              \
@@ -93,23 +114,7 @@ static inline int32_t ld32(const int8_t *p) {
         for (int t = 0; t < nt; t++)                                                          \
             STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
     }                                                                                         \
-    static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
-                                                     int64_t g1) {                            \
-        for (int64_t g = g0; g < g1; g++) {                                                   \
-            int t0 = 0;                                                                       \
-            for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, t0, NT);                \
-            switch (a->a.n_tok - t0) {                                                        \
-            case 1: NAME##_pass(a, g, t0, 1); break;                                          \
-            case 2: NAME##_pass(a, g, t0, 2); break;                                          \
-            case 3: NAME##_pass(a, g, t0, 3); break;                                          \
-            case 4: NAME##_pass(a, g, t0, 4); break;                                          \
-            case 5: NAME##_pass(a, g, t0, 5); break;                                          \
-            case 6: NAME##_pass(a, g, t0, 6); break;                                          \
-            case 7: NAME##_pass(a, g, t0, 7); break;                                          \
-            default: break;                                                                   \
-            }                                                                                 \
-        }                                                                                     \
-    }
+    DEF_DRIVER(NAME, TARGET)
 
 /* ---- 8-bit tiles (Q8_0) --------------------------------------------------- */
 
@@ -169,23 +174,7 @@ static inline int32_t ld32(const int8_t *p) {
         for (int t = 0; t < nt; t++)                                                          \
             STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
     }                                                                                         \
-    static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
-                                                     int64_t g1) {                            \
-        for (int64_t g = g0; g < g1; g++) {                                                   \
-            int t0 = 0;                                                                       \
-            for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, t0, NT);                \
-            switch (a->a.n_tok - t0) {                                                        \
-            case 1: NAME##_pass(a, g, t0, 1); break;                                          \
-            case 2: NAME##_pass(a, g, t0, 2); break;                                          \
-            case 3: NAME##_pass(a, g, t0, 3); break;                                          \
-            case 4: NAME##_pass(a, g, t0, 4); break;                                          \
-            case 5: NAME##_pass(a, g, t0, 5); break;                                          \
-            case 6: NAME##_pass(a, g, t0, 6); break;                                          \
-            case 7: NAME##_pass(a, g, t0, 7); break;                                          \
-            default: break;                                                                   \
-            }                                                                                 \
-        }                                                                                     \
-    }
+    DEF_DRIVER(NAME, TARGET)
 
 DEF_Q4(q4_bw, TBW, DOT_BW)
 DEF_Q4(q4_vnni, TBW ",avx512vnni", DOT_VNNI)
