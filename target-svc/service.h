@@ -27,6 +27,9 @@ typedef struct specd_target_opts {
     int max_tree_tokens;   /* + 1 (the pending token) must be <= max_batch_tokens */
     int max_batch_tokens;  /* = the transformer's max_batch */
     int max_wait_ms;
+    int prefill_chunk;     /* prompt tokens per forward pass (scheduler.h) */
+    int kv_wait_ms;        /* longest wait for KV pages before RESOURCE_EXHAUSTED */
+    int prefix_cache;      /* reported in GetInfo (the transformer does the caching) */
 } specd_target_opts;
 
 /* Starts the scheduler's model worker. tok may be NULL (a model without a

@@ -20,11 +20,12 @@ typedef struct specd_target_cfg {
     int64_t device;
     int64_t threads;
     struct {
-        int64_t max_sessions, max_prompt_tokens, max_tree_tokens;
+        int64_t max_sessions, max_prompt_tokens, max_tree_tokens, max_context, kv_wait;
         uint64_t kv_memory;
+        bool prefix_cache;
     } limits;
     struct {
-        int64_t max_batch_tokens, max_wait;
+        int64_t max_batch_tokens, max_wait, prefill_chunk;
     } batching;
     struct {
         char *cert, *key, *client_ca;
