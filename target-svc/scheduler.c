@@ -193,7 +193,8 @@ static void fail_no_pages(specd_sched *s, specd_work *w, int need, int avail, in
 }
 
 typedef struct gather_state {
-    int n_tok, n_items, n_out, prefill_left, avail, blocked;
+    int n_tok, n_items, n_out, prefill_left, blocked;
+    int used; /* pages the items gathered so far will take from the pool */
     size_t mask_off;
 } gather_state;
 
@@ -240,6 +241,16 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
             /* First look: share the cached pages of its prefix. The slot is
              * fresh (its previous owner's pages went back at gather start). */
             int rows = specd_transformer_prefix_attach(s->t, w->slot, w->tokens, w->n_tokens);
+            int avail;
+            specd_transformer_kv_pages(s->t, &avail, NULL);
+            if (avail < g->used) {
+                /* The attach took cached pages that items already in this
+                 * pass count on: give them back and try in a later pass. */
+                specd_transformer_release_slot(s->t, w->slot);
+                if (!w->t_blocked_us) w->t_blocked_us = now;
+                g->blocked++;
+                return 0;
+            }
             w->n_done += rows;
             w->cached_tokens = (uint32_t)rows;
             s->queued_tokens -= rows;
@@ -262,12 +273,16 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
         need = specd_transformer_pages_needed(s->t, w->slot, w->n_past, remaining(w));
         reserve = s->n_slots - s->n_free - 1;
     }
-    if (need + reserve > g->avail) {
+    /* available now: a prefix attach above may just have taken cached pages */
+    int avail;
+    specd_transformer_kv_pages(s->t, &avail, NULL);
+    avail -= g->used;
+    if (need + reserve > avail) {
         if (!w->t_blocked_us) w->t_blocked_us = now;
         g->blocked++;
         return 0;
     }
-    g->avail -= specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
+    g->used += specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
     w->t_blocked_us = 0;
     if (prefill_round) w->admitted = 2; /* started: later chunks need no reserve */
     *take = n;
@@ -282,7 +297,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     s->pass_ids = 1;
     int64_t now = now_us();
     gather_state g = {.prefill_left = s->o.prefill_chunk};
-    specd_transformer_kv_pages(s->t, &g.avail, NULL);
+    int avail;
     for (int round = 0; round < 2; round++) {
         specd_work *w = s->head;
         while (w && g.n_tok < s->o.max_batch_tokens) {
@@ -295,25 +310,28 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
             } else if (admit(s, &g, w, round, &take, now)) {
                 if (add_item(s, &g, w, take)) break;
             } else if (w->t_blocked_us && now - w->t_blocked_us > (int64_t)s->o.kv_wait_ms * 1000) {
+                specd_transformer_kv_pages(s->t, &avail, NULL);
                 fail_no_pages(s, w, specd_transformer_pages_needed(
                                         s->t, w->slot, w->n_past + w->n_done, remaining(w)),
-                              g.avail, now);
+                              avail - g.used, now);
             }
             w = next;
         }
     }
     if (g.n_items == 0 && g.blocked && queued_items(s) >= s->n_slots - s->n_free) {
-        /* Every session that holds pages waits for more: none will ever be
-         * freed. The youngest session gives its pages back. */
+        /* Every session waits for pages: none will ever be freed. The
+         * youngest session holding some gives them back. */
         specd_work *young = NULL;
         for (specd_work *w = s->head; w; w = w->next)
-            if (w->t_blocked_us && (!young || s->slot_seq[w->slot] > s->slot_seq[young->slot]))
+            if (w->t_blocked_us && specd_transformer_slot_pages(s->t, w->slot) > 0 &&
+                (!young || s->slot_seq[w->slot] > s->slot_seq[young->slot]))
                 young = w;
+        specd_transformer_kv_pages(s->t, &avail, NULL);
         if (young)
             fail_no_pages(s, young, specd_transformer_pages_needed(
                                         s->t, young->slot, young->n_past + young->n_done,
                                         remaining(young)),
-                          g.avail, now);
+                          avail, now);
     }
     *n_tokens_out = g.n_tok;
     *n_out_out = g.n_out;
