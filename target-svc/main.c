@@ -56,17 +56,23 @@ int main(int argc, char **argv) {
     if (!(tok = specd_tokenizer_from_model(m, &tok_err)))
         fprintf(stderr, "target-svc: no tokenizer (%s); text input is off\n", tok_err.msg);
 
-    /* KV budget: every session can fill a whole context, so the context
-     * per session is what limits.kv_memory allows for max_sessions of them
-     * (fp16 rows on the GPU, fp32 on the CPU), capped by the model's own;
-     * the transformer does the arithmetic because it knows the KV format. */
+    /* KV budget: limits.kv_memory buys one pool of pages that every
+     * session draws from as it grows (fp16 rows on the GPU, fp32 on the
+     * CPU; the transformer does the arithmetic because it knows the KV
+     * format). Any session may grow to the model's context, or
+     * limits.max_context; a pool smaller than one such context is an error. */
+    int model_ctx = m->hp.max_seq_len;
     specd_transformer_opts to = {
         .backend = {.name = specd_target_backends[cfg.backend], .n_threads = (int)cfg.threads,
                     .device = (int)cfg.device,
                     .precision = (specd_precision)cfg.precision},
         .n_slots = (int)cfg.limits.max_sessions,
+        .max_ctx = cfg.limits.max_context > 0 && cfg.limits.max_context < model_ctx
+                       ? (int)cfg.limits.max_context
+                       : model_ctx,
         .kv_memory = cfg.limits.kv_memory,
         .max_batch = (int)cfg.batching.max_batch_tokens,
+        .prefix_cache = cfg.limits.prefix_cache,
     };
     if (!(t = specd_transformer_create(m, &to, &err))) goto fail;
     int ctx = specd_transformer_max_ctx(t);
@@ -79,6 +85,9 @@ int main(int argc, char **argv) {
         .max_batch_tokens = (int)cfg.batching.max_batch_tokens,
         .max_wait_ms = (int)cfg.batching.max_wait,
         .device = (int)cfg.device,
+        .prefill_chunk = (int)cfg.batching.prefill_chunk,
+        .kv_wait_ms = (int)cfg.limits.kv_wait,
+        .prefix_cache = cfg.limits.prefix_cache,
     };
     if (!(svc = specd_target_service_create(m, t, tok, &so, &err))) goto fail;
     /* tls.insecure wins over the TLS files, as the example config says, so a
@@ -95,9 +104,13 @@ int main(int argc, char **argv) {
     if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
     if (specd_target_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
-    fprintf(stderr, "target-svc: serving %s on port %d (%s, %d sessions x %d context)\n",
+    int kv_pages;
+    specd_transformer_kv_pages(t, NULL, &kv_pages);
+    fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
+                    "KV pool %d pages of %d tokens, prefix cache %s)\n",
             cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],
-            (int)cfg.limits.max_sessions, ctx);
+            (int)cfg.limits.max_sessions, ctx, kv_pages, SPECD_KV_PAGE_ROWS,
+            cfg.limits.prefix_cache ? "on" : "off");
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
     if (sig < 0) {
         fprintf(stderr, "target-svc: cannot install signal handlers\n");

@@ -13,6 +13,9 @@
 
 /* How often a waiting submitter re-checks its call's cancellation probe. */
 #define CANCEL_POLL_MS 10
+/* How often an idle worker whose queue waits for KV pages looks again (a
+ * slot's release also wakes it). */
+#define PAGE_POLL_MS 10
 
 struct specd_sched {
     specd_transformer *t;
@@ -26,6 +29,12 @@ struct specd_sched {
     specd_work *head, *tail; /* FIFO: older items get the budget first */
     int queued_tokens;       /* tokens still to be run by queued items */
     int *free_slots, n_free;
+    /* Admission order of each slot's session (larger = younger): the
+     * youngest waiting session is the one preempted in a page deadlock. */
+    uint64_t *slot_seq, next_seq;
+    int in_pass;                   /* the worker is inside a forward pass */
+    pthread_cond_t pass_cv;        /* signalled when a pass ends */
+    specd_kv_pool_stats kv_stats;  /* as of the last pass */
     /* slots given back whose KV pages the worker has yet to return (the
      * transformer belongs to the worker thread alone) */
     int *released, n_released;
@@ -169,62 +178,164 @@ static int needs_logits(const specd_work *w) {
            w->logprobs != NULL;
 }
 
-/* Gathers queued items into one batch under the token budget. Holds mu.
- * Returns the number of items; fills the worker buffers. */
+/* Fails an item that could not get KV pages (see the policy in scheduler.h).
+ * Holds mu. */
+static void fail_no_pages(specd_sched *s, specd_work *w, int need, int avail, int64_t now) {
+    specd_kv_pool_stats st;
+    specd_transformer_kv_stats(s->t, &st);
+    specd_seterr(&w->err, "KV pool full: waited %lld ms for %d pages of %d rows (%d of %d "
+                          "available, %d sessions active); the session was preempted and can be "
+                          "re-opened from its tokens (limits.kv_memory, limits.kv_wait)",
+                 (long long)((now - w->t_blocked_us) / 1000), need, SPECD_KV_PAGE_ROWS, avail,
+                 st.n_pages, s->n_slots - s->n_free);
+    unlink_item(s, w);
+    complete(w, SPECD_WORK_NO_PAGES);
+}
+
+typedef struct gather_state {
+    int n_tok, n_items, n_out, prefill_left, blocked;
+    int used; /* pages the items gathered so far will take from the pool */
+    size_t mask_off;
+} gather_state;
+
+/* Adds `take` tokens of the item to the pass. Holds mu. Returns -1 when the
+ * output buffers cannot grow (out of memory: run what is gathered). */
+static int add_item(specd_sched *s, gather_state *g, specd_work *w, int take) {
+    int last = w->n_done + take == w->n_tokens; /* produces output this pass */
+    int rows = !last ? 0 : (w->kind == SPECD_WORK_TREE ? w->n_tokens : 1);
+    if (grow_out(s, (size_t)(g->n_out + rows))) return -1;
+    specd_seq_input *in = &s->seqs[g->n_items];
+    *in = (specd_seq_input){.slot = w->slot, .n_past = w->n_past + w->n_done, .n_new = take};
+    memcpy(s->tokens + g->n_tok, w->tokens + w->n_done, sizeof(int32_t) * (size_t)take);
+    if (w->kind == SPECD_WORK_TREE) {
+        uint8_t *mask = s->mask + g->mask_off;
+        int32_t *pos = s->pos + g->n_tok;
+        specd_tree_mask(w->tree, w->n_past, mask, pos);
+        in->mask = mask;
+        in->pos = pos;
+        g->mask_off += (size_t)take * (size_t)take;
+    }
+    s->item_rows[g->n_items] = rows ? g->n_out : -1;
+    for (int r = 0; r < rows; r++)
+        s->out_rows[g->n_out + r] = g->n_tok + (w->kind == SPECD_WORK_TREE ? r : take - 1);
+    g->n_out += rows;
+    if (rows && needs_logits(w)) s->pass_ids = 0;
+    s->items[g->n_items] = w;
+    w->in_flight = take;
+    w->active_sessions = (uint32_t)(s->n_slots - s->n_free);
+    g->n_tok += take;
+    g->n_items++;
+    return 0;
+}
+
+/* Whether the item may join the pass: its kind belongs to this round and it
+ * gets pages. Decides the chunk (*take). Holds mu. Returns 1 to take it,
+ * 0 to leave it queued. */
+static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_round, int *take,
+                 int64_t now) {
+    if ((w->kind == SPECD_WORK_PREFILL) != prefill_round) return 0;
+    int room = s->o.max_batch_tokens - g->n_tok;
+    int n = remaining(w);
+    if (prefill_round) {
+        if (!w->admitted && w->n_past == 0) {
+            /* First look: share the cached pages of its prefix. The slot is
+             * fresh (its previous owner's pages went back at gather start). */
+            int rows = specd_transformer_prefix_attach(s->t, w->slot, w->tokens, w->n_tokens);
+            int avail;
+            specd_transformer_kv_pages(s->t, &avail, NULL);
+            if (avail < g->used) {
+                /* The attach took cached pages that items already in this
+                 * pass count on: give them back and try in a later pass. */
+                specd_transformer_release_slot(s->t, w->slot);
+                if (!w->t_blocked_us) w->t_blocked_us = now;
+                g->blocked++;
+                return 0;
+            }
+            w->n_done += rows;
+            w->cached_tokens = (uint32_t)rows;
+            s->queued_tokens -= rows;
+            n = remaining(w);
+        }
+        if (!w->admitted) w->admitted = 1;
+        if (room > g->prefill_left) room = g->prefill_left;
+        if (room <= 0) return 0;
+        if (n > room) n = room;
+    } else if (n > room) {
+        /* Only a prompt can be split; a tree or decode step waits for a pass
+         * with room (create checks every tree fits an empty pass). */
+        return 0;
+    }
+    int need = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
+    int reserve = 0;
+    if (prefill_round && w->admitted == 1) {
+        /* A prompt not yet started: its whole remainder, and a page for each
+         * other running session to grow into. */
+        need = specd_transformer_pages_needed(s->t, w->slot, w->n_past, remaining(w));
+        reserve = s->n_slots - s->n_free - 1;
+    }
+    /* available now: a prefix attach above may just have taken cached pages */
+    int avail;
+    specd_transformer_kv_pages(s->t, &avail, NULL);
+    avail -= g->used;
+    if (need + reserve > avail) {
+        if (!w->t_blocked_us) w->t_blocked_us = now;
+        g->blocked++;
+        return 0;
+    }
+    g->used += specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
+    w->t_blocked_us = 0;
+    if (prefill_round) w->admitted = 2; /* started: later chunks need no reserve */
+    *take = n;
+    return 1;
+}
+
+/* Gathers queued items into one batch under the token budget: decode and
+ * tree items first, then prompt chunks (see scheduler.h). Holds mu. Returns
+ * the number of items; fills the worker buffers. */
 static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     while (s->n_released > 0) specd_transformer_release_slot(s->t, s->released[--s->n_released]);
     s->pass_ids = 1;
-    int budget = s->o.max_batch_tokens, n_tok = 0, n_items = 0, n_out = 0;
-    size_t mask_off = 0;
-    specd_work *w = s->head;
-    while (w && n_tok < budget) {
-        specd_work *next = w->next;
-        if (w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
-            /* Dropped before it costs model time; the session returns at once. */
-            unlink_item(s, w);
-            complete(w, SPECD_WORK_CANCELLED);
-            w = next;
-            continue;
-        }
-        int take = remaining(w);
-        if (take > budget - n_tok) {
-            /* Only a prompt can be split; a tree or decode step waits for a
-             * pass with room (create checks every tree fits an empty pass). */
-            if (w->kind != SPECD_WORK_PREFILL) {
-                w = next;
-                continue;
+    int64_t now = now_us();
+    gather_state g = {.prefill_left = s->o.prefill_chunk};
+    int avail;
+    for (int round = 0; round < 2; round++) {
+        specd_work *w = s->head;
+        while (w && g.n_tok < s->o.max_batch_tokens) {
+            specd_work *next = w->next;
+            int take = 0;
+            if (w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
+                /* Dropped before it costs model time; the session returns at once. */
+                unlink_item(s, w);
+                complete(w, SPECD_WORK_CANCELLED);
+            } else if (admit(s, &g, w, round, &take, now)) {
+                if (add_item(s, &g, w, take)) break;
+            } else if (w->t_blocked_us && now - w->t_blocked_us > (int64_t)s->o.kv_wait_ms * 1000) {
+                specd_transformer_kv_pages(s->t, &avail, NULL);
+                fail_no_pages(s, w, specd_transformer_pages_needed(
+                                        s->t, w->slot, w->n_past + w->n_done, remaining(w)),
+                              avail - g.used, now);
             }
-            take = budget - n_tok;
+            w = next;
         }
-        int last = w->n_done + take == w->n_tokens; /* produces output this pass */
-        int rows = !last ? 0 : (w->kind == SPECD_WORK_TREE ? w->n_tokens : 1);
-        if (grow_out(s, (size_t)(n_out + rows))) break; /* out of memory: run what we have */
-        specd_seq_input *in = &s->seqs[n_items];
-        *in = (specd_seq_input){.slot = w->slot, .n_past = w->n_past + w->n_done, .n_new = take};
-        memcpy(s->tokens + n_tok, w->tokens + w->n_done, sizeof(int32_t) * (size_t)take);
-        if (w->kind == SPECD_WORK_TREE) {
-            uint8_t *mask = s->mask + mask_off;
-            int32_t *pos = s->pos + n_tok;
-            specd_tree_mask(w->tree, w->n_past, mask, pos);
-            in->mask = mask;
-            in->pos = pos;
-            mask_off += (size_t)take * (size_t)take;
-        }
-        s->item_rows[n_items] = rows ? n_out : -1;
-        for (int r = 0; r < rows; r++)
-            s->out_rows[n_out + r] = n_tok + (w->kind == SPECD_WORK_TREE ? r : take - 1);
-        n_out += rows;
-        if (rows && needs_logits(w)) s->pass_ids = 0;
-        s->items[n_items] = w;
-        w->in_flight = take;
-        w->active_sessions = (uint32_t)(s->n_slots - s->n_free);
-        n_tok += take;
-        n_items++;
-        w = next;
     }
-    *n_tokens_out = n_tok;
-    *n_out_out = n_out;
-    return n_items;
+    if (g.n_items == 0 && g.blocked && queued_items(s) >= s->n_slots - s->n_free) {
+        /* Every session waits for pages: none will ever be freed. The
+         * youngest session holding some gives them back. */
+        specd_work *young = NULL;
+        for (specd_work *w = s->head; w; w = w->next)
+            if (w->t_blocked_us && specd_transformer_slot_pages(s->t, w->slot) > 0 &&
+                (!young || s->slot_seq[w->slot] > s->slot_seq[young->slot]))
+                young = w;
+        specd_transformer_kv_pages(s->t, &avail, NULL);
+        if (young)
+            fail_no_pages(s, young, specd_transformer_pages_needed(
+                                        s->t, young->slot, young->n_past + young->n_done,
+                                        remaining(young)),
+                          avail, now);
+    }
+    *n_tokens_out = g.n_tok;
+    *n_out_out = g.n_out;
+    return g.n_items;
 }
 
 static void *worker_main(void *arg) {
@@ -256,11 +367,17 @@ static void *worker_main(void *arg) {
         int n_tok, n_out;
         int n_items = gather(s, &n_tok, &n_out);
         if (n_items == 0) {
-            /* Everything queued was cancelled, or nothing fit (cannot happen:
-             * create checks that every item fits an empty pass). */
-            if (s->head && !n_tok) pthread_cond_wait(&s->work_cv, &s->mu);
+            /* Everything queued was cancelled, or waits for KV pages: look
+             * again when a slot is released or work arrives, or after a
+             * short while (the page wait bound runs on). */
+            if (s->head) {
+                struct timespec until;
+                abs_in_us(&until, (int64_t)PAGE_POLL_MS * 1000);
+                pthread_cond_timedwait(&s->work_cv, &s->mu, &until);
+            }
             continue;
         }
+        s->in_pass = 1;
         pthread_mutex_unlock(&s->mu);
 
         int64_t t0 = now_us();
@@ -278,7 +395,12 @@ static void *worker_main(void *arg) {
             if (frc) { /* the forward pass left every cache untouched */
                 w->err = err;
                 rcs[i] = SPECD_WORK_FAILED;
-            } else if (s->item_rows[i] >= 0) {
+            } else if (w->kind == SPECD_WORK_PREFILL && w->n_past == 0) {
+                /* The prompt's full pages computed so far become findable. */
+                specd_transformer_prefix_publish(s->t, w->slot, w->tokens,
+                                                 w->n_past + w->n_done + w->in_flight);
+            }
+            if (!frc && s->item_rows[i] >= 0) {
                 w->queue_us = (uint32_t)(t0 - w->t_submit_us);
                 w->forward_us = fwd_us;
                 w->batch_tokens = (uint32_t)n_tok;
@@ -287,6 +409,9 @@ static void *worker_main(void *arg) {
         }
 
         pthread_mutex_lock(&s->mu);
+        specd_transformer_kv_stats(s->t, &s->kv_stats);
+        s->in_pass = 0;
+        pthread_cond_broadcast(&s->pass_cv);
         for (int i = 0; i < n_items; i++) {
             specd_work *w = s->items[i];
             int took = w->in_flight;
@@ -314,7 +439,8 @@ static void *worker_main(void *arg) {
 
 specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
                                 specd_error *err) {
-    if (!t || !o || o->max_batch_tokens < 1 || o->max_wait_ms < 0 || o->n_slots < 1) {
+    if (!t || !o || o->max_batch_tokens < 1 || o->max_wait_ms < 0 || o->n_slots < 1 ||
+        o->prefill_chunk < 0 || o->kv_wait_ms < 0) {
         specd_seterr(err, "scheduler: bad options");
         return NULL;
     }
@@ -326,6 +452,10 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
     const specd_llama_hparams *hp = specd_transformer_hparams(t);
     s->t = t;
     s->o = *o;
+    if (!s->o.prefill_chunk || s->o.prefill_chunk > s->o.max_batch_tokens)
+        s->o.prefill_chunk = s->o.max_batch_tokens;
+    if (!s->o.kv_wait_ms) s->o.kv_wait_ms = 30000;
+    specd_transformer_kv_stats(t, &s->kv_stats);
     s->vocab = hp->vocab_size;
     s->dim = hp->dim;
     /* Every slot starts free; popping from the end hands out slot 0 first. */
@@ -335,6 +465,7 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
         for (int i = 0; i < o->n_slots; i++) s->free_slots[i] = o->n_slots - 1 - i;
     s->n_free = o->n_slots;
     s->released = malloc(sizeof(int) * (size_t)o->n_slots);
+    s->slot_seq = calloc((size_t)o->n_slots, sizeof(uint64_t));
     int B = o->max_batch_tokens;
     s->tokens = malloc(sizeof(int32_t) * (size_t)B);
     s->out_rows = malloc(sizeof(int32_t) * (size_t)B);
@@ -350,17 +481,19 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
      * This size also covers specd_decode_token. */
     s->scratch = malloc(specd_verify_scratch_size(s->vocab, B > 1 ? B - 1 : 1));
     if (!s->tokens || !s->out_rows || !s->seqs || !s->items || !s->item_rows || !s->rcs || !s->pos ||
-        !s->kept || !s->mask || !s->scratch || !s->free_slots || !s->released || grow_out(s, 1)) {
+        !s->kept || !s->mask || !s->scratch || !s->free_slots || !s->released || !s->slot_seq || grow_out(s, 1)) {
         specd_seterr(err, "scheduler: out of memory");
         specd_sched_free(s);
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
     cond_init(&s->work_cv);
+    cond_init(&s->pass_cv);
     if (pthread_create(&s->worker, NULL, worker_main, s)) {
         specd_seterr(err, "scheduler: cannot start the model worker");
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        pthread_cond_destroy(&s->pass_cv);
         specd_sched_free(s);
         return NULL;
     }
@@ -378,6 +511,7 @@ void specd_sched_free(specd_sched *s) {
         pthread_join(s->worker, NULL);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        pthread_cond_destroy(&s->pass_cv);
     }
     free(s->tokens);
     free(s->out_rows);
@@ -394,12 +528,14 @@ void specd_sched_free(specd_sched *s) {
     free(s->argmax);
     free(s->free_slots);
     free(s->released);
+    free(s->slot_seq);
     free(s);
 }
 
 int specd_sched_acquire_slot(specd_sched *s) {
     pthread_mutex_lock(&s->mu);
     int slot = s->n_free > 0 ? s->free_slots[--s->n_free] : -1;
+    if (slot >= 0) s->slot_seq[slot] = ++s->next_seq;
     pthread_mutex_unlock(&s->mu);
     return slot;
 }
@@ -412,6 +548,7 @@ void specd_sched_release_slot(specd_sched *s, int slot) {
      * use them meanwhile. */
     s->free_slots[s->n_free++] = slot;
     s->released[s->n_released++] = slot;
+    pthread_cond_signal(&s->work_cv); /* its pages may unblock a waiting item */
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -433,7 +570,9 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
         return SPECD_WORK_FAILED;
     }
     w->rc = 0;
-    w->done = w->in_flight = w->n_done = 0;
+    w->done = w->in_flight = w->n_done = w->admitted = 0;
+    w->t_blocked_us = 0;
+    w->cached_tokens = 0;
     w->next = NULL;
     w->queue_us = w->forward_us = w->batch_tokens = w->active_sessions = 0;
     cond_init(&w->cv);
@@ -466,4 +605,18 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&w->cv);
     return w->rc;
+}
+
+void specd_sched_kv_stats(specd_sched *s, specd_kv_pool_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    *st = s->kv_stats;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int specd_sched_check_pages(specd_sched *s, specd_error *err) {
+    pthread_mutex_lock(&s->mu);
+    while (s->in_pass) pthread_cond_wait(&s->pass_cv, &s->mu);
+    int rc = specd_transformer_check_pages(s->t, err);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }

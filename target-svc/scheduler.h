@@ -17,9 +17,28 @@
  * is small, runs the forward pass, post-processes each item and wakes its
  * session. Sessions come and go between passes.
  *
- * KV memory: the transformer has one slot per admissible session; a session
- * takes a slot from the free list for its lifetime. No free slot means the
- * KV budget is spent and the session is refused (RESOURCE_EXHAUSTED above).
+ * Chunked prefill: decode and tree items are gathered first (oldest first),
+ * then prompts fill what is left, at most prefill_chunk prompt tokens per
+ * pass in all. A long prompt therefore delays the running streams by one
+ * chunk's compute per step, never by its whole prefill.
+ *
+ * KV memory: a slot is a session's page table, nothing more; every slot
+ * takes its pages from the transformer's one pool as it grows (kv_pool.h).
+ * Admission goes by available pages at each pass: an item is gathered only
+ * when the pages its rows need are available after the items before it; a
+ * new prompt (its first chunk) only when its whole remainder fits and one
+ * page per other active session is left over, so running sessions can keep
+ * growing. A new prompt first shares every cached page of its prefix.
+ *
+ * When the pool runs dry mid-generation (policy): the item waits in the
+ * queue, other items go on, and pages come back as sessions end. An item
+ * that has waited kv_wait_ms, or the youngest waiting one when every
+ * session holding pages is waiting (nothing could ever free a page), fails
+ * with SPECD_WORK_NO_PAGES: the service ends the call with
+ * RESOURCE_EXHAUSTED and frees the slot's pages. For Verify this is a
+ * preemption, not a loss: draft-svc holds every token and re-opens the
+ * session (here or on another target) with the history as its prompt, whose
+ * re-prefill reuses the cached prompt pages.
  *
  * Cancellation: a submitter passes an is_cancelled probe. A queued item of a
  * cancelled call is dropped (by the worker when it gathers, or by the waiting
@@ -43,6 +62,8 @@ typedef struct specd_sched_opts {
     int n_slots;          /* KV slots of the transformer = most sessions */
     int max_batch_tokens; /* tokens per forward pass; must be the transformer's max_batch */
     int max_wait_ms;      /* longest wait for more work while the batch is small */
+    int prefill_chunk;    /* prompt tokens per pass, all prompts together; 0 = max_batch_tokens */
+    int kv_wait_ms;       /* longest wait for KV pages; 0 = 30 s */
 } specd_sched_opts;
 
 typedef enum specd_work_kind {
@@ -55,6 +76,7 @@ typedef enum specd_work_kind {
 #define SPECD_WORK_OK 0
 #define SPECD_WORK_FAILED -1    /* err says why (forward error, shutdown) */
 #define SPECD_WORK_CANCELLED -2 /* the probe said the call is gone */
+#define SPECD_WORK_NO_PAGES -3  /* the KV pool stayed full (err says how long) */
 
 typedef struct specd_work {
     /* ---- input, set by the session ---- */
@@ -92,11 +114,13 @@ typedef struct specd_work {
     int n_accepted;
     uint32_t queue_us, forward_us, batch_tokens;
     uint32_t active_sessions; /* KV slots held when the pass was gathered */
+    uint32_t cached_tokens;   /* PREFILL: prompt tokens whose KV came from the prefix cache */
     specd_error err;
 
     /* ---- private to the scheduler ---- */
     int rc, done, in_flight, n_done; /* n_done: prompt tokens already prefilled */
-    int64_t t_submit_us;
+    int admitted; /* PREFILL: 0 new, 1 cached prefix attached, 2 first chunk taken */
+    int64_t t_submit_us, t_blocked_us; /* t_blocked_us: first pass it lacked pages, 0 = none */
     pthread_cond_t cv;
     struct specd_work *next;
 } specd_work;
@@ -116,8 +140,18 @@ void specd_sched_release_slot(specd_sched *s, int slot);
 int specd_sched_free_slots(specd_sched *s);
 
 /* Queues the item and blocks until it is done: SPECD_WORK_OK,
- * SPECD_WORK_FAILED (w->err) or SPECD_WORK_CANCELLED. Thread-safe; the item
+ * SPECD_WORK_FAILED (w->err), SPECD_WORK_NO_PAGES (w->err) or
+ * SPECD_WORK_CANCELLED. A PREFILL item may find cached rows: w->n_done
+ * then counts them as done and the rest is computed. Thread-safe; the item
  * (and what it points to) must stay valid until this returns. */
 int specd_sched_run(specd_sched *s, specd_work *w);
+
+/* The pool's state and prefix-cache counters as of the last pass (for
+ * GetInfo and metrics; thread-safe). */
+void specd_sched_kv_stats(specd_sched *s, specd_kv_pool_stats *st);
+
+/* Checks the KV page accounting (specd_transformer_check_pages) between
+ * passes. For tests: 0 or -1 + err. */
+int specd_sched_check_pages(specd_sched *s, specd_error *err);
 
 #endif

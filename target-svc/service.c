@@ -172,6 +172,7 @@ static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t st
     tm.forward_us = w->forward_us;
     tm.batch_tokens = w->batch_tokens;
     tm.active_sessions = w->active_sessions;
+    tm.cached_tokens = w->cached_tokens;
     r.timings = &tm;
     if (lp) {
         /* When a stop truncated the step, the stop token is `next` and its
@@ -189,6 +190,9 @@ static int run_work(specd_target_service *svc, specd_rpc_call *c, specd_work *w)
     w->cancel_arg = c;
     int rc = specd_sched_run(svc->sched, w);
     if (rc == SPECD_WORK_FAILED) specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, w->err.msg);
+    /* the KV pool stayed full: draft-svc re-opens the session later */
+    if (rc == SPECD_WORK_NO_PAGES)
+        specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, w->err.msg);
     return rc;
 }
 
@@ -213,11 +217,10 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
             return 1;
         }
         if ((*slot = specd_sched_acquire_slot(svc->sched)) < 0) {
-            /* Each session reserves a KV slot for its whole life, so a full
-             * slot table is the KV budget being spent. */
+            /* KV pages come from the shared pool as sessions grow; a slot
+             * is only a session's page table, so this is max_sessions. */
             char msg[160];
-            snprintf(msg, sizeof msg,
-                     "all %d sessions are in use (limits.max_sessions / limits.kv_memory)",
+            snprintf(msg, sizeof msg, "all %d sessions are in use (limits.max_sessions)",
                      svc->o.max_sessions);
             specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
             return 1;
@@ -402,7 +405,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
     }
     if ((slot = specd_sched_acquire_slot(svc->sched)) < 0) {
         specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                              "all sessions are in use (limits.max_sessions / limits.kv_memory)");
+                              "all sessions are in use (limits.max_sessions)");
         goto out;
     }
     double t_start = now_ms(), t_first = 0;
@@ -510,6 +513,20 @@ static void h_info(specd_rpc_call *c, void *user) {
     r.backend = (char *)specd_transformer_backend_name(svc->t);
     r.max_tree_tokens = svc->o.max_tree_tokens;
     r.max_sessions = svc->o.max_sessions;
+    Specd__V1__KvPoolInfo kv = SPECD__V1__KV_POOL_INFO__INIT;
+    specd_kv_pool_stats st;
+    specd_sched_kv_stats(svc->sched, &st);
+    kv.page_tokens = SPECD_KV_PAGE_ROWS;
+    kv.pages_total = st.n_pages;
+    kv.pages_held = st.n_held;
+    kv.pages_cached = st.n_cached;
+    kv.pages_free = st.n_free;
+    kv.prefix_cache = svc->o.prefix_cache != 0;
+    kv.prefix_lookup_pages = st.lookup_pages;
+    kv.prefix_hit_pages = st.hit_pages;
+    kv.prefix_hit_rate = st.lookup_pages ? (float)st.hit_pages / (float)st.lookup_pages : 0.0f;
+    kv.evictions = st.evictions;
+    r.kv_pool = &kv;
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
         specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 }
@@ -563,7 +580,8 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
         specd_tokenizer_sha256_hex(tok, svc->tok_sha256);
     }
     specd_sched_opts so = {.n_slots = o->max_sessions, .max_batch_tokens = o->max_batch_tokens,
-                           .max_wait_ms = o->max_wait_ms};
+                           .max_wait_ms = o->max_wait_ms, .prefill_chunk = o->prefill_chunk,
+                           .kv_wait_ms = o->kv_wait_ms};
     svc->sched = specd_sched_create(t, &so, err);
     if (!svc->sched) {
         free(svc);

@@ -33,6 +33,9 @@ typedef struct specd_target_opts {
     /* Generate's max_new_tokens cap and default (0 = 4096 / 256, draft-svc's
      * defaults); Verify sessions are bounded by the context instead. */
     int max_new_tokens, default_max_new_tokens;
+    int prefill_chunk;     /* prompt tokens per forward pass (scheduler.h) */
+    int kv_wait_ms;        /* longest wait for KV pages before RESOURCE_EXHAUSTED */
+    int prefix_cache;      /* reported in GetInfo (the transformer does the caching) */
 } specd_target_opts;
 
 /* Starts the scheduler's model worker. tok may be NULL (a model without a

@@ -23,10 +23,12 @@ typedef struct specd_target_cfg {
     struct {
         int64_t max_sessions, max_prompt_tokens, max_tree_tokens;
         int64_t max_new_tokens, default_max_new_tokens;
+        int64_t max_sessions, max_prompt_tokens, max_tree_tokens, max_context, kv_wait;
         uint64_t kv_memory;
+        bool prefix_cache;
     } limits;
     struct {
-        int64_t max_batch_tokens, max_wait;
+        int64_t max_batch_tokens, max_wait, prefill_chunk;
     } batching;
     struct {
         char *cert, *key, *client_ca;

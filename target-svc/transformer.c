@@ -15,6 +15,8 @@
  * the LM head (with a 49k vocabulary that head is the largest matmul). */
 #include "transformer.h"
 
+#include "target-svc/kv_pool.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,16 +39,17 @@ struct specd_transformer {
     specd_rope_cfg rope;
 
     /* Paged KV cache: one device allocation holds every layer's K and V
-     * pools (kernels/backend.h, specd_kv_layout). Slot s owns the pages
-     * slot_pages[s][0..slot_n_pages[s]) in logical order; free pages sit on
-     * a stack that hands out low ids first, so a lightly used cache touches
-     * little memory (on the CPU the untouched rest is never even mapped). */
+     * pools (kernels/backend.h, specd_kv_layout). Slot s holds the pages
+     * slot_pages[s][0..slot_n_pages[s]) in logical order, references into
+     * one pool shared by every slot (kv_pool.h: free pages come low ids
+     * first, so a lightly used cache touches little memory; on the CPU the
+     * untouched rest is never even mapped). Any slot may grow to max_ctx. */
     specd_kv_layout kv;
     int n_pages, pages_per_slot;
     int32_t *slot_pages; /* [n_slots][pages_per_slot] */
     int *slot_n_pages;   /* [n_slots] */
-    int32_t *free_pages; /* stack, top at n_free_pages - 1 */
-    int n_free_pages;
+    specd_kv_pool *pool;
+    int prefix_cache;    /* share full prompt pages between slots */
 
     /* activations (device buffers) for up to max_batch tokens */
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2;
@@ -130,11 +133,9 @@ static int alloc_kv(specd_transformer *t, int kv_pages, specd_error *err) {
     t->n_pages = kv_pages > 0 && kv_pages < full ? kv_pages : (int)full;
     t->slot_pages = malloc(sizeof(int32_t) * (size_t)full);
     t->slot_n_pages = calloc((size_t)t->n_slots, sizeof(int));
-    t->free_pages = malloc(sizeof(int32_t) * (size_t)t->n_pages);
-    if (!t->slot_pages || !t->slot_n_pages || !t->free_pages)
+    if (!t->slot_pages || !t->slot_n_pages)
         return specd_seterr(err, "transformer: out of memory for the KV page tables");
-    for (int i = 0; i < t->n_pages; i++) t->free_pages[i] = t->n_pages - 1 - i;
-    t->n_free_pages = t->n_pages;
+    if (!(t->pool = specd_kv_pool_create(t->n_pages, err))) return -1;
 
     t->kv = (specd_kv_layout){NULL, t->hp.n_layers, t->kv_dim,
                               (int64_t)t->n_pages * SPECD_KV_PAGE_ROWS};
@@ -170,8 +171,10 @@ static int alloc_buffers(specd_transformer *t, specd_error *err) {
     t->cos_sin = malloc(B * hp->head_dim * sizeof(float));
     t->pos = malloc(B * sizeof(int32_t));
     t->step_seqs = malloc(B * sizeof(specd_step_seq));
-    t->move_src = malloc(B * sizeof(int32_t));
-    t->move_dst = malloc(B * sizeof(int32_t));
+    /* kv_compact moves up to max_batch rows; a copy on write one page */
+    size_t moves = B > SPECD_KV_PAGE_ROWS ? B : SPECD_KV_PAGE_ROWS;
+    t->move_src = malloc(moves * sizeof(int32_t));
+    t->move_dst = malloc(moves * sizeof(int32_t));
     if (failed || !t->pos || !t->step_seqs || !t->cos_sin || !t->move_src || !t->move_dst)
         return specd_seterr(err, "transformer: out of memory allocating activations for %d batch "
                                  "tokens",
@@ -235,21 +238,31 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
     }
     compute_inv_freq(t->inv_freq, &m->hp, rope_freqs);
     t->rope = (specd_rope_cfg){m->hp.head_dim, m->hp.head_dim, m->hp.rope_interleaved};
-    if (opts && opts->kv_memory) {
-        uint64_t row_bytes = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)t->kv_dim *
-                             specd_kv_elem_bytes(t->be->kv_type);
-        uint64_t rows = opts->kv_memory / ((uint64_t)t->n_slots * row_bytes);
-        if (rows < 2) {
-            specd_seterr(err, "limits.kv_memory = %llu bytes gives %llu context rows per session "
-                              "for %d sessions (%llu bytes a row); raise it or lower "
-                              "limits.max_sessions",
-                         (unsigned long long)opts->kv_memory, (unsigned long long)rows, t->n_slots,
-                         (unsigned long long)row_bytes);
+    int kv_pages = opts ? opts->kv_pages : 0;
+    if (opts && opts->kv_memory && !kv_pages) {
+        /* One pool for every session: kv_memory buys pages, and any session
+         * may grow to the whole context, so the pool must hold at least one
+         * whole context. */
+        uint64_t page_bytes = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)t->kv_dim *
+                              specd_kv_elem_bytes(t->be->kv_type) * SPECD_KV_PAGE_ROWS;
+        uint64_t pages = opts->kv_memory / page_bytes;
+        uint64_t need = (uint64_t)(t->max_ctx + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS;
+        if (pages < need) {
+            specd_seterr(err, "limits.kv_memory = %llu bytes holds %llu KV pages of %d rows "
+                              "(%llu bytes a page); one session at the full context of %d "
+                              "tokens needs %llu: raise limits.kv_memory or lower "
+                              "limits.max_context",
+                         (unsigned long long)opts->kv_memory, (unsigned long long)pages,
+                         SPECD_KV_PAGE_ROWS, (unsigned long long)page_bytes, t->max_ctx,
+                         (unsigned long long)need);
             goto fail;
         }
-        if (rows < (uint64_t)t->max_ctx) t->max_ctx = (int)rows;
+        kv_pages = pages > (uint64_t)INT32_MAX / SPECD_KV_PAGE_ROWS
+                       ? INT32_MAX / SPECD_KV_PAGE_ROWS
+                       : (int)pages;
     }
-    if (alloc_buffers(t, err) || alloc_kv(t, opts ? opts->kv_pages : 0, err)) goto fail;
+    t->prefix_cache = opts ? opts->prefix_cache : 0;
+    if (alloc_buffers(t, err) || alloc_kv(t, kv_pages, err)) goto fail;
     return t;
 fail:
     specd_transformer_free(t);
@@ -280,7 +293,7 @@ void specd_transformer_free(specd_transformer *t) {
     }
     free(t->slot_pages);
     free(t->slot_n_pages);
-    free(t->free_pages);
+    specd_kv_pool_free(t->pool);
     free(t->layers);
     free(t->inv_freq);
     free(t->pos);
@@ -311,14 +324,16 @@ double specd_transformer_decode_weight_bytes(const specd_transformer *t) {
 
 static int pages_for(int rows) { return (rows + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS; }
 
-/* Gives the slot exactly `want` pages: takes from the free stack or returns
- * its last pages (rows past the slot's live rows hold nothing anyone reads).
- * Callers check beforehand that enough pages are free. */
+/* Gives the slot exactly `want` pages: takes fresh ones from the pool or
+ * drops its last ones (rows past the slot's live rows hold nothing anyone
+ * reads; a dropped page that others share, or that is a cached prefix,
+ * lives on in the pool). Callers check beforehand that enough pages are
+ * available. */
 static void slot_resize(specd_transformer *t, int slot, int want) {
     int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
     int *held = &t->slot_n_pages[slot];
-    while (*held > want) t->free_pages[t->n_free_pages++] = pages[--*held];
-    while (*held < want) pages[(*held)++] = t->free_pages[--t->n_free_pages];
+    while (*held > want) specd_kv_pool_release(t->pool, pages[--*held]);
+    while (*held < want) pages[(*held)++] = specd_kv_pool_alloc(t->pool);
 }
 
 void specd_transformer_release_slot(specd_transformer *t, int slot) {
@@ -326,8 +341,116 @@ void specd_transformer_release_slot(specd_transformer *t, int slot) {
 }
 
 void specd_transformer_kv_pages(const specd_transformer *t, int *n_free, int *n_total) {
-    if (n_free) *n_free = t->n_free_pages;
+    if (n_free) *n_free = specd_kv_pool_available(t->pool);
     if (n_total) *n_total = t->n_pages;
+}
+
+void specd_transformer_kv_stats(const specd_transformer *t, specd_kv_pool_stats *st) {
+    specd_kv_pool_get_stats(t->pool, st);
+}
+
+int specd_transformer_slot_pages(const specd_transformer *t, int slot) {
+    return slot >= 0 && slot < t->n_slots ? t->slot_n_pages[slot] : 0;
+}
+
+/* Pages a slot must take from the pool to write rows [n_past, n_past +
+ * n_new): new pages past what it holds, plus a private copy of each held
+ * page in that range that other slots share (copy on write). */
+static int pages_to_take(const specd_transformer *t, int slot, int n_past, int n_new) {
+    int want = pages_for(n_past + n_new), held = t->slot_n_pages[slot];
+    const int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
+    int take = want > held ? want - held : 0;
+    int top = want < held ? want : held;
+    for (int i = n_past / SPECD_KV_PAGE_ROWS; i < top; i++)
+        if (specd_kv_pool_refs(t->pool, pages[i]) > 1) take++;
+    return take;
+}
+
+int specd_transformer_pages_needed(const specd_transformer *t, int slot, int n_past, int n_new) {
+    if (slot < 0 || slot >= t->n_slots || n_past < 0 || n_new < 0) return 0;
+    return pages_to_take(t, slot, n_past, n_new);
+}
+
+/* Makes every page holding rows [from, to) of the slot its own to write:
+ * a page shared with other slots is copied to a fresh page (all layers, one
+ * kv_move), a cached prefix page it holds alone loses its key (its rows are
+ * about to change). check_pages made sure the copies' pages are there. */
+static void own_pages(specd_transformer *t, int slot, int from, int to) {
+    int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
+    int top = pages_for(to) < t->slot_n_pages[slot] ? pages_for(to) : t->slot_n_pages[slot];
+    for (int i = from / SPECD_KV_PAGE_ROWS; i < top; i++) {
+        int32_t pg = pages[i];
+        if (specd_kv_pool_refs(t->pool, pg) > 1) {
+            int32_t copy = specd_kv_pool_alloc(t->pool);
+            for (int r = 0; r < SPECD_KV_PAGE_ROWS; r++) {
+                t->move_src[r] = pg * SPECD_KV_PAGE_ROWS + r;
+                t->move_dst[r] = copy * SPECD_KV_PAGE_ROWS + r;
+            }
+            t->be->ops->kv_move(t->be, &t->kv, t->move_src, t->move_dst, SPECD_KV_PAGE_ROWS);
+            specd_kv_pool_release(t->pool, pg);
+            pages[i] = copy;
+        } else {
+            specd_kv_pool_unpublish(t->pool, pg);
+        }
+    }
+}
+
+/* --- prefix caching ------------------------------------------------------- */
+
+int specd_transformer_prefix_attach(specd_transformer *t, int slot, const int32_t *tokens,
+                                    int n) {
+    if (!t->prefix_cache || slot < 0 || slot >= t->n_slots || t->slot_n_pages[slot] || n < 2)
+        return 0;
+    /* The last token is always computed: its row gives the first output. */
+    int max_pages = (n - 1) / SPECD_KV_PAGE_ROWS;
+    if (max_pages > t->pages_per_slot) max_pages = t->pages_per_slot;
+    int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
+    uint64_t parent = 0;
+    for (int i = 0; i < max_pages; i++) {
+        const int32_t *tok = tokens + (size_t)i * SPECD_KV_PAGE_ROWS;
+        uint64_t key = specd_kv_page_key(parent, tok);
+        int32_t pg = specd_kv_pool_lookup(t->pool, key, parent, tok);
+        if (pg < 0) break;
+        pages[t->slot_n_pages[slot]++] = pg;
+        parent = key;
+    }
+    return t->slot_n_pages[slot] * SPECD_KV_PAGE_ROWS;
+}
+
+void specd_transformer_prefix_publish(specd_transformer *t, int slot, const int32_t *tokens,
+                                      int n_rows) {
+    if (!t->prefix_cache || slot < 0 || slot >= t->n_slots) return;
+    int full = n_rows / SPECD_KV_PAGE_ROWS;
+    if (full > t->slot_n_pages[slot]) full = t->slot_n_pages[slot];
+    const int32_t *pages = t->slot_pages + (size_t)slot * t->pages_per_slot;
+    uint64_t parent = 0;
+    for (int i = 0; i < full; i++) {
+        const int32_t *tok = tokens + (size_t)i * SPECD_KV_PAGE_ROWS;
+        uint64_t key = specd_kv_page_key(parent, tok);
+        specd_kv_pool_publish(t->pool, pages[i], key, parent, tok);
+        parent = key;
+    }
+}
+
+int specd_transformer_check_pages(const specd_transformer *t, specd_error *err) {
+    int *refs = calloc((size_t)t->n_pages, sizeof(int));
+    if (!refs) return specd_seterr(err, "check: out of memory");
+    int rc = 0;
+    for (int s = 0; s < t->n_slots && !rc; s++) {
+        const int32_t *pages = t->slot_pages + (size_t)s * t->pages_per_slot;
+        if (t->slot_n_pages[s] < 0 || t->slot_n_pages[s] > t->pages_per_slot)
+            rc = specd_seterr(err, "slot %d holds %d pages, at most %d", s, t->slot_n_pages[s],
+                              t->pages_per_slot);
+        for (int i = 0; i < t->slot_n_pages[s] && !rc; i++) {
+            if (pages[i] < 0 || pages[i] >= t->n_pages)
+                rc = specd_seterr(err, "slot %d page %d is %d", s, i, pages[i]);
+            else
+                refs[pages[i]]++;
+        }
+    }
+    if (!rc) rc = specd_kv_pool_check(t->pool, refs, err);
+    free(refs);
+    return rc;
 }
 
 /* The physical cache row of a slot's logical row. */
@@ -397,20 +520,24 @@ static int ensure_logit_rows(specd_transformer *t, int rows, specd_error *err) {
     return 0;
 }
 
-/* Pages the batch needs beyond what its slots hold; -1 when they are not
- * free. Nothing changes here, so a refused batch leaves the cache as it was. */
+/* Pages the batch needs beyond what its slots hold (copies on write
+ * included); -1 when they are not available. Pages a slot drops count as
+ * available only when it held them alone (a shared page stays held).
+ * Nothing changes here, so a refused batch leaves the cache as it was. */
 static int check_pages(const specd_transformer *t, const specd_batch *b, specd_error *err) {
     int extra = 0, returned = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const specd_seq_input *in = &b->seqs[s];
-        int d = pages_for(in->n_past + in->n_new) - t->slot_n_pages[in->slot];
-        if (d > 0) extra += d;
-        else returned -= d;
+        extra += pages_to_take(t, in->slot, in->n_past, in->n_new);
+        const int32_t *pages = t->slot_pages + (size_t)in->slot * t->pages_per_slot;
+        for (int i = pages_for(in->n_past + in->n_new); i < t->slot_n_pages[in->slot]; i++)
+            if (specd_kv_pool_refs(t->pool, pages[i]) == 1) returned++;
     }
-    if (extra > t->n_free_pages + returned)
+    int avail = specd_kv_pool_available(t->pool) + returned;
+    if (extra > avail)
         return specd_seterr(err, "KV cache full: the batch needs %d more pages of %d rows, %d are "
                                  "free (limits.kv_memory)",
-                            extra, SPECD_KV_PAGE_ROWS, t->n_free_pages + returned);
+                            extra, SPECD_KV_PAGE_ROWS, avail);
     return 0;
 }
 
@@ -426,6 +553,7 @@ static void build_step(specd_transformer *t, const specd_batch *b, specd_step *s
     }
     for (int s = 0; s < b->n_seqs; s++) {
         const specd_seq_input *in = &b->seqs[s];
+        own_pages(t, in->slot, in->n_past, in->n_past + in->n_new);
         slot_resize(t, in->slot, pages_for(in->n_past + in->n_new));
         for (int i = 0; i < in->n_new; i++)
             t->pos[start + i] = in->pos ? in->pos[i] : in->n_past + i;

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/model_file.h"
 #include "kernels/backend.h"
+#include "target-svc/kv_pool.h"
 
 typedef struct specd_transformer specd_transformer;
 
@@ -21,15 +22,19 @@ typedef struct specd_transformer_opts {
     specd_backend_opts backend;
     int n_slots;      /* KV-cache slots (concurrent sequences); default 1 */
     int max_ctx;      /* rows per slot; 0 = model's max_seq_len */
-    /* KV bytes to spend (0 = no budget): max_ctx shrinks so that n_slots
-     * whole contexts fit; fewer than 2 rows per slot is an error. */
+    /* KV bytes to spend (0 = no budget): the pool gets as many pages as
+     * fit (when kv_pages is 0); fewer than one whole context (max_ctx rows)
+     * is an error naming limits.kv_memory. */
     uint64_t kv_memory;
     int max_batch;    /* most tokens per forward call; default 512 */
     /* KV pages of SPECD_KV_PAGE_ROWS rows shared by all slots; 0 = enough
-     * for every slot's whole context (a slot then never runs out). Fewer
-     * lets many sessions share memory that few use fully; a forward that
-     * needs more pages than are free fails cleanly. */
+     * for every slot's whole context (a slot then never runs out), or what
+     * kv_memory buys. Fewer lets many sessions share memory that few use
+     * fully; a forward that needs more pages than are free fails cleanly. */
     int kv_pages;
+    /* Prefix caching (kv_pool.h): prefix_publish keys full prompt pages and
+     * prefix_attach shares them; 0 turns both into no-ops. */
+    int prefix_cache;
 } specd_transformer_opts;
 
 typedef struct specd_seq_input {
@@ -83,8 +88,36 @@ int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
 /* Returns every KV page of the slot to the pool (its session ended). */
 void specd_transformer_release_slot(specd_transformer *t, int slot);
 
-/* KV pages free / in all (SPECD_KV_PAGE_ROWS rows each). */
+/* KV pages available (free or cached prefix pages, which are evicted on
+ * demand) / in all (SPECD_KV_PAGE_ROWS rows each). */
 void specd_transformer_kv_pages(const specd_transformer *t, int *n_free, int *n_total);
+
+/* The pool's page states and prefix-cache counters (GetInfo, metrics). */
+void specd_transformer_kv_stats(const specd_transformer *t, specd_kv_pool_stats *st);
+
+/* Pages the slot holds now. */
+int specd_transformer_slot_pages(const specd_transformer *t, int slot);
+
+/* Pages a forward writing rows [n_past, n_past + n_new) of the slot would
+ * take from the pool (growth plus copies of shared pages): what the
+ * scheduler admits against specd_transformer_kv_pages' available count. */
+int specd_transformer_pages_needed(const specd_transformer *t, int slot, int n_past, int n_new);
+
+/* Prefix caching. attach: for a slot that holds no pages, shares every
+ * cached full page that starts tokens[0..n) (never the page holding the
+ * last token, whose row must be computed) and returns the rows now filled
+ * (a multiple of SPECD_KV_PAGE_ROWS; 0 when off or nothing matched). The
+ * caller then runs only tokens[rows..n) with n_past = rows. publish: keys
+ * the slot's full pages among its first n_rows rows, which hold tokens[],
+ * so later sessions can attach them. */
+int specd_transformer_prefix_attach(specd_transformer *t, int slot, const int32_t *tokens, int n);
+void specd_transformer_prefix_publish(specd_transformer *t, int slot, const int32_t *tokens,
+                                      int n_rows);
+
+/* Checks the page accounting: every slot's pages in range, each page's
+ * reference count equal to the page tables holding it, the pool's lists
+ * consistent. 0, or -1 + err. For tests. */
+int specd_transformer_check_pages(const specd_transformer *t, specd_error *err);
 
 /* Bytes of weights one decode step streams as the backend holds them: every
  * layer's matrices and norms, the final norm and the LM head. */

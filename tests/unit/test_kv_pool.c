@@ -1,0 +1,461 @@
+/* test_kv_pool.c - the shared KV page pool and its prefix cache.
+ *
+ *   - the pool alone: random alloc / release / publish / lookup / unpublish
+ *     against a shadow model of each page's references, every invariant
+ *     checked after every operation; LRU eviction order; hits need the same
+ *     parent key and tokens;
+ *   - copy on write: a slot that writes into a page it shares gets a copy,
+ *     and the other slot's rows and logits stay as they were;
+ *   - the scheduler under churn: sessions of random lengths with shared
+ *     prefixes join, grow, get cancelled and get preempted when a small pool
+ *     runs dry (re-opened from their tokens, as draft-svc does); the page
+ *     accounting is checked after every step, and every finished session's
+ *     greedy tokens equal its tokens when run alone;
+ *   - the start-up error for a pool smaller than one whole context.
+ *
+ * Model: the tiny golden Llama (tests/golden/data/tiny-gqa). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/rng.h"
+#include "target-svc/kv_pool.h"
+#include "target-svc/scheduler.h"
+#include "tests/test_util.h"
+
+#define R SPECD_KV_PAGE_ROWS
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* --- the pool alone ---------------------------------------------------------- */
+
+static void check_pool(const specd_kv_pool *p, const int *refs) {
+    specd_error err = {{0}};
+    if (specd_kv_pool_check(p, refs, &err)) fail_msg("%s", err.msg);
+}
+
+static void test_pool_random_ops(void **state) {
+    (void)state;
+    enum { N = 12, OPS = 20000 };
+    specd_error err = {{0}};
+    specd_kv_pool *p = specd_kv_pool_create(N, &err);
+    assert_non_null(p);
+    int refs[N] = {0};
+    /* four possible page contents; a page may carry one of them */
+    int32_t toks[4][R];
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < R; i++) toks[c][i] = c * 100 + i;
+    uint64_t seed = 7;
+    for (int op = 0; op < OPS; op++) {
+        int c = (int)(lcg(&seed) % 4);
+        uint64_t key = specd_kv_page_key(0, toks[c]);
+        switch (lcg(&seed) % 5) {
+        case 0:
+        case 1: { /* allocate */
+            int32_t pg = specd_kv_pool_alloc(p);
+            if (pg >= 0) {
+                assert_int_equal(refs[pg], 0);
+                refs[pg] = 1;
+            } else {
+                assert_int_equal(specd_kv_pool_available(p), 0);
+            }
+            break;
+        }
+        case 2: { /* release a random held page */
+            int32_t pg = (int32_t)(lcg(&seed) % N);
+            if (refs[pg] > 0) {
+                specd_kv_pool_release(p, pg);
+                refs[pg]--;
+            }
+            break;
+        }
+        case 3: { /* publish a held page */
+            int32_t pg = (int32_t)(lcg(&seed) % N);
+            if (refs[pg] > 0) specd_kv_pool_publish(p, pg, key, 0, toks[c]);
+            break;
+        }
+        default: { /* look a content up */
+            int32_t pg = specd_kv_pool_lookup(p, key, 0, toks[c]);
+            if (pg >= 0) {
+                assert_true(specd_kv_pool_is_keyed(p, pg));
+                refs[pg]++;
+            }
+            break;
+        }
+        }
+        check_pool(p, refs);
+    }
+    specd_kv_pool_stats st;
+    specd_kv_pool_get_stats(p, &st);
+    assert_true(st.hit_pages > 0 && st.hit_pages < st.lookup_pages);
+    assert_true(st.evictions > 0);
+    specd_kv_pool_free(p);
+}
+
+static void test_pool_lru_and_keys(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_kv_pool *p = specd_kv_pool_create(3, &err);
+    int32_t t[3][R];
+    uint64_t k[3];
+    for (int c = 0; c < 3; c++) {
+        for (int i = 0; i < R; i++) t[c][i] = c * 7 + i;
+        k[c] = specd_kv_page_key(c ? k[c - 1] : 0, t[c]);
+    }
+    int32_t pg[3];
+    for (int c = 0; c < 3; c++) {
+        pg[c] = specd_kv_pool_alloc(p);
+        assert_int_equal(pg[c], c); /* low ids first */
+        specd_kv_pool_publish(p, pg[c], k[c], c ? k[c - 1] : 0, t[c]);
+    }
+    /* released in the order 1, 0, 2: page 1 is the least recently used */
+    specd_kv_pool_release(p, pg[1]);
+    specd_kv_pool_release(p, pg[0]);
+    specd_kv_pool_release(p, pg[2]);
+    assert_int_equal(specd_kv_pool_available(p), 3);
+    /* a hit needs the same parent: page 1's tokens under parent 0 miss */
+    assert_int_equal(specd_kv_pool_lookup(p, k[1], 0, t[1]), -1);
+    int32_t tweaked[R];
+    memcpy(tweaked, t[0], sizeof tweaked);
+    tweaked[5]++;
+    assert_int_equal(specd_kv_pool_lookup(p, k[0], 0, tweaked), -1);
+    assert_int_equal(specd_kv_pool_lookup(p, k[0], 0, t[0]), pg[0]); /* reused: leaves the LRU */
+    assert_int_equal(specd_kv_pool_alloc(p), pg[1]);                 /* evicts the oldest */
+    assert_int_equal(specd_kv_pool_alloc(p), pg[2]);
+    assert_int_equal(specd_kv_pool_alloc(p), -1);
+    int refs[3] = {1, 1, 1};
+    check_pool(p, refs);
+    specd_kv_pool_free(p);
+}
+
+/* --- the model ---------------------------------------------------------------- */
+
+#define CTX 160
+#define MAX_BATCH 64
+
+static specd_model_file *open_model(void) {
+    specd_error err = {{0}};
+    specd_model_file *m = specd_model_open(test_path("tests/golden/data/tiny-gqa/hf"), &err);
+    if (!m) fail_msg("%s", err.msg);
+    return m;
+}
+
+static specd_transformer *make_t(specd_model_file *m, int slots, int pages, int cache) {
+    specd_error err = {{0}};
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2}, .n_slots = slots,
+                                .max_ctx = CTX, .max_batch = MAX_BATCH, .kv_pages = pages,
+                                .prefix_cache = cache};
+    specd_transformer *t = specd_transformer_create(m, &o, &err);
+    if (!t) fail_msg("%s", err.msg);
+    return t;
+}
+
+/* Runs tokens[0..n) into the slot from row n_past in chunks, returning the
+ * logits of the last row. */
+static void run_rows(specd_transformer *t, int slot, int n_past, const int32_t *tokens, int n,
+                     float *logits) {
+    specd_error err = {{0}};
+    for (int done = 0; done < n;) {
+        int take = n - done < MAX_BATCH ? n - done : MAX_BATCH;
+        int32_t last = take - 1;
+        specd_seq_input in = {.slot = slot, .n_past = n_past + done, .n_new = take};
+        specd_batch b = {.n_tokens = take, .tokens = tokens + done, .n_seqs = 1, .seqs = &in,
+                         .n_out = 1, .out_rows = &last, .logits = logits};
+        if (specd_transformer_forward(t, &b, &err)) fail_msg("%s", err.msg);
+        done += take;
+    }
+}
+
+/* Greedy tokens of a prompt, run alone in a fresh cache. */
+static void greedy_alone(specd_model_file *m, const int32_t *prompt, int n, int n_gen,
+                         int32_t *out) {
+    specd_transformer *t = make_t(m, 1, 0, 0);
+    int vocab = m->hp.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    run_rows(t, 0, 0, prompt, n, logits);
+    for (int g = 0; g < n_gen; g++) {
+        out[g] = specd_argmax(logits, vocab);
+        if (g + 1 < n_gen) run_rows(t, 0, n + g, &out[g], 1, logits);
+    }
+    free(logits);
+    specd_transformer_free(t);
+}
+
+static double max_diff(const float *a, const float *b, int n) {
+    double d = 0;
+    for (int i = 0; i < n; i++) {
+        double e = a[i] > b[i] ? a[i] - b[i] : b[i] - a[i];
+        if (e > d) d = e;
+    }
+    return d;
+}
+
+static void check_t(const specd_transformer *t) {
+    specd_error err = {{0}};
+    if (specd_transformer_check_pages(t, &err)) fail_msg("%s", err.msg);
+}
+
+static void test_copy_on_write(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    specd_transformer *t = make_t(m, 2, 0, 1);
+    int vocab = m->hp.vocab_size;
+    float *a = malloc(sizeof(float) * (size_t)vocab), *b = malloc(sizeof(float) * (size_t)vocab);
+    int32_t prompt[3 * R + 1];
+    for (int i = 0; i < 3 * R + 1; i++) prompt[i] = (i * 37 + 11) % vocab;
+    /* slot 0 computes the prompt and publishes its three full pages */
+    run_rows(t, 0, 0, prompt, 3 * R + 1, a);
+    specd_transformer_prefix_publish(t, 0, prompt, 3 * R + 1);
+    /* slot 1 shares them, computes the last token alone: the same logits */
+    assert_int_equal(specd_transformer_prefix_attach(t, 1, prompt, 3 * R + 1), 3 * R);
+    check_t(t);
+    run_rows(t, 1, 3 * R, prompt + 3 * R, 1, b);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)vocab);
+    /* slot 1 now rewrites from row 2R + 3 on with other tokens: page 2 is
+     * shared, so slot 1 gets a copy and slot 0 keeps its rows */
+    int32_t other[5] = {1, 2, 3, 4, 5};
+    int free_before;
+    specd_transformer_kv_pages(t, &free_before, NULL);
+    assert_int_equal(specd_transformer_pages_needed(t, 1, 2 * R + 3, 5), 1);
+    run_rows(t, 1, 2 * R + 3, other, 5, b);
+    check_t(t);
+    int32_t pending = specd_argmax(a, vocab);
+    float *a2 = malloc(sizeof(float) * (size_t)vocab), *ref = malloc(sizeof(float) * (size_t)vocab);
+    run_rows(t, 0, 3 * R + 1, &pending, 1, a2);
+    /* the reference: the same two tokens of slot 0's history in a fresh cache */
+    specd_transformer *alone = make_t(m, 1, 0, 0);
+    int32_t hist[3 * R + 2];
+    memcpy(hist, prompt, sizeof prompt);
+    hist[3 * R + 1] = pending;
+    run_rows(alone, 0, 0, hist, 3 * R + 2, ref);
+    /* to rounding: the reference ran the row inside a bigger batch (a
+     * clobbered page would move the logits by far more) */
+    assert_true(max_diff(a2, ref, vocab) < 1e-4);
+    assert_int_equal(specd_argmax(a2, vocab), specd_argmax(ref, vocab));
+    specd_transformer_release_slot(t, 0);
+    specd_transformer_release_slot(t, 1);
+    check_t(t);
+    specd_kv_pool_stats st;
+    specd_transformer_kv_stats(t, &st);
+    assert_int_equal(st.n_held, 0);
+    assert_int_equal(st.n_cached, 3); /* the published pages stay reusable */
+    free(a);
+    free(b);
+    free(a2);
+    free(ref);
+    specd_transformer_free(alone);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
+static void test_pool_too_small(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    specd_error err = {{0}};
+    /* 2 layers x 2 kv heads x 16 x 4 bytes x K,V = 512 bytes a row, 8 KiB a
+     * page: 4 pages cannot hold a 160-token context (10 pages) */
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 4,
+                                .max_ctx = CTX, .max_batch = MAX_BATCH, .kv_memory = 4 * 8192};
+    assert_null(specd_transformer_create(m, &o, &err));
+    assert_non_null(strstr(err.msg, "limits.kv_memory"));
+    assert_non_null(strstr(err.msg, "160"));
+    o.kv_memory = 10 * 8192;
+    specd_transformer *t = specd_transformer_create(m, &o, &err);
+    assert_non_null(t);
+    int total;
+    specd_transformer_kv_pages(t, NULL, &total);
+    assert_int_equal(total, 10);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
+/* --- the scheduler under churn ---------------------------------------------------- */
+
+#define N_THREADS 6
+#define SESSIONS_PER_THREAD 6
+#define MAX_GEN 40
+
+typedef struct sess {
+    int32_t hist[CTX];
+    int n_prompt, n_gen, n_out, cancel_at, steps, preempted, cancelled;
+} sess;
+
+typedef struct churn {
+    specd_sched *sched;
+    sess *sessions;
+    int first, n;
+} churn;
+
+/* cmocka's failures longjmp, which only the main thread may do: the session
+ * threads record the first failure here and stop; the main thread fails. */
+static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_fail[640];
+
+static void churn_fail(const char *what, const char *msg) {
+    pthread_mutex_lock(&g_fail_mu);
+    if (!g_fail[0]) snprintf(g_fail, sizeof g_fail, "%.100s: %.500s", what, msg);
+    pthread_mutex_unlock(&g_fail_mu);
+}
+
+static int probe(void *arg) {
+    const sess *s = arg;
+    return s->cancel_at > 0 && s->steps >= s->cancel_at;
+}
+
+static int check_sched(specd_sched *sched) {
+    specd_error err = {{0}};
+    if (!specd_sched_check_pages(sched, &err)) return 0;
+    churn_fail("page accounting after a step", err.msg);
+    return -1;
+}
+
+static void *churn_main(void *arg) {
+    churn *c = arg;
+    specd_sampling greedy;
+    memset(&greedy, 0, sizeof greedy);
+    for (int k = 0; k < c->n; k++) {
+        sess *s = &c->sessions[c->first + k];
+        /* open (again after a preemption) with the whole history as prompt */
+        while (!s->cancelled && s->n_out < s->n_gen) {
+            int slot;
+            while ((slot = specd_sched_acquire_slot(c->sched)) < 0) {
+                struct timespec ts = {0, 2000000};
+                nanosleep(&ts, NULL);
+            }
+            specd_work w;
+            memset(&w, 0, sizeof w);
+            w.kind = SPECD_WORK_PREFILL;
+            w.slot = slot;
+            w.tokens = s->hist;
+            w.n_tokens = s->n_prompt + s->n_out;
+            int n_past = w.n_tokens;
+            for (;;) {
+                w.sampling = &greedy;
+                w.is_cancelled = probe;
+                w.cancel_arg = s;
+                int rc = specd_sched_run(c->sched, &w);
+                s->steps++;
+                if (check_sched(c->sched)) return NULL;
+                if (rc == SPECD_WORK_CANCELLED) {
+                    s->cancelled = 1;
+                    break;
+                }
+                if (rc == SPECD_WORK_NO_PAGES && strstr(w.err.msg, "KV pool full")) {
+                    s->preempted++;
+                    break;
+                }
+                if (rc != SPECD_WORK_OK) {
+                    churn_fail("session step", w.err.msg);
+                    specd_sched_release_slot(c->sched, slot);
+                    return NULL;
+                }
+                s->hist[s->n_prompt + s->n_out++] = w.next_token;
+                if (s->n_out == s->n_gen) break;
+                memset(&w, 0, sizeof w);
+                w.kind = SPECD_WORK_DECODE;
+                w.slot = slot;
+                w.n_past = n_past;
+                w.tokens = &s->hist[s->n_prompt + s->n_out - 1];
+                w.n_tokens = 1;
+                n_past++;
+            }
+            specd_sched_release_slot(c->sched, slot);
+        }
+    }
+    return NULL;
+}
+
+static void churn_run(int cache, int *preempted_total, int *hits) {
+    specd_model_file *m = open_model();
+    /* 5 sessions of up to 140 rows each would want 45 pages: 14 run dry */
+    specd_transformer *t = make_t(m, 5, 14, cache);
+    specd_error err = {{0}};
+    specd_sched_opts so = {.n_slots = 5, .max_batch_tokens = MAX_BATCH, .max_wait_ms = 0,
+                           .prefill_chunk = 24, .kv_wait_ms = 300};
+    specd_sched *sched = specd_sched_create(t, &so, &err);
+    assert_non_null(sched);
+    int vocab = m->hp.vocab_size;
+    enum { N = N_THREADS * SESSIONS_PER_THREAD };
+    sess *ss = calloc(N, sizeof(sess));
+    int32_t bases[3][64];
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < 64; i++) bases[b][i] = (b * 131 + i * 17 + 5) % vocab;
+    uint64_t seed = 12345;
+    for (int i = 0; i < N; i++) {
+        sess *s = &ss[i];
+        /* a shared prefix of 20..64 tokens from one of three bases, then
+         * 1..35 tokens of its own */
+        int b = (int)(lcg(&seed) % 3), pre = 20 + (int)(lcg(&seed) % 45);
+        int own = 1 + (int)(lcg(&seed) % 35);
+        memcpy(s->hist, bases[b], sizeof(int32_t) * (size_t)pre);
+        for (int j = 0; j < own; j++) s->hist[pre + j] = (int32_t)(lcg(&seed) % vocab);
+        s->n_prompt = pre + own;
+        s->n_gen = 1 + (int)(lcg(&seed) % MAX_GEN);
+        s->cancel_at = lcg(&seed) % 6 == 0 ? 1 + (int)(lcg(&seed) % 8) : 0;
+    }
+    pthread_t th[N_THREADS];
+    churn cs[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        cs[i] = (churn){sched, ss, i * SESSIONS_PER_THREAD, SESSIONS_PER_THREAD};
+        pthread_create(&th[i], NULL, churn_main, &cs[i]);
+    }
+    for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
+    if (g_fail[0]) fail_msg("%s", g_fail);
+    if (check_sched(sched)) fail_msg("%s", g_fail);
+    int finished = 0;
+    *preempted_total = 0;
+    for (int i = 0; i < N; i++) {
+        sess *s = &ss[i];
+        *preempted_total += s->preempted;
+        if (s->cancelled) continue;
+        int32_t ref[MAX_GEN];
+        greedy_alone(m, s->hist, s->n_prompt, s->n_gen, ref);
+        assert_memory_equal(ref, s->hist + s->n_prompt, sizeof(int32_t) * (size_t)s->n_gen);
+        finished++;
+    }
+    assert_true(finished > N / 2);
+    specd_kv_pool_stats st;
+    specd_sched_kv_stats(sched, &st);
+    *hits = (int)st.hit_pages;
+    specd_sched_free(sched);
+    /* every slot was released: nothing is held once the worker has run */
+    for (int s = 0; s < 5; s++) specd_transformer_release_slot(t, s);
+    check_t(t);
+    specd_transformer_kv_stats(t, &st);
+    assert_int_equal(st.n_held, 0);
+    free(ss);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
+static void test_sched_churn(void **state) {
+    (void)state;
+    int preempted, hits;
+    churn_run(1, &preempted, &hits);
+    printf("churn with the prefix cache: %d preemptions, %d cached pages reused\n", preempted,
+           hits);
+    assert_true(hits > 0);
+    churn_run(0, &preempted, &hits);
+    printf("churn without it: %d preemptions\n", preempted);
+    assert_int_equal(hits, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_random_ops),
+        cmocka_unit_test(test_pool_lru_and_keys),
+        cmocka_unit_test(test_copy_on_write),
+        cmocka_unit_test(test_pool_too_small),
+        cmocka_unit_test(test_sched_churn),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
