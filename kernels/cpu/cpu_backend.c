@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "matmul.h"
 #include "qmatmul.h"
+#include "quant_impl.h"
 #include "threadpool.h"
 
 typedef struct cpu_backend {
@@ -222,26 +223,44 @@ static size_t kv_row(const specd_step_seq *s, int r) {
 
 /* q . (a cache row) and o += w * (a cache row), for either KV type. The
  * type test sits outside the loop: these are the attention hot loops. */
-static float kv_dot(const float *q, const void *pool, int f16, size_t base, int n) {
+/* q . (a cache row) and o += w * (a cache row), for either KV type: the
+ * scalar twins of vec_avx2.c's; the attention loop calls the active path's
+ * (cpu_active_kernels). */
+float cpu_kv_dot_scalar(const float *q, const void *row, int f16, int n) {
     float dot = 0;
     if (f16) {
-        const uint16_t *r = (const uint16_t *)pool + base;
+        const uint16_t *r = row;
         for (int d = 0; d < n; d++) dot += q[d] * specd_fp16_to_f32(r[d]);
     } else {
-        const float *r = (const float *)pool + base;
+        const float *r = row;
         for (int d = 0; d < n; d++) dot += q[d] * r[d];
     }
     return dot;
 }
 
-static void kv_axpy(float *o, float w, const void *pool, int f16, size_t base, int n) {
+void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n) {
     if (f16) {
-        const uint16_t *r = (const uint16_t *)pool + base;
+        const uint16_t *r = row;
         for (int d = 0; d < n; d++) o[d] += w * specd_fp16_to_f32(r[d]);
     } else {
-        const float *r = (const float *)pool + base;
+        const float *r = row;
         for (int d = 0; d < n; d++) o[d] += w * r[d];
     }
+}
+
+double cpu_softmax_exp_scalar(float *s, int n, float max) {
+    double sum = 0;
+    for (int r = 0; r < n; r++) {
+        s[r] = s[r] == -INFINITY ? 0.0f : expf(s[r] - max);
+        sum += s[r];
+    }
+    return sum;
+}
+
+/* The address of element `base` of a pool of the given KV type. */
+static const void *kv_at(const void *pool, int f16, size_t base) {
+    return f16 ? (const void *)((const uint16_t *)pool + base)
+               : (const void *)((const float *)pool + base);
 }
 
 /* One task = one (token, head): softmax(q.K^T/sqrt(d)) . V over the visible
@@ -249,6 +268,7 @@ static void kv_axpy(float *o, float w, const void *pool, int f16, size_t base, i
 static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
     const specd_step *st = &j->c->step;
+    const cpu_kernel_set *ks = cpu_active_kernels();
     int t = task / j->n_heads, h = task % j->n_heads;
     const specd_step_seq *s = &st->seqs[j->c->tok_seq[t]];
     int i = t - s->tok_start; /* index among the sequence's new tokens */
@@ -267,15 +287,10 @@ static void attn_task(void *ctx, int task, int thread) {
             continue;
         }
         size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-        scores[r] = kv_dot(qv, j->k_pool, j->f16, base, hd) * scale;
+        scores[r] = ks->kv_dot(qv, kv_at(j->k_pool, j->f16, base), j->f16, hd) * scale;
         if (scores[r] > maxs) maxs = scores[r];
     }
-    double sum = 0;
-    for (int r = 0; r < n_rows; r++) {
-        float e = scores[r] == -INFINITY ? 0.0f : expf(scores[r] - maxs);
-        scores[r] = e;
-        sum += e;
-    }
+    double sum = ks->softmax_exp(scores, n_rows, maxs);
     float inv = (float)(1.0 / sum);
     float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
     memset(o, 0, sizeof(float) * hd);
@@ -283,7 +298,7 @@ static void attn_task(void *ctx, int task, int thread) {
         if (scores[r] == 0.0f) continue;
         float w = scores[r] * inv;
         size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-        kv_axpy(o, w, j->v_pool, j->f16, base, hd);
+        ks->kv_axpy(o, w, kv_at(j->v_pool, j->f16, base), j->f16, hd);
     }
 }
 

@@ -85,6 +85,9 @@ static void detect(void) {
     g_sets[SET_AVX512].quantize = g_sets[SET_AVX2].quantize;
     g_sets[SET_AVX512].swiglu = g_sets[SET_AVX2].swiglu;
     g_sets[SET_AVX512].argmax = g_sets[SET_AVX2].argmax;
+    g_sets[SET_AVX512].kv_dot = g_sets[SET_AVX2].kv_dot;
+    g_sets[SET_AVX512].softmax_exp = g_sets[SET_AVX2].softmax_exp;
+    g_sets[SET_AVX512].kv_axpy = g_sets[SET_AVX2].kv_axpy;
     if (g_have[SET_AVX512] && avx512vnni) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
         g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
@@ -107,6 +110,8 @@ static const cpu_kernel_set *active(void) {
 }
 
 const char *cpu_simd_name(void) { return active()->name; }
+
+const cpu_kernel_set *cpu_active_kernels(void) { return active(); }
 
 int cpu_simd_force(const char *name) {
     active();

@@ -175,6 +175,9 @@ void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n)
 int cpu_qkernels_scalar(cpu_kernel_set *ks) {
     ks->swiglu = cpu_swiglu_scalar;
     ks->argmax = specd_argmax;
+    ks->kv_dot = cpu_kv_dot_scalar;
+    ks->softmax_exp = cpu_softmax_exp_scalar;
+    ks->kv_axpy = cpu_kv_axpy_scalar;
     ks->qrows[CPU_Q4] = qrows_scalar;
     ks->qrows[CPU_Q8] = qrows_scalar;
     ks->quantize = cpu_quantize_act;

@@ -155,6 +155,12 @@ typedef struct cpu_kernel_set {
     cpu_rows_fn rows[SPECD_DTYPE_COUNT];
     /* the integer-activation kernels, per tile kind (qmatmul.h) */
     cpu_qrows_fn qrows[CPU_QKINDS];
+    /* attention over one KV row of n values, fp32 or (f16) fp16:
+     * q . row, and o += w * row (cpu_backend.c's scalar ones or vec_avx2.c) */
+    float (*kv_dot)(const float *q, const void *row, int f16, int n);
+    /* s[r] = exp(s[r] - max) (-inf: exactly 0) for r < n; returns the sum */
+    double (*softmax_exp)(float *s, int n, float max);
+    void (*kv_axpy)(float *o, float w, const void *row, int f16, int n);
     /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
     int (*argmax)(const float *x, int n);
     /* out[i] = silu(gate[i]) * up[i] (cpu_swiglu_scalar or vec_avx2.c) */
@@ -179,6 +185,11 @@ static inline float cpu_swiglu_scalar_one(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n);
+float cpu_kv_dot_scalar(const float *q, const void *row, int f16, int n);
+double cpu_softmax_exp_scalar(float *s, int n, float max);
+void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n);
+/* The kernel set chosen at run time (matmul.c). */
+const cpu_kernel_set *cpu_active_kernels(void);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni);
 

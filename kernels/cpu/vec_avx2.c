@@ -75,7 +75,91 @@ static TAVX2 int argmax_avx2(const float *x, int n) {
     return 0; /* every value NaN */
 }
 
+/* Attention's inner loops over one KV row (fp32 or fp16 cache): q . row and
+ * o += w * row. The dot's reduction order is fixed (two 8-lane FMA chains
+ * over alternating chunks, their sum, one lane tree, then the tail), so a
+ * query's scores depend only on the rows it sees, never on the batch. */
+static inline TAVX2 float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define TAVX2F16 __attribute__((target("avx2,fma,f16c")))
+
+static TAVX2F16 float kv_dot_avx2(const float *q, const void *row, int f16, int n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int d = 0;
+    if (f16) {
+        const uint16_t *r = row;
+        for (; d + 16 <= n; d += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + d))), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + d + 8))), a1);
+        }
+        float s = hsum8(_mm256_add_ps(a0, a1));
+        for (; d < n; d++) s += q[d] * _cvtsh_ss(r[d]);
+        return s;
+    }
+    const float *r = row;
+    for (; d + 16 <= n; d += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(r + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(r + d + 8), a1);
+    }
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; d < n; d++) s += q[d] * r[d];
+    return s;
+}
+
+static TAVX2F16 void kv_axpy_avx2(float *o, float w, const void *row, int f16, int n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int d = 0;
+    if (f16) {
+        const uint16_t *r = row;
+        for (; d + 8 <= n; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                           (const __m128i *)(r + d))),
+                                                    _mm256_loadu_ps(o + d)));
+        for (; d < n; d++) o[d] += w * _cvtsh_ss(r[d]);
+        return;
+    }
+    const float *r = row;
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(r + d), _mm256_loadu_ps(o + d)));
+    for (; d < n; d++) o[d] += w * r[d];
+}
+
+/* s[r] = exp(s[r] - max) for r < n, -inf (a masked row) giving exactly 0;
+ * returns the sum. Each row's value is the vector exp's whatever its lane
+ * (the tail runs through the same vector code), and the sum runs row by row
+ * in double: masked rows add exact zeros, so a tree node's softmax equals
+ * that of the same token decoded plainly, where those rows do not exist. */
+static inline TAVX2 __m256 exp_shifted(__m256 x, __m256 mv) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(x, mv));
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ), e);
+}
+
+static TAVX2 double softmax_exp_avx2(float *s, int n, float max) {
+    const __m256 mv = _mm256_set1_ps(max);
+    int r = 0;
+    for (; r + 8 <= n; r += 8) _mm256_storeu_ps(s + r, exp_shifted(_mm256_loadu_ps(s + r), mv));
+    if (r < n) {
+        float tail[8];
+        for (int k = 0; k < 8; k++) tail[k] = r + k < n ? s[r + k] : -INFINITY;
+        _mm256_storeu_ps(tail, exp_shifted(_mm256_loadu_ps(tail), mv));
+        for (int k = 0; r + k < n; k++) s[r + k] = tail[k];
+    }
+    double sum = 0;
+    for (r = 0; r < n; r++) sum += s[r];
+    return sum;
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
+    ks->softmax_exp = softmax_exp_avx2;
+    ks->kv_dot = kv_dot_avx2;
+    ks->kv_axpy = kv_axpy_avx2;
     ks->argmax = argmax_avx2;
     ks->swiglu = swiglu_avx2;
     return 1;
