@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "common/dtype.h"
+#include "common/request_log.h"
+#include "draft-svc/draft_metrics.h"
 
 /* ---- cancellation ------------------------------------------------------------ */
 
@@ -133,11 +135,17 @@ static void draft(gen *g, const specd_target_info *info) {
     int cand = q->candidates, depth = q->depth;
     if (!cand || !depth) {
         int pc = 1, pd = 1;
-        if (!specd_policy_shape(g->env->policy, g->target_load, &pc, &pd)) return;
+        if (!specd_policy_shape(g->env->policy, g->target_load, &pc, &pd)) {
+            specd_draft_metrics_spec_off(SPECD_SPEC_OFF_LOAD);
+            return;
+        }
         if (!cand) cand = pc;
         if (!depth) depth = pd;
     }
-    if (!specd_accept_allows(g->env->policy, &g->acc)) return;
+    if (!specd_accept_allows(g->env->policy, &g->acc)) {
+        specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COLLAPSE);
+        return;
+    }
     if (q->drafter->hidden_size > 0 && !g->have_hidden) return;
     if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
     if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
@@ -268,8 +276,9 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
         return STEP_DONE;
     }
-    specd_rpc_stream *s = specd_rpc_stream_start(specd_tpool_member_channel(m),
-                                                 "/specd.v1.Target/Verify", 0, err);
+    specd_rpc_stream *s =
+        specd_rpc_stream_start_md(specd_tpool_member_channel(m), "/specd.v1.Target/Verify", 0,
+                                  SPECD_REQUEST_ID_KEY, q->request_id, err);
     if (!s) {
         *code = GRPC_STATUS_UNAVAILABLE;
         return STEP_RETRY;

@@ -381,3 +381,10 @@ int specd_tpool_list_up(specd_tpool *p, char **out, int cap) {
     pthread_mutex_unlock(&p->mu);
     return k;
 }
+
+void specd_tpool_each(specd_tpool *p, void (*fn)(void *arg, const char *addr, int sessions, int up),
+                      void *arg) {
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n; i++) fn(arg, p->m[i]->addr, p->m[i]->sessions, p->m[i]->state == MEMBER_UP);
+    pthread_mutex_unlock(&p->mu);
+}

@@ -14,11 +14,13 @@ cd "$(dirname "$0")/.."
 # links (PCRE2 for the tokenizer's pre-split regex, cJSON for config.json /
 # tokenizer.json / safetensors headers, libyaml for service configs, gRPC C
 # core + protobuf-c for the services, OpenBLAS for the trainers' GEMMs,
-# cmocka for tests), and clang for the
-# libFuzzer targets.
+# cmocka for tests), libmicrohttpd for the /metrics listener, clang for the
+# libFuzzer targets, and Prometheus (server + promtool) for the metrics
+# integration test.
 PACKAGES=(build-essential cmake pkg-config python3 python3-pip
           libpcre2-dev libcjson-dev libyaml-dev libgrpc-dev libprotobuf-c-dev
-          protobuf-c-compiler libcmocka-dev libopenblas-dev clang)
+          protobuf-c-compiler libcmocka-dev libopenblas-dev clang
+          libmicrohttpd-dev prometheus)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
