@@ -72,6 +72,7 @@ typedef struct gen {
     int target_load; /* active sessions the target reported last */
     double t_start, t_first;
     int done;        /* finish reason reached */
+    int target_finished; /* the target sent a finish reason: its status follows */
 } gen;
 
 /* What the step loop tells the failover loop. */
@@ -260,6 +261,8 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
         specd_accept_update(g->env->policy, &g->acc, maxd, n_acc);
     }
     take_hidden(g, r);
+    if (r->finish_reason != SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED)
+        g->target_finished = 1;
     int rc = deliver(g, toks, n_acc + 1, r->n_logprobs ? r->logprobs : NULL, (int)r->n_logprobs,
                      r->finish_reason);
     free(toks);
@@ -394,6 +397,17 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
 out:
     if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    r = NULL;
+    /* The target ended the session itself: its OK status is already on the
+     * way behind the last message. Reading it ends the call cleanly instead
+     * of cancelling it, which the target would count as CANCELLED in its
+     * metrics (specd_grpc_server_handled_total). */
+    if (rc == STEP_DONE && g->target_finished) {
+        specd_error ignored = {{0}};
+        if (specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
+                                  (ProtobufCMessage **)&r, 100, &ignored) == SPECD_RPC_CIO_OK)
+            protobuf_c_message_free_unpacked(&r->base, NULL);
+    }
     set_stream(g->cancel, NULL);
     /* Ending the stream early cancels it, which the target sees as the
      * session closing: its KV slot is freed at once. A finished session has
