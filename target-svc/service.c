@@ -232,7 +232,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         b->emitted[n_acc] = w.next_token;
         s->step = req->tree->step;
         int kept = specd_session_emit(s, b->emitted, n_acc + 1, s->n_past + 1 + n_acc, &fr);
-        specd_target_metrics_verify(n_acc, kept);
+        specd_target_metrics_verify(kept - 1, kept); /* what was sent (EOS may cut) */
         /* Truncated inside the accepted path: the stop token becomes the
          * last token (next_token) and the hidden state is left out, since it
          * belonged to a later row and the session is over anyway. */
