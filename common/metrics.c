@@ -40,11 +40,12 @@ const int specd_metrics_n_count_buckets =
 typedef enum { M_COUNTER, M_GAUGE, M_HISTOGRAM } mtype;
 static const char *const type_names[] = {"counter", "gauge", "histogram"};
 
-typedef struct series {
+typedef struct series series;
+struct series {
     char *values[SPECD_METRIC_MAX_LABELS];
     _Atomic uint64_t bits; /* counter / gauge value; histogram sum */
     _Atomic uint64_t buckets[SPECD_METRIC_MAX_BUCKETS + 1];
-} series;
+};
 
 struct specd_metric {
     specd_metric *next;
@@ -96,6 +97,8 @@ static void atomic_add_d(_Atomic uint64_t *p, double v) {
 }
 
 /* ---- registry ------------------------------------------------------------ */
+
+static series *get_series(specd_metric *m, const char *const *labels, int create);
 
 static void metric_free(specd_metric *m) {
     int n = atomic_load(&m->n_series);
@@ -223,6 +226,9 @@ static specd_metric *reg_metric(specd_metrics *r, mtype type, const char *name, 
         m = NULL;
     }
     pthread_mutex_unlock(&r->mu);
+    /* A metric without labels has exactly one series: it exists (at 0) from
+     * the start, so the first scrape sees it and increase() has a base. */
+    if (m && !m->n_labels) get_series(m, NULL, 1);
 out:
     for (int i = 0; i < n_labels; i++) free(labels[i]);
     return m;

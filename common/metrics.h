@@ -24,7 +24,9 @@
  * specd_metrics_dropped_series_total instead, so a bug can never grow memory
  * without bound.
  *
- * Registration is idempotent: asking again for a name returns the same
+ * A metric without labels has its one series from registration on (value
+ * 0), as Prometheus' client libraries do; labelled series appear on first
+ * use. Registration is idempotent: asking again for a name returns the same
  * metric when the type, labels (and buckets) match, so services created
  * several times in one process (the tests, `specd generate`) share them.
  * A mismatch returns NULL, and every recording function accepts NULL and

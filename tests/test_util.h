@@ -17,6 +17,12 @@ int test_file_exists(const char *path);
 /* Fills with deterministic pseudo-random floats in [-scale, scale]. */
 void test_fill_random(float *x, size_t n, uint64_t seed, float scale);
 
+/* One raw exchange with 127.0.0.1:port: sends `request` as is (e.g.
+ * "GET /metrics HTTP/1.0\r\n\r\n"), reads until the server closes (5 s
+ * receive timeout), and puts the whole response, NUL-terminated, in buf.
+ * Returns the bytes read, or -1 if the connection failed. */
+int test_http_raw(int port, const char *request, char *buf, size_t cap);
+
 /* An MLPSpeculator checkpoint (config.json + model.safetensors, the Hugging
  * Face layout IBM publishes) with random F32 weights, shaped for the tiny
  * test model (vocab 512, emb_dim 64): TEST_SPEC_STAGES untied stages of

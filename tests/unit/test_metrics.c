@@ -6,8 +6,6 @@
  * here before promtool and Prometheus see it in the integration test
  * (tests/integration/test_prometheus.c). Concurrency: threads hammer one
  * counter and one histogram and the totals must be exact. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,8 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
@@ -24,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/request_log.h"
+#include "tests/test_util.h"
 
 static void test_render_exact(void **state) {
     (void)state;
@@ -53,6 +50,7 @@ static void test_render_exact(void **state) {
         "# HELP specd_metrics_dropped_series_total Label combinations not recorded because a "
         "metric already had its maximum number of series\n"
         "# TYPE specd_metrics_dropped_series_total counter\n"
+        "specd_metrics_dropped_series_total 0\n"
         "# HELP t_requests_total Requests \\\\ by\\nkind\n"
         "# TYPE t_requests_total counter\n"
         "t_requests_total{kind=\"a\\\"b\",code=\"OK\"} 2.5\n"
@@ -186,21 +184,6 @@ static void test_hooks(void **state) {
 
 /* ---- HTTP ------------------------------------------------------------------- */
 
-/* One HTTP/1.0 exchange on 127.0.0.1:port; the whole response into buf. */
-static int http_do(int port, const char *request, char *buf, size_t cap) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) return -1;
-    if (write(fd, request, strlen(request)) != (ssize_t)strlen(request)) return -1;
-    size_t n = 0;
-    ssize_t k;
-    while (n + 1 < cap && (k = read(fd, buf + n, cap - 1 - n)) > 0) n += (size_t)k;
-    buf[n] = 0;
-    close(fd);
-    return (int)n;
-}
-
 static void test_http(void **state) {
     (void)state;
     specd_metrics *r = specd_metrics_new();
@@ -211,18 +194,18 @@ static void test_http(void **state) {
     int port = specd_metrics_http_port(h);
     assert_true(port > 0);
     static char buf[1 << 16];
-    assert_true(http_do(port, "GET /metrics HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
+    assert_true(test_http_raw(port, "GET /metrics HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
     assert_non_null(strstr(buf, "HTTP/1.0 200") ? buf : strstr(buf, "HTTP/1.1 200"));
     assert_non_null(strstr(buf, "text/plain; version=0.0.4"));
     assert_non_null(strstr(buf, "\r\n\r\n# HELP"));
     assert_non_null(strstr(buf, "\nt_http_total 3\n"));
-    assert_true(http_do(port, "GET /other HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
+    assert_true(test_http_raw(port, "GET /other HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
     assert_non_null(strstr(buf, " 404 "));
-    assert_true(http_do(port, "DELETE /metrics HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
+    assert_true(test_http_raw(port, "DELETE /metrics HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
     assert_non_null(strstr(buf, " 405 "));
     /* garbage is libmicrohttpd's to refuse; the daemon keeps serving */
-    http_do(port, "\x01\x02 nonsense\r\n\r\n", buf, sizeof buf);
-    assert_true(http_do(port, "GET /metrics HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
+    test_http_raw(port, "\x01\x02 nonsense\r\n\r\n", buf, sizeof buf);
+    assert_true(test_http_raw(port, "GET /metrics HTTP/1.0\r\n\r\n", buf, sizeof buf) > 0);
     assert_non_null(strstr(buf, " 200 "));
     specd_metrics_http_stop(h);
 
