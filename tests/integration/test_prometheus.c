@@ -127,10 +127,10 @@ static int wait_http_ok(int port, const char *path, int seconds) {
     return -1;
 }
 
-/* The value of a PromQL query with a one-element vector result; NAN when
- * it has none (yet). */
-static double prom_query(const char *promql) {
-    char path[1024] = "/api/v1/query?query=";
+/* GET /api/v1/query for promql: the HTTP status (400 for a PromQL error),
+ * the JSON body in *body. */
+static int prom_get(const char *promql, const char **body) {
+    char path[4096] = "/api/v1/query?query=";
     size_t n = strlen(path);
     for (const unsigned char *p = (const unsigned char *)promql; *p && n + 4 < sizeof path; p++) {
         if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
@@ -140,8 +140,14 @@ static double prom_query(const char *promql) {
             n += (size_t)snprintf(path + n, sizeof path - n, "%%%02X", *p);
     }
     path[n] = 0;
+    return http_get(p_prom, path, body);
+}
+
+/* The value of a PromQL query with a one-element vector result; NAN when
+ * it has none (yet). */
+static double prom_query(const char *promql) {
     const char *body;
-    if (http_get(p_prom, path, &body) != 200) return NAN;
+    if (prom_get(promql, &body) != 200) return NAN;
     cJSON *j = cJSON_Parse(body);
     double v = NAN;
     cJSON *res = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "data"), "result");
@@ -151,6 +157,45 @@ static double prom_query(const char *promql) {
     }
     cJSON_Delete(j);
     return v;
+}
+
+/* Every query of the Grafana dashboard (deploy/grafana/) is valid PromQL
+ * over these metrics: Prometheus evaluates each without an error, with
+ * Grafana's variables replaced ($__rate_interval by 1m, $namespace by .*),
+ * and the tau panel has a value. */
+static void check_dashboard(void) {
+    char *text = test_read_file(test_path("deploy/grafana/specd-dashboard.json"), NULL);
+    assert_non_null(text);
+    cJSON *d = cJSON_Parse(text);
+    assert_non_null(d);
+    int n = 0;
+    cJSON *panel;
+    cJSON_ArrayForEach(panel, cJSON_GetObjectItem(d, "panels")) {
+        cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(panel, "targets")) {
+            const char *expr = cJSON_GetObjectItem(t, "expr")->valuestring;
+            char q[2048];
+            size_t k = 0;
+            for (const char *p = expr; *p && k + 8 < sizeof q;) {
+                if (!strncmp(p, "$__rate_interval", 16)) {
+                    memcpy(q + k, "1m", 2), k += 2, p += 16;
+                } else if (!strncmp(p, "$namespace", 10)) {
+                    memcpy(q + k, ".*", 2), k += 2, p += 10;
+                } else {
+                    q[k++] = *p++;
+                }
+            }
+            q[k] = 0;
+            const char *body;
+            int st = prom_get(q, &body);
+            if (st != 200) fail_msg("dashboard panel '%s': %s -> HTTP %d: %s",
+                                    cJSON_GetObjectItem(panel, "title")->valuestring, q, st, body);
+            n++;
+        }
+    }
+    assert_true(n >= 10);
+    cJSON_Delete(d);
+    free(text);
 }
 
 /* Waits until query > floor; the last value seen. */
@@ -272,6 +317,7 @@ static void test_prometheus_scrapes_both(void **state) {
         double v = wait_above(moved[i].q, moved[i].floor, SCRAPE_WAIT_S);
         if (!(v > moved[i].floor)) fail_msg("%s = %g, expected > %g", moved[i].q, v, moved[i].floor);
     }
+    check_dashboard();
     /* and both expositions (now with labelled series and filled histograms)
      * pass Prometheus's own linter */
     promtool_check(p_target_m, "target");
