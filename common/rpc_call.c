@@ -221,6 +221,7 @@ static void start_next_send_locked(specd_rpc_call *c) {
 }
 
 static void start_status_locked(specd_rpc_call *c, grpc_status_code code, const char *message) {
+    rpc_metrics_count(c, code);
     grpc_op ops[2];
     size_t n = add_initial_md_locked(c, ops);
     memset(&ops[n], 0, sizeof ops[n]);
@@ -560,6 +561,8 @@ int specd_rpc_call_finish(specd_rpc_call *c, grpc_status_code code, const char *
          * either way, and then the status is off our hands */
         while (c->status_in_flight) pthread_cond_wait(&c->cv, &c->mu);
         rc = c->status_ok ? 0 : -1;
+    } else {
+        rpc_metrics_count(c, GRPC_STATUS_CANCELLED); /* no status of ours goes out */
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -578,4 +581,22 @@ const char *specd_rpc_call_peer(specd_rpc_call *c, char *buf, size_t cap) {
     snprintf(buf, cap, "%s", p ? p : "?");
     gpr_free(p);
     return buf;
+}
+
+int specd_rpc_call_metadata(const specd_rpc_call *c, const char *key, char *buf, size_t cap) {
+    size_t klen = strlen(key);
+    for (size_t i = 0; i < c->md.count; i++) {
+        const grpc_metadata *m = &c->md.metadata[i];
+        if (GRPC_SLICE_LENGTH(m->key) != klen || memcmp(GRPC_SLICE_START_PTR(m->key), key, klen))
+            continue;
+        size_t n = GRPC_SLICE_LENGTH(m->value);
+        if (cap) {
+            size_t k = n < cap - 1 ? n : cap - 1;
+            memcpy(buf, GRPC_SLICE_START_PTR(m->value), k);
+            buf[k] = 0;
+        }
+        return (int)(n < cap ? n : (cap ? cap - 1 : 0));
+    }
+    if (cap) buf[0] = 0;
+    return -1;
 }

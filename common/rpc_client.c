@@ -73,6 +73,8 @@ struct specd_rpc_stream {
     grpc_status_code status;
     grpc_slice details;
     int status_done; /* STATUS plucked: status and details are final */
+    grpc_metadata md; /* one initial-metadata entry sent with the call (md_n) */
+    int md_n;
 
     grpc_byte_buffer *recv_bb; /* RECV_MESSAGE's output */
     int recv_pending;          /* a RECV batch is in flight (a TIMEOUT left it) */
@@ -457,6 +459,12 @@ grpc_status_code specd_rpc_unary_bytes(specd_rpc_channel *ch, const char *method
 
 specd_rpc_stream *specd_rpc_stream_start(specd_rpc_channel *ch, const char *method,
                                          int timeout_ms, specd_error *err) {
+    return specd_rpc_stream_start_md(ch, method, timeout_ms, NULL, NULL, err);
+}
+
+specd_rpc_stream *specd_rpc_stream_start_md(specd_rpc_channel *ch, const char *method,
+                                            int timeout_ms, const char *md_key,
+                                            const char *md_value, specd_error *err) {
     specd_rpc_stream *st = calloc(1, sizeof *st);
     char *m = strdup(method);
     if (!st || !m) {
@@ -478,6 +486,15 @@ specd_rpc_stream *specd_rpc_stream_start(specd_rpc_channel *ch, const char *meth
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (md_key && md_value) {
+        /* the slices live with the stream: gRPC may read them until the
+         * batch that sends them completes */
+        st->md.key = grpc_slice_from_copied_string(md_key);
+        st->md.value = grpc_slice_from_copied_string(md_value);
+        st->md_n = 1;
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &st->md;
+    }
     ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
     ops[1].data.recv_initial_metadata.recv_initial_metadata = &st->init_md;
     ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -698,6 +715,10 @@ void specd_rpc_stream_free(specd_rpc_stream *st) {
     grpc_slice_unref(st->details);
     grpc_metadata_array_destroy(&st->init_md);
     grpc_metadata_array_destroy(&st->trail_md);
+    if (st->md_n) {
+        grpc_slice_unref(st->md.key);
+        grpc_slice_unref(st->md.value);
+    }
     free(st->method);
     free(st);
 }

@@ -90,6 +90,13 @@ grpc_status_code specd_rpc_unary(specd_rpc_channel *ch, const char *method,
 specd_rpc_stream *specd_rpc_stream_start(specd_rpc_channel *ch, const char *method,
                                          int timeout_ms, specd_error *err);
 
+/* The same, sending one initial-metadata entry with the call (md_key in
+ * lower case, e.g. "x-request-id"; NULL key or value = none): how draft-svc
+ * hands its request id to target-svc (specd_rpc_call_metadata reads it). */
+specd_rpc_stream *specd_rpc_stream_start_md(specd_rpc_channel *ch, const char *method,
+                                            int timeout_ms, const char *md_key,
+                                            const char *md_value, specd_error *err);
+
 /* Result of the stream helpers: the same codes as the server side. */
 typedef enum specd_rpc_cio {
     SPECD_RPC_CIO_OK = 0,      /* sent / received one message */

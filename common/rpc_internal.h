@@ -138,6 +138,8 @@ struct specd_rpc_call {
 
     /* finishing */
     int finish_started;
+    int status_known;          /* final_code is set (rpc_metrics_count) */
+    grpc_status_code final_code;
     int status_in_flight;
     int status_ok;
     grpc_slice status_details;
@@ -166,6 +168,9 @@ const rpc_method *rpc_server_find_method(const specd_rpc_server *s, const char *
  * reports its TLS files the same way). Checks that it holds a PEM block at
  * all, so a wrong path is reported now rather than at the first handshake. */
 char *rpc_read_pem(const char *path, const char *who, const char *what, specd_error *err);
+
+/* rpc_metrics.c: counts the status a call ends with (metrics.h). */
+void rpc_metrics_count(specd_rpc_call *c, grpc_status_code code);
 
 /* rpc_health.c */
 void rpc_health_init(rpc_health *h);

@@ -196,6 +196,16 @@ int specd_rpc_call_is_cancelled(const specd_rpc_call *c);
  * freed. The handler's registration is dropped when it returns. */
 void specd_rpc_call_on_cancel(specd_rpc_call *c, void (*fn)(void *arg), void *arg);
 
+/* The value of the client's initial-metadata entry `key` (lower case) into
+ * buf, NUL-terminated; the length, or -1 when the client sent none. The value
+ * comes from the client: a caller must check it before logging it (see
+ * common/request_log.h). A longer value is cut at cap - 1 bytes. */
+int specd_rpc_call_metadata(const specd_rpc_call *c, const char *key, char *buf, size_t cap);
+
+/* The status the call ended with (CANCELLED if it ended without one of
+ * ours), UNKNOWN while it has not ended. For the request log. */
+grpc_status_code specd_rpc_call_status(specd_rpc_call *c);
+
 /* The client's address ("ipv4:127.0.0.1:53412") into buf; returns buf. */
 const char *specd_rpc_call_peer(specd_rpc_call *c, char *buf, size_t cap);
 

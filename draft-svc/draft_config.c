@@ -1,6 +1,8 @@
 /* draft_config.c - see draft_config.h. */
 #include "draft-svc/draft_config.h"
 
+#include "common/request_log.h"
+
 const char *const specd_draft_default_choices[] = {"mlp", "draft_lm", "ngram", "none", NULL};
 const char *const specd_draft_backends[] = {"cpu", "cuda", NULL};
 
@@ -106,5 +108,9 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "CA for client certificates (mutual TLS)"),
     F("tls.insecure", SPECD_CFG_BOOL, tls.insecure, "false",
       "serve plaintext (development only)"),
+    F("metrics.listen", SPECD_CFG_STRING, metrics.listen, NULL,
+      "host:port for the Prometheus GET /metrics listener (empty = off)"),
+    F("log.format", SPECD_CFG_ENUM, log.format, "text",
+      "per-request log lines on stderr: text or json", .choices = specd_log_formats),
 };
 const size_t specd_draft_cfg_n_fields = sizeof specd_draft_cfg_fields / sizeof specd_draft_cfg_fields[0];

@@ -44,6 +44,8 @@ typedef struct specd_draft_cfg {
         char *cert, *key, *client_ca;
         bool insecure;
     } tls;
+    struct { char *listen; } metrics;
+    struct { int format; } log;
 } specd_draft_cfg;
 
 /* `drafter.default` choices, in the order of service.h's drafter indices. */

@@ -11,6 +11,8 @@
 #include "common/dtype.h"
 #include "common/ipc_caps.h"
 #include "kernels/ipc.h"
+#include "common/request_log.h"
+#include "draft-svc/draft_metrics.h"
 
 /* ---- cancellation ------------------------------------------------------------ */
 
@@ -74,6 +76,7 @@ typedef struct gen {
     int target_load; /* active sessions the target reported last */
     double t_start, t_first;
     int done;        /* finish reason reached */
+    int target_finished; /* the target sent a finish reason: its status follows */
 } gen;
 
 /* What the step loop tells the failover loop. */
@@ -166,11 +169,17 @@ static void draft(gen *g, const specd_target_info *info) {
         int shaped = q->sampling.temperature > 0
                          ? specd_policy_sampled_shape(g->env->policy, g->target_load, &pc, &pd)
                          : specd_policy_shape(g->env->policy, g->target_load, &pc, &pd);
-        if (!shaped) return;
+        if (!shaped) {
+            specd_draft_metrics_spec_off(SPECD_SPEC_OFF_LOAD);
+            return;
+        }
         if (!cand) cand = pc;
         if (!depth) depth = pd;
     }
-    if (!specd_accept_allows(g->env->policy, &g->acc)) return;
+    if (!specd_accept_allows(g->env->policy, &g->acc)) {
+        specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COLLAPSE);
+        return;
+    }
     if (q->drafter->hidden_size > 0 && !g->have_hidden) return;
     if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
     if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
@@ -311,6 +320,8 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
         specd_accept_update(g->env->policy, &g->acc, maxd, n_acc);
     }
     take_hidden(g, r);
+    if (r->finish_reason != SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED)
+        g->target_finished = 1;
     int rc = deliver(g, toks, n_acc + 1, r->n_logprobs ? r->logprobs : NULL, (int)r->n_logprobs,
                      r->finish_reason);
     free(toks);
@@ -338,8 +349,9 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
         return STEP_DONE;
     }
-    specd_rpc_stream *s = specd_rpc_stream_start(specd_tpool_member_channel(m),
-                                                 "/specd.v1.Target/Verify", 0, err);
+    specd_rpc_stream *s =
+        specd_rpc_stream_start_md(specd_tpool_member_channel(m), "/specd.v1.Target/Verify", 0,
+                                  SPECD_REQUEST_ID_KEY, q->request_id, err);
     if (!s) {
         *code = GRPC_STATUS_UNAVAILABLE;
         return STEP_RETRY;
@@ -469,6 +481,17 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
 out:
     if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
+    r = NULL;
+    /* The target ended the session itself: its OK status is already on the
+     * way behind the last message. Reading it ends the call cleanly instead
+     * of cancelling it, which the target would count as CANCELLED in its
+     * metrics (specd_grpc_server_handled_total). */
+    if (rc == STEP_DONE && g->target_finished) {
+        specd_error ignored = {{0}};
+        if (specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
+                                  (ProtobufCMessage **)&r, 100, &ignored) == SPECD_RPC_CIO_OK)
+            protobuf_c_message_free_unpacked(&r->base, NULL);
+    }
     set_stream(g->cancel, NULL);
     /* Ending the stream early cancels it, which the target sees as the
      * session closing: its KV slot is freed at once. A finished session has

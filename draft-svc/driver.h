@@ -73,6 +73,7 @@ typedef struct specd_gen_request {
     specd_batcher *batcher; /* the drafter's */
     int candidates, depth;  /* request's tree shape; 0 = the policy's */
     float stop_threshold;   /* request's; 0 = env's, negative = off */
+    const char *request_id; /* sent to targets as x-request-id metadata; may be NULL */
 } specd_gen_request;
 
 /* Where tokens go. on_tokens gets each step's new tokens (already cut at

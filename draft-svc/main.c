@@ -12,7 +12,9 @@
 
 #include "common/config.h"
 #include "common/version.h"
+#include "common/metrics_http.h"
 #include "common/model_file.h"
+#include "common/request_log.h"
 #include "common/rpc_server.h"
 #include "common/tokenizer.h"
 #include "draft-svc/draft_config.h"
@@ -47,6 +49,7 @@ int main(int argc, char **argv) {
     specd_draft_service *svc = NULL;
     specd_rpc_server *srv = NULL;
     specd_target_watch *watch = NULL;
+    specd_metrics_http *mh = NULL;
     char tok_sha[65] = "";
     int vocab = 0, hidden = 0;
 
@@ -157,6 +160,15 @@ int main(int argc, char **argv) {
      * slow steps by (target_watch.h). */
     specd_target_watch_opts wo = {.trim_interval_ms = 10000};
     if (!(watch = specd_target_watch_start(pool, srv, &wo, &err))) goto fail;
+    specd_request_log_set_format((specd_log_format)cfg.log.format);
+    /* Metrics come up with the service: a scrape before the first request
+     * already sees every metric (at zero), and a bad address fails startup. */
+    if (cfg.metrics.listen && cfg.metrics.listen[0]) {
+        if (!(mh = specd_metrics_http_start(cfg.metrics.listen, specd_metrics_global(), &err)))
+            goto fail;
+        fprintf(stderr, "draft-svc: metrics on http://%s/metrics (port %d)\n", cfg.metrics.listen,
+                specd_metrics_http_port(mh));
+    }
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
             specd_draft_default_choices[cfg.drafter.def]);
@@ -172,6 +184,7 @@ fail:
     fprintf(stderr, "draft-svc: %s\n", err.msg);
 out:
     specd_target_watch_stop(watch); /* it sets the server's health: before the server goes */
+    specd_metrics_http_stop(mh);
     specd_rpc_server_destroy(srv);
     specd_draft_service_free(svc);
     specd_tpool_free(pool);

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/request_ctx.h"
 #include "draft-svc/batcher.h"
+#include "draft-svc/draft_metrics.h"
 #include "draft-svc/driver.h"
 #include "draft-svc/request_check.h"
 #include "specd.pb-c.h"
@@ -20,6 +22,7 @@ struct specd_draft_service {
     char tok_sha256[65];
     int vocab; /* from the tokenizer or a drafter; 0 = unknown (the targets check ids) */
     specd_draft_limits lim; /* what request_check.h checks against */
+    specd_draft_watch *watch; /* the metrics' scrape hook on the pool */
 };
 
 /* ---- Generate ------------------------------------------------------------------ */
@@ -119,6 +122,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
         .candidates = sp ? sp->candidates : 0,
         .depth = sp ? sp->depth : 0,
         .stop_threshold = sp ? sp->stop_threshold : 0.0f,
+        .request_id = specd_request_current() ? specd_request_current()->id : NULL,
     };
     gs.logprobs = req->logprobs;
     /* The sink streams through the request's text stream; pr keeps owning it. */
@@ -127,6 +131,8 @@ static void h_generate(specd_rpc_call *c, void *user) {
     specd_gen_sink sink = {on_tokens, &gs};
     specd_gen_stats st;
     code = specd_driver_generate(&svc->env, &gr, &sink, &cancel, &st, &err);
+    specd_draft_metrics_request(&st, gs.failed ? GRPC_STATUS_INTERNAL : code,
+                                gr.drafter ? specd_drafter_names[drafter] : "none");
     /* After this returns the callback is not running and never will. */
     specd_rpc_call_on_cancel(c, NULL, NULL);
     if (gs.failed) {
@@ -273,13 +279,23 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         .stop_threshold = o->stop_threshold,
         .min_depth = o->min_depth > 0 ? o->min_depth : 1,
     };
+    if (o->pool && !(svc->watch = specd_draft_metrics_watch(o->pool))) {
+        specd_seterr(err, "draft: out of memory");
+        specd_draft_service_free(svc);
+        return NULL;
+    }
     return svc;
+}
+
+/* Generate with its request log line and request id (draft_metrics.h). */
+static void h_generate_logged(specd_rpc_call *c, void *user) {
+    specd_draft_logged(h_generate, c, user);
 }
 
 int specd_draft_service_register(specd_draft_service *svc, specd_rpc_server *srv,
                                  specd_error *err) {
     if (specd_rpc_register(srv, "/specd.v1.Draft/Generate", SPECD_RPC_SERVER_STREAMING,
-                           h_generate, svc) ||
+                           h_generate_logged, svc) ||
         specd_rpc_register(srv, "/specd.v1.Draft/GetInfo", SPECD_RPC_UNARY, h_info, svc))
         return specd_seterr(err, "draft: cannot register the Draft methods");
     specd_rpc_set_health(srv, "specd.v1.Draft", 1);
@@ -289,6 +305,7 @@ int specd_draft_service_register(specd_draft_service *svc, specd_rpc_server *srv
 
 void specd_draft_service_free(specd_draft_service *svc) {
     if (!svc) return;
+    specd_draft_metrics_unwatch(svc->watch);
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) specd_batcher_free(svc->batchers[i]);
     free(svc);
 }

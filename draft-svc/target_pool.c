@@ -444,3 +444,9 @@ int specd_tpool_check(specd_tpool *p, specd_tpool_member *m) {
 int64_t specd_tpool_member_last_alive(const specd_tpool_member *m) {
     return atomic_load(&((specd_tpool_member *)m)->last_alive_ms);
 }
+void specd_tpool_each(specd_tpool *p, void (*fn)(void *arg, const char *addr, int sessions, int up),
+                      void *arg) {
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n; i++) fn(arg, p->m[i]->addr, p->m[i]->sessions, p->m[i]->state == MEMBER_UP);
+    pthread_mutex_unlock(&p->mu);
+}

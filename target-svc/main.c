@@ -14,7 +14,9 @@
 
 #include "common/config.h"
 #include "common/version.h"
+#include "common/metrics_http.h"
 #include "common/model_file.h"
+#include "common/request_log.h"
 #include "common/rpc_server.h"
 #include "common/tokenizer.h"
 #include "target-svc/service.h"
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
     specd_transformer *t = NULL;
     specd_target_service *svc = NULL;
     specd_rpc_server *srv = NULL;
+    specd_metrics_http *mh = NULL;
     if (!cfg.model) {
         fprintf(stderr, "target-svc: 'model' is not set (config file or --model)\n");
         goto out;
@@ -104,6 +107,15 @@ int main(int argc, char **argv) {
     if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
     if (specd_target_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
+    specd_request_log_set_format((specd_log_format)cfg.log.format);
+    /* Metrics come up with the service: a scrape before the first request
+     * already sees every metric (at zero), and a bad address fails startup. */
+    if (cfg.metrics.listen && cfg.metrics.listen[0]) {
+        if (!(mh = specd_metrics_http_start(cfg.metrics.listen, specd_metrics_global(), &err)))
+            goto fail;
+        fprintf(stderr, "target-svc: metrics on http://%s/metrics (port %d)\n", cfg.metrics.listen,
+                specd_metrics_http_port(mh));
+    }
     int kv_pages;
     specd_transformer_kv_pages(t, NULL, &kv_pages);
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
@@ -122,6 +134,7 @@ int main(int argc, char **argv) {
 fail:
     fprintf(stderr, "target-svc: %s\n", err.msg);
 out:
+    specd_metrics_http_stop(mh);
     specd_rpc_server_destroy(srv); /* handlers are done before the service goes */
     specd_target_service_free(svc);
     specd_transformer_free(t);

@@ -6,6 +6,8 @@
  * variable so waking one session never wakes the others. */
 #include "target-svc/scheduler.h"
 
+#include "target-svc/target_metrics.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +390,7 @@ static void *worker_main(void *arg) {
                          .argmax = s->pass_ids ? s->argmax : NULL, .hidden = s->hidden};
         int frc = specd_transformer_forward(s->t, &b, &err);
         uint32_t fwd_us = (uint32_t)(now_us() - t0);
+        specd_target_metrics_pass(s->t, n_tok, fwd_us, !frc);
         int *rcs = s->rcs;
         for (int i = 0; i < n_items; i++) {
             specd_work *w = s->items[i];
@@ -557,6 +560,13 @@ int specd_sched_free_slots(specd_sched *s) {
     int n = s->n_free;
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+void specd_sched_queue(specd_sched *s, int *items, int *tokens) {
+    pthread_mutex_lock(&s->mu);
+    *items = queued_items(s);
+    *tokens = s->queued_tokens;
+    pthread_mutex_unlock(&s->mu);
 }
 
 int specd_sched_run(specd_sched *s, specd_work *w) {

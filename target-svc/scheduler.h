@@ -138,6 +138,9 @@ void specd_sched_free(specd_sched *s);
 int specd_sched_acquire_slot(specd_sched *s);
 void specd_sched_release_slot(specd_sched *s, int slot);
 int specd_sched_free_slots(specd_sched *s);
+/* Work waiting for a forward pass: items and the tokens they still need
+ * (the metrics' queue gauges). */
+void specd_sched_queue(specd_sched *s, int *items, int *tokens);
 
 /* Queues the item and blocks until it is done: SPECD_WORK_OK,
  * SPECD_WORK_FAILED (w->err), SPECD_WORK_NO_PAGES (w->err) or

@@ -21,6 +21,7 @@
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
+#include "target-svc/target_metrics.h"
 
 struct specd_target_service {
     const specd_model_file *m;
@@ -28,6 +29,7 @@ struct specd_target_service {
     const specd_tokenizer *tok;
     specd_target_opts o;
     specd_sched *sched;
+    specd_target_watch *watch; /* the metrics' scrape hook on sched */
     specd_session_limits lim;
     specd_admission_limits adm; /* Generate's, as draft-svc's (common/admission.h) */
     int dim;
@@ -269,6 +271,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         b->emitted[n_acc] = w.next_token;
         s->step = req->tree->step;
         int kept = specd_session_emit(s, b->emitted, n_acc + 1, s->n_past + 1 + n_acc, &fr);
+        specd_target_metrics_verify(kept - 1, kept); /* what was sent (EOS may cut) */
         /* Truncated inside the accepted path: the stop token becomes the
          * last token (next_token) and the hidden state is left out, since it
          * belonged to a later row and the session is over anyway. */
@@ -587,15 +590,29 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
         free(svc);
         return NULL;
     }
+    if (!(svc->watch = specd_target_metrics_watch(svc->sched, o->max_sessions))) {
+        specd_seterr(err, "target: out of memory");
+        specd_target_service_free(svc);
+        return NULL;
+    }
     return svc;
+}
+
+/* Verify and Generate with their request log line (target_metrics.h). */
+static void h_verify_logged(specd_rpc_call *c, void *user) {
+    specd_target_logged(h_verify, c, user);
+}
+
+static void h_generate_logged(specd_rpc_call *c, void *user) {
+    specd_target_logged(h_generate, c, user);
 }
 
 int specd_target_service_register(specd_target_service *svc, specd_rpc_server *srv,
                                   specd_error *err) {
-    if (specd_rpc_register(srv, "/specd.v1.Target/Verify", SPECD_RPC_BIDI_STREAMING, h_verify,
-                           svc) ||
+    if (specd_rpc_register(srv, "/specd.v1.Target/Verify", SPECD_RPC_BIDI_STREAMING,
+                           h_verify_logged, svc) ||
         specd_rpc_register(srv, "/specd.v1.Target/Generate", SPECD_RPC_SERVER_STREAMING,
-                           h_generate, svc) ||
+                           h_generate_logged, svc) ||
         specd_rpc_register(srv, "/specd.v1.Target/GetInfo", SPECD_RPC_UNARY, h_info, svc))
         return specd_seterr(err, "target: cannot register the Target methods");
     specd_rpc_set_health(srv, "specd.v1.Target", 1);
@@ -605,6 +622,7 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
 
 void specd_target_service_free(specd_target_service *svc) {
     if (!svc) return;
+    specd_target_metrics_unwatch(svc->watch);
     specd_sched_free(svc->sched);
     free(svc);
 }

@@ -2,6 +2,7 @@
 #include "target_config.h"
 
 #include "kernels/backend.h"
+#include "common/request_log.h"
 
 const char *const specd_target_backends[] = {"cpu", "cuda", NULL};
 
@@ -67,6 +68,11 @@ const specd_cfg_field specd_target_cfg_fields[] = {
                     "CA for client certificates (mutual TLS)"),
     SPECD_CFG_FIELD("tls.insecure", SPECD_CFG_BOOL, specd_target_cfg, tls.insecure, "false",
                     "serve plaintext (development only)"),
+    SPECD_CFG_FIELD("metrics.listen", SPECD_CFG_STRING, specd_target_cfg, metrics.listen, NULL,
+                    "host:port for the Prometheus GET /metrics listener (empty = off)"),
+    SPECD_CFG_FIELD("log.format", SPECD_CFG_ENUM, specd_target_cfg, log.format, "text",
+                    "per-request log lines on stderr: text or json",
+                    .choices = specd_log_formats),
 };
 const size_t specd_target_cfg_n_fields =
     sizeof specd_target_cfg_fields / sizeof specd_target_cfg_fields[0];

@@ -33,6 +33,8 @@ typedef struct specd_target_cfg {
         char *cert, *key, *client_ca;
         bool insecure;
     } tls;
+    struct { char *listen; } metrics;
+    struct { int format; } log;
 } specd_target_cfg;
 
 /* Names of the `backend` enum values, indexed by specd_target_cfg.backend. */

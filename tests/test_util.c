@@ -1,10 +1,14 @@
 /* test_util.c - see test_util.h. */
 #include "test_util.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 const char *test_path(const char *rel) {
@@ -190,3 +194,22 @@ uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint6
     return w;
 }
 
+int test_http_raw(int port, const char *request, char *buf, size_t cap) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t want = strlen(request);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) || write(fd, request, want) != (ssize_t)want) {
+        close(fd);
+        return -1;
+    }
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < cap && (k = read(fd, buf + n, cap - 1 - n)) > 0) n += (size_t)k;
+    buf[n] = 0;
+    close(fd);
+    return (int)n;
+}

@@ -24,6 +24,11 @@ void test_fill_random(float *x, size_t n, uint64_t seed, float scale);
  * F32/F16/BF16); *row_bytes gets the bytes per row. Deterministic in seed. */
 uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
                              size_t *row_bytes);
+/* One raw exchange with 127.0.0.1:port: sends `request` as is (e.g.
+ * "GET /metrics HTTP/1.0\r\n\r\n"), reads until the server closes (5 s
+ * receive timeout), and puts the whole response, NUL-terminated, in buf.
+ * Returns the bytes read, or -1 if the connection failed. */
+int test_http_raw(int port, const char *request, char *buf, size_t cap);
 
 /* An MLPSpeculator checkpoint (config.json + model.safetensors, the Hugging
  * Face layout IBM publishes) with random F32 weights, shaped for the tiny

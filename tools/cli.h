@@ -20,6 +20,8 @@ int cmd_train(int argc, char **argv);
 int cmd_train_accept_head(int argc, char **argv);
 /* `specd eval`: tau and SpecDec++ tables for a speculator (cmd_eval.c). */
 int cmd_eval(int argc, char **argv);
+/* `specd health ADDRESS [SERVICE]`: a grpc.health.v1 probe (cmd_health.c). */
+int cmd_health(int argc, char **argv);
 
 /* Monotonic seconds. */
 double cli_now(void);

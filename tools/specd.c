@@ -94,6 +94,7 @@ static void usage(FILE *f) {
                "             (train accept-head) for a target (specd train --help)\n"
                "  eval       tau per candidates and heads, and SpecDec++ rates, of a\n"
                "             speculator on held-out prompts (specd eval --help)\n"
+               "  health     one gRPC health check, for exec probes (specd health --help)\n"
                "  --version  print the version\n");
 }
 
@@ -108,6 +109,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "health")) return cmd_health(argc - 1, argv + 1);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

@@ -1043,7 +1043,28 @@ static void test_k8s_configs_parse(void **state) {
     assert_int_equal(rc, 0);
     assert_int_equal(d.targets.n, 1);
     assert_string_equal(d.targets.items[0], "dns:target-svc:50052");
+    assert_string_equal(d.metrics.listen, "0.0.0.0:9401");
     specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
+    /* the co-located overlays: the pair talks over the pod's Unix socket */
+    const char *const overlays[] = {"deploy/k8s-colocated", "deploy/k8s-colocated-gpu"};
+    for (int i = 0; i < 2; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/target-svc-config.yaml", overlays[i]);
+        char *ca[] = {"target-svc", "--config", (char *)test_path(path)};
+        rc = specd_config_load(TARGET_FIELDS, N_TARGET, 3, ca, &t, &err);
+        if (rc) fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(rc, 0);
+        assert_string_equal(t.listen, "unix:/run/specd/target.sock");
+        specd_config_free(TARGET_FIELDS, N_TARGET, &t);
+        snprintf(path, sizeof path, "%s/draft-svc-config.yaml", overlays[i]);
+        char *cd[] = {"draft-svc", "--config", (char *)test_path(path)};
+        rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, 3, cd, &d, &err);
+        if (rc) fprintf(stderr, "%s\n", err.msg);
+        assert_int_equal(rc, 0);
+        assert_int_equal(d.targets.n, 1);
+        assert_string_equal(d.targets.items[0], "unix:/run/specd/target.sock");
+        specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
+    }
 }
 
 int main(void) {

@@ -1,0 +1,181 @@
+/* draft_metrics.c - see draft_metrics.h. */
+#include "draft-svc/draft_metrics.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "common/metrics.h"
+#include "common/request_ctx.h"
+
+static struct {
+    specd_metric *requests, *prompt, *generated, *steps;
+    specd_metric *drafts, *draft_tokens, *accepted, *accepted_pos, *drafts_pos;
+    specd_metric *tau, *ttft, *tpot, *e2e, *failovers, *sessions, *up, *spec_off;
+} M;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* Tokens per target step: 1 is plain decoding, the default speculator
+ * reaches 2-4. */
+static const double tau_buckets[] = {1, 1.25, 1.5, 1.75, 2, 2.25, 2.5, 2.75, 3, 3.5, 4, 5, 6, 8};
+
+static void init(void) {
+    specd_metrics *r = specd_metrics_global();
+    M.requests = specd_metrics_counter(r, "specd_draft_requests_total",
+                                       "Generate requests finished, by drafter and finish reason "
+                                       "(error = ended with a non-OK status)",
+                                       "drafter,finish_reason");
+    M.prompt = specd_metrics_counter(r, "specd_draft_prompt_tokens_total",
+                                     "Prompt tokens of finished requests", "drafter");
+    M.generated = specd_metrics_counter(r, "specd_draft_generated_tokens_total",
+                                        "Tokens generated (streamed to clients)", "drafter");
+    M.steps = specd_metrics_counter(r, "specd_draft_target_steps_total",
+                                    "Verify steps on targets (tau = generated / steps)",
+                                    "drafter");
+    M.drafts = specd_metrics_counter(r, "specd_spec_decode_num_drafts_total",
+                                     "Steps that sent a non-empty draft tree (vLLM num_drafts)",
+                                     "drafter");
+    M.draft_tokens = specd_metrics_counter(r, "specd_spec_decode_num_draft_tokens_total",
+                                           "Draft tokens (tree nodes) sent for verification",
+                                           "drafter");
+    M.accepted = specd_metrics_counter(r, "specd_spec_decode_num_accepted_tokens_total",
+                                       "Draft tokens the target accepted", "drafter");
+    M.accepted_pos = specd_metrics_counter(r, "specd_spec_decode_num_accepted_tokens_per_pos_total",
+                                           "Steps that accepted a draft token at this position "
+                                           "(0 = first drafted token)",
+                                           "drafter,position");
+    M.drafts_pos = specd_metrics_counter(r, "specd_spec_decode_num_drafts_per_pos_total",
+                                         "Steps whose tree reached this position", "drafter,position");
+    M.tau = specd_metrics_histogram(r, "specd_draft_tau",
+                                    "Tokens per target step of each finished request", "drafter",
+                                    tau_buckets, (int)(sizeof tau_buckets / sizeof tau_buckets[0]));
+    M.ttft = specd_metrics_histogram(r, "specd_draft_time_to_first_token_seconds",
+                                     "Seconds from request to the first token", "drafter",
+                                     specd_metrics_latency_buckets,
+                                     specd_metrics_n_latency_buckets);
+    M.tpot = specd_metrics_histogram(r, "specd_draft_time_per_output_token_seconds",
+                                     "Mean seconds per output token after the first, per request",
+                                     "drafter", specd_metrics_fast_buckets,
+                                     specd_metrics_n_fast_buckets);
+    M.e2e = specd_metrics_histogram(r, "specd_draft_e2e_request_latency_seconds",
+                                    "Seconds from request to its end", "drafter",
+                                    specd_metrics_latency_buckets,
+                                    specd_metrics_n_latency_buckets);
+    M.failovers = specd_metrics_counter(r, "specd_draft_failovers_total",
+                                        "Requests moved to another target mid-stream", NULL);
+    M.sessions = specd_metrics_gauge(r, "specd_draft_target_sessions",
+                                     "Verify sessions open on each target", "target");
+    M.up = specd_metrics_gauge(r, "specd_draft_targets_up", "Targets usable now", NULL);
+    M.spec_off = specd_metrics_counter(r, "specd_draft_speculation_off_total",
+                                       "Steps decoded without a draft, by reason (load: the "
+                                       "target's load; collapse: acceptance fell)",
+                                       "reason");
+}
+
+static const char *finish_name(Specd__V1__FinishReason f) {
+    switch (f) {
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_EOS: return "eos";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT: return "context";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
+    default: return "unspecified";
+    }
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code code,
+                                 const char *drafter) {
+    pthread_once(&once, init);
+    const char *const *d = SPECD_LABELS(drafter);
+    const char *finish = code == GRPC_STATUS_OK ? finish_name(st->finish) : "error";
+    specd_metric_add(M.requests, SPECD_LABELS(drafter, finish), 1);
+    specd_metric_add(M.prompt, d, st->prompt_tokens);
+    specd_metric_add(M.generated, d, st->generated_tokens);
+    specd_metric_add(M.steps, d, st->target_steps);
+    specd_metric_add(M.failovers, NULL, st->failovers);
+    if (st->drafted_tokens) {
+        specd_metric_add(M.drafts, d, st->drafted_at[0]);
+        specd_metric_add(M.draft_tokens, d, st->drafted_tokens);
+        specd_metric_add(M.accepted, d, st->accepted_tokens);
+        for (int p = 0; p < st->max_depth_seen && p < SPECD_MAX_DRAFT_DEPTH; p++) {
+            char pos[8];
+            snprintf(pos, sizeof pos, "%d", p);
+            specd_metric_add(M.drafts_pos, SPECD_LABELS(drafter, pos), st->drafted_at[p]);
+            specd_metric_add(M.accepted_pos, SPECD_LABELS(drafter, pos), st->accepted_at[p]);
+        }
+    }
+    if (st->target_steps)
+        specd_metric_observe(M.tau, d, (double)st->generated_tokens / st->target_steps);
+    if (st->generated_tokens) specd_metric_observe(M.ttft, d, st->ttft_ms / 1e3);
+    if (st->generated_tokens > 1) specd_metric_observe(M.tpot, d, st->tpot_ms / 1e3);
+    specd_request_ctx *r = specd_request_current();
+    if (!r) return;
+    specd_metric_observe(M.e2e, d, (now_ms() - r->t0_ms) / 1e3);
+    r->drafter = drafter;
+    r->finish = code == GRPC_STATUS_OK ? finish : NULL;
+    r->prompt_tokens = st->prompt_tokens;
+    r->generated_tokens = st->generated_tokens;
+    r->steps = st->target_steps;
+    r->drafted_tokens = st->drafted_tokens;
+    r->accepted_tokens = st->accepted_tokens;
+    r->failovers = st->failovers;
+}
+
+void specd_draft_metrics_spec_off(specd_spec_off_reason why) {
+    pthread_once(&once, init);
+    specd_metric_add(M.spec_off, SPECD_LABELS(why == SPECD_SPEC_OFF_LOAD ? "load" : "collapse"), 1);
+}
+
+/* ---- scrape hook ------------------------------------------------------------ */
+
+struct specd_draft_watch {
+    specd_tpool *pool;
+    int up;
+};
+
+static void each_target(void *arg, const char *addr, int sessions, int up) {
+    specd_draft_watch *w = arg;
+    specd_metric_set(M.sessions, SPECD_LABELS(addr), sessions);
+    w->up += up;
+}
+
+static void on_scrape(void *arg) {
+    specd_draft_watch *w = arg;
+    /* a target that left the pool (DNS) reads 0, not its last count */
+    specd_metric_zero(M.sessions);
+    w->up = 0;
+    specd_tpool_each(w->pool, each_target, w);
+    specd_metric_set(M.up, NULL, w->up);
+}
+
+specd_draft_watch *specd_draft_metrics_watch(specd_tpool *pool) {
+    pthread_once(&once, init);
+    specd_draft_watch *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->pool = pool;
+    if (specd_metrics_add_hook(specd_metrics_global(), on_scrape, w)) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void specd_draft_metrics_unwatch(specd_draft_watch *w) {
+    if (!w) return;
+    specd_metrics_remove_hook(specd_metrics_global(), on_scrape, w);
+    free(w);
+}
+
+void specd_draft_logged(specd_rpc_handler h, specd_rpc_call *c, void *user) {
+    specd_request_ctx r;
+    specd_request_begin(&r, c, 1);
+    h(c, user);
+    specd_request_end(&r, c, "draft-svc");
+}

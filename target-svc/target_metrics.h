@@ -1,0 +1,51 @@
+/* target_metrics.h - target-svc's Prometheus metrics and request log.
+ *
+ * Every metric lives in the process registry (common/metrics.h) under
+ * specd_target_*; the scheduler and the Verify/Generate handlers report at a
+ * few clear points, and a scrape hook reads the live load:
+ *
+ *   specd_target_active_sessions           gauge   sessions holding a KV slot
+ *   specd_target_max_sessions              gauge   limits.max_sessions
+ *   specd_target_queued_items              gauge   work items waiting for a pass
+ *   specd_target_queued_tokens             gauge   tokens those items still need
+ *   specd_target_batch_tokens              histogram tokens per forward pass
+ *   specd_target_forward_seconds           histogram seconds per forward pass
+ *   specd_target_forward_errors_total      counter failed forward passes
+ *   specd_target_kv_pages_used / _free     gauge   KV cache pages
+ *   specd_target_verify_steps_total        counter trees verified
+ *   specd_target_accepted_tokens_total     counter draft tokens accepted
+ *   specd_target_generated_tokens_total    counter tokens emitted (accepted +
+ *                                                  the target's own next token)
+ *   specd_grpc_server_handled_total        counter by method and status code
+ *                                                  (common/rpc_metrics.c)
+ *
+ * Prefix-cache hits are not exported: target-svc has no prefix cache yet. */
+#ifndef SPECD_TARGET_METRICS_H
+#define SPECD_TARGET_METRICS_H
+
+#include <stdint.h>
+
+#include "common/rpc_server.h"
+#include "target-svc/scheduler.h"
+#include "target-svc/transformer.h"
+
+/* After every forward pass, on the worker thread (which owns t): the pass's
+ * size and time, and the KV pages in use after it. ok = 0 for a failed pass. */
+void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t forward_us,
+                               int ok);
+
+/* A tree verified: n_accepted draft tokens kept, n_emitted tokens sent. Also
+ * counted into the request log of the calling handler thread. */
+void specd_target_metrics_verify(int n_accepted, int n_emitted);
+
+/* Registers the scrape hook that reads the scheduler's load; unwatch
+ * before the scheduler goes (it waits for a scrape in progress). NULL on out
+ * of memory. */
+typedef struct specd_target_watch specd_target_watch;
+specd_target_watch *specd_target_metrics_watch(specd_sched *s, int max_sessions);
+void specd_target_metrics_unwatch(specd_target_watch *w); /* NULL is a no-op */
+
+/* A handler wrapped with the request log: begin, handler, end. */
+void specd_target_logged(specd_rpc_handler h, specd_rpc_call *c, void *user);
+
+#endif
