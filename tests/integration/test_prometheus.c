@@ -245,7 +245,8 @@ static void test_prometheus_scrapes_both(void **state) {
 
     char *target[] = {SPECD_TARGET_SVC_PATH, "--model", (char *)test_path(SMOL),
                       "--tls.insecure=true", a_listen, a_tm, "--threads=1",
-                      "--limits.max_sessions=4", "--limits.kv_memory=64MiB", "--log.format=json",
+                      "--limits.max_sessions=4", "--limits.kv_memory=64MiB", "--limits.max_context=1024",
+                      "--log.format=json",
                       NULL};
     char *draft[] = {SPECD_DRAFT_SVC_PATH, "--tokenizer", (char *)test_path(SMOL),
                      "--tls.insecure=true", "--target.tls.insecure=true", a_draft, a_dm,
