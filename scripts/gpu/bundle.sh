@@ -45,7 +45,7 @@ ARCH_TRIPLET=x86_64-linux-gnu
 
 # Headers kept: the libraries our C code includes.
 DEV_PKGS=(libpcre2-dev libcjson-dev libyaml-dev libgrpc-dev libprotobuf-c-dev
-          libcmocka-dev libopenblas-pthread-dev)
+          libcmocka-dev libopenblas-pthread-dev libmicrohttpd-dev)
 # Link-only: their .pc files and .so links resolve grpc.pc's Requires and
 # Libs (absl_*, openssl, re2, cares, z); we never include their headers.
 LINK_PKGS=(libabsl-dev libssl-dev libre2-dev libc-ares-dev zlib1g-dev)
@@ -53,11 +53,14 @@ LINK_PKGS=(libabsl-dev libssl-dev libre2-dev libc-ares-dev zlib1g-dev)
 RUNTIME_PKGS=(libpcre2-8-0 libcjson1 libyaml-0-2 libgrpc29 libabsl20220623 libre2-9
               libc-ares2 libprotobuf-c1 libcmocka0 libopenblas0-pthread libgfortran5
               libquadmath0 protobuf-c-compiler libprotoc32 libprotobuf32 pkgconf-bin
-              libpkgconf3)
+              libpkgconf3 libmicrohttpd12)
 # Base libraries nearly every image has; used there only when missing.
-BASE_PKGS=(libssl3 zlib1g)
+# GnuTLS and its libraries are there for libmicrohttpd (the /metrics
+# listener) only.
+BASE_PKGS=(libssl3 zlib1g libgnutls30 libnettle8 libhogweed6 libgmp10 libp11-kit0
+           libtasn1-6 libunistring2 libidn2-0 libffi8)
 # What CMakeLists.txt asks pkg-config for (pkg_check_modules).
-PC_MODULES=(libpcre2-8 libcjson cmocka yaml-0.1 grpc libprotobuf-c openblas)
+PC_MODULES=(libpcre2-8 libcjson cmocka yaml-0.1 grpc libprotobuf-c openblas libmicrohttpd)
 
 size_mib() { du -sb "$1" | awk '{printf "%.1f", $1 / 1048576}'; }
 tracked_bytes() { git ls-files -z | xargs -0 stat -L -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
@@ -132,6 +135,10 @@ find "$WORK/root" -name '*.a' -delete
 # OpenBLAS: only libopenblas (the trainers call cblas_sgemm); its BLAS and
 # LAPACK compatibility libraries are 7.7 MB we never load.
 rm -f "$R/lib/$ARCH_TRIPLET/openblas-pthread/"{libblas,liblapack}.so*
+# libmicrohttpd.pc names gnutls in Requires.private, which only a static
+# link reads; without the line pkg-config needs no gnutls.pc (we link
+# shared, and libgnutls.so.30 is in base/).
+sed -i '/^Requires.private:/d' "$R/lib/$ARCH_TRIPLET/pkgconfig/libmicrohttpd.pc"
 # gRPC without TLS: we link the secure library only.
 rm -f "$R/lib/$ARCH_TRIPLET/"libgrpc_unsecure.so* "$R/lib/$ARCH_TRIPLET/pkgconfig/grpc_unsecure.pc"
 
