@@ -12,6 +12,9 @@
  *   specd_target_forward_seconds           histogram seconds per forward pass
  *   specd_target_forward_errors_total      counter failed forward passes
  *   specd_target_kv_pages_used / _free     gauge   KV cache pages
+ *   specd_target_kv_pages_cached            gauge   unheld pages kept for prefix reuse
+ *   specd_target_prefix_cache_queries_total / _hits_total, _kv_evictions_total
+ *                                           counter prefix cache, in pages
  *   specd_target_verify_steps_total        counter trees verified
  *   specd_target_accepted_tokens_total     counter draft tokens accepted
  *   specd_target_generated_tokens_total    counter tokens emitted (accepted +
