@@ -20,17 +20,6 @@
 #define TAVX2 "avx2,fma,f16c"
 #define NT 4
 
-/* One prefetch per cache line of the tile QT_PREFETCH_BYTES ahead. */
-#define PREFETCH_TILE(tile, bytes)                                                         \
-    for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
-    _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
-
-static inline int32_t ld32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 #define DOT_VNNI(acc, w, x) _mm256_dpbusd_avx_epi32((acc), (w), (x))
 #define DOT_AVX2(acc, w, x) \
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((w), (x)), ones))

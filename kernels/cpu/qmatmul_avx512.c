@@ -29,17 +29,6 @@
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define NT 8 /* tokens per pass: 8 accumulators + 8 weight registers + temps */
 
-/* One prefetch per cache line of the tile QT_PREFETCH_BYTES ahead. */
-#define PREFETCH_TILE(tile, bytes)                                                         \
-    for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
-    _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
-
-static inline int32_t ld32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* The two dot flavours, as macros so each kernel below is compiled for its
  * own target. `ones` is 16-bit 1s (vpmaddwd's partner). */
 #define DOT_VNNI(acc, w, x) _mm512_dpbusd_epi32((acc), (w), (x))

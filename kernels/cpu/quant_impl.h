@@ -145,6 +145,20 @@ static inline void cpu_pack_x(const float *x, int n_tok, int64_t cols, int nt_ma
     }
 }
 
+/* The 4 activation bytes a SIMD kernel broadcasts, without alignment or
+ * aliasing assumptions (qmatmul_avx2.c, qmatmul_avx512.c). */
+static inline int32_t ld32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* One prefetch per cache line of a tile, QT_PREFETCH_BYTES ahead (x86
+ * kernels only: _mm_prefetch). */
+#define PREFETCH_TILE(tile, bytes)                                                         \
+    for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
+    _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
+
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
 
