@@ -97,7 +97,11 @@ int main(int argc, char **argv) {
             specd_ngram_drafter_opts o = {.vocab = vocab,
                                           .min_n = (int)cfg.drafter.ngram.min_n,
                                           .max_n = (int)cfg.drafter.ngram.max_n,
-                                          .max_scan = (int)cfg.drafter.ngram.max_scan};
+                                          .max_scan = (int)cfg.drafter.ngram.max_scan,
+                                          .min_prob = (float)cfg.drafter.ngram.min_prob,
+                                          .shared = cfg.speculation.suffix_cache.shared,
+                                          .cache_max_tokens =
+                                              cfg.speculation.suffix_cache.max_tokens};
             if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&o, &err))) goto fail;
         }
     }

@@ -392,33 +392,67 @@ static void push_children(const specd_suffix_tree *t, frontier *h, int *n, int32
     }
 }
 
-specd_suffix_draft specd_suffix_tree_draft(const specd_suffix_tree *t, const int32_t *ctx, int n,
-                                           int min_len, int max_depth, int max_nodes,
-                                           float min_prob, int32_t *tokens, int32_t *parents,
-                                           float *logq) {
+/* Grows the best-first tree under trie node `at` (match length m); writes
+ * it when tokens != NULL, else only scores it. */
+static specd_suffix_draft expand(const specd_suffix_tree *t, int32_t at, int m, int max_depth,
+                                 int max_nodes, float min_logp, int32_t *tokens,
+                                 int32_t *parents, float *logq) {
     specd_suffix_draft r = {0};
-    if (max_depth < 1 || max_nodes < 1 || n < 1) return r;
-    /* leave the match room for at least one continuation token below it */
-    int m = specd_suffix_tree_match(t, ctx, n, min_len, t->depth - 1);
-    if (!m) return r;
-    int32_t at = walk(t, ctx + n - m, m);
     /* a path can go no deeper than the trie below the match */
     if (max_depth > t->depth - m) max_depth = t->depth - m;
-    float min_logp = min_prob > 0.0f ? logf(min_prob) : -INFINITY;
     frontier heap[FRONTIER_CAP];
     int nh = 0;
     push_children(t, heap, &nh, at, 0.0f, -1, 1, min_logp);
     while (nh > 0 && r.n < max_nodes) {
         frontier e = heap_pop(heap, &nh);
         int i = r.n++;
-        tokens[i] = t->nodes[e.node].token;
-        parents[i] = e.parent;
-        logq[i] = e.logp;
+        if (tokens) {
+            tokens[i] = t->nodes[e.node].token;
+            parents[i] = e.parent;
+            logq[i] = e.logp;
+        }
         r.score += expf(e.logp);
-        if (e.depth < max_depth) push_children(t, heap, &nh, e.node, e.logp, i, e.depth + 1, min_logp);
+        if (e.depth < max_depth)
+            push_children(t, heap, &nh, e.node, e.logp, i, e.depth + 1, min_logp);
     }
     r.match_len = r.n > 0 ? m : 0;
     return r;
+}
+
+specd_suffix_draft specd_suffix_tree_draft(const specd_suffix_tree *t, const int32_t *ctx, int n,
+                                           int min_len, int max_depth, int max_nodes,
+                                           float min_prob, int32_t *tokens, int32_t *parents,
+                                           float *logq) {
+    specd_suffix_draft none = {0};
+    if (max_depth < 1 || max_nodes < 1 || n < 1) return none;
+    if (min_len < 1) min_len = 1;
+    /* the match and the paths below it share the trie's depth: leave the
+     * paths max_depth tokens where the match can spare them */
+    int max_match = t->depth - max_depth;
+    if (max_match < min_len) max_match = min_len;
+    int m = specd_suffix_tree_match(t, ctx, n, min_len, max_match);
+    if (!m) return none;
+    float min_logp = min_prob > 0.0f ? logf(min_prob) : -INFINITY;
+    /* The longest match is the most specific context, but not always the
+     * best: its few sightings may end right before the text's end (in
+     * "x x x x" the longest match's one earlier occurrence is followed by
+     * a single token). So also score the tree of every halved match length
+     * and keep the best (ties: the longer match). */
+    int best_m = 0;
+    float best = 0.0f;
+    for (int len = m;;) {
+        int32_t at = walk(t, ctx + n - len, len);
+        specd_suffix_draft r = expand(t, at, len, max_depth, max_nodes, min_logp, NULL, NULL, NULL);
+        if (r.n > 0 && r.score > best) {
+            best = r.score;
+            best_m = len;
+        }
+        if (len == min_len) break;
+        len = len / 2 < min_len ? min_len : len / 2;
+    }
+    if (!best_m) return none;
+    return expand(t, walk(t, ctx + n - best_m, best_m), best_m, max_depth, max_nodes, min_logp,
+                  tokens, parents, logq);
 }
 
 /* ---- the shared cache ----------------------------------------------------- */

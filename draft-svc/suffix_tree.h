@@ -26,7 +26,8 @@
  * 16 bytes each (plus one int per vocabulary entry for the root's index).
  *
  * Drafting (specd_suffix_tree_draft): match the longest suffix of the
- * context that occurs followed by something, then grow a candidate tree
+ * context that occurs followed by something (and, when they score higher,
+ * the trees of shorter suffixes), then grow a candidate tree
  * from the match's subtree best-first by path probability. A child's
  * probability is count(child) / (sum of its siblings' counts + 1) (PPM's
  * escape method A: one pseudo-count for "something never seen"), so one
@@ -94,7 +95,10 @@ typedef struct specd_suffix_draft {
     float score;      /* expected accepted tokens: sum of the path probabilities */
 } specd_suffix_draft;
 
-/* A candidate tree for what follows ctx[0..n): at most max_nodes nodes
+/* A candidate tree for what follows ctx[0..n): from the longest matching
+ * suffix of at most depth - max_depth tokens (so paths can reach
+ * max_depth), or from a shorter one (halving its length, never below
+ * min_len) whose tree scores higher: at most max_nodes nodes
  * (capacity of tokens/parents/logq), paths at most max_depth long, every
  * node's path probability >= min_prob. Nodes come parents first; parents[i]
  * = -1 for a child of the root (the context's last token); logq[i] = log

@@ -109,7 +109,10 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         specd_ngram_drafter_opts no = {.vocab = vocab,
                                        .min_n = (int)c->drafter.ngram.min_n,
                                        .max_n = (int)c->drafter.ngram.max_n,
-                                       .max_scan = (int)c->drafter.ngram.max_scan};
+                                       .max_scan = (int)c->drafter.ngram.max_scan,
+                                       .min_prob = (float)c->drafter.ngram.min_prob,
+                                       .shared = c->speculation.suffix_cache.shared,
+                                       .cache_max_tokens = c->speculation.suffix_cache.max_tokens};
         if (!(p->drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
     }
     const char *targets[1] = {p->target_addr};

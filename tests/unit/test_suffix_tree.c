@@ -157,7 +157,10 @@ static void test_draft_probabilities(void **state) {
     const int32_t ctx[] = {9, 1, 2};
     int32_t tok[16], par[16];
     float lq[16];
+    /* paths of up to 8 tokens in a trie 8 deep: the match gets 1 token */
     specd_suffix_draft d = specd_suffix_tree_draft(t, ctx, 3, 1, 8, 16, 0.0f, tok, par, lq);
+    assert_int_equal(d.match_len, 1);
+    d = specd_suffix_tree_draft(t, ctx, 3, 1, 6, 16, 0.0f, tok, par, lq);
     /* "1 2" is the longest match ("9 1 2" never occurs) */
     assert_int_equal(d.match_len, 2);
     /* best first: 3 (3/5), then under it 4 (3/5 * 2/4), then 7 (1/5), then
@@ -183,10 +186,10 @@ static void test_draft_probabilities(void **state) {
     }
     assert_float_equal(d.score, score, 1e-4);
     /* min_prob 0.25 keeps 3 (0.6) and 3 4 (0.3) only */
-    d = specd_suffix_tree_draft(t, ctx, 3, 1, 8, 16, 0.25f, tok, par, lq);
+    d = specd_suffix_tree_draft(t, ctx, 3, 1, 6, 16, 0.25f, tok, par, lq);
     assert_int_equal(d.n, 2);
     /* budgets: 1 node; depth 1 (3 and 7, then 5? no: 5 is at depth 2) */
-    d = specd_suffix_tree_draft(t, ctx, 3, 1, 8, 1, 0.0f, tok, par, lq);
+    d = specd_suffix_tree_draft(t, ctx, 3, 1, 6, 1, 0.0f, tok, par, lq);
     assert_int_equal(d.n, 1);
     d = specd_suffix_tree_draft(t, ctx, 3, 1, 1, 16, 0.0f, tok, par, lq);
     assert_int_equal(d.n, 2);
@@ -198,9 +201,24 @@ static void test_draft_probabilities(void **state) {
         const int32_t rep[] = {1, 2, 3};
         assert_int_equal(specd_suffix_tree_insert(u, rep, 3), 0);
     }
-    d = specd_suffix_tree_draft(u, ctx, 3, 1, 8, 16, 0.0f, tok, par, lq);
+    d = specd_suffix_tree_draft(u, ctx, 3, 1, 6, 16, 0.0f, tok, par, lq);
     assert_int_equal(d.n, 1);
     assert_float_equal(lq[0], logf(9.0f / 10.0f), 1e-5);
+    /* a run of seven 5s in its own tree, paths of 2 (matches up to 6): the
+     * longest match, six 5s, was seen once before, followed by one 5 and
+     * then the text's end (a 1-node tree); three 5s were seen four times
+     * followed by 5, and 5 5 three times: that tree scores higher, and wins */
+    specd_suffix_tree *r = make(8, 0);
+    int32_t run[7];
+    for (int i = 0; i < 7; i++) {
+        run[i] = 5;
+        assert_int_equal(specd_suffix_tree_append(r, 5), 0);
+    }
+    d = specd_suffix_tree_draft(r, run, 7, 1, 2, 16, 0.0f, tok, par, lq);
+    assert_true(d.match_len < 6);
+    assert_int_equal(d.n, 2);
+    assert_int_equal(par[1], 0);
+    specd_suffix_tree_free(r);
     specd_suffix_tree_free(u);
     specd_suffix_tree_free(t);
 }
