@@ -55,7 +55,7 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "drafts from; false = a request drafts from its own prompt and output only"),
     F("speculation.suffix_cache.max_tokens", SPECD_CFG_INT64, speculation.suffix_cache.max_tokens,
       "65536", "tokens the shared cache holds (at most 32 trie nodes of 16 bytes a token); the "
-      "oldest requests are evicted first", .min = 1, .max = 1 << 26),
+      "oldest requests are evicted first", .min = 1, .max = 1 << 22),
     F("speculation.load_table", SPECD_CFG_STRLIST, speculation.load_table, "1:1x5,4:1x4,16:1x2",
       "SESSIONS:CANDIDATESxDEPTH entries: tree shape while the target has at most SESSIONS "
       "active sessions"),

@@ -42,8 +42,8 @@
  * short or empty; each node's logq is its smoothed log path probability, an
  * acceptance estimate a cost-aware tree chooser can use.
  *
- * Sharing across requests (opts.shared, off by default): when a session
- * closes, its output tokens (not its prompt: prompts carry the tenant's
+ * Sharing across requests (opts.shared, off by default): when a greedy
+ * request's session closes, its output tokens (not its prompt: prompts carry the tenant's
  * documents; outputs are where templated answers, JSON and scaffolds
  * repeat) go into one deployment-wide cache (a suffix tree capped at
  * cache_max_tokens tokens; the oldest whole requests are evicted first).
