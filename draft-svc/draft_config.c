@@ -5,6 +5,7 @@
 
 const char *const specd_draft_default_choices[] = {"mlp", "draft_lm", "ngram", "none", NULL};
 const char *const specd_draft_backends[] = {"cpu", "cuda", NULL};
+const char *const specd_speculation_trees[] = {"cost", "table", NULL};
 
 /* The table's struct is always specd_draft_cfg; F saves repeating it. */
 #define F(name, type, member, ...) SPECD_CFG_FIELD(name, type, specd_draft_cfg, member, __VA_ARGS__)
@@ -56,6 +57,13 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("speculation.suffix_cache.max_tokens", SPECD_CFG_INT64, speculation.suffix_cache.max_tokens,
       "65536", "tokens the shared cache holds (at most 32 trie nodes of 16 bytes a token); the "
       "oldest requests are evicted first", .min = 1, .max = 1 << 22),
+    F("speculation.tree", SPECD_CFG_ENUM, speculation.tree, "cost",
+      "how greedy requests size their trees: cost (draft up to max_shape, verify the part "
+      "that maximizes expected tokens per unit of target time, measured; nothing when "
+      "nothing pays) or table (load_table and the collapse rule)",
+      .choices = specd_speculation_trees),
+    F("speculation.max_shape", SPECD_CFG_STRING, speculation.max_shape, "4x6",
+      "tree = cost: the largest tree drafted, CANDIDATESxDEPTH (the drafter's depth caps it)"),
     F("speculation.load_table", SPECD_CFG_STRLIST, speculation.load_table, "1:1x5,4:1x4,16:1x2",
       "SESSIONS:CANDIDATESxDEPTH entries: tree shape while the target has at most SESSIONS "
       "active sessions"),

@@ -25,6 +25,8 @@ typedef struct specd_draft_cfg {
         struct { bool enabled; int64_t min_n, max_n, max_scan; double min_prob; } ngram;
     } drafter;
     struct {
+        int tree;        /* specd_speculation_trees: 0 cost, 1 table */
+        char *max_shape;
         specd_cfg_strlist load_table;
         int64_t off_above;
         double min_acceptance;
@@ -53,6 +55,8 @@ typedef struct specd_draft_cfg {
 extern const char *const specd_draft_default_choices[];
 /* Names of drafter.mlp.backend, indexed by its value. */
 extern const char *const specd_draft_backends[];
+/* Names of speculation.tree, indexed by its value. */
+extern const char *const specd_speculation_trees[];
 extern const specd_cfg_field specd_draft_cfg_fields[];
 extern const size_t specd_draft_cfg_n_fields;
 

@@ -69,7 +69,8 @@ static void init(void) {
     M.up = specd_metrics_gauge(r, "specd_draft_targets_up", "Targets usable now", NULL);
     M.spec_off = specd_metrics_counter(r, "specd_draft_speculation_off_total",
                                        "Steps decoded without a draft, by reason (load: the "
-                                       "target's load; collapse: acceptance fell)",
+                                       "target's load; collapse: acceptance fell; cost: no "
+                                       "tree was worth its verification time)",
                                        "reason");
 }
 
@@ -130,7 +131,10 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
 
 void specd_draft_metrics_spec_off(specd_spec_off_reason why) {
     pthread_once(&once, init);
-    specd_metric_add(M.spec_off, SPECD_LABELS(why == SPECD_SPEC_OFF_LOAD ? "load" : "collapse"), 1);
+    const char *name = why == SPECD_SPEC_OFF_LOAD       ? "load"
+                       : why == SPECD_SPEC_OFF_COLLAPSE ? "collapse"
+                                                        : "cost";
+    specd_metric_add(M.spec_off, SPECD_LABELS(name), 1);
 }
 
 /* ---- scrape hook ------------------------------------------------------------ */

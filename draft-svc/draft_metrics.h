@@ -42,7 +42,11 @@
 void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code code,
                                  const char *drafter);
 
-typedef enum { SPECD_SPEC_OFF_LOAD, SPECD_SPEC_OFF_COLLAPSE } specd_spec_off_reason;
+typedef enum {
+    SPECD_SPEC_OFF_LOAD,     /* the load table said none at this load */
+    SPECD_SPEC_OFF_COLLAPSE, /* the table mode's collapse rule */
+    SPECD_SPEC_OFF_COST,     /* the cost model priced no tree above a plain step */
+} specd_spec_off_reason;
 void specd_draft_metrics_spec_off(specd_spec_off_reason why);
 
 /* The scrape hook reading sessions per target; NULL on out of memory. */

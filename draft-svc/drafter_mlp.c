@@ -129,6 +129,7 @@ typedef struct mlp_impl {
     float *cand_logq;
     float *cand_score; /* what the beam ranks: log q, + log P when adaptive */
     float *cand_pacc;
+    float *cand_pcond; /* the head's chance for the candidate, given its parent */
     uint8_t *keep;
     mlp_plan *plans;   /* [max_batch] */
     /* fixed-size scratch */
@@ -171,6 +172,7 @@ static int grow_cand(mlp_impl *m, size_t n, specd_error *err) {
         grow((void **)&m->cand_logq, n, sizeof(float)) ||
         grow((void **)&m->cand_score, n, sizeof(float)) ||
         grow((void **)&m->cand_pacc, n, sizeof(float)) ||
+        grow((void **)&m->cand_pcond, n, sizeof(float)) ||
         grow((void **)&m->keep, n, sizeof(uint8_t)))
         return specd_seterr(err, "mlp drafter: out of memory for %zu candidates", n);
     m->cand_cap = n;
@@ -267,6 +269,11 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
             m->cand[nc] = (mlp_cand){r, m->topk_ids[i]};
             m->cand_logq[nc] = m->front[r].logq + (float)((double)m->topk_vals[i] - lse);
             m->cand_score[nc] = m->cand_logq[nc] + log_pacc;
+            /* The head estimates the chance that the row's top token is
+             * accepted; a sibling further down gets it in proportion to its
+             * draft probability (tree_choice.h calibrates both by rank). */
+            m->cand_pcond[nc] =
+                m->head ? m->p_rows[r] * expf(m->topk_vals[i] - m->topk_vals[0]) : -1.0f;
             m->cand_pacc[nc++] = pacc;
         }
     }
@@ -279,6 +286,7 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
         const mlp_front *par = &m->front[m->cand[i].parent_row];
         int node = specd_tree_buf_add(out, par->node, m->cand[i].token, m->cand_logq[i]);
         if (node < 0) break; /* full: the tree ends here */
+        out->pcond[node] = m->cand_pcond[i];
         if (keeps_growing(p, s + 1, m->cand_pacc[i]))
             m->next[n_next++] = (mlp_front){par->job, node, m->cand[i].token, m->cand_logq[i],
                                             m->cand_pacc[i], 0, m->cand[i].parent_row};
@@ -326,11 +334,9 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
     mlp_impl *m = d->impl;
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
-    int any_adaptive = 0;
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
-        any_adaptive |= m->plans[i].adaptive;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
         rows += bound;
         if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
@@ -354,10 +360,11 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
         if (specd_mlp_speculator_stage(m->sp, s, n_rows, m->in_states, m->tokens, m->out_states,
                                        m->logits, err))
             return -1;
-        /* The head over every row (adaptive or not) in one call: it costs a
-         * small fraction of the stage, and rows of one job are not worth
-         * gathering apart. */
-        if (any_adaptive &&
+        /* The head over every row in one call, whenever there is a head: it
+         * costs a small fraction of the stage, shapes adaptive jobs, and
+         * gives every greedy node the acceptance estimate the driver prices
+         * the tree with (tree_choice.h). */
+        if (m->head &&
             specd_accept_head_forward(m->head, s, n_rows, m->out_states, m->p_rows, NULL, err))
             return -1;
         /* each job's rows are contiguous (frontier order follows job order) */
@@ -398,6 +405,7 @@ static void mlp_free_impl(mlp_impl *m) {
     free(m->cand_logq);
     free(m->cand_score);
     free(m->cand_pacc);
+    free(m->cand_pcond);
     free(m->keep);
     free(m->plans);
     free(m->topk_ids);

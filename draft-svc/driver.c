@@ -56,6 +56,25 @@ static double now_ms(void) {
 
 /* ---- per-request state ------------------------------------------------------- */
 
+/* A session's view of what its steps cost and earn. */
+typedef struct price_state {
+    int active;          /* this step's tree was priced (greedy, cost mode) */
+    float *score, *p_path;  /* [max_tree_tokens] per node of the tree sent */
+    uint8_t *rank, *keep;
+    double predicted;    /* expected accepted tokens of the tree sent, as priced */
+    double predicted_raw;/* the same without the session's scale */
+    float scale;         /* how this session accepts against the calibration */
+    int batch_tokens;    /* the last pass: all its tokens */
+    int sent_rows;       /* ... and ours in it (1 + tree nodes) */
+    double overhead_us;  /* step time outside the forward pass, smoothed */
+    double draft_us;     /* time to draft a tree, smoothed */
+    double gain;         /* smoothed priced gain of drafting, draft time included */
+    int skip, backoff;   /* plain steps left before drafting again; the next skip */
+    int want_cand, want_depth; /* the shape to draft next */
+    double t_send;       /* when the last tree went out */
+} price_state;
+
+
 typedef struct gen {
     const specd_driver_env *env;
     const specd_gen_request *req;
@@ -74,10 +93,152 @@ typedef struct gen {
     specd_tree_buf tb;
     specd_accept_state acc;
     int target_load; /* active sessions the target reported last */
+    specd_tpool_member *member; /* the target of the current session */
+    price_state price;
     double t_start, t_first;
     int done;        /* finish reason reached */
     int target_finished; /* the target sent a finish reason: its status follows */
 } gen;
+
+/* ---- cost-aware trees (tree_choice.h) ----------------------------------------- */
+
+
+/* Weights of the newest step in the smoothed times and the gain. */
+#define PRICE_ALPHA 0.2
+/* Most plain steps in a row before drafting again to see whether a tree
+ * pays now (text changes: a table, a quote, code). */
+#define MAX_SKIP 32
+
+static int price_init(price_state *ps, int cap, const specd_policy *pol) {
+    memset(ps, 0, sizeof *ps);
+    ps->score = malloc(sizeof(float) * (size_t)cap);
+    ps->p_path = malloc(sizeof(float) * (size_t)cap);
+    ps->rank = malloc((size_t)cap);
+    ps->keep = malloc((size_t)cap);
+    ps->scale = 1.0f;
+    ps->gain = 1.0;
+    ps->backoff = 1;
+    ps->want_cand = pol->max_candidates > 0 ? pol->max_candidates : 1;
+    ps->want_depth = pol->max_depth > 0 ? pol->max_depth : 1;
+    return ps->score && ps->p_path && ps->rank && ps->keep ? 0 : -1;
+}
+
+static void price_free(price_state *ps) {
+    free(ps->score);
+    free(ps->p_path);
+    free(ps->rank);
+    free(ps->keep);
+}
+
+/* What the next pass will cost us: the target's curve as this draft-svc
+ * keeps it, the load and the others' rows from the last step, and our own
+ * overhead. */
+static void price_of_step(const gen *g, specd_tree_price *pr) {
+    const price_state *ps = &g->price;
+    specd_tpool_member_cost(g->member, &pr->cost);
+    pr->sessions = g->target_load > 0 ? g->target_load : 1;
+    pr->other_tokens = pr->sessions > 1 ? ps->batch_tokens - ps->sent_rows : 0;
+    if (pr->other_tokens < 0) pr->other_tokens = 0;
+    pr->overhead_us = ps->overhead_us;
+}
+
+/* Cuts g->tb to the tree worth its verification time (maybe nothing) and
+ * decides whether the next steps should draft at all: drafting itself takes
+ * time, so when the smoothed gain of the best tree, counting the draft
+ * time, stays below a plain step's rate, the session decodes plainly for a
+ * while (1, 2, 4 ... MAX_SKIP steps) and then drafts again to look. */
+static void price_tree(gen *g, double draft_us) {
+    price_state *ps = &g->price;
+    specd_tree_buf *tb = &g->tb;
+    ps->draft_us = ps->draft_us > 0 ? (1 - PRICE_ALPHA) * ps->draft_us + PRICE_ALPHA * draft_us
+                                    : draft_us;
+    int n = tb->n_nodes;
+    specd_tree_scores(tb, ps->score, ps->rank);
+    specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
+    specd_tree_price pr;
+    price_of_step(g, &pr);
+    specd_tree_pick pick;
+    specd_tree_choose(ps->p_path, tb->depth, n, &pr, ps->keep, &pick);
+    if (pick.n_keep < n) specd_tree_buf_prune(tb, ps->keep);
+    /* the gain of having drafted: the chosen step against a plain one, the
+     * draft's own time counted */
+    double gain = 1.0;
+    if (pick.plain_rate > 0 && pick.rate > 0) {
+        double t_pick = (pr.sessions + pick.expected) / pick.rate;
+        gain = (pr.sessions + pick.expected) / (t_pick + ps->draft_us) / pick.plain_rate;
+    }
+    ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
+    if (ps->gain < 1.0) {
+        ps->skip = ps->backoff;
+        ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
+        ps->gain = 1.0; /* the next look starts without the old verdict */
+    } else if (gain >= 1.0) {
+        ps->backoff = 1;
+    }
+    /* draft next time one wider and one deeper than what was kept, within
+     * max_shape: the drafter's time follows what pays */
+    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, deepest = 0;
+    for (int i = 0; i < tb->n_nodes; i++) {
+        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
+        width[d]++;
+        if (d > deepest) deepest = d;
+    }
+    int widest = 0;
+    for (int d = 1; d <= deepest; d++)
+        if (width[d] > widest) widest = width[d];
+    const specd_policy *pol = g->env->policy;
+    ps->want_cand = widest + 1 < pol->max_candidates ? widest + 1 : pol->max_candidates;
+    ps->want_depth = deepest + 1 < pol->max_depth ? deepest + 1 : pol->max_depth;
+    if (ps->want_cand < 1) ps->want_cand = 1;
+    if (ps->want_depth < 1) ps->want_depth = 1;
+    /* what the answer will be checked against: the kept tree's scores */
+    if (tb->n_nodes > 0) {
+        specd_tree_scores(tb, ps->score, ps->rank);
+        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
+        ps->predicted = 0;
+        for (int i = 0; i < tb->n_nodes; i++) ps->predicted += ps->p_path[i];
+        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, 1.0f, ps->p_path);
+        ps->predicted_raw = 0;
+        for (int i = 0; i < tb->n_nodes; i++) ps->predicted_raw += ps->p_path[i];
+        ps->active = 1;
+    } else {
+        g->st->plain_by_cost++;
+        specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
+    }
+}
+
+/* After the answer to a priced tree: the calibration learns which nodes
+ * were accepted, and the session's scale follows how its trees do against
+ * the calibrated prediction. */
+static void price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
+    price_state *ps = &g->price;
+    if (!ps->active) return;
+    ps->active = 0;
+    specd_accept_calib_update(g->req->calib, &g->tb, ps->score, ps->rank, r->accepted_nodes,
+                              (int)r->n_accepted);
+    g->st->predicted_tokens += ps->predicted;
+    /* +0.5 on both sides: a short tree's 0-or-1 outcome moves it gently */
+    double ratio = ((double)r->n_accepted + 0.5) / (ps->predicted_raw + 0.5);
+    double sc = (1 - PRICE_ALPHA) * ps->scale + PRICE_ALPHA * ratio;
+    ps->scale = (float)(sc < 0.25 ? 0.25 : sc > 2.0 ? 2.0 : sc);
+}
+
+/* Folds a step's timings into the member's cost curve and our overhead. */
+static void price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_recv) {
+    price_state *ps = &g->price;
+    const Specd__V1__StepTimings *tm = r->timings;
+    if (!tm || !g->member) return;
+    ps->batch_tokens = (int)tm->batch_tokens;
+    if (tm->forward_us > 0 && tm->batch_tokens > 0)
+        specd_tpool_member_cost_observe(g->member, (int)tm->batch_tokens, tm->forward_us);
+    if (r->step > 0 && ps->t_send > 0) {
+        double over = (t_recv - ps->t_send) * 1e3 - tm->forward_us;
+        if (over < 0) over = 0;
+        ps->overhead_us = ps->overhead_us > 0
+                              ? (1 - PRICE_ALPHA) * ps->overhead_us + PRICE_ALPHA * over
+                              : over;
+    }
+}
 
 /* What the step loop tells the failover loop. */
 typedef enum step_rc {
@@ -162,7 +323,20 @@ static void draft(gen *g, const specd_target_info *info) {
     specd_tree_buf_reset(&g->tb);
     if (!g->drafting) return;
     int cand = q->candidates, depth = q->depth;
-    if (!cand || !depth) {
+    /* Greedy requests without a shape of their own, in cost mode, are
+     * priced (tree_choice.h); everything else gets a fixed shape. */
+    int priced = !cand && !depth && q->sampling.temperature <= 0 &&
+                 g->env->policy->cost_aware && q->calib && g->member;
+    if (priced) {
+        if (g->price.skip > 0) {
+            g->price.skip--;
+            g->st->plain_by_cost++;
+            specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
+            return;
+        }
+        cand = g->price.want_cand;
+        depth = g->price.want_depth;
+    } else if (!cand || !depth) {
         int pc = 1, pd = 1;
         /* A sampled request's shape must not follow the load, or its seed
          * would not reproduce (policy.h). */
@@ -176,7 +350,7 @@ static void draft(gen *g, const specd_target_info *info) {
         if (!cand) cand = pc;
         if (!depth) depth = pd;
     }
-    if (!specd_accept_allows(g->env->policy, &g->acc)) {
+    if (!priced && !specd_accept_allows(g->env->policy, &g->acc)) {
         specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COLLAPSE);
         return;
     }
@@ -211,12 +385,14 @@ static void draft(gen *g, const specd_target_info *info) {
         .out = &g->tb,
     };
     specd_error err = {{0}};
+    double t0 = now_ms();
     if (specd_batcher_run(q->batcher, &job, &err)) {
         /* A drafter failure costs speed, not correctness: decode plainly. */
         fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
         specd_tree_buf_reset(&g->tb);
     }
     g->tb.cap = alloc_cap;
+    if (priced && g->tb.n_nodes > 0) price_tree(g, (now_ms() - t0) * 1e3);
 }
 
 /* How often a waiting step looks at the target's liveness. */
@@ -307,6 +483,8 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
     toks[n_acc] = r->next_token;
     g->st->target_steps++;
     if (r->timings) g->target_load = (int)r->timings->active_sessions;
+    price_timings(g, r, now_ms());
+    if (r->step > 0) price_learn(g, r);
     if (r->step > 0 && g->tb.n_nodes > 0) {
         int maxd = 0;
         for (int i = 0; i < g->tb.n_nodes; i++)
@@ -328,41 +506,31 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
     return rc;
 }
 
-/* One session on one target, from Open to the end or a failure. */
-static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code,
-                           specd_error *err) {
-    const specd_target_info *info = specd_tpool_member_info(m);
-    const specd_gen_request *q = g->req;
+/* The first session checks the prompt against this target's context, with
+ * target-svc's rule and words (common/admission.h), so a prompt that cannot
+ * fit is refused as Target.Generate refuses it, not answered with 0 tokens.
+ * After a failover to a target with a smaller context, nothing more may
+ * fit: the request then ends as a full context would. STEP_RETRY = go on. */
+static step_rc admit_session(gen *g, const specd_target_info *info, grpc_status_code *code,
+                             specd_error *err) {
     if (g->n_gen == 0) {
-        /* The first session: the prompt against this target's context, with
-         * target-svc's rule and words (common/admission.h), so a prompt that
-         * cannot fit is refused as Target.Generate refuses it, not answered
-         * with 0 tokens. */
         specd_admission_limits adm = {.context = info->context_length,
                                       .max_prompt_tokens = g->n_hist};
         if ((*code = specd_admit_prompt(&adm, "request.input", (size_t)g->n_hist, 0, err)))
             return STEP_FATAL;
     }
     if (g->n_hist + 1 > info->context_length) {
-        /* After a failover to a target with a smaller context, nothing more
-         * fits: the request ends as a full context would. */
         g->st->finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
         return STEP_DONE;
     }
-    specd_rpc_stream *s =
-        specd_rpc_stream_start_md(specd_tpool_member_channel(m), "/specd.v1.Target/Verify", 0,
-                                  SPECD_REQUEST_ID_KEY, q->request_id, err);
-    if (!s) {
-        *code = GRPC_STATUS_UNAVAILABLE;
-        return STEP_RETRY;
-    }
-    step_rc rc = STEP_FATAL;
-    Specd__V1__VerifyResponse *r = NULL;
-    if (set_stream(g->cancel, s)) {
-        *code = GRPC_STATUS_CANCELLED;
-        specd_seterr(err, "request cancelled");
-        goto out;
-    }
+    return STEP_RETRY;
+}
+
+/* Sends VerifyOpen with the whole history; a re-open after a failover
+ * carries resumed_tokens, so the target's random draws and penalties go on
+ * where they stopped. */
+static step_rc send_open(gen *g, specd_rpc_stream *s, grpc_status_code *code, specd_error *err) {
+    const specd_gen_request *q = g->req;
     Specd__V1__VerifyOpen open = SPECD__V1__VERIFY_OPEN__INIT;
     open.n_prompt_ids = (size_t)g->n_hist;
     open.prompt_ids = g->hist;
@@ -393,26 +561,122 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     vr.open = &open;
     if (specd_rpc_stream_send(s, &vr.base, 0, err) != SPECD_RPC_CIO_OK) {
         *code = specd_rpc_stream_finish(s, err);
-        rc = is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
-        goto out;
+        return is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
     }
     g->have_hidden = 0;
+    return STEP_DONE;
+}
+
+/* Whether r answers `step` as a correct target would: the step number, and
+ * a path of the tree last sent (step 0: no path). 0, or -1 + err. */
+static int check_answer(const gen *g, const Specd__V1__VerifyResponse *r, uint32_t step,
+                        const specd_target_info *info, specd_error *err) {
+    if (r->step != step)
+        return specd_seterr(err, "target answered step %u, expected %u", r->step, step);
+    if (step > 0)
+        return check_resp(g->tb.tokens, g->tb.parents, g->tb.n_nodes, r, info->vocab_size, err);
+    if (r->n_accepted || r->next_token < 0 || r->next_token >= info->vocab_size)
+        return specd_seterr(err, "target answer to Open: accepted tokens or a bad next_token");
+    return 0;
+}
+
+/* Sends g->tb (empty = a plain decode step) as Tree `step`, with the draft
+ * distributions in sampling mode. */
+static step_rc send_tree(gen *g, specd_rpc_stream *s, uint32_t step, grpc_status_code *code,
+                         specd_error *err) {
+    const specd_gen_request *q = g->req;
+    int n = g->tb.n_nodes;
+    Specd__V1__VerifyTree tree = SPECD__V1__VERIFY_TREE__INIT;
+    Specd__V1__DraftDistribution *qd = NULL, **qp = NULL;
+    tree.step = step;
+    tree.n_tokens = tree.n_parents = (size_t)n;
+    tree.tokens = g->tb.tokens;
+    tree.parents = g->tb.parents;
+    tree.hidden_via_ipc = g->ipc != NULL;
+    if (q->sampling.temperature > 0 && n > 0) {
+        size_t nq = (size_t)n + 1;
+        qd = calloc(nq, sizeof *qd);
+        qp = calloc(nq, sizeof *qp);
+        if (!qd || !qp) {
+            free(qd);
+            free(qp);
+            *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            specd_seterr(err, "out of memory");
+            return STEP_FATAL;
+        }
+        for (size_t i = 0; i < nq; i++) {
+            specd__v1__draft_distribution__init(&qd[i]);
+            qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
+            qd[i].ids = (int32_t *)g->tb.q[i].ids;
+            qd[i].probs = (float *)g->tb.q[i].probs;
+            qp[i] = &qd[i];
+        }
+        tree.n_q = nq;
+        tree.q = qp;
+    }
+    Specd__V1__VerifyRequest vr = SPECD__V1__VERIFY_REQUEST__INIT;
+    vr.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_TREE;
+    vr.tree = &tree;
+    g->price.sent_rows = 1 + n;
+    g->price.t_send = now_ms();
+    specd_rpc_cio io = specd_rpc_stream_send(s, &vr.base, 0, err);
+    free(qd);
+    free(qp);
+    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
+    *code = specd_rpc_stream_finish(s, err);
+    if (io == SPECD_RPC_CIO_INVALID) *code = GRPC_STATUS_INTERNAL;
+    if (!is_cancelled(g->cancel)) return STEP_RETRY;
+    *code = GRPC_STATUS_CANCELLED;
+    return STEP_FATAL;
+}
+
+/* Ends the stream. A session the target ended itself has its OK status on
+ * the way behind the last message: reading it ends the call cleanly instead
+ * of cancelling it, which the target would count as CANCELLED in its
+ * metrics (specd_grpc_server_handled_total). Ending it early cancels it,
+ * which the target sees as the session closing: its KV is freed at once. */
+static void end_stream(gen *g, specd_rpc_stream *s, step_rc rc) {
+    if (rc == STEP_DONE && g->target_finished) {
+        Specd__V1__VerifyResponse *r = NULL;
+        specd_error ignored = {{0}};
+        if (specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
+                                  (ProtobufCMessage **)&r, 100, &ignored) == SPECD_RPC_CIO_OK)
+            protobuf_c_message_free_unpacked(&r->base, NULL);
+    }
+    set_stream(g->cancel, NULL);
+    specd_rpc_stream_free(s);
+}
+
+/* One session on one target, from Open to the end or a failure:
+ * Open -> answer 0 -> [deliver, draft, Tree, answer] until a finish. */
+static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code,
+                           specd_error *err) {
+    const specd_target_info *info = specd_tpool_member_info(m);
+    step_rc rc = admit_session(g, info, code, err);
+    if (rc != STEP_RETRY) return rc;
+    specd_rpc_stream *s =
+        specd_rpc_stream_start_md(specd_tpool_member_channel(m), "/specd.v1.Target/Verify", 0,
+                                  SPECD_REQUEST_ID_KEY, g->req->request_id, err);
+    if (!s) {
+        *code = GRPC_STATUS_UNAVAILABLE;
+        return STEP_RETRY;
+    }
+    g->member = m;
+    g->price.active = 0; /* nothing priced is in flight on a new session */
+    Specd__V1__VerifyResponse *r = NULL;
+    if (set_stream(g->cancel, s)) {
+        *code = GRPC_STATUS_CANCELLED;
+        specd_seterr(err, "request cancelled");
+        rc = STEP_FATAL;
+        goto out;
+    }
+    if ((rc = send_open(g, s, code, err)) != STEP_DONE) goto out;
     rc = recv_resp(g, s, m, g->env->open_timeout_ms, &r, code, err);
-    if (rc != STEP_DONE) goto out;
-    uint32_t step = 0;
-    /* The tree last sent (what the answer is checked against). */
-    const int32_t *sent_tokens = NULL, *sent_parents = NULL;
-    int sent_n = 0;
-    for (;;) {
-        if (r->step != step ||
-            (step > 0 && check_resp(sent_tokens, sent_parents, sent_n, r, info->vocab_size, err)) ||
-            (step == 0 && (r->n_accepted || r->next_token < 0 ||
-                           r->next_token >= info->vocab_size))) {
-            if (r->step != step) specd_seterr(err, "target answered step %u, expected %u",
-                                              r->step, step);
+    for (uint32_t step = 0; rc == STEP_DONE; step++) {
+        if (check_answer(g, r, step, info, err)) {
             *code = GRPC_STATUS_INTERNAL;
             rc = STEP_RETRY;
-            goto out;
+            break;
         }
         int over = on_resp(g, r);
         protobuf_c_message_free_unpacked(&r->base, NULL);
@@ -421,82 +685,19 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             *code = GRPC_STATUS_CANCELLED;
             specd_seterr(err, "client went away");
             rc = STEP_FATAL;
-            goto out;
+            break;
         }
-        if (over) {
-            rc = STEP_DONE;
-            goto out;
-        }
+        if (over) break; /* rc is STEP_DONE */
+        /* The next tree; an empty one is a plain decode step (nothing
+         * drafted: drafter "none", speculation off at this load, after a
+         * collapse, or not worth its price, or nothing to propose). */
         draft(g, info);
-        /* The tree the answer will be checked against. An empty one is a
-         * plain decode step (nothing drafted: drafter "none", speculation
-         * off at this load or after a collapse, or nothing to propose). */
-        sent_tokens = g->tb.tokens;
-        sent_parents = g->tb.parents;
-        sent_n = g->tb.n_nodes;
-        Specd__V1__VerifyTree tree = SPECD__V1__VERIFY_TREE__INIT;
-        Specd__V1__DraftDistribution *qd = NULL, **qp = NULL;
-        tree.step = ++step;
-        tree.n_tokens = tree.n_parents = (size_t)sent_n;
-        tree.tokens = (int32_t *)sent_tokens;
-        tree.parents = (int32_t *)sent_parents;
-        tree.hidden_via_ipc = g->ipc != NULL;
-        int sampling = q->sampling.temperature > 0 && sent_n > 0;
-        if (sampling) {
-            size_t nq = (size_t)sent_n + 1;
-            qd = calloc(nq, sizeof *qd);
-            qp = calloc(nq, sizeof *qp);
-            if (!qd || !qp) {
-                free(qd);
-                free(qp);
-                *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-                specd_seterr(err, "out of memory");
-                rc = STEP_FATAL;
-                goto out;
-            }
-            for (size_t i = 0; i < nq; i++) {
-                specd__v1__draft_distribution__init(&qd[i]);
-                qd[i].n_ids = qd[i].n_probs = (size_t)g->tb.q[i].n;
-                qd[i].ids = (int32_t *)g->tb.q[i].ids;
-                qd[i].probs = (float *)g->tb.q[i].probs;
-                qp[i] = &qd[i];
-            }
-            tree.n_q = nq;
-            tree.q = qp;
-        }
-        vr.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_TREE;
-        vr.tree = &tree;
-        specd_rpc_cio io = specd_rpc_stream_send(s, &vr.base, 0, err);
-        free(qd);
-        free(qp);
-        if (io != SPECD_RPC_CIO_OK) {
-            *code = specd_rpc_stream_finish(s, err);
-            if (io == SPECD_RPC_CIO_INVALID) *code = GRPC_STATUS_INTERNAL;
-            rc = is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
-            if (rc == STEP_FATAL) *code = GRPC_STATUS_CANCELLED;
-            goto out;
-        }
+        if ((rc = send_tree(g, s, step + 1, code, err)) != STEP_DONE) break;
         rc = recv_resp(g, s, m, g->env->step_timeout_ms, &r, code, err);
-        if (rc != STEP_DONE) goto out;
     }
 out:
     if (r) protobuf_c_message_free_unpacked(&r->base, NULL);
-    r = NULL;
-    /* The target ended the session itself: its OK status is already on the
-     * way behind the last message. Reading it ends the call cleanly instead
-     * of cancelling it, which the target would count as CANCELLED in its
-     * metrics (specd_grpc_server_handled_total). */
-    if (rc == STEP_DONE && g->target_finished) {
-        specd_error ignored = {{0}};
-        if (specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
-                                  (ProtobufCMessage **)&r, 100, &ignored) == SPECD_RPC_CIO_OK)
-            protobuf_c_message_free_unpacked(&r->base, NULL);
-    }
-    set_stream(g->cancel, NULL);
-    /* Ending the stream early cancels it, which the target sees as the
-     * session closing: its KV slot is freed at once. A finished session has
-     * already ended on the target's side. */
-    specd_rpc_stream_free(s);
+    end_stream(g, s, rc);
     return rc;
 }
 
@@ -539,8 +740,10 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
         if (specd_tree_buf_init(&g.tb, env->max_tree_tokens,
                                 req->sampling.temperature > 0
                                     ? (size_t)SPECD_DRAFT_Q_MAX * ((size_t)env->max_tree_tokens + 1)
-                                    : 0, err)) {
+                                    : 0, err) ||
+            price_init(&g.price, env->max_tree_tokens, env->policy)) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            specd_seterr(err, "out of memory");
             goto out;
         }
         specd_error derr = {{0}};
@@ -643,6 +846,7 @@ out:
     if (req->drafter) specd_drafter_session_close(req->drafter, g.draft_state);
     specd_token_counts_free(&g.counts);
     specd_tree_buf_free(&g.tb);
+    price_free(&g.price);
     specd_ipc_import_free(g.ipc);
     free(g.hidden);
     free(g.hist);

@@ -34,6 +34,7 @@
 #include "draft-svc/drafter.h"
 #include "draft-svc/policy.h"
 #include "draft-svc/target_pool.h"
+#include "draft-svc/tree_choice.h"
 #include "specd.pb-c.h"
 
 #define SPECD_MAX_DRAFT_DEPTH 64
@@ -74,6 +75,9 @@ typedef struct specd_gen_request {
     int candidates, depth;  /* request's tree shape; 0 = the policy's */
     float stop_threshold;   /* request's; 0 = env's, negative = off */
     const char *request_id; /* sent to targets as x-request-id metadata; may be NULL */
+    /* The drafter's acceptance calibration (tree_choice.h), shared by its
+     * requests; NULL = trees are never priced (fixed shapes only). */
+    specd_accept_calib *calib;
 } specd_gen_request;
 
 /* Where tokens go. on_tokens gets each step's new tokens (already cut at
@@ -94,6 +98,11 @@ typedef struct specd_gen_stats {
     int drafted_at[SPECD_MAX_DRAFT_DEPTH];  /* steps whose tree reached depth d+1 */
     int accepted_at[SPECD_MAX_DRAFT_DEPTH]; /* steps that accepted >= d+1 tokens */
     int max_depth_seen;
+    /* speculation.tree = cost: steps whose tree the cost model cut to
+     * nothing (or that skipped drafting), and the expected accepted tokens
+     * it predicted for the trees it sent (against accepted_tokens) */
+    int plain_by_cost;
+    double predicted_tokens;
     int failovers;
     double ttft_ms, tpot_ms;
     Specd__V1__FinishReason finish;

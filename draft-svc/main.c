@@ -145,6 +145,10 @@ int main(int argc, char **argv) {
     dop.policy.warmup_steps = (int)cfg.speculation.warmup_steps;
     dop.policy.cooldown_steps = (int)cfg.speculation.cooldown_steps;
     dop.policy.ewma_alpha = 0.2;
+    dop.policy.cost_aware = cfg.speculation.tree == 0;
+    if (specd_policy_parse_shape(&dop.policy, cfg.speculation.max_shape, "speculation.max_shape",
+                                 &err))
+        goto fail;
     if (specd_policy_parse_table(&dop.policy, cfg.speculation.load_table.items,
                                  (int)cfg.speculation.load_table.n, "speculation.load_table", &err))
         goto fail;

@@ -28,6 +28,19 @@ int specd_policy_parse_table(specd_policy *p, char *const *entries, int n, const
     return 0;
 }
 
+int specd_policy_parse_shape(specd_policy *p, const char *shape, const char *field,
+                             specd_error *err) {
+    int c, d, used = 0;
+    if (!shape || sscanf(shape, "%dx%d%n", &c, &d, &used) != 2 || shape[used] != 0)
+        return specd_seterr(err, "%s = '%s': expected CANDIDATESxDEPTH, e.g. 4x6", field,
+                            shape ? shape : "");
+    if (c < 1 || c > 64 || d < 1 || d > 64)
+        return specd_seterr(err, "%s = '%s': candidates and depth must be in 1..64", field, shape);
+    p->max_candidates = c;
+    p->max_depth = d;
+    return 0;
+}
+
 int specd_policy_shape(const specd_policy *p, int sessions, int *cand, int *depth) {
     if (p->n_rules == 0) return 0;
     if (p->off_above > 0 && sessions > p->off_above) return 0;

@@ -1,6 +1,13 @@
 /* policy.h - how much to speculate: load-aware tree sizes and a per-session
  * fallback when acceptance collapses.
  *
+ * Two modes (speculation.tree). "cost", the default: greedy requests draft
+ * up to max_shape and keep the part of the tree that maximizes expected
+ * tokens per unit of target time, possibly nothing (tree_choice.h; the
+ * driver runs it). "table": the hand-written load table below decides the
+ * shape, and the collapse rule the fallback. Sampled requests and requests
+ * that name their own shape always get a fixed shape (below).
+ *
  * Load. Verifying a tree costs the target more as the batch grows: at batch
  * 1 the step is bound by reading the weights and extra tree tokens are
  * nearly free, at large batch it is bound by compute and every drafted token
@@ -43,7 +50,16 @@ typedef struct specd_policy {
     /* Sampled requests: 0 (the default) = the table's first shape at any
      * load, so a seed reproduces whatever else runs; 1 = the load table. */
     int sampled_load_aware;
+    /* speculation.tree = cost: greedy trees priced by tree_choice.h, drafted
+     * at most max_candidates x max_depth; 0 = the load table */
+    int cost_aware;
+    int max_candidates, max_depth;
 } specd_policy;
+
+/* Parses "CANDIDATESxDEPTH" (speculation.max_shape) into p->max_*. -1 + err
+ * naming the field. */
+int specd_policy_parse_shape(specd_policy *p, const char *shape, const char *field,
+                             specd_error *err);
 
 /* Parses "SESSIONS:CANDIDATESxDEPTH" entries. -1 + err naming the entry
  * ("speculation.load_table[1] = '4:2y4': expected SESSIONS:CANDIDATESxDEPTH"). */

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,24 @@ struct specd_tpool_member {
     int64_t down_until_ms;
     _Atomic int64_t last_alive_ms; /* last SERVING health answer; read without mu */
     specd_target_info info;
+    /* the live cost curve, under cost_mu (sessions update it per step) */
+    pthread_mutex_t cost_mu;
+    specd_step_cost cost;
 };
+
+/* Members' weight of each new step time in their cost curve: a few dozen
+ * steps make the estimate, so it follows a change of load within a second
+ * or two. */
+#define COST_ALPHA 0.05
+
+/* A checked member's info, and its cost curve restarted from GetInfo's.
+ * Caller holds the pool's mu. */
+static void set_info(specd_tpool_member *m, const specd_target_info *info) {
+    m->info = *info;
+    pthread_mutex_lock(&m->cost_mu);
+    m->cost = info->step_cost;
+    pthread_mutex_unlock(&m->cost_mu);
+}
 
 struct specd_tpool {
     specd_tpool_opts o;
@@ -61,6 +79,7 @@ static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 static void member_unref(specd_tpool_member *m) {
     if (--m->refs > 0) return;
     specd_rpc_channel_free(m->ch);
+    pthread_mutex_destroy(&m->cost_mu);
     free(m);
 }
 
@@ -80,12 +99,14 @@ static void add_member(specd_tpool *p, const char *addr, int source) {
     if (p->n >= POOL_MAX_MEMBERS) return;
     m = calloc(1, sizeof *m);
     if (!m) return;
+    pthread_mutex_init(&m->cost_mu, NULL);
     snprintf(m->addr, sizeof m->addr, "%s", addr);
     specd_rpc_channel_opts co = p->o.channel;
     co.target = m->addr;
     specd_error err = {{0}};
     if (!(m->ch = specd_rpc_channel_create(&co, &err))) {
         fprintf(stderr, "draft-svc: target %s: %s\n", addr, err.msg);
+        pthread_mutex_destroy(&m->cost_mu);
         free(m);
         return;
     }
@@ -190,6 +211,17 @@ static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info
              r->tokenizer_sha256 ? r->tokenizer_sha256 : "");
     snprintf(info->model_id, sizeof info->model_id, "%s", r->model_id ? r->model_id : "");
     snprintf(info->backend, sizeof info->backend, "%s", r->backend ? r->backend : "");
+    /* the curve on our own grid, up to what one pass of the target holds */
+    specd_step_cost_init(&info->step_cost, 4096);
+    if (r->step_cost) {
+        const Specd__V1__StepCost *sc = r->step_cost;
+        size_t n = sc->n_batch_tokens < sc->n_forward_us ? sc->n_batch_tokens : sc->n_forward_us;
+        for (size_t i = 0; i < n; i++)
+            if (sc->batch_tokens[i] >= 1 && sc->batch_tokens[i] <= 1u << 20 &&
+                isfinite(sc->forward_us[i]) && sc->forward_us[i] > 0)
+                specd_step_cost_load(&info->step_cost, &(int){(int)sc->batch_tokens[i]},
+                                     &(double){sc->forward_us[i]}, 1);
+    }
     protobuf_c_message_free_unpacked(&r->base, NULL);
     const char *why = NULL;
     if (p->o.expect_vocab && info->vocab_size != p->o.expect_vocab)
@@ -329,7 +361,7 @@ specd_tpool_member *specd_tpool_acquire(specd_tpool *p, const specd_tpool_member
         int ok = check_member(p, best, &info);
         pthread_mutex_lock(&p->mu);
         if (ok == 1) {
-            best->info = info;
+            set_info(best, &info);
             best->state = MEMBER_UP;
             best->failures = 0;
             pthread_mutex_unlock(&p->mu);
@@ -363,6 +395,18 @@ specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m) { ret
 const char *specd_tpool_member_addr(const specd_tpool_member *m) { return m->addr; }
 const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m) { return &m->info; }
 int specd_tpool_member_sessions(const specd_tpool_member *m) { return m->sessions; }
+
+void specd_tpool_member_cost(specd_tpool_member *m, specd_step_cost *out) {
+    pthread_mutex_lock(&m->cost_mu);
+    *out = m->cost;
+    pthread_mutex_unlock(&m->cost_mu);
+}
+
+void specd_tpool_member_cost_observe(specd_tpool_member *m, int batch_tokens, double forward_us) {
+    pthread_mutex_lock(&m->cost_mu);
+    specd_step_cost_observe(&m->cost, batch_tokens, forward_us, COST_ALPHA);
+    pthread_mutex_unlock(&m->cost_mu);
+}
 
 int specd_tpool_any_info(specd_tpool *p, specd_target_info *out, specd_error *err) {
     specd_tpool_member *m = specd_tpool_acquire(p, NULL, err);
@@ -429,7 +473,7 @@ int specd_tpool_check(specd_tpool *p, specd_tpool_member *m) {
     pthread_mutex_lock(&p->mu);
     if (m->state == MEMBER_UNCHECKED) { /* an acquire may have checked it meanwhile */
         if (ok == 1) {
-            m->info = info;
+            set_info(m, &info);
             m->state = MEMBER_UP;
             m->failures = 0;
         } else if (ok == 0) {

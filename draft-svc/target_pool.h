@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "common/step_cost.h"
 #include "common/rpc_client.h"
 
 typedef struct specd_tpool specd_tpool;
@@ -44,6 +45,7 @@ typedef struct specd_target_info {
     char tokenizer_sha256[65];
     char model_id[256];
     char backend[16];
+    specd_step_cost step_cost; /* as GetInfo reported it (nothing measured: all 0) */
 } specd_target_info;
 
 typedef struct specd_tpool_opts {
@@ -77,6 +79,11 @@ void specd_tpool_release(specd_tpool *p, specd_tpool_member *m, int failed);
 specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m);
 const char *specd_tpool_member_addr(const specd_tpool_member *m);
 const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m);
+/* The member's forward-pass cost curve (common/step_cost.h): GetInfo's,
+ * kept up to date by specd_tpool_member_cost_observe from the timings of
+ * every step any session runs there. Thread-safe. */
+void specd_tpool_member_cost(specd_tpool_member *m, specd_step_cost *out);
+void specd_tpool_member_cost_observe(specd_tpool_member *m, int batch_tokens, double forward_us);
 /* Sessions this draft-svc has open on the member right now. */
 int specd_tpool_member_sessions(const specd_tpool_member *m);
 

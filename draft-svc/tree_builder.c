@@ -13,13 +13,14 @@ int specd_tree_buf_init(specd_tree_buf *b, int cap, size_t q_pool, specd_error *
     b->parents = malloc(sizeof(int32_t) * (size_t)cap);
     b->depth = malloc(sizeof(int32_t) * (size_t)cap);
     b->logq = malloc(sizeof(float) * (size_t)cap);
+    b->pcond = malloc(sizeof(float) * (size_t)cap);
     b->q = calloc((size_t)cap + 1, sizeof *b->q);
     if (q_pool) {
         b->q_ids = malloc(sizeof(int32_t) * q_pool);
         b->q_probs = malloc(sizeof(float) * q_pool);
     }
     b->q_pool_cap = q_pool;
-    if (!b->tokens || !b->parents || !b->depth || !b->logq || !b->q ||
+    if (!b->tokens || !b->parents || !b->depth || !b->logq || !b->pcond || !b->q ||
         (q_pool && (!b->q_ids || !b->q_probs))) {
         specd_tree_buf_free(b);
         return specd_seterr(err, "tree buffer: out of memory");
@@ -32,6 +33,7 @@ void specd_tree_buf_free(specd_tree_buf *b) {
     free(b->parents);
     free(b->depth);
     free(b->logq);
+    free(b->pcond);
     free(b->q);
     free(b->q_ids);
     free(b->q_probs);
@@ -52,8 +54,37 @@ int specd_tree_buf_add(specd_tree_buf *b, int parent, int32_t token, float logq)
     b->parents[i] = parent;
     b->depth[i] = parent < 0 ? 1 : b->depth[parent] + 1;
     b->logq[i] = logq;
+    b->pcond[i] = -1.0f;
     b->q[i + 1] = (specd_sparse_dist){0, NULL, NULL};
     return i;
+}
+
+int specd_tree_buf_prune(specd_tree_buf *b, const uint8_t *keep) {
+    /* parents precede children, so new indices are known before use; the
+     * old-to-new map reuses nothing the loop still reads */
+    int32_t map_small[64];
+    int32_t *map = b->n_nodes <= 64 ? map_small : malloc(sizeof(int32_t) * (size_t)b->n_nodes);
+    if (!map) return b->n_nodes; /* keeps the whole tree: still a valid one */
+    int n = 0;
+    for (int i = 0; i < b->n_nodes; i++) {
+        int par = b->parents[i];
+        if (!keep[i] || (par >= 0 && map[par] < 0)) {
+            map[i] = -1;
+            continue;
+        }
+        map[i] = n;
+        b->tokens[n] = b->tokens[i];
+        b->parents[n] = par >= 0 ? map[par] : -1;
+        b->depth[n] = b->depth[i];
+        b->logq[n] = b->logq[i];
+        b->pcond[n] = b->pcond[i];
+        n++;
+    }
+    for (int i = 0; i <= b->n_nodes; i++) b->q[i] = (specd_sparse_dist){0, NULL, NULL};
+    b->q_pool_used = 0;
+    b->n_nodes = n;
+    if (map != map_small) free(map);
+    return n;
 }
 
 int specd_tree_buf_set_q(specd_tree_buf *b, int node, const int32_t *ids, const float *probs,

@@ -39,6 +39,10 @@ typedef struct specd_tree_buf {
     int32_t *parents; /* [cap] */
     int32_t *depth;   /* [cap] 1 for a child of the root */
     float *logq;      /* [cap] draft log-probability of the path root..node */
+    /* [cap] the drafter's own estimate that the node is accepted given its
+     * parent was (the acceptance head's), or -1: none, and tree_choice.h
+     * uses exp(logq - parent's logq) instead */
+    float *pcond;
     /* Sampling mode: q[0] the root's children's distribution, q[1 + i] node
      * i's; n = 0 where unset. Entries live in one pool. */
     specd_sparse_dist *q; /* [cap + 1] */
@@ -55,6 +59,11 @@ void specd_tree_buf_reset(specd_tree_buf *b); /* no nodes, empty q pool */
 /* Adds a node under parent (-1 = root) with its path log-probability; the
  * new index, or -1 when the buffer is full. */
 int specd_tree_buf_add(specd_tree_buf *b, int parent, int32_t token, float logq);
+
+/* Keeps only the nodes with keep[i] != 0 (a set closed under parents),
+ * renumbered in their order, parents remapped. Greedy mode only: q entries
+ * are dropped. Returns the new node count. */
+int specd_tree_buf_prune(specd_tree_buf *b, const uint8_t *keep);
 
 /* Copies q for the children of `node` (-1 = root) into the pool. -1 if the
  * pool is full. */

@@ -91,6 +91,7 @@ int main(int argc, char **argv) {
         .prefill_chunk = (int)cfg.batching.prefill_chunk,
         .kv_wait_ms = (int)cfg.limits.kv_wait,
         .prefix_cache = cfg.limits.prefix_cache,
+        .calibrate_tokens = (int)cfg.batching.calibrate_tokens,
     };
     if (!(svc = specd_target_service_create(m, t, tok, &so, &err))) goto fail;
     /* tls.insecure wins over the TLS files, as the example config says, so a

@@ -37,6 +37,7 @@ struct specd_sched {
     int in_pass;                   /* the worker is inside a forward pass */
     pthread_cond_t pass_cv;        /* signalled when a pass ends */
     specd_kv_pool_stats kv_stats;  /* as of the last pass */
+    specd_step_cost cost;          /* forward time by pass size (step_cost.h) */
     /* slots given back whose KV pages the worker has yet to return (the
      * transformer belongs to the worker thread alone) */
     int *released, n_released;
@@ -59,6 +60,10 @@ struct specd_sched {
     int32_t *kept;
     void *scratch;
 };
+
+/* Weight of each pass in the cost curve: a pass lands in one of a few
+ * dozen grid points, and a few dozen passes there make its estimate. */
+#define COST_ALPHA 0.05
 
 /* Items waiting in the queue (a handful: at most one per session). */
 static int queued_items(const specd_sched *s) {
@@ -390,6 +395,9 @@ static void *worker_main(void *arg) {
                          .argmax = s->pass_ids ? s->argmax : NULL, .hidden = s->hidden};
         int frc = specd_transformer_forward(s->t, &b, &err);
         uint32_t fwd_us = (uint32_t)(now_us() - t0);
+        /* cost is written under mu only, and this thread is its one writer,
+         * so reading it here without the lock is safe */
+        uint32_t est_us = (uint32_t)specd_step_cost_at(&s->cost, n_tok);
         specd_target_metrics_pass(s->t, n_tok, fwd_us, !frc);
         int *rcs = s->rcs;
         for (int i = 0; i < n_items; i++) {
@@ -407,11 +415,13 @@ static void *worker_main(void *arg) {
                 w->queue_us = (uint32_t)(t0 - w->t_submit_us);
                 w->forward_us = fwd_us;
                 w->batch_tokens = (uint32_t)n_tok;
+                w->est_forward_us = est_us;
                 if (finish_item(s, w, s->item_rows[i])) rcs[i] = SPECD_WORK_FAILED;
             }
         }
 
         pthread_mutex_lock(&s->mu);
+        if (!frc) specd_step_cost_observe(&s->cost, n_tok, fwd_us, COST_ALPHA);
         specd_transformer_kv_stats(s->t, &s->kv_stats);
         s->in_pass = 0;
         pthread_cond_broadcast(&s->pass_cv);
@@ -438,6 +448,58 @@ static void *worker_main(void *arg) {
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+#define CALIBRATE_REPS 3
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Times one sequence of n tokens (causal, from an empty cache, every row's
+ * argmax out: the shape of a tree step) at each grid point up to max_n, the
+ * median of CALIBRATE_REPS passes, before the worker starts. A slot is free
+ * at start-up, and is emptied after each pass; nothing is published to the
+ * prefix cache. A pass that fails leaves its point unmeasured. */
+static void calibrate(specd_sched *s, int max_n) {
+    if (max_n > s->o.max_batch_tokens) max_n = s->o.max_batch_tokens;
+    int slot = s->free_slots[s->n_free - 1];
+    for (int i = 0; i < max_n; i++) {
+        s->tokens[i] = (int32_t)((1 + 7 * i) % s->vocab);
+        s->out_rows[i] = i;
+    }
+    specd_seq_input seq = {.slot = slot, .n_past = 0};
+    specd_batch b = {.tokens = s->tokens, .n_seqs = 1, .seqs = &seq, .out_rows = s->out_rows,
+                     .argmax = s->argmax};
+    specd_error err = {{0}};
+    int warm = 1;
+    for (int p = 0; p < s->cost.n && s->cost.tokens[p] <= max_n; p++) {
+        int n = s->cost.tokens[p];
+        if (grow_out(s, n)) return;
+        b.argmax = s->argmax;
+        seq.n_new = b.n_tokens = b.n_out = n;
+        double us[CALIBRATE_REPS];
+        int ok = 0;
+        for (int r = -warm; r < CALIBRATE_REPS; r++) {
+            int64_t t0 = now_us();
+            int rc = specd_transformer_forward(s->t, &b, &err);
+            int64_t dt = now_us() - t0;
+            specd_transformer_release_slot(s->t, slot);
+            if (rc) break;
+            if (r >= 0) us[ok++] = (double)dt;
+        }
+        warm = 0; /* the first pass pays for page faults and cold caches */
+        if (ok < CALIBRATE_REPS) continue;
+        qsort(us, CALIBRATE_REPS, sizeof us[0], cmp_double);
+        s->cost.us[p] = us[CALIBRATE_REPS / 2];
+    }
+}
+
+void specd_sched_step_cost(specd_sched *s, specd_step_cost *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->cost;
+    pthread_mutex_unlock(&s->mu);
 }
 
 specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
@@ -489,6 +551,8 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
         specd_sched_free(s);
         return NULL;
     }
+    specd_step_cost_init(&s->cost, s->o.max_batch_tokens);
+    if (o->calibrate_tokens > 0) calibrate(s, o->calibrate_tokens);
     pthread_mutex_init(&s->mu, NULL);
     cond_init(&s->work_cv);
     cond_init(&s->pass_cv);

@@ -53,6 +53,7 @@
 
 #include "common/error.h"
 #include "common/sampling.h"
+#include "common/step_cost.h"
 #include "target-svc/transformer.h"
 #include "target-svc/verify.h"
 
@@ -64,6 +65,10 @@ typedef struct specd_sched_opts {
     int max_wait_ms;      /* longest wait for more work while the batch is small */
     int prefill_chunk;    /* prompt tokens per pass, all prompts together; 0 = max_batch_tokens */
     int kv_wait_ms;       /* longest wait for KV pages; 0 = 30 s */
+    /* Start-up timing of passes of 1..calibrate_tokens tokens for the cost
+     * curve (common/step_cost.h); 0 = none (the curve then starts empty and
+     * fills from real passes). */
+    int calibrate_tokens;
 } specd_sched_opts;
 
 typedef enum specd_work_kind {
@@ -115,6 +120,7 @@ typedef struct specd_work {
     uint32_t queue_us, forward_us, batch_tokens;
     uint32_t active_sessions; /* KV slots held when the pass was gathered */
     uint32_t cached_tokens;   /* PREFILL: prompt tokens whose KV came from the prefix cache */
+    uint32_t est_forward_us;  /* the cost curve's estimate for the pass, before it ran */
     specd_error err;
 
     /* ---- private to the scheduler ---- */
@@ -152,6 +158,10 @@ int specd_sched_run(specd_sched *s, specd_work *w);
 /* The pool's state and prefix-cache counters as of the last pass (for
  * GetInfo and metrics; thread-safe). */
 void specd_sched_kv_stats(specd_sched *s, specd_kv_pool_stats *st);
+
+/* The forward-pass cost curve: the start-up timings, folded with every
+ * pass since (thread-safe copy). */
+void specd_sched_step_cost(specd_sched *s, specd_step_cost *out);
 
 /* Checks the KV page accounting (specd_transformer_check_pages) between
  * passes. For tests: 0 or -1 + err. */

@@ -175,6 +175,7 @@ static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t st
     tm.batch_tokens = w->batch_tokens;
     tm.active_sessions = w->active_sessions;
     tm.cached_tokens = w->cached_tokens;
+    tm.estimated_forward_us = w->est_forward_us;
     r.timings = &tm;
     if (lp) {
         /* When a stop truncated the step, the stop token is `next` and its
@@ -530,6 +531,20 @@ static void h_info(specd_rpc_call *c, void *user) {
     kv.prefix_hit_rate = st.lookup_pages ? (float)st.hit_pages / (float)st.lookup_pages : 0.0f;
     kv.evictions = st.evictions;
     r.kv_pool = &kv;
+    /* the measured points of the cost curve (unmeasured ones are left out) */
+    specd_step_cost cost;
+    specd_sched_step_cost(svc->sched, &cost);
+    uint32_t cost_tokens[SPECD_STEP_COST_MAX_POINTS];
+    float cost_us[SPECD_STEP_COST_MAX_POINTS];
+    Specd__V1__StepCost sc = SPECD__V1__STEP_COST__INIT;
+    for (int i = 0; i < cost.n; i++)
+        if (cost.us[i] > 0) {
+            cost_tokens[sc.n_batch_tokens++] = (uint32_t)cost.tokens[i];
+            cost_us[sc.n_forward_us++] = (float)cost.us[i];
+        }
+    sc.batch_tokens = cost_tokens;
+    sc.forward_us = cost_us;
+    r.step_cost = &sc;
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
         specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 }
@@ -584,7 +599,7 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     }
     specd_sched_opts so = {.n_slots = o->max_sessions, .max_batch_tokens = o->max_batch_tokens,
                            .max_wait_ms = o->max_wait_ms, .prefill_chunk = o->prefill_chunk,
-                           .kv_wait_ms = o->kv_wait_ms};
+                           .kv_wait_ms = o->kv_wait_ms, .calibrate_tokens = o->calibrate_tokens};
     svc->sched = specd_sched_create(t, &so, err);
     if (!svc->sched) {
         free(svc);

@@ -36,6 +36,7 @@ typedef struct specd_target_opts {
     int prefill_chunk;     /* prompt tokens per forward pass (scheduler.h) */
     int kv_wait_ms;        /* longest wait for KV pages before RESOURCE_EXHAUSTED */
     int prefix_cache;      /* reported in GetInfo (the transformer does the caching) */
+    int calibrate_tokens;  /* start-up timing of the cost curve up to this pass size (0 = none) */
 } specd_target_opts;
 
 /* Starts the scheduler's model worker. tok may be NULL (a model without a

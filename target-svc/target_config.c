@@ -60,6 +60,11 @@ const specd_cfg_field specd_target_cfg_fields[] = {
                     batching.prefill_chunk, "256",
                     "prompt tokens per forward pass (a long prompt delays other streams by one "
                     "chunk per step)", .min = 1, .max = 1 << 20),
+    SPECD_CFG_FIELD("batching.calibrate_tokens", SPECD_CFG_INT64, specd_target_cfg,
+                    batching.calibrate_tokens, "64",
+                    "at start-up, time forward passes of 1..this many tokens for the cost curve "
+                    "draft-svc prices its trees with (GetInfo step_cost; real passes refine it); "
+                    "0 = learn from real passes only", .min = 0, .max = 4096),
     SPECD_CFG_FIELD("tls.cert", SPECD_CFG_STRING, specd_target_cfg, tls.cert, NULL,
                     "server certificate chain (PEM)"),
     SPECD_CFG_FIELD("tls.key", SPECD_CFG_STRING, specd_target_cfg, tls.key, NULL,

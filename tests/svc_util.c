@@ -218,4 +218,8 @@ void svc_policy(specd_policy *p, char *const *table, int n) {
     p->warmup_steps = 4;
     p->cooldown_steps = 16;
     p->ewma_alpha = 0.2;
+    /* draft-svc's default: greedy trees priced by the cost model */
+    p->cost_aware = 1;
+    p->max_candidates = 4;
+    p->max_depth = 6;
 }

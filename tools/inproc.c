@@ -62,6 +62,7 @@ static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_
         .max_batch_tokens = (int)c->batching.max_batch_tokens,
         .max_wait_ms = (int)c->batching.max_wait,
         .device = o->device,
+        .calibrate_tokens = (int)c->batching.calibrate_tokens,
     };
     if (!(p->tsvc = specd_target_service_create(p->m, p->t, p->tok, &so, err))) return -1;
     specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1,
@@ -152,6 +153,10 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     dop.policy.warmup_steps = (int)c->speculation.warmup_steps;
     dop.policy.cooldown_steps = (int)c->speculation.cooldown_steps;
     dop.policy.ewma_alpha = 0.2; /* the value draft-svc/main.c uses */
+    dop.policy.cost_aware = c->speculation.tree == 0;
+    if (specd_policy_parse_shape(&dop.policy, c->speculation.max_shape, "speculation.max_shape",
+                                 err))
+        return -1;
     if (specd_policy_parse_table(&dop.policy, c->speculation.load_table.items,
                                  (int)c->speculation.load_table.n, "speculation.load_table", err))
         return -1;

@@ -1,0 +1,149 @@
+/* tree_choice.c - acceptance calibration and expected-throughput tree
+ * choice (tree_choice.h). */
+#include "draft-svc/tree_choice.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Pseudo-tries of the prior (the score itself) in every cell: a cell needs
+ * a few dozen observations before its own rate dominates. */
+#define CALIB_PRIOR_WEIGHT 8.0f
+/* No node is ever certain: a calibrated chance stops here, so a long
+ * confident chain still costs something per node. */
+#define P_MAX 0.99f
+
+void specd_accept_calib_init(specd_accept_calib *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+}
+
+void specd_accept_calib_destroy(specd_accept_calib *c) { pthread_mutex_destroy(&c->mu); }
+
+static int depth_row(int depth) {
+    int d = depth - 1;
+    return d < 0 ? 0 : d >= SPECD_CALIB_DEPTHS ? SPECD_CALIB_DEPTHS - 1 : d;
+}
+
+static int bin_of(float score) {
+    int b = (int)(score * SPECD_CALIB_BINS);
+    return b < 0 ? 0 : b >= SPECD_CALIB_BINS ? SPECD_CALIB_BINS - 1 : b;
+}
+
+void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank) {
+    for (int i = 0; i < t->n_nodes; i++) {
+        float s;
+        if (t->pcond && t->pcond[i] >= 0) {
+            s = t->pcond[i];
+        } else {
+            float parent = t->parents[i] >= 0 ? t->logq[t->parents[i]] : 0.0f;
+            s = expf(t->logq[i] - parent);
+        }
+        score[i] = isfinite(s) ? (s < 0 ? 0 : s > 1 ? 1 : s) : 0;
+        /* rank: siblings before i with a higher draft probability (ties: the
+         * earlier one), i.e. the drafter's order among them */
+        int r = 0;
+        for (int j = 0; j < t->n_nodes && r < SPECD_CALIB_RANKS - 1; j++)
+            if (j != i && t->parents[j] == t->parents[i] &&
+                (t->logq[j] > t->logq[i] || (t->logq[j] == t->logq[i] && j < i)))
+                r++;
+        rank[i] = (uint8_t)r;
+    }
+}
+
+void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const float *score,
+                           const uint8_t *rank, float scale, float *p_path) {
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < t->n_nodes; i++) {
+        int d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
+        float pc = (c->accepted[d][r][b] + CALIB_PRIOR_WEIGHT * score[i]) /
+                   (c->tried[d][r][b] + CALIB_PRIOR_WEIGHT);
+        pc *= scale;
+        if (pc > P_MAX) pc = P_MAX;
+        if (pc < 0) pc = 0;
+        p_path[i] = (t->parents[i] >= 0 ? p_path[t->parents[i]] : 1.0f) * pc;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
+                               const float *score, const uint8_t *rank,
+                               const int32_t *accepted_nodes, int n_acc) {
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < t->n_nodes; i++) {
+        int par = t->parents[i];
+        /* tried: the parent is the root or on the accepted path */
+        int tried = par < 0, accepted = 0;
+        for (int k = 0; k < n_acc; k++) {
+            if (accepted_nodes[k] == par) tried = 1;
+            if (accepted_nodes[k] == i) accepted = 1;
+        }
+        if (!tried) continue;
+        int d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
+        c->tried[d][r][b] += 1;
+        c->accepted[d][r][b] += (float)accepted;
+        if (c->tried[d][r][b] >= SPECD_CALIB_WINDOW) {
+            c->tried[d][r][b] *= 0.5f;
+            c->accepted[d][r][b] *= 0.5f;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Node order for the choice: higher p, then shallower, then lower index. */
+typedef struct ranked {
+    float p;
+    int depth, index;
+} ranked;
+
+static int by_p_desc(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    if (x->depth != y->depth) return x->depth < y->depth ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
+                       const specd_tree_price *pr, uint8_t *keep, specd_tree_pick *out) {
+    memset(out, 0, sizeof *out);
+    int L = pr->sessions > 0 ? pr->sessions : 1;
+    int base = pr->other_tokens + 1;
+    double plain = pr->overhead_us + specd_step_cost_at(&pr->cost, base);
+    if (n <= 0) {
+        out->plain_rate = out->rate = plain > 0 ? L / plain : 0;
+        return;
+    }
+    if (specd_step_cost_at(&pr->cost, 1) <= 0) { /* nothing measured: no prices */
+        memset(keep, 1, (size_t)n);
+        out->n_keep = n;
+        for (int i = 0; i < n; i++) out->expected += p_path[i];
+        return;
+    }
+    ranked stack_buf[64];
+    ranked *r = n <= 64 ? stack_buf : malloc(sizeof(ranked) * (size_t)n);
+    if (!r) { /* cannot rank: a plain step is always safe */
+        memset(keep, 0, (size_t)n);
+        out->plain_rate = out->rate = L / plain;
+        return;
+    }
+    for (int i = 0; i < n; i++) r[i] = (ranked){p_path[i], depth[i], i};
+    qsort(r, (size_t)n, sizeof *r, by_p_desc);
+    int best_n = 0;
+    double best_rate = L / plain, best_e = 0, e = 0;
+    for (int k = 1; k <= n; k++) {
+        e += r[k - 1].p;
+        double rate = (L + e) / (pr->overhead_us + specd_step_cost_at(&pr->cost, base + k));
+        if (rate > best_rate) {
+            best_rate = rate;
+            best_n = k;
+            best_e = e;
+        }
+    }
+    memset(keep, 0, (size_t)n);
+    for (int k = 0; k < best_n; k++) keep[r[k].index] = 1;
+    out->n_keep = best_n;
+    out->expected = best_e;
+    out->rate = best_rate;
+    out->plain_rate = L / plain;
+    if (r != stack_buf) free(r);
+}

@@ -1,0 +1,104 @@
+/* tree_choice.h - which drafted tokens are worth verifying: acceptance
+ * estimates, and the tree that maximizes expected tokens per unit of target
+ * time (the empty tree, plain decoding, included).
+ *
+ * Greedy verification accepts a node exactly when every node on its path
+ * matches the target's argmax. So with p(v) the chance that node v's path
+ * is accepted, a tree T gives 1 + sum_{v in T} p(v) tokens in expectation
+ * (the 1 is the target's own next token, which every step yields), and
+ * costs one forward pass with |T| more rows. p is a product along the path
+ * of conditional chances, each at most 1, so a child never beats its
+ * parent: the best tree of n nodes is simply the n nodes of highest p (ties
+ * to the shallower node, then the lower index), which is closed under
+ * parents. The choice is the n that maximizes
+ *
+ *         (L + sum of the top n p)  /  (overhead + cost(R + 1 + n))
+ *
+ * where cost is the target's measured forward-pass curve (common/
+ * step_cost.h), L the sessions in the pass (the other L - 1 each yield at
+ * least one token), R the rows the other sessions bring, and overhead the
+ * step's time outside the forward pass. That is the pass's tokens per
+ * microsecond: at one session it is this stream's speed, under load the
+ * whole target's, so a tree that slows everyone else down for a small gain
+ * here is not sent. n = 0 is a plain step, so a step is never priced worse
+ * than plain decoding.
+ *
+ * Where p comes from. A drafter scores each node with its conditional
+ * chance of acceptance given its parent was accepted: the acceptance head's
+ * estimate (SpecDec++) when the mlp drafter has one, else the draft's own
+ * conditional probability. Scores are biased (a draft model is
+ * overconfident, a prompt-lookup match says little), so a calibrator maps
+ * (depth, rank among siblings, score bin) to the acceptance rate actually
+ * observed there, over every step of every session of the drafter, with
+ * the score itself as the prior; each session then scales that by how its
+ * own recent steps did against their predictions (a code prompt accepts
+ * more than a poem).
+ *
+ * Sampling mode does not prune: a node's children must be drawn i.i.d. in a
+ * number fixed before the draw (tree_builder.h), and a seed must reproduce
+ * whatever the timing, so sampled requests keep a fixed shape (policy.h). */
+#ifndef SPECD_TREE_CHOICE_H
+#define SPECD_TREE_CHOICE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/step_cost.h"
+#include "draft-svc/tree_builder.h"
+
+#define SPECD_CALIB_DEPTHS 8 /* deeper nodes share the last row */
+#define SPECD_CALIB_RANKS 3  /* first, second, any later sibling */
+#define SPECD_CALIB_BINS 10  /* score bins of width 0.1 */
+
+/* Observed acceptance by (depth, rank, score bin), one per drafter, shared by
+ * its sessions (internally locked). Counts are halved once a cell holds
+ * SPECD_CALIB_WINDOW tries, so the table follows drift. */
+#define SPECD_CALIB_WINDOW 4096
+typedef struct specd_accept_calib {
+    pthread_mutex_t mu;
+    float tried[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
+    float accepted[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
+} specd_accept_calib;
+
+void specd_accept_calib_init(specd_accept_calib *c);
+void specd_accept_calib_destroy(specd_accept_calib *c);
+
+/* Per node of a drafted tree: its score (conditional acceptance chance as
+ * the drafter sees it, in [0, 1]) and its rank among its siblings (0 = the
+ * drafter's favourite). From the tree's pcond where the drafter set it,
+ * else from logq: exp(logq(node) - logq(parent)). */
+void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank);
+
+/* p(v) for every node: the calibrated conditional chances, times `scale`
+ * (capped at 0.99), multiplied along the path. Parents precede children in
+ * the tree (tree_builder.h), so one pass does it. */
+void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const float *score,
+                           const uint8_t *rank, float scale, float *p_path);
+
+/* After a step: every node whose parent was accepted (the root's children,
+ * and the children of each accepted node) was tried; the accepted ones are
+ * accepted_nodes[0..n_acc). */
+void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
+                               const float *score, const uint8_t *rank,
+                               const int32_t *accepted_nodes, int n_acc);
+
+typedef struct specd_tree_price {
+    specd_step_cost cost;  /* the target's forward-pass curve */
+    int sessions;          /* L: sessions in the pass, this one included (>= 1) */
+    int other_tokens;      /* R: rows the other sessions bring */
+    double overhead_us;    /* per-step time outside the forward pass */
+} specd_tree_price;
+
+typedef struct specd_tree_pick {
+    int n_keep;       /* nodes chosen (0 = a plain step) */
+    double expected;  /* sum of p over them: expected accepted tokens */
+    double rate;      /* (L + expected) / time of the chosen step, tokens/us */
+    double plain_rate;/* L / time of a plain step */
+} specd_tree_pick;
+
+/* Marks the chosen nodes in keep[0..n). With no cost curve yet (nothing
+ * measured) every node is kept: the first steps cannot be priced. */
+void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
+                       const specd_tree_price *pr, uint8_t *keep, specd_tree_pick *out);
+
+#endif

@@ -1,0 +1,353 @@
+/* test_tree_choice.c - the forward-pass cost curve (common/step_cost.h), the
+ * acceptance calibration and the expected-throughput tree choice
+ * (draft-svc/tree_choice.h), and tree pruning (tree_builder.h). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/step_cost.h"
+#include "draft-svc/policy.h"
+#include "draft-svc/tree_choice.h"
+
+/* ---- the cost curve ---------------------------------------------------------- */
+
+static void test_grid(void **state) {
+    (void)state;
+    specd_step_cost c;
+    specd_step_cost_init(&c, 2048);
+    /* every size to 16, ascending, ending at the cap */
+    for (int i = 0; i < 16; i++) assert_int_equal(c.tokens[i], i + 1);
+    for (int i = 1; i < c.n; i++) assert_true(c.tokens[i] > c.tokens[i - 1]);
+    assert_int_equal(c.tokens[c.n - 1], 2048);
+    assert_true(c.n <= SPECD_STEP_COST_MAX_POINTS);
+    /* an odd cap is still the last point */
+    specd_step_cost_init(&c, 100);
+    assert_int_equal(c.tokens[c.n - 1], 100);
+    specd_step_cost_init(&c, 1);
+    assert_int_equal(c.n, 1);
+    /* nothing measured: no estimate */
+    assert_true(specd_step_cost_at(&c, 1) == 0);
+}
+
+/* A linear curve a + b*n measured at some points is reproduced between and
+ * beyond them, and never falls with the size. */
+static void test_interpolation(void **state) {
+    (void)state;
+    specd_step_cost c;
+    specd_step_cost_init(&c, 256);
+    int pts[] = {1, 2, 4, 8, 16};
+    double us[5];
+    for (int i = 0; i < 5; i++) us[i] = 4000 + 700.0 * pts[i];
+    assert_int_equal(specd_step_cost_load(&c, pts, us, 5), 5);
+    assert_true(fabs(specd_step_cost_at(&c, 3) - (4000 + 2100)) < 1e-6);
+    assert_true(fabs(specd_step_cost_at(&c, 12) - (4000 + 8400)) < 1e-6);
+    /* beyond the last measurement: along the last slope */
+    assert_true(fabs(specd_step_cost_at(&c, 64) - (4000 + 700.0 * 64)) < 1e-6);
+    assert_true(fabs(specd_step_cost_at(&c, 100) - (4000 + 70000)) < 1e-6);
+    /* below 1: the first point */
+    assert_true(fabs(specd_step_cost_at(&c, 0) - 4700) < 1e-6);
+    /* noise: a point measured cheaper than its smaller neighbour does not
+     * make a bigger pass look cheaper */
+    c.us[5] = 1000; /* tokens 6 */
+    for (int n = 2; n <= 64; n++)
+        assert_true(specd_step_cost_at(&c, n) >= specd_step_cost_at(&c, n - 1));
+    /* bad input is ignored */
+    int bad_t[] = {0, 5};
+    double bad_us[] = {100, -1};
+    assert_int_equal(specd_step_cost_load(&c, bad_t, bad_us, 2), 0);
+}
+
+/* Observations move the curve towards the truth, at the grid points and
+ * between them (scaled by the curve's shape). */
+static void test_observe(void **state) {
+    (void)state;
+    specd_step_cost c;
+    specd_step_cost_init(&c, 512);
+    /* the start-up guess is half the truth everywhere */
+    for (int i = 0; i < c.n && c.tokens[i] <= 64; i++) c.us[i] = 0.5 * (1000 + 100.0 * c.tokens[i]);
+    for (int k = 0; k < 3000; k++) {
+        int n = 1 + (k * 37) % 64; /* sizes on and between grid points */
+        specd_step_cost_observe(&c, n, 1000 + 100.0 * n, 0.1);
+    }
+    for (int n = 1; n <= 64; n++) {
+        double want = 1000 + 100.0 * n, got = specd_step_cost_at(&c, n);
+        assert_true(fabs(got - want) / want < 0.02);
+    }
+    /* a pass past every measured point lands on the nearest point */
+    specd_step_cost_observe(&c, 512, 1000 + 100.0 * 512, 1.0);
+    assert_true(fabs(specd_step_cost_at(&c, 512) - (1000 + 51200)) < 1);
+    /* ignored: nonsense */
+    specd_step_cost before = c;
+    specd_step_cost_observe(&c, 0, 5, 0.5);
+    specd_step_cost_observe(&c, 4, -5, 0.5);
+    specd_step_cost_observe(&c, 4, 5, 0);
+    assert_memory_equal(&before, &c, sizeof c);
+}
+
+/* ---- choosing the tree ----------------------------------------------------------- */
+
+static specd_tree_price linear_price(double fixed, double per_token, double overhead) {
+    specd_tree_price pr;
+    memset(&pr, 0, sizeof pr);
+    specd_step_cost_init(&pr.cost, 256);
+    for (int i = 0; i < pr.cost.n; i++) pr.cost.us[i] = fixed + per_token * pr.cost.tokens[i];
+    pr.sessions = 1;
+    pr.overhead_us = overhead;
+    return pr;
+}
+
+/* The chosen n maximizes (L + E(n)) / t(n) over every n, the empty tree
+ * included, checked against brute force on random instances. */
+static void test_choose_brute_force(void **state) {
+    (void)state;
+    srand(7);
+    for (int trial = 0; trial < 500; trial++) {
+        int n = 1 + rand() % 30;
+        float p[32];
+        int32_t depth[32];
+        for (int i = 0; i < n; i++) {
+            p[i] = (float)rand() / RAND_MAX;
+            depth[i] = 1 + rand() % 5;
+        }
+        specd_tree_price pr = linear_price(3000 + rand() % 3000, rand() % 1500, rand() % 500);
+        pr.sessions = 1 + rand() % 8;
+        pr.other_tokens = pr.sessions > 1 ? rand() % 40 : 0;
+        uint8_t keep[32];
+        specd_tree_pick pick;
+        specd_tree_choose(p, depth, n, &pr, keep, &pick);
+        /* brute force over n: the top-n by p */
+        float sorted[32];
+        memcpy(sorted, p, sizeof(float) * (size_t)n);
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++)
+                if (sorted[j] > sorted[i]) {
+                    float t = sorted[i];
+                    sorted[i] = sorted[j];
+                    sorted[j] = t;
+                }
+        double best = 0, e = 0;
+        for (int k = 0; k <= n; k++) {
+            if (k) e += sorted[k - 1];
+            double t = pr.overhead_us + specd_step_cost_at(&pr.cost, pr.other_tokens + 1 + k);
+            double rate = (pr.sessions + e) / t;
+            if (rate > best) best = rate;
+        }
+        assert_true(fabs(pick.rate - best) <= 1e-12 * best);
+        assert_true(pick.rate >= pick.plain_rate);
+        int kept = 0;
+        double sum = 0;
+        for (int i = 0; i < n; i++)
+            if (keep[i]) {
+                kept++;
+                sum += p[i];
+            }
+        assert_int_equal(kept, pick.n_keep);
+        assert_true(fabs(sum - pick.expected) < 1e-4);
+    }
+}
+
+/* Cheap verification keeps a likely chain, expensive verification or an
+ * unlikely draft gives the empty tree (a plain step), and load shrinks
+ * trees: the same tree that pays at one session does not at eight. */
+static void test_choose_cases(void **state) {
+    (void)state;
+    float p[4] = {0.9f, 0.8f, 0.7f, 0.6f}; /* a chain 1-2-3-4 */
+    int32_t depth[4] = {1, 2, 3, 4};
+    uint8_t keep[4];
+    specd_tree_pick pick;
+    /* a GPU-like curve: rows nearly free */
+    specd_tree_price gpu = linear_price(5000, 10, 200);
+    specd_tree_choose(p, depth, 4, &gpu, keep, &pick);
+    assert_int_equal(pick.n_keep, 4);
+    /* a CPU-like curve where a row costs as much as the pass itself */
+    specd_tree_price cpu = linear_price(100, 4000, 200);
+    specd_tree_choose(p, depth, 4, &cpu, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
+    assert_true(pick.rate == pick.plain_rate);
+    /* unlikely drafts: nothing, even where rows are cheap-ish */
+    float low[4] = {0.05f, 0.02f, 0.01f, 0.005f};
+    specd_tree_price mid = linear_price(4000, 700, 200);
+    specd_tree_choose(low, depth, 4, &mid, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
+    /* likely drafts on that curve: the chain pays at one session ... */
+    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    assert_true(pick.n_keep >= 2);
+    int alone = pick.n_keep;
+    /* ... and less of it under load, with others' rows in the pass and
+     * their tokens at stake (the curve is linear: compute-bound) */
+    mid.sessions = 8;
+    mid.other_tokens = 7;
+    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    assert_true(pick.n_keep < alone);
+    /* the chosen set is closed under parents: a prefix of the chain */
+    for (int i = 1; i < 4; i++) assert_true(!keep[i] || keep[i - 1]);
+    /* nothing measured: the first steps keep the tree (no prices) */
+    specd_tree_price none;
+    memset(&none, 0, sizeof none);
+    specd_step_cost_init(&none.cost, 64);
+    none.sessions = 1;
+    specd_tree_choose(p, depth, 4, &none, keep, &pick);
+    assert_int_equal(pick.n_keep, 4);
+    /* an empty tree */
+    specd_tree_choose(p, depth, 0, &gpu, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
+}
+
+/* ---- calibration ------------------------------------------------------------- */
+
+static void chain_tree(specd_tree_buf *t, const float *q, int n) {
+    specd_tree_buf_reset(t);
+    float lq = 0;
+    for (int i = 0; i < n; i++) {
+        lq += logf(q[i]);
+        assert_int_equal(specd_tree_buf_add(t, i - 1, 10 + i, lq), i);
+    }
+}
+
+/* An overconfident drafter (it says 0.95, the target agrees 30% of the
+ * time at depth 1 and 60% deeper) is corrected by what verification
+ * reports, per depth. */
+static void test_calibration(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    specd_tree_buf t;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&t, 8, 0, &err), 0);
+    float q[3] = {0.95f, 0.95f, 0.95f};
+    float score[8], p[8];
+    uint8_t rank[8];
+    chain_tree(&t, q, 3);
+    specd_tree_scores(&t, score, rank);
+    for (int i = 0; i < 3; i++) {
+        assert_true(fabsf(score[i] - 0.95f) < 1e-5f);
+        assert_int_equal(rank[i], 0);
+    }
+    /* the prior is the score itself */
+    specd_accept_estimate(&c, &t, score, rank, 1.0f, p);
+    assert_true(fabsf(p[0] - 0.95f) < 1e-5f);
+    srand(3);
+    for (int step = 0; step < 4000; step++) {
+        int32_t acc[3];
+        int n_acc = 0;
+        if (rand() % 10 < 3) {
+            acc[n_acc++] = 0;
+            for (int d = 1; d < 3 && rand() % 10 < 6; d++) acc[n_acc++] = d;
+        }
+        specd_accept_calib_update(&c, &t, score, rank, acc, n_acc);
+    }
+    specd_accept_estimate(&c, &t, score, rank, 1.0f, p);
+    assert_true(fabsf(p[0] - 0.3f) < 0.04f);
+    assert_true(fabsf(p[1] / p[0] - 0.6f) < 0.06f);
+    assert_true(fabsf(p[2] / p[1] - 0.6f) < 0.08f);
+    /* a session scale above 1 raises conditional chances, capped below 1 */
+    specd_accept_estimate(&c, &t, score, rank, 100.0f, p);
+    assert_true(p[0] <= 0.99f && p[0] > 0.98f);
+    /* an acceptance head's pcond wins over the draft probability */
+    t.pcond[0] = 0.2f;
+    specd_tree_scores(&t, score, rank);
+    assert_true(fabsf(score[0] - 0.2f) < 1e-6f);
+    specd_tree_buf_free(&t);
+    specd_accept_calib_destroy(&c);
+}
+
+/* Siblings are ranked by draft probability; an untried node (its parent was
+ * rejected) teaches nothing. */
+static void test_ranks_and_tries(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    specd_tree_buf t;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&t, 8, 0, &err), 0);
+    /* root children a (0.6), b (0.3), c (0.1); a's child d */
+    assert_int_equal(specd_tree_buf_add(&t, -1, 1, logf(0.3f)), 0); /* b */
+    assert_int_equal(specd_tree_buf_add(&t, -1, 2, logf(0.6f)), 1); /* a */
+    assert_int_equal(specd_tree_buf_add(&t, -1, 3, logf(0.1f)), 2); /* c */
+    assert_int_equal(specd_tree_buf_add(&t, 0, 4, logf(0.3f * 0.5f)), 3); /* under b */
+    float score[8];
+    uint8_t rank[8];
+    specd_tree_scores(&t, score, rank);
+    assert_int_equal(rank[1], 0);
+    assert_int_equal(rank[0], 1);
+    assert_int_equal(rank[2], 2);
+    assert_true(fabsf(score[3] - 0.5f) < 1e-5f);
+    /* a accepted: b's child was never tried */
+    int32_t acc[1] = {1};
+    specd_accept_calib_update(&c, &t, score, rank, acc, 1);
+    float tried_depth2 = 0;
+    for (int r = 0; r < SPECD_CALIB_RANKS; r++)
+        for (int b = 0; b < SPECD_CALIB_BINS; b++) tried_depth2 += c.tried[1][r][b];
+    assert_true(tried_depth2 == 0);
+    float tried_depth1 = 0, accepted_depth1 = 0;
+    for (int r = 0; r < SPECD_CALIB_RANKS; r++)
+        for (int b = 0; b < SPECD_CALIB_BINS; b++) {
+            tried_depth1 += c.tried[0][r][b];
+            accepted_depth1 += c.accepted[0][r][b];
+        }
+    assert_true(tried_depth1 == 3 && accepted_depth1 == 1);
+    specd_tree_buf_free(&t);
+    specd_accept_calib_destroy(&c);
+}
+
+/* Pruning keeps the chosen nodes in order with parents remapped, and drops
+ * a chosen node whose parent was not chosen. */
+static void test_prune(void **state) {
+    (void)state;
+    specd_tree_buf t;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&t, 8, 0, &err), 0);
+    /*   0 -> 2 -> 4 ; 1 -> 3 -> 5 */
+    specd_tree_buf_add(&t, -1, 100, -0.1f);
+    specd_tree_buf_add(&t, -1, 101, -0.2f);
+    specd_tree_buf_add(&t, 0, 102, -0.3f);
+    specd_tree_buf_add(&t, 1, 103, -0.4f);
+    specd_tree_buf_add(&t, 2, 104, -0.5f);
+    specd_tree_buf_add(&t, 3, 105, -0.6f);
+    t.pcond[2] = 0.7f;
+    uint8_t keep[6] = {1, 0, 1, 0, 1, 1}; /* 5 is chosen but 3 is not */
+    assert_int_equal(specd_tree_buf_prune(&t, keep), 3);
+    int32_t want_tok[] = {100, 102, 104}, want_par[] = {-1, 0, 1}, want_depth[] = {1, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(t.tokens[i], want_tok[i]);
+        assert_int_equal(t.parents[i], want_par[i]);
+        assert_int_equal(t.depth[i], want_depth[i]);
+    }
+    assert_true(t.pcond[1] == 0.7f && t.pcond[0] == -1.0f);
+    specd_tree_buf_free(&t);
+}
+
+static void test_parse_shape(void **state) {
+    (void)state;
+    specd_policy p;
+    memset(&p, 0, sizeof p);
+    specd_error err = {{0}};
+    assert_int_equal(specd_policy_parse_shape(&p, "4x6", "speculation.max_shape", &err), 0);
+    assert_int_equal(p.max_candidates, 4);
+    assert_int_equal(p.max_depth, 6);
+    assert_int_equal(specd_policy_parse_shape(&p, "4y6", "speculation.max_shape", &err), -1);
+    assert_non_null(strstr(err.msg, "speculation.max_shape"));
+    assert_int_equal(specd_policy_parse_shape(&p, "0x6", "speculation.max_shape", &err), -1);
+    assert_int_equal(specd_policy_parse_shape(&p, "4x6 ", "speculation.max_shape", &err), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grid),
+        cmocka_unit_test(test_interpolation),
+        cmocka_unit_test(test_observe),
+        cmocka_unit_test(test_choose_brute_force),
+        cmocka_unit_test(test_choose_cases),
+        cmocka_unit_test(test_calibration),
+        cmocka_unit_test(test_ranks_and_tries),
+        cmocka_unit_test(test_prune),
+        cmocka_unit_test(test_parse_shape),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
