@@ -195,14 +195,16 @@ static int grow_scratch(ngram_impl *g, int cap, specd_error *err) {
     return 0;
 }
 
-/* Brings the session's tree up to the job's history (normally just the
- * tokens the last step added; the whole history again if it is not an
- * extension of what the tree holds). 0, or -1 out of memory. */
+/* Brings the session's tree up to the job's history: normally it only
+ * appends the tokens the last step added; a history that is not an
+ * extension of what the tree holds (checked in full: a memcmp of a few
+ * kilobytes, cheaper than any doubt) is taken in again from scratch.
+ * 0, or -1 out of memory. */
 static int session_sync(ngram_session *s, const specd_draft_job *job) {
     const int32_t *h = job->history;
     int n = job->n_history;
     int extends = n >= s->n_hist && s->n_prompt == job->n_prompt &&
-                  (s->n_hist == 0 || h[s->n_hist - 1] == s->hist[s->n_hist - 1]);
+                  (s->n_hist == 0 || !memcmp(h, s->hist, sizeof(int32_t) * (size_t)s->n_hist));
     if (!extends) {
         specd_suffix_tree_clear(s->tree);
         s->n_hist = 0;

@@ -466,6 +466,19 @@ static void test_drafter_own_request(void **state) {
     r.n = r.n_prompt = 3;
     req_draft(&r, &out, 1, 3);
     assert_int_equal(out.n_nodes, 0);
+    /* ...also when it is longer and ends like the old one: "1 2 3 1 2"
+     * held, then "7 8 9 1 2 5 1 2" (the same token at the old end): only
+     * the new text counts, "1 2" -> 5 at 1/2 (not 3 and 5 at 1/3 each) */
+    const int32_t held[] = {1, 2, 3, 1, 2}, now[] = {7, 8, 9, 1, 2, 5, 1, 2};
+    memcpy(r.hist, held, sizeof held);
+    r.n = r.n_prompt = 5;
+    req_draft(&r, &out, 1, 3);
+    memcpy(r.hist, now, sizeof now);
+    r.n = 8;
+    req_draft(&r, &out, 2, 1);
+    assert_int_equal(out.n_nodes, 1);
+    assert_int_equal(out.tokens[0], 5);
+    assert_float_equal(out.logq[0], logf(0.5f), 1e-5);
     specd_drafter_session_close(d, r.state);
     specd_drafter_free(d);
     specd_tree_buf_free(&out);
