@@ -376,14 +376,16 @@ static frontier heap_pop(frontier *h, int *n) {
     return top;
 }
 
-/* Pushes node's children whose path probability stays >= min_logp. */
-static void push_children(const specd_suffix_tree *t, frontier *h, int *n, int32_t node,
+/* Pushes the children of node (which spells `len` tokens) whose path
+ * probability stays >= min_logp. */
+static void push_children(const specd_suffix_tree *t, frontier *h, int *n, int32_t node, int len,
                           float logp, int32_t out_parent, int32_t depth, float min_logp) {
     int64_t sum = 0;
     for (int32_t c = t->nodes[node].first_child; c >= 0; c = t->nodes[c].next_sibling)
         sum += t->nodes[c].count;
     if (sum == 0) return;
-    float lden = logf((float)sum + 1.0f); /* PPM-A: one pseudo-count for "unseen" */
+    /* the pseudo-count for "something never seen here": 1 / len */
+    float lden = logf((float)sum + 1.0f / (float)len);
     for (int32_t c = t->nodes[node].first_child; c >= 0 && *n < FRONTIER_CAP;
          c = t->nodes[c].next_sibling) {
         float lp = logp + logf((float)t->nodes[c].count) - lden;
@@ -402,7 +404,7 @@ static specd_suffix_draft expand(const specd_suffix_tree *t, int32_t at, int m, 
     if (max_depth > t->depth - m) max_depth = t->depth - m;
     frontier heap[FRONTIER_CAP];
     int nh = 0;
-    push_children(t, heap, &nh, at, 0.0f, -1, 1, min_logp);
+    push_children(t, heap, &nh, at, m, 0.0f, -1, 1, min_logp);
     while (nh > 0 && r.n < max_nodes) {
         frontier e = heap_pop(heap, &nh);
         int i = r.n++;
@@ -413,7 +415,7 @@ static specd_suffix_draft expand(const specd_suffix_tree *t, int32_t at, int m, 
         }
         r.score += expf(e.logp);
         if (e.depth < max_depth)
-            push_children(t, heap, &nh, e.node, e.logp, i, e.depth + 1, min_logp);
+            push_children(t, heap, &nh, e.node, m + e.depth, e.logp, i, e.depth + 1, min_logp);
     }
     r.match_len = r.n > 0 ? m : 0;
     return r;

@@ -29,10 +29,13 @@
  * context that occurs followed by something (and, when they score higher,
  * the trees of shorter suffixes), then grow a candidate tree
  * from the match's subtree best-first by path probability. A child's
- * probability is count(child) / (sum of its siblings' counts + 1) (PPM's
- * escape method A: one pseudo-count for "something never seen"), so one
- * sighting is worth 1/2, nine agreeing sightings 9/10, and a split 5/5
- * gives two branches of 5/11. Nodes are taken in order of path probability
+ * probability is count(child) / (sum of its siblings' counts + 1/L), L the
+ * length of the string it follows (match + path so far): a pseudo-count
+ * for "something never seen here" (PPM's escape method A when L = 1),
+ * smaller the longer the context that agreed. One sighting after one
+ * token of context is worth 1/2, after nine tokens 0.9; nine agreeing
+ * sightings after one token 0.9; a 5/5 split after one token two branches
+ * of 5/11. Nodes are taken in order of path probability
  * while it is at least min_prob and the node and depth budgets last: a
  * confident match drafts deep and narrow, an uncertain one short and wide,
  * a weak one not at all. logq of each node is its log path probability.

@@ -4,7 +4,7 @@
  *     in the documents held, and the trie has exactly one node per distinct
  *     string of length 1..depth (inserted whole or grown token by token);
  *   - the longest-suffix match and the draft's shape, probabilities
- *     (PPM-A smoothed counts, summed in log space along the path), min_prob,
+ *     (smoothed counts, summed in log space along the path), min_prob,
  *     node and depth budgets;
  *   - the memory cap: tokens held never exceed it, whole documents are
  *     evicted oldest first, counts stay exact, nodes are freed;
@@ -163,18 +163,19 @@ static void test_draft_probabilities(void **state) {
     d = specd_suffix_tree_draft(t, ctx, 3, 1, 6, 16, 0.0f, tok, par, lq);
     /* "1 2" is the longest match ("9 1 2" never occurs) */
     assert_int_equal(d.match_len, 2);
-    /* best first: 3 (3/5), then under it 4 (3/5 * 2/4), then 7 (1/5), then
-     * 5 (3/5 * 1/4), then 0, 6 and 7's 0 (1/10 each) */
+    /* p(child) = count / (siblings' counts + 1/L), L = the parent's length:
+     * best first: 3 (3/4.5), then under it 4 (2/3 * 2/(3 + 1/3) = 0.4),
+     * then 7 (1/4.5), then 5 (2/3 * 1/(3 + 1/3) = 0.2), ... */
     assert_true(d.n >= 4);
     assert_int_equal(tok[0], 3);
     assert_int_equal(par[0], -1);
-    assert_float_equal(lq[0], logf(3.0f / 5.0f), 1e-5);
+    assert_float_equal(lq[0], logf(3.0f / 4.5f), 1e-5);
     assert_int_equal(tok[1], 4);
     assert_int_equal(par[1], 0);
-    assert_float_equal(lq[1], logf(3.0f / 5.0f * 2.0f / 4.0f), 1e-5);
+    assert_float_equal(lq[1], logf(3.0f / 4.5f * 2.0f / (3.0f + 1.0f / 3.0f)), 1e-5);
     assert_int_equal(tok[2], 7);
     assert_int_equal(par[2], -1);
-    assert_float_equal(lq[2], logf(1.0f / 5.0f), 1e-5);
+    assert_float_equal(lq[2], logf(1.0f / 4.5f), 1e-5);
     float score = 0;
     for (int i = 0; i < d.n; i++) {
         /* parents first, path probabilities never grow along a path */
@@ -185,7 +186,7 @@ static void test_draft_probabilities(void **state) {
         score += expf(lq[i]);
     }
     assert_float_equal(d.score, score, 1e-4);
-    /* min_prob 0.25 keeps 3 (0.6) and 3 4 (0.3) only */
+    /* min_prob 0.25 keeps 3 (0.67) and 3 4 (0.4) only */
     d = specd_suffix_tree_draft(t, ctx, 3, 1, 6, 16, 0.25f, tok, par, lq);
     assert_int_equal(d.n, 2);
     /* budgets: 1 node; depth 1 (3 and 7, then 5? no: 5 is at depth 2) */
@@ -203,11 +204,12 @@ static void test_draft_probabilities(void **state) {
     }
     d = specd_suffix_tree_draft(u, ctx, 3, 1, 6, 16, 0.0f, tok, par, lq);
     assert_int_equal(d.n, 1);
-    assert_float_equal(lq[0], logf(9.0f / 10.0f), 1e-5);
+    assert_float_equal(lq[0], logf(9.0f / 9.5f), 1e-5);
     /* a run of seven 5s in its own tree, paths of 2 (matches up to 6): the
      * longest match, six 5s, was seen once before, followed by one 5 and
-     * then the text's end (a 1-node tree); three 5s were seen four times
-     * followed by 5, and 5 5 three times: that tree scores higher, and wins */
+     * then the text's end (a 1-node tree, 0.86); after three 5s a 5 came
+     * four times, after four three times (0.92, then 0.85: 1.78 in all):
+     * that tree scores higher, and wins */
     specd_suffix_tree *r = make(8, 0);
     int32_t run[7];
     for (int i = 0; i < 7; i++) {
@@ -400,12 +402,15 @@ static void isolation(int shared, specd_tree_buf *out) {
     req_open(&b, d, pb, 4);
     req_draft(&b, out, 2, 5);
     if (shared) {
-        /* "1 2" -> A's "3 4 5 6", at 1/2 per token (one sighting each) */
+        /* "1 2" -> A's "3 4 5 6", one sighting each: 1 / (1 + 1/L) after a
+         * context of L = 2, 3, 4, 5 tokens */
         assert_int_equal(out->n_nodes, 4);
         const int32_t want[] = {3, 4, 5, 6};
+        float lp = 0.0f;
         for (int i = 0; i < 4; i++) {
+            lp += logf(1.0f / (1.0f + 1.0f / (float)(2 + i)));
             assert_int_equal(out->tokens[i], want[i]);
-            assert_float_equal(out->logq[i], (float)(i + 1) * logf(0.5f), 1e-5);
+            assert_float_equal(out->logq[i], lp, 1e-5);
         }
     } else {
         assert_int_equal(out->n_nodes, 0); /* nothing of A's */
@@ -443,14 +448,14 @@ static void test_drafter_own_request(void **state) {
     const int32_t p[] = {1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 0, 1, 2};
     req_open(&r, d, p, 15);
     req_draft(&r, &out, 4, 3);
-    /* "1 2" was followed by 3 three times: 3 at 3/4; then 4 (2/4 -> 3/4*2/4)
-     * and 5 (3/4*1/4) */
+    /* "1 2" was followed by 3 three times: 3 at 3/3.5; then "1 2 3" by 4
+     * twice and 5 once: 4 at 2/(3 + 1/3) */
     assert_true(out.n_nodes >= 3);
     assert_int_equal(out.tokens[0], 3);
-    assert_float_equal(out.logq[0], logf(0.75f), 1e-5);
+    assert_float_equal(out.logq[0], logf(3.0f / 3.5f), 1e-5);
     assert_int_equal(out.tokens[1], 4);
     assert_int_equal(out.parents[1], 0);
-    assert_float_equal(out.logq[1], logf(0.375f), 1e-5);
+    assert_float_equal(out.logq[1], logf(3.0f / 3.5f * 0.6f), 1e-5);
     /* candidates x depth caps the nodes */
     req_draft(&r, &out, 1, 2);
     assert_true(out.n_nodes <= 2);
@@ -468,7 +473,7 @@ static void test_drafter_own_request(void **state) {
     assert_int_equal(out.n_nodes, 0);
     /* ...also when it is longer and ends like the old one: "1 2 3 1 2"
      * held, then "7 8 9 1 2 5 1 2" (the same token at the old end): only
-     * the new text counts, "1 2" -> 5 at 1/2 (not 3 and 5 at 1/3 each) */
+     * the new text counts, "1 2" -> 5 alone (not 3 and 5) */
     const int32_t held[] = {1, 2, 3, 1, 2}, now[] = {7, 8, 9, 1, 2, 5, 1, 2};
     memcpy(r.hist, held, sizeof held);
     r.n = r.n_prompt = 5;
@@ -478,7 +483,7 @@ static void test_drafter_own_request(void **state) {
     req_draft(&r, &out, 2, 1);
     assert_int_equal(out.n_nodes, 1);
     assert_int_equal(out.tokens[0], 5);
-    assert_float_equal(out.logq[0], logf(0.5f), 1e-5);
+    assert_float_equal(out.logq[0], logf(1.0f / 1.5f), 1e-5);
     specd_drafter_session_close(d, r.state);
     specd_drafter_free(d);
     specd_tree_buf_free(&out);
