@@ -47,8 +47,9 @@
  * documents; outputs are where templated answers, JSON and scaffolds
  * repeat) go into one deployment-wide cache (a suffix tree capped at
  * cache_max_tokens tokens; the oldest whole requests are evicted first).
- * Each step then also drafts from the cache, and the tree with the larger
- * expected accepted length (sum of path probabilities) is proposed. With
+ * Each step then also drafts from the cache, and the two trees are merged
+ * into one: their nodes in order of path probability, a path both propose
+ * once, until the node budget is spent. With
  * sharing off nothing outlives its request: the per-request tree is freed
  * when the session closes, and no request reads another's text. The cache
  * is read under a read lock (one lookup, microseconds) and written under
@@ -97,7 +98,7 @@ typedef struct ngram_impl {
     float min_prob;
     int depth;
     specd_suffix_cache *cache;
-    int32_t *sx_tok[2], *sx_par[2];
+    int32_t *sx_tok[2], *sx_par[2], *sx_map[2];
     float *sx_logq[2];
     int sx_cap;
 } ngram_impl;
@@ -181,7 +182,9 @@ static int grow_scratch(ngram_impl *g, int cap, specd_error *err) {
             if (p) g->sx_par[k] = p;
             float *l = realloc(g->sx_logq[k], sizeof(float) * (size_t)cap);
             if (l) g->sx_logq[k] = l;
-            if (!t || !p || !l) return specd_seterr(err, "ngram drafter: out of memory");
+            int32_t *m = realloc(g->sx_map[k], sizeof(int32_t) * (size_t)cap);
+            if (m) g->sx_map[k] = m;
+            if (!t || !p || !l || !m) return specd_seterr(err, "ngram drafter: out of memory");
         }
         g->sx_cap = cap;
     }
@@ -245,10 +248,31 @@ static void propose_suffix(ngram_impl *g, ngram_session *s, specd_draft_job *job
         d[1] = specd_suffix_cache_draft(g->cache, job->history, job->n_history, g->min_n,
                                         job->depth, budget, g->min_prob, g->sx_tok[1],
                                         g->sx_par[1], g->sx_logq[1]);
-    int k = d[1].score > d[0].score ? 1 : 0;
-    /* nodes come parents first and out starts empty, so indices carry over */
-    for (int i = 0; i < d[k].n; i++)
-        if (specd_tree_buf_add(out, g->sx_par[k][i], g->sx_tok[k][i], g->sx_logq[k][i]) < 0) break;
+    /* One tree from both: their nodes in order of path probability (each
+     * list is in that order, parents first), a path both propose once
+     * (at the higher probability), until the budget is spent. */
+    int next[2] = {0, 0};
+    while (out->n_nodes < budget) {
+        int k;
+        if (next[0] < d[0].n &&
+            (next[1] >= d[1].n || g->sx_logq[0][next[0]] >= g->sx_logq[1][next[1]]))
+            k = 0;
+        else if (next[1] < d[1].n)
+            k = 1;
+        else
+            break;
+        int j = next[k]++;
+        int src_parent = g->sx_par[k][j];
+        int parent = src_parent < 0 ? -1 : g->sx_map[k][src_parent];
+        g->sx_map[k][j] = -1;
+        if (src_parent >= 0 && parent < 0) continue; /* its parent was not placed */
+        int32_t tok = g->sx_tok[k][j];
+        int c = -1;
+        for (int x = 0; x < out->n_nodes && c < 0; x++)
+            if (out->parents[x] == parent && out->tokens[x] == tok) c = x;
+        if (c < 0 && (c = specd_tree_buf_add(out, parent, tok, g->sx_logq[k][j])) < 0) break;
+        g->sx_map[k][j] = c;
+    }
 }
 
 static void propose_one(ngram_impl *g, specd_draft_job *job) {
@@ -352,6 +376,7 @@ static void ngram_destroy(specd_drafter *d) {
             free(g->sx_tok[k]);
             free(g->sx_par[k]);
             free(g->sx_logq[k]);
+            free(g->sx_map[k]);
         }
         specd_suffix_cache_free(g->cache);
         free(g);

@@ -423,6 +423,24 @@ static void isolation(int shared, specd_tree_buf *out) {
     req_draft(&c, out, 2, 5);
     assert_int_equal(out->n_nodes, 0);
     specd_drafter_session_close(d, c.state);
+    if (shared) {
+        /* own text and the cache both know "1 2": one tree holds both
+         * continuations (own: 9, the cache: 3), each at its probability */
+        const int32_t pd[] = {1, 2, 9, 0, 1, 2};
+        req e;
+        req_open(&e, d, pd, 6);
+        req_draft(&e, out, 2, 5);
+        int saw9 = 0, saw3 = 0;
+        for (int i = 0; i < out->n_nodes; i++)
+            if (out->parents[i] == -1) {
+                saw9 += out->tokens[i] == 9;
+                saw3 += out->tokens[i] == 3;
+                assert_float_equal(out->logq[i], logf(1.0f / 1.5f), 1e-5);
+            }
+        assert_int_equal(saw9, 1);
+        assert_int_equal(saw3, 1);
+        specd_drafter_session_close(d, e.state);
+    }
     specd_drafter_free(d);
 }
 
