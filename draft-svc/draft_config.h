@@ -20,7 +20,7 @@ typedef struct specd_draft_cfg {
     specd_cfg_strlist targets;
     struct {
         int def;
-        struct { char *path, *accept_head; int backend; int64_t device; } mlp;
+        struct { char *path, *accept_head; int backend; int64_t device; bool quantize; } mlp;
         struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
         struct { bool enabled; int64_t min_n, max_n, max_scan; } ngram;
     } drafter;

@@ -168,6 +168,7 @@ static void price_tree(gen *g, double draft_us) {
         gain = (pr.sessions + pick.expected) / (t_pick + ps->draft_us) / pick.plain_rate;
     }
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
+    specd_accept_calib_note_gain(g->req->calib, gain);
     if (ps->gain < 1.0) {
         ps->skip = ps->backoff;
         ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
@@ -316,6 +317,14 @@ static void take_hidden(gen *g, const Specd__V1__VerifyResponse *r) {
     g->have_hidden = 1;
 }
 
+/* Whether this request's greedy trees are priced (cost mode, no shape of
+ * its own). */
+static int q_priced(const gen *g) {
+    const specd_gen_request *q = g->req;
+    return q->drafter && !q->candidates && !q->depth && q->sampling.temperature <= 0 &&
+           g->env->policy->cost_aware && q->calib;
+}
+
 /* Drafts the next tree into g->tb (left empty for a plain step). */
 static void draft(gen *g, const specd_target_info *info) {
     const specd_gen_request *q = g->req;
@@ -325,8 +334,7 @@ static void draft(gen *g, const specd_target_info *info) {
     int cand = q->candidates, depth = q->depth;
     /* Greedy requests without a shape of their own, in cost mode, are
      * priced (tree_choice.h); everything else gets a fixed shape. */
-    int priced = !cand && !depth && q->sampling.temperature <= 0 &&
-                 g->env->policy->cost_aware && q->calib && g->member;
+    int priced = q_priced(g) && g->member;
     if (priced) {
         if (g->price.skip > 0) {
             g->price.skip--;
@@ -663,6 +671,12 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
     g->member = m;
     g->price.active = 0; /* nothing priced is in flight on a new session */
+    if (g->n_gen == 0 && q_priced(g) && specd_accept_calib_gain(g->req->calib) < 1.0) {
+        /* drafting has not been paying for this drafter lately: start
+         * plainly and look again after a few steps */
+        g->price.skip = 4;
+        g->price.backoff = 8;
+    }
     Specd__V1__VerifyResponse *r = NULL;
     if (set_stream(g->cancel, s)) {
         *code = GRPC_STATUS_CANCELLED;

@@ -74,7 +74,8 @@ int main(int argc, char **argv) {
                                     .n_threads = (int)cfg.threads,
                                     .backend = specd_draft_backends[cfg.drafter.mlp.backend],
                                     .device = (int)cfg.drafter.mlp.device,
-                                    .accept_head = cfg.drafter.mlp.accept_head};
+                                    .accept_head = cfg.drafter.mlp.accept_head,
+                                    .q8_weights = cfg.drafter.mlp.quantize};
         if (!(drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&o, &err))) goto fail;
         hidden = drafters[SPECD_DRAFTER_MLP]->hidden_size;
     }

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/safetensors.h"
 #include "common/small_file.h"
 #include "kernels/backend.h"
@@ -306,6 +307,12 @@ struct specd_mlp_speculator {
     /* GPU backends only: device copies of a stage's inputs and outputs,
      * grown on demand to dev_rows rows */
     int on_device;
+    /* q8: Q8_0 copies of the matrices (3 per stage at most, shared where
+     * the stages share a tensor), keyed by their source tensor */
+    int q8;
+    const safetensors_tensor *q8_src[3 * SPECD_MLP_SPEC_MAX_PREDICT];
+    void *q8_data[3 * SPECD_MLP_SPEC_MAX_PREDICT];
+    int n_q8;
     float *d_in, *d_out, *d_logits, *d_xs, *d_z;
     int32_t *d_ids;
     size_t dev_rows;
@@ -372,6 +379,46 @@ static void prefault(const void *p, size_t n) {
     (void)sum;
 }
 
+static float elem_f32(const safetensors_tensor *t, size_t i);
+
+/* One Q8_0 block: fp16 scale, then 32 weights (dtype.h's layout). */
+typedef struct q8_block {
+    uint16_t d;
+    int8_t q[32];
+} q8_block;
+_Static_assert(sizeof(q8_block) == 34, "Q8_0 block");
+
+/* st (F16/BF16/F32, rows of a multiple of 32) as Q8_0, computed once per
+ * source tensor (tied stages share it): scale = max|x| / 127 per block of
+ * 32, each weight round(x / scale). NULL + err on out of memory. */
+static void *q8_of(specd_mlp_speculator *sp, const safetensors_tensor *st, specd_error *err) {
+    for (int i = 0; i < sp->n_q8; i++)
+        if (sp->q8_src[i] == st) return sp->q8_data[i];
+    if (sp->n_q8 >= (int)(sizeof sp->q8_data / sizeof sp->q8_data[0])) {
+        specd_seterr(err, "tensor '%s': too many matrices to quantize", st->name);
+        return NULL;
+    }
+    size_t n = st->numel, nb = n / 32;
+    q8_block *out = malloc(sizeof(q8_block) * (nb ? nb : 1));
+    if (!out) {
+        specd_seterr(err, "tensor '%s': out of memory for its Q8_0 copy", st->name);
+        return NULL;
+    }
+    for (size_t b = 0; b < nb; b++) {
+        float x[32], amax = 0;
+        for (int j = 0; j < 32; j++) {
+            x[j] = elem_f32(st, b * 32 + (size_t)j);
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+        }
+        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        out[b].d = specd_f32_to_fp16(d);
+        for (int j = 0; j < 32; j++) out[b].q[j] = (int8_t)roundf(x[j] * id);
+    }
+    sp->q8_src[sp->n_q8] = st;
+    sp->q8_data[sp->n_q8++] = out;
+    return out;
+}
+
 /* A 2-D weight as the backend sees it: GGUF order, ne[0] = input width. */
 static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, specd_tensor *t,
                        specd_bweight *w, specd_error *err) {
@@ -384,6 +431,12 @@ static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, s
     t->ne[2] = t->ne[3] = 1;
     t->data = st->data;
     t->nbytes = st->nbytes;
+    if (sp->q8 && t->ne[0] % 32 == 0) {
+        if (!(t->data = q8_of(sp, st, err))) return -1;
+        t->type = SPECD_Q8_0;
+        t->nbytes = st->numel / 32 * sizeof(q8_block);
+        return sp->be->ops->prepare_weight(sp->be, w, t, err);
+    }
     prefault(st->data, st->nbytes);
     return sp->be->ops->prepare_weight(sp->be, w, t, err);
 }
@@ -536,11 +589,19 @@ specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
 specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
                                                    const specd_backend_opts *backend,
                                                    specd_error *err) {
+    return specd_mlp_speculator_load_ex(dir, backend, 0, err);
+}
+
+specd_mlp_speculator *specd_mlp_speculator_load_ex(const char *dir,
+                                                   const specd_backend_opts *backend, int q8,
+                                                   specd_error *err) {
     specd_mlp_speculator *sp = calloc(1, sizeof *sp);
     if (!sp) {
         specd_seterr(err, "mlp speculator: out of memory");
         return NULL;
     }
+    /* only the CPU backend has the integer kernels; a GPU keeps fp16 */
+    sp->q8 = q8 && (!backend || !backend->name || !strcmp(backend->name, "cpu"));
     if (load_config_file(sp, dir, err) || open_weights(&sp->files, dir, err) ||
         !(sp->be = specd_backend_create(backend, err)) || bind_weights(sp, err) ||
         bind_vocab_map(sp, err)) {
@@ -563,6 +624,7 @@ specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
 
 void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
     if (!sp) return;
+    /* the backend's weights may point into the Q8_0 copies: freed last */
     for (int i = 0; i < SPECD_MLP_SPEC_MAX_PREDICT; i++) {
         if (sp->be) {
             if (sp->emb[i].src) sp->be->ops->release_weight(sp->be, &sp->emb[i]);
@@ -589,6 +651,7 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
     free(sp->z);
     free(sp->draft_logits);
     free(sp->draft_tokens);
+    for (int i = 0; i < sp->n_q8; i++) free(sp->q8_data[i]);
     free(sp);
 }
 
@@ -646,9 +709,27 @@ static int grow_device(specd_mlp_speculator *sp, size_t rows, specd_error *err) 
     return 0;
 }
 
+static int run_stage(specd_mlp_speculator *sp, int stage, int n_rows, const float *state_in,
+                     const int32_t *tokens, float *state_out, float *logits, int scatter,
+                     specd_error *err);
+
 int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
                                const float *state_in, const int32_t *tokens, float *state_out,
                                float *logits, specd_error *err) {
+    return run_stage(sp, stage, n_rows, state_in, tokens, state_out, logits, 1, err);
+}
+
+int specd_mlp_speculator_stage_draft_ids(specd_mlp_speculator *sp, int stage, int n_rows,
+                                         const float *state_in, const int32_t *tokens,
+                                         float *state_out, float *logits,
+                                         const int32_t **map, specd_error *err) {
+    *map = sp->draft_to_target;
+    return run_stage(sp, stage, n_rows, state_in, tokens, state_out, logits, 0, err);
+}
+
+static int run_stage(specd_mlp_speculator *sp, int stage, int n_rows, const float *state_in,
+                     const int32_t *tokens, float *state_out, float *logits, int scatter,
+                     specd_error *err) {
     const specd_mlp_spec_config *c = &sp->cfg;
     specd_backend *be = sp->be;
     if (stage < 0 || stage >= c->n_predict)
@@ -669,7 +750,7 @@ int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
     if (sp->draft_to_target) {
         for (int r = 0; r < n_rows; r++) sp->draft_tokens[r] = sp->target_to_draft[tokens[r]];
         ids = sp->draft_tokens;
-        head_out = logits ? sp->draft_logits : NULL;
+        head_out = logits ? (scatter ? sp->draft_logits : logits) : NULL;
     }
     int in_dim = specd_mlp_speculator_state_in_dim(sp, stage), dim = c->inner_dim;
 

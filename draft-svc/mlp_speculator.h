@@ -98,6 +98,14 @@ specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
 specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
                                                    const specd_backend_opts *backend,
                                                    specd_error *err);
+/* The same, with q8 = 1: on the CPU backend the matrices (embedding,
+ * projections, head) are quantized to Q8_0 at load (blocks of 32 weights
+ * with one fp16 scale, llama.cpp's rounding), so a stage reads half the
+ * bytes of fp16 and runs on the integer kernels (precision fast). Drafts
+ * change a little, never the output: the target verifies every token. */
+specd_mlp_speculator *specd_mlp_speculator_load_ex(const char *dir,
+                                                   const specd_backend_opts *backend, int q8,
+                                                   specd_error *err);
 void specd_mlp_speculator_free(specd_mlp_speculator *sp);
 
 const specd_mlp_spec_config *specd_mlp_speculator_config(const specd_mlp_speculator *sp);
@@ -116,5 +124,15 @@ int specd_mlp_speculator_state_in_dim(const specd_mlp_speculator *sp, int stage)
 int specd_mlp_speculator_stage(specd_mlp_speculator *sp, int stage, int n_rows,
                                const float *state_in, const int32_t *tokens, float *state_out,
                                float *logits, specd_error *err);
+
+/* The same, but with a reduced vocabulary the logits stay in draft ids:
+ * [n_rows][cfg.vocab_size], no scatter (a greedy drafter ranks 8k entries
+ * instead of 49k); *map = draft id -> target id (-1: the "other" bucket,
+ * never to be proposed). Without a reduced vocabulary *map = NULL and the
+ * logits are target-width, as specd_mlp_speculator_stage. */
+int specd_mlp_speculator_stage_draft_ids(specd_mlp_speculator *sp, int stage, int n_rows,
+                                         const float *state_in, const int32_t *tokens,
+                                         float *state_out, float *logits,
+                                         const int32_t **map, specd_error *err);
 
 #endif

@@ -119,6 +119,18 @@ int main(int argc, char **argv) {
     }
     int kv_pages;
     specd_transformer_kv_pages(t, NULL, &kv_pages);
+    {
+        /* what verification costs here: the start-up timing draft-svc's
+         * trees are priced with (GetInfo step_cost) */
+        specd_step_cost c;
+        specd_target_service_step_cost(svc, &c);
+        if (specd_step_cost_at(&c, 1) > 0)
+            fprintf(stderr, "target-svc: forward pass (256 cached tokens): 1 token %.1f ms, 2: %.1f, "
+                            "4: %.1f, 8: %.1f, 16: %.1f, 64: %.1f\n",
+                    specd_step_cost_at(&c, 1) / 1e3, specd_step_cost_at(&c, 2) / 1e3,
+                    specd_step_cost_at(&c, 4) / 1e3, specd_step_cost_at(&c, 8) / 1e3,
+                    specd_step_cost_at(&c, 16) / 1e3, specd_step_cost_at(&c, 64) / 1e3);
+    }
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
                     "KV pool %d pages of %d tokens, prefix cache %s)\n",
             cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],

@@ -635,6 +635,10 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
     return 0;
 }
 
+void specd_target_service_step_cost(specd_target_service *svc, specd_step_cost *out) {
+    specd_sched_step_cost(svc->sched, out);
+}
+
 void specd_target_service_free(specd_target_service *svc) {
     if (!svc) return;
     specd_target_metrics_unwatch(svc->watch);

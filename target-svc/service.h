@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/model_file.h"
 #include "common/rpc_server.h"
+#include "common/step_cost.h"
 #include "common/tokenizer.h"
 #include "target-svc/transformer.h"
 
@@ -53,5 +54,8 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
 
 /* After the server has shut down (no handler running). NULL is a no-op. */
 void specd_target_service_free(specd_target_service *svc);
+
+/* The forward-pass cost curve as GetInfo reports it (common/step_cost.h). */
+void specd_target_service_step_cost(specd_target_service *svc, specd_step_cost *out);
 
 #endif
