@@ -279,7 +279,14 @@ static void attn_task(void *ctx, int task, int thread) {
     float scale = 1.0f / sqrtf((float)hd);
     int n_rows = s->n_past + i + 1;
     float maxs = -INFINITY;
-    for (int r = 0; r < n_rows; r++) {
+    int r0 = 0; /* rows before r0 are done by the paged kernel */
+    if (!j->f16 && ks->kv_dots) {
+        /* the committed rows, all visible, in one call */
+        maxs = ks->kv_dots(qv, j->k_pool, s->pages, s->n_past, (size_t)kvw, (size_t)kvh * hd,
+                           hd, scale, scores);
+        r0 = s->n_past;
+    }
+    for (int r = r0; r < n_rows; r++) {
         int visible = r < s->n_past || !s->mask ||
                       s->mask[(size_t)i * s->n_new + (r - s->n_past)];
         if (!visible) {
@@ -294,7 +301,9 @@ static void attn_task(void *ctx, int task, int thread) {
     float inv = (float)(1.0 / sum);
     float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
     memset(o, 0, sizeof(float) * hd);
-    for (int r = 0; r < n_rows; r++) {
+    if (r0) ks->kv_axpys(o, scores, inv, j->v_pool, s->pages, r0, (size_t)kvw, (size_t)kvh * hd,
+                         hd);
+    for (int r = r0; r < n_rows; r++) {
         if (scores[r] == 0.0f) continue;
         float w = scores[r] * inv;
         size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
