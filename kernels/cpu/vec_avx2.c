@@ -221,7 +221,43 @@ static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const 
     _mm256_storeu_ps(o + 56, o7);
 }
 
+/* kv_dots_avx2 for nq queries: each row's K is loaded once (a head of 64
+ * in 8 registers) and every query's two accumulators take it in the order
+ * kv_dot_avx2 does, so each score is bitwise the per-query one. */
+static TAVX2 void kv_dots_block_avx2(const float *const *q, int nq, const float *pool,
+                                     const int32_t *pages, int n_rows, size_t stride, size_t off,
+                                     int n, float scale, float *const *scores, float *maxs) {
+    if (n != 64) {
+        for (int k = 0; k < nq; k++)
+            maxs[k] = kv_dots_avx2(q[k], pool, pages, n_rows, stride, off, n, scale, scores[k]);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++) {
+        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8),
+                     k2 = _mm256_loadu_ps(row + 16), k3 = _mm256_loadu_ps(row + 24),
+                     k4 = _mm256_loadu_ps(row + 32), k5 = _mm256_loadu_ps(row + 40),
+                     k6 = _mm256_loadu_ps(row + 48), k7 = _mm256_loadu_ps(row + 56);
+        for (int k = 0; k < nq; k++) {
+            const float *qk = q[k];
+            __m256 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk), k0, _mm256_setzero_ps());
+            __m256 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 8), k1, _mm256_setzero_ps());
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 16), k2, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 24), k3, a1);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 32), k4, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 40), k5, a1);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 48), k6, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 56), k7, a1);
+            float sc = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            scores[k][r] = sc;
+            if (sc > maxs[k]) maxs[k] = sc; /* the caller starts it at -inf */
+        }
+    }
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
+    ks->kv_dots_block = kv_dots_block_avx2;
     ks->kv_dots = kv_dots_avx2;
     ks->kv_axpys = kv_axpys_avx2;
     ks->softmax_exp = softmax_exp_avx2;
