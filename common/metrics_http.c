@@ -132,6 +132,16 @@ specd_metrics_http *specd_metrics_http_start(const char *listen, specd_metrics *
     return h;
 }
 
+int specd_metrics_http_serve(const char *listen, const char *service, specd_metrics_http **out,
+                             specd_error *err) {
+    *out = NULL;
+    if (!listen || !listen[0]) return 0;
+    if (!(*out = specd_metrics_http_start(listen, specd_metrics_global(), err))) return -1;
+    fprintf(stderr, "%s: metrics on http://%s/metrics (port %d)\n", service, listen,
+            specd_metrics_http_port(*out));
+    return 0;
+}
+
 int specd_metrics_http_port(const specd_metrics_http *h) { return h ? h->port : 0; }
 
 void specd_metrics_http_stop(specd_metrics_http *h) {

@@ -19,6 +19,13 @@ typedef struct specd_metrics_http specd_metrics_http;
 specd_metrics_http *specd_metrics_http_start(const char *listen, specd_metrics *r,
                                              specd_error *err);
 
+/* What a service's main() does with its `metrics.listen` key: NULL or ""
+ * leaves *out NULL (metrics off) and returns 0; otherwise starts the
+ * listener on the process registry, says so on stderr ("<service>: metrics
+ * on http://ADDR/metrics"), and returns 0, or -1 + err. */
+int specd_metrics_http_serve(const char *listen, const char *service, specd_metrics_http **out,
+                             specd_error *err);
+
 /* The port actually bound. */
 int specd_metrics_http_port(const specd_metrics_http *h);
 

@@ -53,3 +53,11 @@ void specd_request_end(specd_request_ctx *r, specd_rpc_call *c, const char *serv
         if (counts[i].v >= 0) f[n++] = SPECD_LOG_INT(counts[i].k, counts[i].v);
     specd_request_log(service, f, n);
 }
+
+void specd_request_run(specd_rpc_handler h, specd_rpc_call *c, void *user, const char *service,
+                       int make_id) {
+    specd_request_ctx r;
+    specd_request_begin(&r, c, make_id);
+    h(c, user);
+    specd_request_end(&r, c, service);
+}

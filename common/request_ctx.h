@@ -35,4 +35,9 @@ specd_request_ctx *specd_request_current(void);
 /* Writes the line for `service` and clears the thread's current request. */
 void specd_request_end(specd_request_ctx *r, specd_rpc_call *c, const char *service);
 
+/* begin, h(c, user), end: a service registers its handlers through this
+ * (make_id as for specd_request_begin). */
+void specd_request_run(specd_rpc_handler h, specd_rpc_call *c, void *user, const char *service,
+                       int make_id);
+
 #endif

@@ -128,3 +128,14 @@ void specd_request_log(const char *service, const specd_log_field *fields, int n
     funlockfile(stderr);
     free(line);
 }
+
+const char *specd_finish_reason_name(Specd__V1__FinishReason f) {
+    switch (f) {
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_EOS: return "eos";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT: return "context";
+    case SPECD__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
+    default: return "unspecified";
+    }
+}

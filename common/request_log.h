@@ -20,6 +20,8 @@
 
 #include <stddef.h>
 
+#include "specd.pb-c.h"
+
 /* The metadata key both services use. */
 #define SPECD_REQUEST_ID_KEY "x-request-id"
 /* Longest id accepted (ids we make are 32 hex digits). */
@@ -61,5 +63,9 @@ char *specd_request_log_format(const char *service, const specd_log_field *field
 /* specd_request_log_format + newline, written to stderr; nothing while no
  * format was set. */
 void specd_request_log(const char *service, const specd_log_field *fields, int n);
+
+/* "eos", "stop", "length", "context", "cancelled" or "unspecified": how
+ * logs, metrics and the CLI spell a finish reason. */
+const char *specd_finish_reason_name(Specd__V1__FinishReason f);
 
 #endif

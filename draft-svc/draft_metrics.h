@@ -45,12 +45,9 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
 typedef enum { SPECD_SPEC_OFF_LOAD, SPECD_SPEC_OFF_COLLAPSE } specd_spec_off_reason;
 void specd_draft_metrics_spec_off(specd_spec_off_reason why);
 
-/* The scrape hook reading sessions per target; NULL on out of memory. */
-typedef struct specd_draft_watch specd_draft_watch;
-specd_draft_watch *specd_draft_metrics_watch(specd_tpool *pool);
-void specd_draft_metrics_unwatch(specd_draft_watch *w); /* NULL is a no-op */
-
-/* A handler wrapped with the request log (draft-svc makes the id). */
-void specd_draft_logged(specd_rpc_handler h, specd_rpc_call *c, void *user);
+/* The scrape hook reading sessions per target (0, or -1 on out of
+ * memory); unwatch before the pool goes (it waits for a scrape running). */
+int specd_draft_metrics_watch(specd_tpool *pool);
+void specd_draft_metrics_unwatch(specd_tpool *pool);
 
 #endif

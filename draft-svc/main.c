@@ -162,13 +162,8 @@ int main(int argc, char **argv) {
     if (!(watch = specd_target_watch_start(pool, srv, &wo, &err))) goto fail;
     specd_request_log_set_format((specd_log_format)cfg.log.format);
     /* Metrics come up with the service: a scrape before the first request
-     * already sees every metric (at zero), and a bad address fails startup. */
-    if (cfg.metrics.listen && cfg.metrics.listen[0]) {
-        if (!(mh = specd_metrics_http_start(cfg.metrics.listen, specd_metrics_global(), &err)))
-            goto fail;
-        fprintf(stderr, "draft-svc: metrics on http://%s/metrics (port %d)\n", cfg.metrics.listen,
-                specd_metrics_http_port(mh));
-    }
+     * already sees every metric, and a bad address fails startup. */
+    if (specd_metrics_http_serve(cfg.metrics.listen, "draft-svc", &mh, &err)) goto fail;
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
             specd_draft_default_choices[cfg.drafter.def]);

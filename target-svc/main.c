@@ -110,12 +110,7 @@ int main(int argc, char **argv) {
     specd_request_log_set_format((specd_log_format)cfg.log.format);
     /* Metrics come up with the service: a scrape before the first request
      * already sees every metric (at zero), and a bad address fails startup. */
-    if (cfg.metrics.listen && cfg.metrics.listen[0]) {
-        if (!(mh = specd_metrics_http_start(cfg.metrics.listen, specd_metrics_global(), &err)))
-            goto fail;
-        fprintf(stderr, "target-svc: metrics on http://%s/metrics (port %d)\n", cfg.metrics.listen,
-                specd_metrics_http_port(mh));
-    }
+    if (specd_metrics_http_serve(cfg.metrics.listen, "target-svc", &mh, &err)) goto fail;
     int kv_pages;
     specd_transformer_kv_pages(t, NULL, &kv_pages);
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "

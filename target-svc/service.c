@@ -21,6 +21,7 @@
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
+#include "common/request_ctx.h"
 #include "target-svc/target_metrics.h"
 
 struct specd_target_service {
@@ -598,13 +599,13 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     return svc;
 }
 
-/* Verify and Generate with their request log line (target_metrics.h). */
+/* Verify and Generate with their request log line (common/request_ctx.h). */
 static void h_verify_logged(specd_rpc_call *c, void *user) {
-    specd_target_logged(h_verify, c, user);
+    specd_request_run(h_verify, c, user, "target-svc", 0);
 }
 
 static void h_generate_logged(specd_rpc_call *c, void *user) {
-    specd_target_logged(h_generate, c, user);
+    specd_request_run(h_generate, c, user, "target-svc", 0);
 }
 
 int specd_target_service_register(specd_target_service *svc, specd_rpc_server *srv,

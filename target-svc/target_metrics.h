@@ -48,7 +48,4 @@ typedef struct specd_target_watch specd_target_watch;
 specd_target_watch *specd_target_metrics_watch(specd_sched *s, int max_sessions);
 void specd_target_metrics_unwatch(specd_target_watch *w); /* NULL is a no-op */
 
-/* A handler wrapped with the request log: begin, handler, end. */
-void specd_target_logged(specd_rpc_handler h, specd_rpc_call *c, void *user);
-
 #endif
