@@ -1,7 +1,7 @@
 /* draft_config.c - see draft_config.h. */
 #include "draft-svc/draft_config.h"
 
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 
 const char *const specd_draft_default_choices[] = {"mlp", "draft_lm", "ngram", "none", NULL};
 const char *const specd_draft_backends[] = {"cpu", "cuda", NULL};

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
+#include "common/util/config.h"
 
 typedef struct specd_draft_cfg {
     char *listen;

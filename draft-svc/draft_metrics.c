@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "common/metrics.h"
-#include "common/request_ctx.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/request_ctx.h"
 
 static struct {
     specd_metric *requests, *prompt, *generated, *steps;

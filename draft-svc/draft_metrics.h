@@ -28,11 +28,11 @@
  *   specd_draft_targets_up                         gauge: targets usable now
  *   specd_draft_speculation_off_total{reason}      steps decoded plainly because
  *       of load (policy load table) or collapse (acceptance fell)
- *   specd_grpc_server_handled_total{grpc_method,grpc_code}  (common/rpc_metrics.c) */
+ *   specd_grpc_server_handled_total{grpc_method,grpc_code}  (common/rpc/rpc_metrics.c) */
 #ifndef SPECD_DRAFT_METRICS_H
 #define SPECD_DRAFT_METRICS_H
 
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_server.h"
 #include "draft-svc/driver.h"
 #include "draft-svc/target_pool.h"
 

@@ -10,13 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/config.h"
-#include "common/version.h"
-#include "common/metrics_http.h"
-#include "common/model_file.h"
-#include "common/request_log.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
+#include "common/util/config.h"
+#include "common/util/version.h"
+#include "common/rpc/metrics_http.h"
+#include "common/model/model_file.h"
+#include "common/rpc/request_log.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
 #include "draft-svc/draft_config.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"

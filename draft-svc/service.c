@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/request_ctx.h"
+#include "common/rpc/request_ctx.h"
 #include "draft-svc/batcher.h"
 #include "draft-svc/draft_metrics.h"
 #include "draft-svc/driver.h"
@@ -290,7 +290,7 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
     return svc;
 }
 
-/* Generate with its request log line and request id (common/request_ctx.h). */
+/* Generate with its request log line and request id (common/rpc/request_ctx.h). */
 static void h_generate_logged(specd_rpc_call *c, void *user) {
     specd_request_run(h_generate, c, user, "draft-svc", 1);
 }

@@ -31,8 +31,8 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/rpc_client.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_client.h"
 
 typedef struct specd_tpool specd_tpool;
 typedef struct specd_tpool_member specd_tpool_member;

@@ -2,7 +2,7 @@
  *
  *     target-svc --config deploy/config/target-svc.example.yaml [--flag=value ...]
  *
- * Loads the configuration (defaults -> --config file -> flags, common/config.h),
+ * Loads the configuration (defaults -> --config file -> flags, common/util/config.h),
  * opens the model, sizes the KV cache from limits.kv_memory, starts the gRPC
  * server with the Target service and runs until SIGTERM/SIGINT, then drains:
  * health turns NOT_SERVING, new calls are refused and sessions in flight get
@@ -12,16 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/config.h"
-#include "common/version.h"
-#include "common/metrics_http.h"
-#include "common/model_file.h"
-#include "common/request_log.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
+#include "common/util/config.h"
+#include "common/util/version.h"
+#include "common/rpc/metrics_http.h"
+#include "common/model/model_file.h"
+#include "common/rpc/request_log.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
 #include "target-svc/service.h"
 #include "target-svc/target_config.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 /* Long enough for a session to finish a few hundred tokens; Kubernetes'
  * default terminationGracePeriodSeconds (30 s) must be longer. */

@@ -51,10 +51,10 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/sampling.h"
-#include "target-svc/transformer.h"
-#include "target-svc/verify.h"
+#include "common/util/error.h"
+#include "common/spec/sampling.h"
+#include "common/model/transformer.h"
+#include "common/spec/verify.h"
 
 typedef struct specd_sched specd_sched;
 

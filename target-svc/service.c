@@ -12,16 +12,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/admission.h"
-#include "common/dtype.h"
-#include "common/ipc_caps.h"
-#include "common/prompt.h"
-#include "common/text_stream.h"
+#include "common/rpc/admission.h"
+#include "common/util/dtype.h"
+#include "common/rpc/ipc_caps.h"
+#include "common/rpc/prompt.h"
+#include "common/text/text_stream.h"
 #include "kernels/ipc.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
-#include "common/request_ctx.h"
+#include "common/rpc/request_ctx.h"
 #include "target-svc/target_metrics.h"
 
 struct specd_target_service {
@@ -32,7 +32,7 @@ struct specd_target_service {
     specd_sched *sched;
     specd_target_watch *watch; /* the metrics' scrape hook on sched */
     specd_session_limits lim;
-    specd_admission_limits adm; /* Generate's, as draft-svc's (common/admission.h) */
+    specd_admission_limits adm; /* Generate's, as draft-svc's (common/rpc/admission.h) */
     int dim;
     char tok_sha256[65]; /* "" without a tokenizer */
     char model_id[1024];
@@ -599,7 +599,7 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     return svc;
 }
 
-/* Verify and Generate with their request log line (common/request_ctx.h). */
+/* Verify and Generate with their request log line (common/rpc/request_ctx.h). */
 static void h_verify_logged(specd_rpc_call *c, void *user) {
     specd_request_run(h_verify, c, user, "target-svc", 0);
 }

@@ -4,21 +4,21 @@
  *   /specd.v1.Target/Generate  SERVER_STREAMING: plain decoding
  *   /specd.v1.Target/GetInfo   UNARY: what model this target serves
  *
- * Every handler runs on its own thread (common/rpc_server.h) and hands its
+ * Every handler runs on its own thread (common/rpc/rpc_server.h) and hands its
  * model work to the one scheduler (scheduler.h), so all sessions share each
  * forward pass. The service does not own the model, transformer or tokenizer;
  * they must outlive it. */
 #ifndef SPECD_SERVICE_H
 #define SPECD_SERVICE_H
 
-#include "common/error.h"
-#include "common/model_file.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
-#include "target-svc/transformer.h"
+#include "common/util/error.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
+#include "common/model/transformer.h"
 
 /* GetInfo.version: the one specd version (CMake project VERSION) */
-#include "common/version.h"
+#include "common/util/version.h"
 
 typedef struct specd_target_service specd_target_service;
 

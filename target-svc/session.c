@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/admission.h"
-#include "common/sampling_proto.h"
+#include "common/rpc/admission.h"
+#include "common/rpc/sampling_proto.h"
 
 void specd_session_init(specd_session *s, const specd_session_limits *lim) {
     memset(s, 0, sizeof *s);
@@ -60,7 +60,7 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     /* max_prompt_tokens bounds the prefill a client may ask for; tokens it
      * already paid for on a lost target do not count against it. The prompt
      * plus the pending token must fit the context. One rule for both
-     * services (common/admission.h). */
+     * services (common/rpc/admission.h). */
     size_t n_new_prompt = o->n_prompt_ids - (size_t)o->resumed_tokens;
     char pfield[64];
     snprintf(pfield, sizeof pfield, "%s.prompt_ids", field);
@@ -76,7 +76,7 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     if (o->max_new_tokens <= 0)
         return specd_seterr(err, "%s.max_new_tokens = %d must be > 0", field, o->max_new_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
-    /* stop ids and logprobs options: draft-svc's words (common/admission.h) */
+    /* stop ids and logprobs options: draft-svc's words (common/rpc/admission.h) */
     if ((pcode = specd_admit_outputs(field, o->stop_ids, o->n_stop_ids, o->logprobs,
                                      o->top_logprobs, L->vocab, err)))
         return pcode;

@@ -18,10 +18,10 @@
 
 #include <grpc/status.h>
 
-#include "common/error.h"
-#include "common/sampling.h"
+#include "common/util/error.h"
+#include "common/spec/sampling.h"
 #include "specd.pb-c.h"
-#include "target-svc/verify.h"
+#include "common/spec/verify.h"
 
 typedef struct specd_session_limits {
     int vocab;             /* token ids are 0..vocab-1 */
@@ -70,7 +70,7 @@ typedef struct specd_session {
     specd_tree tree;
     specd_sparse_dist *q;
     int q_cap;
-    /* Co-location (common/ipc_caps.h): 1 once step 0 carried a CUDA IPC
+    /* Co-location (common/rpc/ipc_caps.h): 1 once step 0 carried a CUDA IPC
      * grant; only then may a Tree set hidden_via_ipc. Set by the service. */
     int ipc_granted;
 } specd_session;

@@ -4,8 +4,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "common/metrics.h"
-#include "common/request_ctx.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/request_ctx.h"
 
 static struct {
     specd_metric *active, *max_sessions, *queued_items, *queued_tokens;

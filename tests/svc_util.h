@@ -12,7 +12,7 @@
 
 #include <grpc/status.h>
 
-#include "common/rpc_client.h"
+#include "common/rpc/rpc_client.h"
 #include "draft-svc/policy.h"
 #include "specd.pb-c.h"
 

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 
 /* Path under the source tree (SPECD_SOURCE_DIR or "."), in a static buffer
  * that the next call overwrites. */

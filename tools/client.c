@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 
 const char *cli_finish_name(Specd__V1__FinishReason f) { return specd_finish_reason_name(f); }
 

@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/config.h"
-#include "common/model_file.h"
-#include "common/rpc_server.h"
-#include "common/small_file.h"
+#include "common/util/config.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_server.h"
+#include "common/util/small_file.h"
 #include "draft-svc/draft_config.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
@@ -22,7 +22,7 @@
 #include "draft-svc/target_watch.h"
 #include "target-svc/service.h"
 #include "target-svc/target_config.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 struct cli_inproc {
     specd_target_cfg tcfg;

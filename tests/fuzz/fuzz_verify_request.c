@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_server.h"
 #include "specd.pb-c.h"
 #include "target-svc/session.h"
 

@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
+#include "common/util/error.h"
 
 typedef enum golden_positions {
     GOLDEN_POS_ALL = 0,  /* one row per prompt position */

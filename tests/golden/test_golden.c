@@ -48,8 +48,8 @@
 
 #include <cmocka.h>
 
-#include "common/sampling.h"
-#include "target-svc/transformer.h"
+#include "common/spec/sampling.h"
+#include "common/model/transformer.h"
 #include "tests/golden/golden.h"
 #include "tests/test_util.h"
 

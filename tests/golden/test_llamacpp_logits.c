@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/matmul.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/test_util.h"
 
 /* Tolerances, from the fixture as committed (llama.cpp b11434 on the

@@ -27,7 +27,7 @@
 
 #include <cmocka.h>
 
-#include "draft-svc/mlp_speculator.h"
+#include "common/model/mlp_speculator.h"
 #include "kernels/cpu/matmul.h"
 #include "tests/golden/golden.h"
 #include "tests/test_util.h"

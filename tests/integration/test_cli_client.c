@@ -31,11 +31,11 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/model_file.h"
-#include "common/sampling.h"
-#include "common/version.h"
+#include "common/model/model_file.h"
+#include "common/spec/sampling.h"
+#include "common/util/version.h"
 #include "specd.pb-c.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/svc_util.h"
 #include "tests/test_util.h"
 #include "tools/inproc.h"

@@ -2,7 +2,7 @@
  *
  * Both services run in this process on 127.0.0.1:0 (plaintext): target-svc
  * with a golden model, draft-svc with a pool holding that target, and the
- * test is a client of both through common/rpc_client.h. The failover test
+ * test is a client of both through common/rpc/rpc_client.h. The failover test
  * also runs real target-svc PROCESSES (the build's target-svc binary) and
  * SIGKILLs them mid-request.
  *
@@ -49,18 +49,18 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 
-#include "common/model_file.h"
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
-#include "common/sampling.h"
-#include "common/tokenizer.h"
-#include "draft-svc/accept_head.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
+#include "common/spec/sampling.h"
+#include "common/text/tokenizer.h"
+#include "common/model/accept_head.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/stats_util.h"
 #include "tests/svc_util.h"
 #include "tests/test_util.h"

@@ -4,7 +4,7 @@
  *   1. bad inputs, side by side: every malformed request goes to
  *      Draft.Generate and Target.Generate, which must answer with the same
  *      status code and the same message (one admission check,
- *      common/admission.h), among them a prompt over the context (was OK
+ *      common/rpc/admission.h), among them a prompt over the context (was OK
  *      with 0 tokens on draft-svc), max_new_tokens 2^31-1 (was accepted by
  *      target-svc), and invalid UTF-8 in every string field;
  *   2. honest health: a draft-svc whose target is down is NOT_SERVING for
@@ -34,16 +34,16 @@
 
 #include <cmocka.h>
 
-#include "common/model_file.h"
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
 #include "draft-svc/target_watch.h"
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/svc_util.h"
 #include "tests/test_util.h"
 

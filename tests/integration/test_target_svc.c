@@ -1,7 +1,7 @@
 /* test_target_svc.c - target-svc end to end over loopback gRPC.
  *
  * The Target service runs in-process on 127.0.0.1:0 (plaintext) with the
- * tiny golden model; the project's client layer (common/rpc_client.h)
+ * tiny golden model; the project's client layer (common/rpc/rpc_client.h)
  * drives it:
  *   1. greedy Verify sessions fed all-correct, all-wrong and mixed trees give
  *      exactly the tokens of plain greedy decoding (run on a separate
@@ -29,14 +29,14 @@
 #include <cmocka.h>
 #include <grpc/grpc.h>
 
-#include "common/ipc_caps.h"
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
-#include "common/sampling.h"
-#include "common/tokenizer.h"
+#include "common/rpc/ipc_caps.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
+#include "common/spec/sampling.h"
+#include "common/text/tokenizer.h"
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/test_util.h"
 
 #define MODEL "tests/golden/data/tiny-gqa/hf"
@@ -122,7 +122,7 @@ static void plain_greedy(const int32_t *prompt, int n_prompt, int n_gen, int32_t
 
 /* ---- client helpers --------------------------------------------------------------- */
 
-/* Over the project's client layer (common/rpc_client.h); nothing here needs
+/* Over the project's client layer (common/rpc/rpc_client.h); nothing here needs
  * raw C-core control. They report by return value, never by cmocka assert,
  * because verify_session runs on worker threads. */
 

@@ -27,8 +27,8 @@
 
 #include <cmocka.h>
 
-#include "common/rng.h"
-#include "common/sampling.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
 #include "tests/stats_util.h"
 
 #define ALPHA 1e-4     /* significance: reject when p-value < ALPHA */

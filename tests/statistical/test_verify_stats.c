@@ -29,8 +29,8 @@
 
 #include <cmocka.h>
 
-#include "target-svc/transformer.h"
-#include "target-svc/verify.h"
+#include "common/model/transformer.h"
+#include "common/spec/verify.h"
 #include "tests/stats_util.h"
 #include "tests/test_util.h"
 

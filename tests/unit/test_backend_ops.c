@@ -96,8 +96,8 @@
 
 #include <cmocka.h>
 
-#include "common/dtype.h"
-#include "common/model_file.h"
+#include "common/util/dtype.h"
+#include "common/model/model_file.h"
 #include "kernels/backend.h"
 #include "tests/test_util.h"
 

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "kernels/cpu/matmul.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/test_util.h"
 
 #define NP 23   /* prompt tokens */

@@ -16,8 +16,8 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/chat.h"
-#include "common/gguf.h"
+#include "common/text/chat.h"
+#include "common/model/gguf.h"
 #include "tests/test_util.h"
 
 #define FIXTURES "tests/golden/tokenizer/chat_fixtures.json"

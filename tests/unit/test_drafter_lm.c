@@ -24,9 +24,9 @@
 
 #include <cmocka.h>
 
-#include "common/rng.h"
+#include "common/util/rng.h"
 #include "draft-svc/drafter.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 #include "tests/golden/golden.h"
 #include "tests/test_util.h"
 

@@ -18,10 +18,10 @@
 
 #include <cmocka.h>
 
-#include "common/sampling.h"
-#include "common/tree.h"
+#include "common/spec/sampling.h"
+#include "common/spec/tree.h"
 #include "draft-svc/drafter.h"
-#include "draft-svc/mlp_speculator.h"
+#include "common/model/mlp_speculator.h"
 #include "tests/test_util.h"
 
 #define UNTIED "tests/golden/data/mlp-spec-untied" /* vocab 100, emb 32, top_k [4,3,2] */

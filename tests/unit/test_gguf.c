@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "common/gguf.h"
+#include "common/model/gguf.h"
 #include "tests/test_util.h"
 
 /* ---- a tiny GGUF writer ----------------------------------------------------- */

@@ -24,8 +24,8 @@
 
 #include <cmocka.h>
 
-#include "common/rng.h"
-#include "target-svc/kv_pool.h"
+#include "common/util/rng.h"
+#include "common/model/kv_pool.h"
 #include "target-svc/scheduler.h"
 #include "tests/test_util.h"
 

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "common/gguf.h"
-#include "common/model_file.h"
+#include "common/model/gguf.h"
+#include "common/model/model_file.h"
 #include "tests/test_util.h"
 
 /* The tiny model: vocab 16, dim 8, MLP 12, 2 layers, 2 heads of 4, 1 KV head. */

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/threadpool.h"

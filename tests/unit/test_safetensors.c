@@ -15,8 +15,8 @@
 
 #include <cmocka.h>
 
-#include "common/safetensors.h"
-#include "common/safetensors_write.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_write.h"
 #include "tests/test_util.h"
 
 typedef struct image {

@@ -22,8 +22,8 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/rng.h"
-#include "common/sampling.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
 #include "tests/test_util.h"
 
 #define VOCAB 49152

@@ -21,9 +21,9 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/gguf.h"
-#include "common/tokenizer.h"
-#include "common/utf8.h"
+#include "common/model/gguf.h"
+#include "common/text/tokenizer.h"
+#include "common/util/utf8.h"
 #include "tests/test_util.h"
 
 #define GGUF_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
