@@ -8,7 +8,6 @@
  * it. */
 #include "common/model/accept_head.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,13 +15,15 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/util/dtype.h"
+#include "common/model/hf_dir.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_write.h"
+#include "common/util/dtype.h"
+#include "common/util/json.h"
 #include "common/util/small_file.h"
 
-#define CONFIG "config.json"
-#define WEIGHTS "model.safetensors"
+#define CONFIG SPECD_HF_CONFIG
+#define WEIGHTS SPECD_HF_SINGLE_WEIGHTS
 #define MODEL_TYPE "specd_accept_head"
 #define MAX_JSON_FILE (1u << 20) /* a config is a few hundred bytes */
 /* in_proj weight + bias, stage_emb, 4 per block, out weight + bias */
@@ -30,31 +31,10 @@
 
 /* ---- config.json ------------------------------------------------------------- */
 
-static const char *json_type_name(const cJSON *item) {
-    if (!item) return "nothing";
-    if (cJSON_IsNull(item)) return "null";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsObject(item)) return "an object";
-    return "invalid";
-}
-
-/* A required integral member in [lo, hi]. */
+/* A required integral member in [lo, hi] (common/util/json.h). */
 static int get_int(const cJSON *root, const char *key, int lo, int hi, int *out,
                    specd_error *err) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!item || cJSON_IsNull(item)) return specd_seterr(err, CONFIG ": '%s' is missing", key);
-    if (!cJSON_IsNumber(item))
-        return specd_seterr(err, CONFIG ": '%s' must be an integer, got %s", key,
-                            json_type_name(item));
-    double v = item->valuedouble;
-    if (v != floor(v) || !(v >= lo && v <= hi))
-        return specd_seterr(err, CONFIG ": '%s' = %g must be an integer in %d..%d", key, v, lo,
-                            hi);
-    *out = (int)v;
-    return 0;
+    return specd_json_int(root, CONFIG, key, 1, 0, lo, hi, out, err);
 }
 
 static int parse_config_object(const cJSON *root, specd_accept_head_config *c, specd_error *err) {
@@ -64,7 +44,7 @@ static int parse_config_object(const cJSON *root, specd_accept_head_config *c, s
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!cJSON_IsString(type))
         return specd_seterr(err, CONFIG ": 'model_type' must be the string '" MODEL_TYPE
-                                 "', got %s", json_type_name(type));
+                                 "', got %s", specd_json_type_name(type));
     if (strcmp(type->valuestring, MODEL_TYPE) != 0)
         return specd_seterr(err, CONFIG ": model_type is '%.64s', not '" MODEL_TYPE "'",
                             type->valuestring);
@@ -80,11 +60,8 @@ static int parse_config_object(const cJSON *root, specd_accept_head_config *c, s
 int specd_accept_head_parse_config(const char *json, size_t len, specd_accept_head_config *cfg,
                                    specd_error *err) {
     memset(cfg, 0, sizeof *cfg);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    if (!root)
-        return specd_seterr(err, CONFIG ": not valid JSON (error near byte %ld)",
-                            end ? (long)(end - json) : -1L);
+    cJSON *root = specd_json_parse(json, len, CONFIG, err);
+    if (!root) return -1;
     int rc = parse_config_object(root, cfg, err);
     cJSON_Delete(root);
     return rc;
@@ -340,13 +317,11 @@ static int check_no_extra(const safetensors_file *f, const head_tensor *layout, 
 
 static specd_accept_head *load_from(const char *dir, safetensors_file **fp, specd_error *err) {
     char path[2048];
-    size_t len;
-    if (specd_path_join(path, sizeof path, dir, CONFIG, err)) return NULL;
-    char *text = specd_read_small_file(path, MAX_JSON_FILE, &len, err);
-    if (!text) return NULL;
-    specd_accept_head_config cfg;
-    int rc = specd_accept_head_parse_config(text, len, &cfg, err);
-    free(text);
+    cJSON *root = specd_hf_read_json(dir, CONFIG, MAX_JSON_FILE, err);
+    if (!root) return NULL;
+    specd_accept_head_config cfg = {0};
+    int rc = parse_config_object(root, &cfg, err);
+    cJSON_Delete(root);
     if (rc || specd_path_join(path, sizeof path, dir, WEIGHTS, err)) return NULL;
     if (!(*fp = safetensors_open(path, err))) {
         specd_preferr(err, WEIGHTS);

@@ -15,87 +15,30 @@
  * megabytes of weights). */
 #include "common/model/mlp_speculator.h"
 
-#include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/model/hf_dir.h"
 #include "common/model/safetensors.h"
+#include "common/util/json.h"
 #include "common/util/small_file.h"
 #include "kernels/backend.h"
 
-#define CONFIG "config.json"
-#define SINGLE_WEIGHTS "model.safetensors"
-#define SHARD_INDEX "model.safetensors.index.json"
+#define CONFIG SPECD_HF_CONFIG
 #define MAX_JSON_FILE (16u << 20) /* config/index files are KBs; larger = wrong file */
-#define MAX_SHARDS 256            /* a speculator is a few GB at most */
 #define NORM_EPS 1e-6f            /* the reference's LayerNormParameterized default */
 
 /* ---- config.json ------------------------------------------------------------- */
-
-static const char *json_type_name(const cJSON *item) {
-    if (!item) return "nothing";
-    if (cJSON_IsNull(item)) return "null";
-    if (cJSON_IsBool(item)) return "a boolean";
-    if (cJSON_IsNumber(item)) return "a number";
-    if (cJSON_IsString(item)) return "a string";
-    if (cJSON_IsArray(item)) return "an array";
-    if (cJSON_IsObject(item)) return "an object";
-    return "invalid";
-}
-
-/* A JSON null counts as absent, as transformers' config classes treat it. */
-static const cJSON *member(const cJSON *obj, const char *key) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsNull(item) ? NULL : item;
-}
-
-/* An integral JSON number in [lo, hi]; `key` names it in messages. */
-static int to_int_in(const cJSON *item, const char *key, int lo, int hi, int *out,
-                     specd_error *err) {
-    if (!cJSON_IsNumber(item))
-        return specd_seterr(err, CONFIG ": '%s' must be an integer, got %s", key,
-                            json_type_name(item));
-    double v = item->valuedouble;
-    if (v != floor(v) || !(v >= lo && v <= hi))
-        return specd_seterr(err, CONFIG ": '%s' = %g must be an integer in %d..%d", key, v, lo,
-                            hi);
-    *out = (int)v;
-    return 0;
-}
-
-static int get_int(const cJSON *root, const char *key, int required, int def, int lo, int hi,
-                   int *out, specd_error *err) {
-    const cJSON *item = member(root, key);
-    if (!item) {
-        if (required) return specd_seterr(err, CONFIG ": '%s' is missing", key);
-        *out = def;
-        return 0;
-    }
-    return to_int_in(item, key, lo, hi, out, err);
-}
-
-static int get_bool(const cJSON *root, const char *key, int *out, specd_error *err) {
-    const cJSON *item = member(root, key);
-    if (!item) {
-        *out = 0; /* both flags default to false in MLPSpeculatorConfig */
-        return 0;
-    }
-    if (!cJSON_IsBool(item))
-        return specd_seterr(err, CONFIG ": '%s' must be true or false, got %s", key,
-                            json_type_name(item));
-    *out = cJSON_IsTrue(item);
-    return 0;
-}
 
 /* top_k_tokens_per_head: one k per stage. The reference's config class
  * defaults it to [5, 4, 3] and asserts its length equals n_predict, so a
  * missing list is only valid for 3 stages. */
 static int get_top_k(const cJSON *root, specd_mlp_spec_config *c, specd_error *err) {
     static const char key[] = "top_k_tokens_per_head";
-    const cJSON *list = member(root, key);
+    const cJSON *list = specd_json_member(root, key);
     if (!list) {
         if (c->n_predict != 3)
             return specd_seterr(err, CONFIG ": '%s' is missing; its default [5, 4, 3] fits only "
@@ -106,7 +49,7 @@ static int get_top_k(const cJSON *root, specd_mlp_spec_config *c, specd_error *e
     }
     if (!cJSON_IsArray(list))
         return specd_seterr(err, CONFIG ": '%s' must be an array, got %s", key,
-                            json_type_name(list));
+                            specd_json_type_name(list));
     int n = cJSON_GetArraySize(list);
     if (n != c->n_predict)
         return specd_seterr(err, CONFIG ": '%s' has %d entries; n_predict is %d", key, n,
@@ -117,7 +60,7 @@ static int get_top_k(const cJSON *root, specd_mlp_spec_config *c, specd_error *e
     cJSON_ArrayForEach(k, list) {
         char name[64];
         snprintf(name, sizeof name, "%s[%d]", key, i);
-        if (to_int_in(k, name, 1, hi, &c->top_k[i], err)) return -1;
+        if (specd_json_to_int(k, CONFIG, name, 1, hi, &c->top_k[i], err)) return -1;
         i++;
     }
     return 0;
@@ -125,29 +68,29 @@ static int get_top_k(const cJSON *root, specd_mlp_spec_config *c, specd_error *e
 
 static int parse_config_object(const cJSON *root, specd_mlp_spec_config *c, specd_error *err) {
     if (!cJSON_IsObject(root)) return specd_seterr(err, CONFIG ": not a JSON object");
-    const cJSON *type = member(root, "model_type");
+    const cJSON *type = specd_json_member(root, "model_type");
     if (type && !cJSON_IsString(type))
         return specd_seterr(err, CONFIG ": 'model_type' must be a string, got %s",
-                            json_type_name(type));
+                            specd_json_type_name(type));
     if (type && strcmp(type->valuestring, "mlp_speculator") != 0)
         return specd_seterr(err, CONFIG ": model_type is '%.64s', not 'mlp_speculator'",
                             type->valuestring);
     int inner = 0;
-    if (get_int(root, "vocab_size", 1, 0, 1, SPECD_MLP_SPEC_MAX_VOCAB, &c->vocab_size, err) ||
-        get_int(root, "emb_dim", 1, 0, 1, SPECD_MLP_SPEC_MAX_DIM, &c->emb_dim, err) ||
-        get_int(root, "inner_dim", 0, 0, 0, SPECD_MLP_SPEC_MAX_DIM, &inner, err) ||
-        get_int(root, "n_predict", 1, 0, 1, SPECD_MLP_SPEC_MAX_PREDICT, &c->n_predict, err) ||
+    if (specd_json_int(root, CONFIG, "vocab_size", 1, 0, 1, SPECD_MLP_SPEC_MAX_VOCAB, &c->vocab_size, err) ||
+        specd_json_int(root, CONFIG, "emb_dim", 1, 0, 1, SPECD_MLP_SPEC_MAX_DIM, &c->emb_dim, err) ||
+        specd_json_int(root, CONFIG, "inner_dim", 0, 0, 0, SPECD_MLP_SPEC_MAX_DIM, &inner, err) ||
+        specd_json_int(root, CONFIG, "n_predict", 1, 0, 1, SPECD_MLP_SPEC_MAX_PREDICT, &c->n_predict, err) ||
         get_top_k(root, c, err) ||
-        get_int(root, "n_candidates", 0, 5, 1, SPECD_MLP_SPEC_MAX_CANDIDATES, &c->n_candidates,
+        specd_json_int(root, CONFIG, "n_candidates", 0, 5, 1, SPECD_MLP_SPEC_MAX_CANDIDATES, &c->n_candidates,
                 err) ||
-        get_bool(root, "tie_weights", &c->tie_weights, err) ||
-        get_bool(root, "scale_input", &c->scale_input, err))
+        specd_json_bool(root, CONFIG, "tie_weights", 0, &c->tie_weights, err) ||
+        specd_json_bool(root, CONFIG, "scale_input", 0, &c->scale_input, err))
         return -1;
     c->inner_dim = inner ? inner : c->emb_dim; /* the reference: 0 means emb_dim */
-    c->vocab_mapped = member(root, "target_vocab_size") != NULL;
+    c->vocab_mapped = specd_json_member(root, "target_vocab_size") != NULL;
     c->target_vocab_size = c->vocab_size;
     if (c->vocab_mapped) {
-        if (get_int(root, "target_vocab_size", 1, 0, 1, SPECD_MLP_SPEC_MAX_VOCAB,
+        if (specd_json_int(root, CONFIG, "target_vocab_size", 1, 0, 1, SPECD_MLP_SPEC_MAX_VOCAB,
                     &c->target_vocab_size, err))
             return -1;
         /* distinct target ids plus at most one "other" row */
@@ -167,11 +110,8 @@ static int parse_config_object(const cJSON *root, specd_mlp_spec_config *c, spec
 int specd_mlp_spec_parse_config(const char *json, size_t len, specd_mlp_spec_config *cfg,
                                 specd_error *err) {
     memset(cfg, 0, sizeof *cfg);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    if (!root)
-        return specd_seterr(err, CONFIG ": not valid JSON (error near byte %ld)",
-                            end ? (long)(end - json) : -1L);
+    cJSON *root = specd_json_parse(json, len, CONFIG, err);
+    if (!root) return -1;
     int rc = parse_config_object(root, cfg, err);
     cJSON_Delete(root);
     return rc;
@@ -179,101 +119,26 @@ int specd_mlp_spec_parse_config(const char *json, size_t len, specd_mlp_spec_con
 
 /* ---- files -------------------------------------------------------------------- */
 
-/* The weight files of one directory: a single model.safetensors (index ==
- * NULL), or the shards an index lists, opened in the order first named. */
-typedef struct weight_files {
-    safetensors_file *files[MAX_SHARDS];
-    char *names[MAX_SHARDS]; /* shard file names (sharded only) */
-    int n_files;
-    cJSON *index;            /* parsed index; its weight_map picks the shard */
-} weight_files;
-
-static void weight_files_close(weight_files *w) {
-    for (int i = 0; i < w->n_files; i++) {
-        safetensors_close(w->files[i]);
-        free(w->names[i]);
+/* One weight file (hf_dir.h opens model.safetensors or each shard through
+ * this), owned by its handle; errors name the file. */
+static safetensors_file *open_owned(void *ctx, const char *path, specd_error *err) {
+    (void)ctx;
+    safetensors_file *st = safetensors_open(path, err);
+    if (!st) {
+        const char *slash = strrchr(path, '/');
+        specd_preferr(err, "%s", slash ? slash + 1 : path);
     }
-    cJSON_Delete(w->index);
-    memset(w, 0, sizeof *w);
-}
-
-/* Opens every shard the weight_map names (each once). Shard names become
- * paths, so only plain file names in the directory are allowed. */
-static int open_sharded(weight_files *w, const char *dir, const char *index_path,
-                        specd_error *err) {
-    size_t len;
-    char *text = specd_read_small_file(index_path, MAX_JSON_FILE, &len, err);
-    if (!text) return -1;
-    const char *end = NULL;
-    w->index = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!w->index) {
-        specd_seterr(err, SHARD_INDEX ": not valid JSON (error near byte %ld)",
-                     end ? (long)(end - text) : -1L);
-        free(text);
-        return -1;
-    }
-    free(text);
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(w->index, "weight_map"), *e;
-    if (!cJSON_IsObject(map))
-        return specd_seterr(err, SHARD_INDEX ": 'weight_map' is missing or not an object");
-    cJSON_ArrayForEach(e, map) {
-        if (!cJSON_IsString(e))
-            return specd_seterr(err, SHARD_INDEX ": weight_map['%.64s'] must be a string",
-                                e->string);
-        const char *name = e->valuestring;
-        if (!name[0] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
-            return specd_seterr(err, SHARD_INDEX ": shard name '%.64s' is not a plain file name",
-                                name);
-        int known = 0;
-        for (int i = 0; i < w->n_files && !known; i++) known = !strcmp(w->names[i], name);
-        if (known) continue;
-        if (w->n_files == MAX_SHARDS)
-            return specd_seterr(err, SHARD_INDEX ": more than %d shards", MAX_SHARDS);
-        char path[2048];
-        if (specd_path_join(path, sizeof path, dir, name, err)) return -1;
-        safetensors_file *st = safetensors_open(path, err);
-        if (!st) return specd_preferr(err, "%s", name);
-        w->names[w->n_files] = strdup(name);
-        w->files[w->n_files++] = st;
-        if (!w->names[w->n_files - 1]) return specd_seterr(err, "out of memory");
-    }
-    return 0;
-}
-
-static int open_weights(weight_files *w, const char *dir, specd_error *err) {
-    char path[2048];
-    if (specd_path_join(path, sizeof path, dir, SHARD_INDEX, err)) return -1;
-    if (specd_is_regular_file(path)) return open_sharded(w, dir, path, err);
-    if (specd_path_join(path, sizeof path, dir, SINGLE_WEIGHTS, err)) return -1;
-    if (!specd_is_regular_file(path))
-        return specd_seterr(err, "no " SINGLE_WEIGHTS " or " SHARD_INDEX " (a pytorch_model.bin "
-                                 "checkpoint must be converted to safetensors first)");
-    w->files[0] = safetensors_open(path, err);
-    if (!w->files[0]) return specd_preferr(err, SINGLE_WEIGHTS);
-    w->n_files = 1;
-    return 0;
-}
-
-/* The stored tensor for `name`, NULL if absent. Sharded: only the shard the
- * index assigns it to counts. */
-static const safetensors_tensor *find_stored(const weight_files *w, const char *name) {
-    if (!w->index) return safetensors_find(w->files[0], name);
-    const cJSON *map = cJSON_GetObjectItemCaseSensitive(w->index, "weight_map");
-    const cJSON *shard = cJSON_GetObjectItemCaseSensitive(map, name);
-    if (!cJSON_IsString(shard)) return NULL;
-    for (int i = 0; i < w->n_files; i++)
-        if (!strcmp(w->names[i], shard->valuestring)) return safetensors_find(w->files[i], name);
-    return NULL;
+    return st;
 }
 
 /* IBM's checkpoints name tensors "speculator.emb.0.weight" (the module's
  * attribute path inside fms-extras' wrapper); vLLM strips the prefix, and
  * re-saved checkpoints may lack it. Both spellings are accepted. */
-static const safetensors_tensor *find_tensor(const weight_files *w, const char *short_name) {
+static const safetensors_tensor *find_tensor(const specd_hf_weights *w, const char *short_name) {
     char full[128];
     snprintf(full, sizeof full, "speculator.%s", short_name);
-    const safetensors_tensor *t = find_stored(w, full);
-    return t ? t : find_stored(w, short_name);
+    const safetensors_tensor *t = specd_hf_weights_find(w, full);
+    return t ? t : specd_hf_weights_find(w, short_name);
 }
 
 /* ---- the model ---------------------------------------------------------------- */
@@ -281,7 +146,7 @@ static const safetensors_tensor *find_tensor(const weight_files *w, const char *
 struct specd_mlp_speculator {
     specd_mlp_spec_config cfg;
     specd_backend *be;
-    weight_files files;
+    specd_hf_weights files;
     /* Per stage. With tie_weights several stages point at one tensor; the
      * tables below are indexed by stage either way. */
     specd_tensor t_emb[SPECD_MLP_SPEC_MAX_PREDICT], t_proj[SPECD_MLP_SPEC_MAX_PREDICT],
@@ -517,13 +382,11 @@ static int bind_vocab_map(specd_mlp_speculator *sp, specd_error *err) {
 }
 
 static int load_config_file(specd_mlp_speculator *sp, const char *dir, specd_error *err) {
-    char path[2048];
-    if (specd_path_join(path, sizeof path, dir, CONFIG, err)) return -1;
-    size_t len;
-    char *text = specd_read_small_file(path, MAX_JSON_FILE, &len, err);
-    if (!text) return -1;
-    int rc = specd_mlp_spec_parse_config(text, len, &sp->cfg, err);
-    free(text);
+    memset(&sp->cfg, 0, sizeof sp->cfg);
+    cJSON *root = specd_hf_read_json(dir, CONFIG, MAX_JSON_FILE, err);
+    if (!root) return -1;
+    int rc = parse_config_object(root, &sp->cfg, err);
+    cJSON_Delete(root);
     return rc;
 }
 
@@ -541,7 +404,7 @@ specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
         specd_seterr(err, "mlp speculator: out of memory");
         return NULL;
     }
-    if (load_config_file(sp, dir, err) || open_weights(&sp->files, dir, err) ||
+    if (load_config_file(sp, dir, err) || specd_hf_weights_open(&sp->files, dir, open_owned, NULL, err) ||
         !(sp->be = specd_backend_create(backend, err)) || bind_weights(sp, err) ||
         bind_vocab_map(sp, err)) {
         specd_preferr(err, "mlp speculator %s", dir);
@@ -582,7 +445,7 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
             if (dev[i]) sp->be->ops->free(sp->be, dev[i]);
         sp->be->ops->destroy(sp->be);
     }
-    weight_files_close(&sp->files);
+    specd_hf_weights_close(&sp->files);
     free(sp->draft_to_target);
     free(sp->target_to_draft);
     free(sp->x_scaled);
