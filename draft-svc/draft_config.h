@@ -27,7 +27,7 @@ typedef struct specd_draft_cfg {
     struct {
         specd_cfg_strlist load_table;
         int64_t off_above;
-        double min_acceptance;
+        double min_acceptance, ewma_alpha;
         int64_t warmup_steps, cooldown_steps;
         struct { double threshold; int64_t min_depth; } adaptive;
         bool sampled_load_aware;
@@ -48,8 +48,8 @@ typedef struct specd_draft_cfg {
     struct { int format; } log;
 } specd_draft_cfg;
 
-/* `drafter.default` choices, in the order of service.h's drafter indices. */
-extern const char *const specd_draft_default_choices[];
+/* `drafter.default` choices: specd_drafter_names (service.h), the one
+ * list of drafter names. */
 /* Names of drafter.mlp.backend, indexed by its value. */
 extern const char *const specd_draft_backends[];
 extern const specd_cfg_field specd_draft_cfg_fields[];
