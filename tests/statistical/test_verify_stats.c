@@ -31,8 +31,8 @@
 
 #include "common/model/transformer.h"
 #include "common/spec/verify.h"
-#include "tests/stats_util.h"
-#include "tests/test_util.h"
+#include "tests/harness/stats.h"
+#include "tests/harness/test_util.h"
 
 #define ALPHA 1e-4
 #ifndef TRIALS

@@ -28,7 +28,7 @@
 #include "common/model/accept_head.h"
 #include "common/model/mlp_speculator.h"
 #include "common/model/transformer.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/accept_data.h"
 #include "tools/train/accept_train.h"
 

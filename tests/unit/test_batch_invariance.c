@@ -22,7 +22,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "common/model/transformer.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define NP 23   /* prompt tokens */
 #define NOTH 37 /* the other session's prefill */

@@ -22,7 +22,7 @@
 #include "common/util/config.h"
 #include "draft-svc/draft_config.h"
 #include "target-svc/target_config.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 /* ---- the test schema ---------------------------------------------------- */
 

@@ -27,8 +27,8 @@
 #include "common/util/rng.h"
 #include "draft-svc/drafter.h"
 #include "common/model/transformer.h"
-#include "tests/golden/golden.h"
-#include "tests/test_util.h"
+#include "tests/harness/golden.h"
+#include "tests/harness/test_util.h"
 
 enum { MAXH = 1400, CAP = 64 };
 

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "common/model/gguf.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 /* ---- a tiny GGUF writer ----------------------------------------------------- */
 

@@ -27,7 +27,7 @@
 #include "common/util/rng.h"
 #include "common/model/kv_pool.h"
 #include "target-svc/scheduler.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define R SPECD_KV_PAGE_ROWS
 

@@ -33,7 +33,7 @@
 #include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 /* ---- random valid weights ---------------------------------------------- */
 

@@ -20,7 +20,7 @@
 #include "common/rpc/metrics.h"
 #include "common/rpc/metrics_http.h"
 #include "common/rpc/request_log.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 static void test_render_exact(void **state) {
     (void)state;

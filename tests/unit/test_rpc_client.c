@@ -38,7 +38,7 @@
 #include "common/rpc/rpc_client.h"
 #include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define ECHO "/specd.testing.Echo/"
 /* Upper bound on any wait: far above what a step needs, far below ctest's

@@ -17,7 +17,7 @@
 
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_write.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 typedef struct image {
     uint8_t *p;

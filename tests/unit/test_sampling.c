@@ -24,7 +24,7 @@
 
 #include "common/util/rng.h"
 #include "common/spec/sampling.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define VOCAB 49152
 

@@ -33,7 +33,7 @@
 #include "common/util/small_file.h"
 #include "draft-svc/drafter.h"
 #include "common/model/mlp_speculator.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/nn.h"
 #include "tools/train/spec_model.h"
 

@@ -23,7 +23,7 @@
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define N_GEN 24
 #define MAX_TREE 8

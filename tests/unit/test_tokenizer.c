@@ -24,7 +24,7 @@
 #include "common/model/gguf.h"
 #include "common/text/tokenizer.h"
 #include "common/util/utf8.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define GGUF_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SMOLLM2_JSON "tests/golden/tokenizer/smollm2_tokenizer.json"

@@ -1,5 +1,5 @@
 /* svc_util.c - see svc_util.h. */
-#include "tests/svc_util.h"
+#include "tests/harness/svc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,8 +21,11 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 
+#include "common/util/config.h"
+#include "draft-svc/draft_config.h"
+#include "draft-svc/draft_opts.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define MAX_KIDS 8
 static pid_t kids[MAX_KIDS];
@@ -211,11 +214,22 @@ int svc_health(specd_rpc_channel *ch, const char *service) {
 
 void svc_policy(specd_policy *p, char *const *table, int n) {
     specd_error err = {{0}};
-    memset(p, 0, sizeof *p);
+    specd_draft_cfg c;
+    specd_draft_opts o;
+    if (specd_config_defaults(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &c, &err) ||
+        specd_draft_opts_from_config(&c, &o, &err))
+        fail_msg("%s", err.msg);
+    specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &c);
+    *p = o.policy;
+    p->n_rules = 0;
     if (specd_policy_parse_table(p, table, n, "load_table", &err)) fail_msg("%s", err.msg);
-    p->off_above = 32;
-    p->min_acceptance = 0.1;
-    p->warmup_steps = 4;
-    p->cooldown_steps = 16;
-    p->ewma_alpha = 0.2;
+}
+
+double svc_wait_health(specd_rpc_channel *ch, const char *service, int want, int limit_ms) {
+    double t0 = svc_now_ms();
+    while (svc_now_ms() - t0 < limit_ms) {
+        if (svc_health(ch, service) == want) return svc_now_ms() - t0;
+        svc_sleep_ms(20);
+    }
+    return -1;
 }

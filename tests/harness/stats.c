@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "stats_util.h"
+#include "tests/harness/stats.h"
 
 /* --- chi-square machinery -------------------------------------------------- */
 

@@ -1,5 +1,5 @@
 /* test_util.c - see test_util.h. */
-#include "test_util.h"
+#include "tests/harness/test_util.h"
 
 #include <arpa/inet.h>
 #include <limits.h>

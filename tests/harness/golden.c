@@ -1,12 +1,21 @@
 /* golden.c - loader for tests/golden/data/<set>/reference.json (see golden.h). */
-#include "tests/golden/golden.h"
+#include "tests/harness/golden.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <string.h>
+
+#include <cmocka.h>
+
+#include "common/model/model_file.h"
+#include "common/model/transformer.h"
+#include "common/spec/sampling.h"
 
 #define GOLDEN_SCHEMA "specd-golden/1"
 #define GOLDEN_MAX_JSON (64u << 20)
@@ -565,4 +574,32 @@ int golden_greedy_first_diff(const golden_case *c, const int32_t *got, int n) {
     for (int i = 0; i < m; i++)
         if (got[i] != c->greedy[i]) return i;
     return -1;
+}
+
+void golden_plain_greedy(const char *model, int ctx, const int32_t *prompt, int n_prompt,
+                         int n_gen, int32_t *out) {
+    specd_error err = {{0}};
+    specd_model_file *m = specd_model_open(model, &err);
+    if (!m) fail_msg("%s", err.msg);
+    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 1,
+                                 .max_ctx = ctx, .max_batch = 64};
+    specd_transformer *t = specd_transformer_create(m, &to, &err);
+    if (!t) fail_msg("%s", err.msg);
+    int vocab = m->hp.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    int32_t last = n_prompt - 1, zero = 0;
+    specd_seq_input in = {.slot = 0, .n_past = 0, .n_new = n_prompt};
+    specd_batch b = {.n_tokens = n_prompt, .tokens = (int32_t *)prompt, .n_seqs = 1, .seqs = &in,
+                     .n_out = 1, .out_rows = &last, .logits = logits};
+    assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
+    for (int g = 0; g < n_gen; g++) {
+        out[g] = specd_argmax(logits, vocab);
+        in = (specd_seq_input){.slot = 0, .n_past = n_prompt + g, .n_new = 1};
+        b = (specd_batch){.n_tokens = 1, .tokens = &out[g], .n_seqs = 1, .seqs = &in,
+                          .n_out = 1, .out_rows = &zero, .logits = logits};
+        assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
+    }
+    free(logits);
+    specd_transformer_free(t);
+    specd_model_close(m);
 }

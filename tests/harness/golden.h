@@ -121,4 +121,10 @@ int golden_within(const golden_diff *d, double rel);
  * near-tie, not a bug: see tests/golden/README.md. */
 int golden_greedy_first_diff(const golden_case *c, const int32_t *got, int n);
 
+/* The reference a service must match: plain greedy decoding of n_gen tokens
+ * after prompt[n_prompt] on a transformer of its own (CPU, one thread, one
+ * slot of ctx rows). Fails the test on any error. */
+void golden_plain_greedy(const char *model, int ctx, const int32_t *prompt, int n_prompt,
+                         int n_gen, int32_t *out);
+
 #endif
