@@ -19,6 +19,8 @@
 
 /* GetInfo.version: the one specd version (CMake project VERSION) */
 #include "common/util/version.h"
+#include "specd.pb-c.h"
+#include "target-svc/session.h"
 
 typedef struct specd_target_service specd_target_service;
 
@@ -52,5 +54,12 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
 
 /* After the server has shut down (no handler running). NULL is a no-op. */
 void specd_target_service_free(specd_target_service *svc);
+
+/* A Verify Open into the session (session.h): the protobuf message
+ * converted to specd_session_open_req once, here, then
+ * specd_session_check_open, the sampling parameters, and
+ * specd_session_open_plain. The same statuses and messages. */
+grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
+                                    const char *field, specd_error *err);
 
 #endif

@@ -35,6 +35,7 @@
 #include "common/rpc/ipc_caps.h"
 #include "kernels/ipc.h"
 #include "specd.pb-c.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
 
 #define HIDDEN 96

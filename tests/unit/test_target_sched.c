@@ -22,6 +22,7 @@
 
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
 #include "tests/harness/test_util.h"
 

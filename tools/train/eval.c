@@ -11,6 +11,7 @@
 #include "common/util/dtype.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
 #include "common/model/transformer.h"
 
