@@ -1,4 +1,4 @@
-/* stats_util.c - see stats_util.h. */
+/* stats.c - see stats.h. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

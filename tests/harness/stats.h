@@ -1,4 +1,4 @@
-/* stats_util.h - chi-square goodness of fit for the statistical tests. */
+/* stats.h - chi-square goodness of fit for the statistical tests. */
 #ifndef SPECD_STATS_UTIL_H
 #define SPECD_STATS_UTIL_H
 

@@ -1,4 +1,4 @@
-/* svc_util.c - see svc_util.h. */
+/* svc.c - see svc.h. */
 #include "tests/harness/svc.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* svc_util.h - helpers for tests that run the services: target-svc child
+/* svc.h - helpers for tests that run the services: target-svc child
  * processes (to SIGKILL / SIGSTOP), free ports, channels, and a
  * Generate call collected into one result, in the foreground or on a
  * thread of its own. Shared by test_reliability.c and test_draft_svc.c. */
