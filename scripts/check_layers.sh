@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # check_layers.sh - fails on any edge upwards between the layers
-# (docs/ARCHITECTURE.md, "Layers"). Two views of the same rule:
+# (docs/ARCHITECTURE.md, "Folders and libraries"). Two views of the same rule:
 #
 #  1. the link graph, from `cmake --graphviz` on a scratch configure of the
 #     tree: no library of a layer reaches (directly or through others) a
@@ -38,6 +38,11 @@ WIRE_LIBS='^(specd_proto|PkgConfig::GRPC|PkgConfig::PROTOBUF_C|PkgConfig::MHD)$|
 WIRE_HEADERS='\.pb-c\.h"|[<"]grpc/|[<"]protobuf-c/|microhttpd\.h'
 
 fail=0
+
+# `upward A B`: true when layer B is above layer A, or a sibling of it
+upward() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(int(b) > int(a) || (b != a && int(b) == int(a))) }'; }
+# `below_wire A`: true when layer A may not touch gRPC/protobuf-c/microhttpd
+below_wire() { awk -v a="$1" -v w="$WIRE_RANK" 'BEGIN { exit !(int(a) < w) }'; }
 
 # --- 1. the link graph ---------------------------------------------------
 scratch="${1:-}"
@@ -90,13 +95,11 @@ for l in $LAYERS; do
   grep -q "^$lib	" "$scratch/edges.tsv" || { echo "check_layers: $lib is not in the graph" >&2; fail=1; continue; }
   while read -r dep; do
     drank=$(rank_of_lib "$dep")
-    if [ -n "$drank" ] && [ "$dep" != "$lib" ] &&
-       awk -v a="$rank" -v b="$drank" 'BEGIN { exit !(int(b) > int(a) || (b != a && int(b) == int(a))) }'; then
+    if [ -n "$drank" ] && [ "$dep" != "$lib" ] && upward "$rank" "$drank"; then
       echo "check_layers: link edge upwards: $lib (layer $rank) reaches $dep (layer $drank)" >&2
       fail=1
     fi
-    if awk -v a="$rank" -v w="$WIRE_RANK" 'BEGIN { exit !(int(a) < w) }' &&
-       echo "$dep" | grep -Eq "$WIRE_LIBS"; then
+    if below_wire "$rank" && echo "$dep" | grep -Eq "$WIRE_LIBS"; then
       echo "check_layers: $lib (layer $rank) links the wire layer: $dep" >&2
       fail=1
     fi
@@ -124,13 +127,11 @@ for l in $LAYERS; do
     [ -n "$inc" ] || continue
     # a layer's own files may include each other; tools/train is inside tools/
     irank=$(rank_of_path "$inc")
-    if [ -n "$irank" ] &&
-       awk -v a="$rank" -v b="$irank" 'BEGIN { exit !(int(b) > int(a) || (b != a && int(b) == int(a))) }'; then
+    if [ -n "$irank" ] && upward "$rank" "$irank"; then
       echo "check_layers: include upwards: $file (layer $rank) includes $inc (layer $irank)" >&2
       fail=1
     fi
-    if awk -v a="$rank" -v w="$WIRE_RANK" 'BEGIN { exit !(int(a) < w) }' &&
-       echo "$hit" | grep -Eq "$WIRE_HEADERS"; then
+    if below_wire "$rank" && echo "$hit" | grep -Eq "$WIRE_HEADERS"; then
       echo "check_layers: $file (layer $rank) includes a wire header: $inc" >&2
       fail=1
     fi
@@ -139,7 +140,7 @@ for l in $LAYERS; do
 done
 
 if [ "$fail" -ne 0 ]; then
-  echo "check_layers: FAILED (see docs/ARCHITECTURE.md, Layers)" >&2
+  echo "check_layers: FAILED (see docs/ARCHITECTURE.md, "Folders and libraries")" >&2
   exit 1
 fi
 echo "check_layers: OK (no link or include edge upwards; nothing below common/rpc touches gRPC, protobuf-c or microhttpd)"
