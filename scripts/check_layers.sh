@@ -140,7 +140,7 @@ for l in $LAYERS; do
 done
 
 if [ "$fail" -ne 0 ]; then
-  echo "check_layers: FAILED (see docs/ARCHITECTURE.md, "Folders and libraries")" >&2
+  echo "check_layers: FAILED (see docs/ARCHITECTURE.md, 'Folders and libraries')" >&2
   exit 1
 fi
 echo "check_layers: OK (no link or include edge upwards; nothing below common/rpc touches gRPC, protobuf-c or microhttpd)"
