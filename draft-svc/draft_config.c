@@ -1,9 +1,9 @@
 /* draft_config.c - see draft_config.h. */
 #include "draft-svc/draft_config.h"
 
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
+#include "draft-svc/service.h" /* specd_drafter_names: the drafter registry */
 
-const char *const specd_draft_default_choices[] = {"mlp", "draft_lm", "ngram", "none", NULL};
 const char *const specd_draft_backends[] = {"cpu", "cuda", NULL};
 const char *const specd_speculation_trees[] = {"cost", "table", NULL};
 
@@ -21,7 +21,7 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("targets", SPECD_CFG_STRLIST, targets, "127.0.0.1:50052",
       "target-svc addresses: host:port, or dns:NAME:PORT for every address of a name"),
     F("drafter.default", SPECD_CFG_ENUM, drafter.def, "ngram",
-      "drafter for requests that name none", .choices = specd_draft_default_choices),
+      "drafter for requests that name none", .choices = specd_drafter_names),
     F("drafter.mlp.path", SPECD_CFG_STRING, drafter.mlp.path, NULL,
       "MLPSpeculator directory (config.json + safetensors); unset = not offered"),
     F("drafter.mlp.accept_head", SPECD_CFG_STRING, drafter.mlp.accept_head, NULL,
@@ -74,6 +74,9 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "drafted steps before the collapse rule may fire", .min = 0, .max = 1 << 20),
     F("speculation.cooldown_steps", SPECD_CFG_INT64, speculation.cooldown_steps, "16",
       "plain steps after a collapse", .min = 1, .max = 1 << 20),
+    F("speculation.ewma_alpha", SPECD_CFG_DOUBLE, speculation.ewma_alpha, "0.2",
+      "weight of the newest step in the smoothed accepted/drafted ratio", .fmin = 0.001,
+      .fmax = 1),
     F("speculation.adaptive.threshold", SPECD_CFG_DOUBLE, speculation.adaptive.threshold, "0",
       "mlp with an accept_head: a path stops growing once the head's chance that some token "
       "on it is rejected exceeds this (0 = off: every path gets the full depth)", .fmin = 0,

@@ -27,8 +27,8 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/sampling.h"
+#include "common/util/error.h"
+#include "common/spec/sampling.h"
 #include "draft-svc/tree_builder.h"
 
 /* Drafters draw with seed ^ SPECD_DRAFT_RNG_SALT, stream = output index of

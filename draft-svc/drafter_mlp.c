@@ -70,10 +70,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rng.h"
-#include "draft-svc/accept_head.h"
+#include "common/util/rng.h"
+#include "common/model/accept_head.h"
 #include "draft-svc/drafter.h"
-#include "draft-svc/mlp_speculator.h"
+#include "common/model/mlp_speculator.h"
 
 #define MLP_DEFAULT_MAX_BATCH 64
 #define MLP_MAX_DEPTH SPECD_MLP_SPEC_MAX_PREDICT

@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/admission.h"
-#include "common/dtype.h"
-#include "common/ipc_caps.h"
+#include "common/rpc/admission.h"
+#include "common/util/dtype.h"
+#include "common/rpc/ipc_caps.h"
 #include "kernels/ipc.h"
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 #include "draft-svc/draft_metrics.h"
 
 /* ---- cancellation ------------------------------------------------------------ */

@@ -43,7 +43,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "common/step_cost.h"
+#include "common/spec/step_cost.h"
 #include "draft-svc/tree_builder.h"
 
 #define SPECD_CALIB_DEPTHS 8 /* deeper nodes share the last row */

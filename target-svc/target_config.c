@@ -2,7 +2,7 @@
 #include "target_config.h"
 
 #include "kernels/backend.h"
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 
 const char *const specd_target_backends[] = {"cpu", "cuda", NULL};
 
@@ -28,7 +28,7 @@ const specd_cfg_field specd_target_cfg_fields[] = {
                     limits.max_prompt_tokens, "4096", "longest prompt, in tokens", .min = 1,
                     .max = 1 << 24),
     /* The same two limits, defaults and words as draft-svc's (Generate is
-     * served by both, common/admission.h). */
+     * served by both, common/rpc/admission.h). */
     SPECD_CFG_FIELD("limits.max_new_tokens", SPECD_CFG_INT64, specd_target_cfg,
                     limits.max_new_tokens, "4096", "most tokens a Generate request may ask for",
                     .min = 1, .max = 1 << 24),

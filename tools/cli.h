@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/sampling.h"
+#include "common/spec/sampling.h"
 #include "specd.pb-c.h"
 
 int cmd_generate(int argc, char **argv);

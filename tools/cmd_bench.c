@@ -30,11 +30,11 @@
 
 #include "bench_shapes.h"
 #include "cli.h"
-#include "common/rng.h"
-#include "common/sampling.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 static void bench_usage(void) {
     printf("usage: specd bench [options]\n"

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "common/version.h"
+#include "common/util/version.h"
 
 #include "kernels/backend.h"
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/sampling.h"
+#include "common/spec/sampling.h"
 #include "kernels/backend.h"
 #include "matmul.h"
 #include "qmatmul.h"
@@ -426,7 +426,7 @@ static void cpu_gather_out(specd_backend *be, float *dst, const float *src, int 
                sizeof(float) * width);
 }
 
-/* specd_argmax's rule (common/sampling.c): first of equal maxima, NaN never
+/* specd_argmax's rule (common/spec/sampling.c): first of equal maxima, NaN never
  * wins; the CUDA kernel's twin. */
 static void cpu_argmax(specd_backend *be, int32_t *ids, const float *x, int n_rows, int width) {
     cpu_argmax_rows(cpu(be)->pool, ids, x, n_rows, width);

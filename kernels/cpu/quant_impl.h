@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "qmatmul.h"
 
 /* Block structs, byte-exact copies of GGML's layouts (the file format). All

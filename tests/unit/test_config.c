@@ -1,4 +1,4 @@
-/* test_config.c - the schema-driven configuration loader (common/config.h).
+/* test_config.c - the schema-driven configuration loader (common/util/config.h).
  *
  * One representative schema (every field type, two nested sections, a
  * secret) is loaded from YAML buffers, files and flags. Error cases assert
@@ -19,10 +19,10 @@
 
 #include <cmocka.h>
 
-#include "common/config.h"
+#include "common/util/config.h"
 #include "draft-svc/draft_config.h"
 #include "target-svc/target_config.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 /* ---- the test schema ---------------------------------------------------- */
 
