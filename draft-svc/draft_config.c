@@ -50,6 +50,16 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "longest n-gram matched (tried first)", .min = 1, .max = 64),
     F("drafter.ngram.max_scan", SPECD_CFG_INT64, drafter.ngram.max_scan, "8192",
       "history tokens searched for a match", .min = 1, .max = 1 << 24),
+    /* suffix decoding (drafter_ngram.c, suffix_tree.h) */
+    F("drafter.ngram.min_prob", SPECD_CFG_DOUBLE, drafter.ngram.min_prob, "0.02",
+      "greedy requests: smallest estimated probability (smoothed counts along the path) of a "
+      "drafted token; lower drafts bigger trees", .fmin = 0.001, .fmax = 1),
+    F("speculation.suffix_cache.shared", SPECD_CFG_BOOL, speculation.suffix_cache.shared, "false",
+      "ngram: finished requests' outputs (never prompts) go into one cache that every request "
+      "drafts from; false = a request drafts from its own prompt and output only"),
+    F("speculation.suffix_cache.max_tokens", SPECD_CFG_INT64, speculation.suffix_cache.max_tokens,
+      "65536", "tokens the shared cache holds (at most 32 trie nodes of 16 bytes a token); the "
+      "oldest requests are evicted first", .min = 1, .max = 1 << 22),
     F("speculation.tree", SPECD_CFG_ENUM, speculation.tree, "cost",
       "how greedy requests size their trees: cost (draft up to max_shape, verify the part "
       "that maximizes expected tokens per unit of target time, measured; nothing when "

@@ -22,7 +22,7 @@ typedef struct specd_draft_cfg {
         int def;
         struct { char *path, *accept_head; int backend; int64_t device; bool quantize; } mlp;
         struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
-        struct { bool enabled; int64_t min_n, max_n, max_scan; } ngram;
+        struct { bool enabled; int64_t min_n, max_n, max_scan; double min_prob; } ngram;
     } drafter;
     struct {
         int tree;        /* specd_speculation_trees: 0 cost, 1 table */
@@ -33,6 +33,7 @@ typedef struct specd_draft_cfg {
         int64_t warmup_steps, cooldown_steps;
         struct { double threshold; int64_t min_depth; } adaptive;
         bool sampled_load_aware;
+        struct { int64_t max_tokens; bool shared; } suffix_cache; /* ngram's shared cache */
     } speculation;
     struct {
         int64_t max_prompt_tokens, max_new_tokens, default_max_new_tokens, max_tree_tokens;

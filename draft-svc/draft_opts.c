@@ -51,7 +51,10 @@ void specd_ngram_opts_from_config(const specd_draft_cfg *c, int vocab,
     *no = (specd_ngram_drafter_opts){.vocab = vocab,
                                      .min_n = (int)c->drafter.ngram.min_n,
                                      .max_n = (int)c->drafter.ngram.max_n,
-                                     .max_scan = (int)c->drafter.ngram.max_scan};
+                                     .max_scan = (int)c->drafter.ngram.max_scan,
+                                     .min_prob = (float)c->drafter.ngram.min_prob,
+                                     .shared = c->speculation.suffix_cache.shared,
+                                     .cache_max_tokens = c->speculation.suffix_cache.max_tokens};
 }
 
 void specd_draft_server_opts_from_config(const specd_draft_cfg *c, specd_rpc_server_opts *ro) {

@@ -8,8 +8,10 @@
  *             stage per draft position. Needs hidden states from the target.
  *   draft_lm  a small Llama-family model with the target's tokenizer, run by
  *             the same transformer code, with its own KV cache per session.
- *   ngram     prompt lookup: the continuation after the latest earlier
- *             occurrence of the text's last few tokens. No model.
+ *   ngram     prompt lookup / suffix decoding: what followed the text's
+ *             last tokens before, in this request's prompt and output and
+ *             (when the operator shares it) in recent requests' outputs,
+ *             weighted by how often. No model.
  *
  * Batching: propose() takes every session that is ready at once (the session
  * driver's batcher gathers them), so N concurrent streams cost one
@@ -130,6 +132,17 @@ typedef struct specd_ngram_drafter_opts {
     int vocab;
     int min_n, max_n;   /* n-gram lengths tried, longest first; default 1..4 */
     int max_scan;       /* history tokens searched backwards; default 8192 */
+    /* Suffix decoding (greedy requests with a session; drafter_ngram.c):
+     * min_prob: smallest path probability a drafted node may have (0 = the
+     * default, 0.02). shared: finished requests' outputs go into one
+     * deployment-wide suffix cache that every request drafts from (off: a
+     * request drafts from its own prompt and output only). cache_max_tokens:
+     * that cache's cap in tokens, oldest requests evicted first (0 = the
+     * default, 65536). depth: longest string the suffix trees hold (0 = 32). */
+    float min_prob;
+    int shared;
+    int64_t cache_max_tokens;
+    int depth;
 } specd_ngram_drafter_opts;
 specd_drafter *specd_ngram_drafter_create(const specd_ngram_drafter_opts *o, specd_error *err);
 

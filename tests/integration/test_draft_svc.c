@@ -715,6 +715,75 @@ static void test_tiny_ngram_tau(void **state) {
     free(got);
 }
 
+/* Suffix decoding with the shared cache (speculation.suffix_cache.shared):
+ * draft-svc restarted with an ngram drafter that shares finished outputs
+ * through a small cache (so it also evicts while the test runs). Every
+ * request, every shape, every round stays token-identical to plain
+ * decoding; and a request repeated after it finished drafts from its own
+ * earlier output, so later rounds accept more than the first. */
+static void test_tiny_suffix_shared_lossless(void **state) {
+    (void)state;
+    draft_down(&T);
+    specd_drafter *own = T.drafters[SPECD_DRAFTER_NGRAM];
+    specd_error err = {{0}};
+    specd_ngram_drafter_opts no = {.vocab = T.vocab, .shared = 1, .cache_max_tokens = 120};
+    T.drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, &err);
+    if (!T.drafters[SPECD_DRAFTER_NGRAM]) fail_msg("%s", err.msg);
+    const char *targets[] = {T.taddr};
+    draft_up(&T, targets, 1, 2);
+
+    const int32_t *prompts[] = {P0, P1, P_REP};
+    const int n_prompts[] = {NELEM(P0), NELEM(P1), NELEM(P_REP)};
+    gen_out *ref[3], *got = malloc(sizeof *got);
+    reqb b;
+    for (int p = 0; p < 3; p++) {
+        ref[p] = malloc(sizeof *ref[p]);
+        req_ids(&b, prompts[p], n_prompts[p], 40);
+        b.r.ignore_eos = 1;
+        target_gen(&T, &b, ref[p]);
+        assert_int_equal(ref[p]->code, GRPC_STATUS_OK);
+    }
+    int accepted[3] = {0}; /* per round, on the two non-repetitive prompts */
+    /* 120 tokens hold the last three requests' outputs: a prompt's next
+     * shape finds the previous shape's output (the same text) cached, and
+     * the cache evicts all along */
+    for (int round = 0; round < 3; round++)
+        for (int p = 0; p < 3; p++)
+            for (int s = 0; s < NELEM(SHAPES); s++) {
+                req_ids(&b, prompts[p], n_prompts[p], 40);
+                b.r.ignore_eos = 1;
+                req_drafter(&b, "ngram", SHAPES[s].candidates, SHAPES[s].depth);
+                draft_gen(&T, &b, got);
+                char what[128];
+                snprintf(what, sizeof what, "shared suffix cache, round %d, prompt %d, %dx%d",
+                         round, p, SHAPES[s].candidates, SHAPES[s].depth);
+                expect_same(got, ref[p], what);
+                expect_stats(got, n_prompts[p], "ngram", what);
+                if (p < 2) accepted[round] += got->accepted_tokens;
+            }
+    /* The same requests on the per-request drafter (sharing off). */
+    draft_down(&T);
+    specd_drafter_free(T.drafters[SPECD_DRAFTER_NGRAM]);
+    T.drafters[SPECD_DRAFTER_NGRAM] = own;
+    draft_up(&T, targets, 1, 2);
+    int alone = 0;
+    for (int p = 0; p < 2; p++)
+        for (int s = 0; s < NELEM(SHAPES); s++) {
+            req_ids(&b, prompts[p], n_prompts[p], 40);
+            b.r.ignore_eos = 1;
+            req_drafter(&b, "ngram", SHAPES[s].candidates, SHAPES[s].depth);
+            draft_gen(&T, &b, got);
+            expect_same(got, ref[p], "per-request suffix tree");
+            alone += got->accepted_tokens;
+        }
+    printf("  prompts 0-1, every shape: %d, %d, %d tokens accepted in rounds 1-3 with the "
+           "shared cache, %d without\n", accepted[0], accepted[1], accepted[2], alone);
+    /* the same prompt's output, cached from the request before, drafts it */
+    for (int r = 0; r < 3; r++) assert_true(accepted[r] > 2 * alone + 20);
+    for (int p = 0; p < 3; p++) free(ref[p]);
+    free(got);
+}
+
 /* SpecDec++ adaptive length through the service: a request's stop_threshold
  * reaches the mlp drafter (with the p = 0.5 head, 0.3 stops every path at
  * depth 1, 0.6 at depth 2; negative or 0 = the server's default, off, is
@@ -1488,6 +1557,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_max_new_small),
         cmocka_unit_test(test_tiny_stop_ids),
         cmocka_unit_test(test_tiny_ngram_tau),
+        cmocka_unit_test(test_tiny_suffix_shared_lossless),
         cmocka_unit_test(test_tiny_adaptive_length),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cancel),

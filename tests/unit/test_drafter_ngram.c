@@ -1,4 +1,5 @@
-/* test_drafter_ngram.c - prompt lookup decoding (draft-svc/drafter_ngram.c):
+/* test_drafter_ngram.c - prompt lookup decoding (draft-svc/drafter_ngram.c)
+ * without a session (its suffix-decoding mode: test_suffix_tree.c):
  * what it finds, how it ranks and merges matches into a tree, how it stays
  * inside the tree buffer, the sampling-mode chain with one-hot q, and that
  * it never looks further back than max_scan or before the history's start. */
@@ -314,10 +315,13 @@ static void test_batch_and_defaults(void **state) {
     assert_string_equal(f->d->ops->name, "ngram");
     assert_int_equal(f->d->vocab, VOCAB);
     assert_int_equal(f->d->hidden_size, 0);
-    void *st = (void *)1;
+    /* a session holds the request's suffix tree (test_suffix_tree.c);
+     * the jobs below run without one: the stateless lookup */
+    void *st = NULL;
     specd_error err = {{0}};
     assert_int_equal(specd_drafter_session_open(f->d, &st, &err), 0);
-    assert_null(st);
+    assert_non_null(st);
+    specd_drafter_session_close(f->d, st);
     /* several jobs in one call, each its own tree */
     const int32_t a[] = {1, 2, 3, 1}, b[] = {5, 6, 5};
     specd_tree_buf o2;
