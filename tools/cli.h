@@ -25,6 +25,9 @@ int cmd_health(int argc, char **argv);
 
 /* Monotonic seconds. */
 double cli_now(void);
+/* The CPU's model name from /proc/cpuinfo ("this CPU" where there is none),
+ * for benchmark headers. */
+void cli_cpu_model(char *out, size_t cap);
 /* Parses an integer/float option value or exits with a message naming the
  * option. */
 long cli_int(const char *opt, const char *val, long lo, long hi);
