@@ -93,8 +93,9 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       .fmax = 0.999),
     F("speculation.adaptive.min_depth", SPECD_CFG_INT64, speculation.adaptive.min_depth, "1",
       "paths are never stopped shorter than this", .min = 1, .max = 64),
-    F("limits.max_prompt_tokens", SPECD_CFG_INT64, limits.max_prompt_tokens, "4096",
-      "longest prompt, in tokens", .min = 1, .max = 1 << 24),
+    F("limits.max_prompt_tokens", SPECD_CFG_INT64, limits.max_prompt_tokens, "32768",
+      "longest prompt, in tokens (it must also fit the targets' context: 8192 for the default "
+      "model)", .min = 1, .max = 1 << 24),
     F("limits.max_new_tokens", SPECD_CFG_INT64, limits.max_new_tokens, "4096",
       "most tokens one request may generate", .min = 1, .max = 1 << 24),
     F("limits.default_max_new_tokens", SPECD_CFG_INT64, limits.default_max_new_tokens, "256",
@@ -109,7 +110,8 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "failed (a busy target that still answers health checks is waited for)", .min = 1,
       .max = 3600000),
     F("target.open_timeout", SPECD_CFG_DURATION, target.open_timeout, "120s",
-      "longest wait for any one answer (prefill or step) from a live target", .min = 1,
+      "longest wait for any one answer from a live target (for Open, the prefill: this much per "
+      "started 2048 tokens of history)", .min = 1,
       .max = 3600000),
     F("target.max_failovers", SPECD_CFG_INT64, target.max_failovers, "3",
       "times one request may move to another target", .min = 0, .max = 1000),

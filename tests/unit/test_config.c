@@ -940,7 +940,7 @@ static void test_target_example_parses(void **state) {
     assert_int_equal(c.device, 0);
     assert_int_equal(c.threads, 8);
     assert_int_equal(c.limits.max_sessions, 64);
-    assert_int_equal(c.limits.max_prompt_tokens, 4096);
+    assert_int_equal(c.limits.max_prompt_tokens, 32768);
     assert_int_equal(c.limits.max_tree_tokens, 64);
     assert_true(c.limits.kv_memory == 2ull << 30);
     assert_int_equal(c.batching.max_batch_tokens, 2048);
