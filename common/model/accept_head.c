@@ -245,26 +245,6 @@ specd_accept_head *specd_accept_head_create(const specd_accept_head_config *cfg,
 
 /* ---- loading ------------------------------------------------------------------ */
 
-static float elem_f32(const safetensors_tensor *t, size_t i) {
-    switch (t->type) {
-    case SPECD_F16: {
-        uint16_t v; /* safetensors data is only byte-aligned: copy, never cast */
-        memcpy(&v, (const uint8_t *)t->data + 2 * i, 2);
-        return specd_fp16_to_f32(v);
-    }
-    case SPECD_BF16: {
-        uint16_t v;
-        memcpy(&v, (const uint8_t *)t->data + 2 * i, 2);
-        return specd_bf16_to_f32(v);
-    }
-    default: {
-        float f;
-        memcpy(&f, (const uint8_t *)t->data + 4 * i, 4);
-        return f;
-    }
-    }
-}
-
 /* The stored tensor for layout entry `want`, checked for dtype and shape. */
 static const safetensors_tensor *find_checked(const safetensors_file *f, const head_tensor *want,
                                               specd_error *err) {
@@ -340,7 +320,8 @@ static specd_accept_head *load_from(const char *dir, safetensors_file **fp, spec
     if (!h) return NULL;
     for (int i = 0; i < n; i++) {
         float *dst = h->params + layout[i].offset;
-        for (size_t j = 0; j < tensor_numel(&layout[i]); j++) dst[j] = elem_f32(src[i], j);
+        for (size_t j = 0; j < tensor_numel(&layout[i]); j++)
+            dst[j] = safetensors_elem_f32(src[i], j);
     }
     if (check_finite(h, layout, n, err)) {
         specd_accept_head_free(h);

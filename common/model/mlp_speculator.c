@@ -320,25 +320,13 @@ static int make_vector(specd_mlp_speculator *sp, const char *name, float *v, int
     return sp->be->ops->prepare_weight(sp->be, w, t, err);
 }
 
-static float elem_f32(const safetensors_tensor *t, size_t i) {
-    switch (t->type) {
-    case SPECD_F16: return specd_fp16_to_f32(((const uint16_t *)t->data)[i]);
-    case SPECD_BF16: return specd_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    default: {
-        float f; /* safetensors data is only byte-aligned: copy, never cast */
-        memcpy(&f, (const uint8_t *)t->data + 4 * i, 4);
-        return f;
-    }
-    }
-}
-
 static float *vector_f32(const safetensors_tensor *t, specd_error *err) {
     float *v = malloc(sizeof(float) * t->numel);
     if (!v) {
         specd_seterr(err, "out of memory");
         return NULL;
     }
-    for (size_t i = 0; i < t->numel; i++) v[i] = elem_f32(t, i);
+    for (size_t i = 0; i < t->numel; i++) v[i] = safetensors_elem_f32(t, i);
     return v;
 }
 

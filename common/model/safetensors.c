@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util/dtype.h"
 #include "common/util/mmap_file.h"
 
 /* JSON numbers are doubles: integers above 2^53 are not exact, so a shape or
@@ -291,4 +292,21 @@ const char *safetensors_metadata(const safetensors_file *f, const char *key) {
     for (size_t i = 0; i < f->n_meta; i++)
         if (strcmp(f->meta_keys[i], key) == 0) return f->meta_vals[i];
     return NULL;
+}
+
+float safetensors_elem_f32(const safetensors_tensor *t, size_t i) {
+    uint16_t h;
+    switch (t->type) {
+    case SPECD_F16:
+        memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+        return specd_fp16_to_f32(h);
+    case SPECD_BF16:
+        memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+        return specd_bf16_to_f32(h);
+    default: {
+        float f;
+        memcpy(&f, (const uint8_t *)t->data + 4 * i, 4);
+        return f;
+    }
+    }
 }

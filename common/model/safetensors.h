@@ -53,4 +53,8 @@ const safetensors_tensor *safetensors_find(const safetensors_file *f, const char
  * string). Owned by the handle. */
 const char *safetensors_metadata(const safetensors_file *f, const char *key);
 
+/* Element i of a float tensor (F32, F16 or BF16) as fp32. Safetensors data
+ * is only byte-aligned, so it is copied, never cast. */
+float safetensors_elem_f32(const safetensors_tensor *t, size_t i);
+
 #endif
