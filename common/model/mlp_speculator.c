@@ -244,7 +244,6 @@ static void prefault(const void *p, size_t n) {
     (void)sum;
 }
 
-static float elem_f32(const safetensors_tensor *t, size_t i);
 
 /* One Q8_0 block: fp16 scale, then 32 weights (dtype.h's layout). */
 typedef struct q8_block {
@@ -272,7 +271,7 @@ static void *q8_of(specd_mlp_speculator *sp, const safetensors_tensor *st, specd
     for (size_t b = 0; b < nb; b++) {
         float x[32], amax = 0;
         for (int j = 0; j < 32; j++) {
-            x[j] = elem_f32(st, b * 32 + (size_t)j);
+            x[j] = safetensors_elem_f32(st, b * 32 + (size_t)j);
             if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
         }
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
