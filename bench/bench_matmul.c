@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
 

@@ -4,7 +4,7 @@
  *
  * One Verify step is one message each way on a bidi stream. The benchmark
  * runs that ping-pong through the real server and client layers
- * (common/rpc_server.c, rpc_client.c) against an echo method, with messages
+ * (common/rpc/rpc_server.c, rpc_client.c) against an echo method, with messages
  * the size of a step: a 64-node tree request (~320 B) and a response that
  * carries the hidden state for the MLP speculator (576 fp16 = 1152 B plus
  * tokens, ~1.3 KiB; the echo returns what it gets, so both sizes go both
@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "bench/echo_service.h"
-#include "common/rpc_client.h"
+#include "common/rpc/rpc_client.h"
 
 #define WARMUP 200
 #define ROUNDS 5

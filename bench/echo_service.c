@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 
 static void h_echo(specd_rpc_call *c, void *user) {
     (void)user;

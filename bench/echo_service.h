@@ -8,7 +8,7 @@
 #ifndef SPECD_ECHO_SERVICE_H
 #define SPECD_ECHO_SERVICE_H
 
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_server.h"
 
 #define SPECD_ECHO_METHOD "/specd.bench.Echo/Echo"
 

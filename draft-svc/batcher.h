@@ -14,7 +14,7 @@
 #ifndef SPECD_BATCHER_H
 #define SPECD_BATCHER_H
 
-#include "common/error.h"
+#include "common/util/error.h"
 #include "draft-svc/drafter.h"
 
 typedef struct specd_batcher specd_batcher;

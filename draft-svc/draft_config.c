@@ -1,9 +1,9 @@
 /* draft_config.c - see draft_config.h. */
 #include "draft-svc/draft_config.h"
 
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
+#include "draft-svc/service.h" /* specd_drafter_names: the drafter registry */
 
-const char *const specd_draft_default_choices[] = {"mlp", "draft_lm", "ngram", "none", NULL};
 const char *const specd_draft_backends[] = {"cpu", "cuda", NULL};
 const char *const specd_speculation_trees[] = {"cost", "table", NULL};
 
@@ -21,7 +21,7 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("targets", SPECD_CFG_STRLIST, targets, "127.0.0.1:50052",
       "target-svc addresses: host:port, or dns:NAME:PORT for every address of a name"),
     F("drafter.default", SPECD_CFG_ENUM, drafter.def, "ngram",
-      "drafter for requests that name none", .choices = specd_draft_default_choices),
+      "drafter for requests that name none", .choices = specd_drafter_names),
     F("drafter.mlp.path", SPECD_CFG_STRING, drafter.mlp.path, NULL,
       "MLPSpeculator directory (config.json + safetensors); unset = not offered"),
     F("drafter.mlp.accept_head", SPECD_CFG_STRING, drafter.mlp.accept_head, NULL,
@@ -30,6 +30,9 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
     F("drafter.mlp.backend", SPECD_CFG_ENUM, drafter.mlp.backend, "cpu",
       "where the speculator runs: cpu, or cuda (weights on the GPU in fp16)",
       .choices = specd_draft_backends),
+    F("drafter.mlp.quantize", SPECD_CFG_BOOL, drafter.mlp.quantize, "true",
+      "cpu backend: run the speculator's matrices as Q8_0 (quantized at load; about twice as "
+      "fast a draft as fp16; drafts change slightly, the output never does)"),
     F("drafter.mlp.device", SPECD_CFG_INT64, drafter.mlp.device, "0",
       "CUDA device id for drafter.mlp.backend = cuda", .min = 0, .max = 1024),
     F("drafter.draft_lm.path", SPECD_CFG_STRING, drafter.draft_lm.path, NULL,
@@ -81,14 +84,18 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "drafted steps before the collapse rule may fire", .min = 0, .max = 1 << 20),
     F("speculation.cooldown_steps", SPECD_CFG_INT64, speculation.cooldown_steps, "16",
       "plain steps after a collapse", .min = 1, .max = 1 << 20),
+    F("speculation.ewma_alpha", SPECD_CFG_DOUBLE, speculation.ewma_alpha, "0.2",
+      "weight of the newest step in the smoothed accepted/drafted ratio", .fmin = 0.001,
+      .fmax = 1),
     F("speculation.adaptive.threshold", SPECD_CFG_DOUBLE, speculation.adaptive.threshold, "0",
       "mlp with an accept_head: a path stops growing once the head's chance that some token "
       "on it is rejected exceeds this (0 = off: every path gets the full depth)", .fmin = 0,
       .fmax = 0.999),
     F("speculation.adaptive.min_depth", SPECD_CFG_INT64, speculation.adaptive.min_depth, "1",
       "paths are never stopped shorter than this", .min = 1, .max = 64),
-    F("limits.max_prompt_tokens", SPECD_CFG_INT64, limits.max_prompt_tokens, "4096",
-      "longest prompt, in tokens", .min = 1, .max = 1 << 24),
+    F("limits.max_prompt_tokens", SPECD_CFG_INT64, limits.max_prompt_tokens, "32768",
+      "longest prompt, in tokens (it must also fit the targets' context: 8192 for the default "
+      "model)", .min = 1, .max = 1 << 24),
     F("limits.max_new_tokens", SPECD_CFG_INT64, limits.max_new_tokens, "4096",
       "most tokens one request may generate", .min = 1, .max = 1 << 24),
     F("limits.default_max_new_tokens", SPECD_CFG_INT64, limits.default_max_new_tokens, "256",
@@ -103,7 +110,8 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "failed (a busy target that still answers health checks is waited for)", .min = 1,
       .max = 3600000),
     F("target.open_timeout", SPECD_CFG_DURATION, target.open_timeout, "120s",
-      "longest wait for any one answer (prefill or step) from a live target", .min = 1,
+      "longest wait for any one answer from a live target (for Open, the prefill: this much per "
+      "started 2048 tokens of history)", .min = 1,
       .max = 3600000),
     F("target.max_failovers", SPECD_CFG_INT64, target.max_failovers, "3",
       "times one request may move to another target", .min = 0, .max = 1000),

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
+#include "common/util/config.h"
 
 typedef struct specd_draft_cfg {
     char *listen;
@@ -20,7 +20,7 @@ typedef struct specd_draft_cfg {
     specd_cfg_strlist targets;
     struct {
         int def;
-        struct { char *path, *accept_head; int backend; int64_t device; } mlp;
+        struct { char *path, *accept_head; int backend; int64_t device; bool quantize; } mlp;
         struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
         struct { bool enabled; int64_t min_n, max_n, max_scan; double min_prob; } ngram;
     } drafter;
@@ -29,7 +29,7 @@ typedef struct specd_draft_cfg {
         char *max_shape;
         specd_cfg_strlist load_table;
         int64_t off_above;
-        double min_acceptance;
+        double min_acceptance, ewma_alpha;
         int64_t warmup_steps, cooldown_steps;
         struct { double threshold; int64_t min_depth; } adaptive;
         bool sampled_load_aware;
@@ -51,8 +51,8 @@ typedef struct specd_draft_cfg {
     struct { int format; } log;
 } specd_draft_cfg;
 
-/* `drafter.default` choices, in the order of service.h's drafter indices. */
-extern const char *const specd_draft_default_choices[];
+/* `drafter.default` choices: specd_drafter_names (service.h), the one
+ * list of drafter names. */
 /* Names of drafter.mlp.backend, indexed by its value. */
 extern const char *const specd_draft_backends[];
 /* Names of speculation.tree, indexed by its value. */

@@ -3,11 +3,10 @@
 
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <time.h>
 
-#include "common/metrics.h"
-#include "common/request_ctx.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/request_ctx.h"
 
 static struct {
     specd_metric *requests, *prompt, *generated, *steps;
@@ -74,17 +73,6 @@ static void init(void) {
                                        "reason");
 }
 
-static const char *finish_name(Specd__V1__FinishReason f) {
-    switch (f) {
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_EOS: return "eos";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT: return "context";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
-    default: return "unspecified";
-    }
-}
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -95,7 +83,7 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
                                  const char *drafter) {
     pthread_once(&once, init);
     const char *const *d = SPECD_LABELS(drafter);
-    const char *finish = code == GRPC_STATUS_OK ? finish_name(st->finish) : "error";
+    const char *finish = code == GRPC_STATUS_OK ? specd_finish_reason_name(st->finish) : "error";
     specd_metric_add(M.requests, SPECD_LABELS(drafter, finish), 1);
     specd_metric_add(M.prompt, d, st->prompt_tokens);
     specd_metric_add(M.generated, d, st->generated_tokens);
@@ -139,47 +127,26 @@ void specd_draft_metrics_spec_off(specd_spec_off_reason why) {
 
 /* ---- scrape hook ------------------------------------------------------------ */
 
-struct specd_draft_watch {
-    specd_tpool *pool;
-    int up;
-};
-
 static void each_target(void *arg, const char *addr, int sessions, int up) {
-    specd_draft_watch *w = arg;
+    int *n_up = arg;
     specd_metric_set(M.sessions, SPECD_LABELS(addr), sessions);
-    w->up += up;
+    *n_up += up;
 }
 
-static void on_scrape(void *arg) {
-    specd_draft_watch *w = arg;
+static void on_scrape(void *pool) {
+    int n_up = 0;
     /* a target that left the pool (DNS) reads 0, not its last count */
     specd_metric_zero(M.sessions);
-    w->up = 0;
-    specd_tpool_each(w->pool, each_target, w);
-    specd_metric_set(M.up, NULL, w->up);
+    specd_tpool_each(pool, each_target, &n_up);
+    specd_metric_set(M.up, NULL, n_up);
 }
 
-specd_draft_watch *specd_draft_metrics_watch(specd_tpool *pool) {
+int specd_draft_metrics_watch(specd_tpool *pool) {
     pthread_once(&once, init);
-    specd_draft_watch *w = calloc(1, sizeof *w);
-    if (!w) return NULL;
-    w->pool = pool;
-    if (specd_metrics_add_hook(specd_metrics_global(), on_scrape, w)) {
-        free(w);
-        return NULL;
-    }
-    return w;
+    return specd_metrics_add_hook(specd_metrics_global(), on_scrape, pool);
 }
 
-void specd_draft_metrics_unwatch(specd_draft_watch *w) {
-    if (!w) return;
-    specd_metrics_remove_hook(specd_metrics_global(), on_scrape, w);
-    free(w);
+void specd_draft_metrics_unwatch(specd_tpool *pool) {
+    specd_metrics_remove_hook(specd_metrics_global(), on_scrape, pool);
 }
 
-void specd_draft_logged(specd_rpc_handler h, specd_rpc_call *c, void *user) {
-    specd_request_ctx r;
-    specd_request_begin(&r, c, 1);
-    h(c, user);
-    specd_request_end(&r, c, "draft-svc");
-}

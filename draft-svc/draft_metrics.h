@@ -28,11 +28,11 @@
  *   specd_draft_targets_up                         gauge: targets usable now
  *   specd_draft_speculation_off_total{reason}      steps decoded plainly because
  *       of load (policy load table) or collapse (acceptance fell)
- *   specd_grpc_server_handled_total{grpc_method,grpc_code}  (common/rpc_metrics.c) */
+ *   specd_grpc_server_handled_total{grpc_method,grpc_code}  (common/rpc/rpc_metrics.c) */
 #ifndef SPECD_DRAFT_METRICS_H
 #define SPECD_DRAFT_METRICS_H
 
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_server.h"
 #include "draft-svc/driver.h"
 #include "draft-svc/target_pool.h"
 
@@ -49,12 +49,9 @@ typedef enum {
 } specd_spec_off_reason;
 void specd_draft_metrics_spec_off(specd_spec_off_reason why);
 
-/* The scrape hook reading sessions per target; NULL on out of memory. */
-typedef struct specd_draft_watch specd_draft_watch;
-specd_draft_watch *specd_draft_metrics_watch(specd_tpool *pool);
-void specd_draft_metrics_unwatch(specd_draft_watch *w); /* NULL is a no-op */
-
-/* A handler wrapped with the request log (draft-svc makes the id). */
-void specd_draft_logged(specd_rpc_handler h, specd_rpc_call *c, void *user);
+/* The scrape hook reading sessions per target (0, or -1 on out of
+ * memory); unwatch before the pool goes (it waits for a scrape running). */
+int specd_draft_metrics_watch(specd_tpool *pool);
+void specd_draft_metrics_unwatch(specd_tpool *pool);
 
 #endif

@@ -29,8 +29,8 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/sampling.h"
+#include "common/util/error.h"
+#include "common/spec/sampling.h"
 #include "draft-svc/tree_builder.h"
 
 /* Drafters draw with seed ^ SPECD_DRAFT_RNG_SALT, stream = output index of
@@ -112,6 +112,9 @@ typedef struct specd_mlp_drafter_opts {
     /* SpecDec++ acceptance head directory (accept_head.h) for this
      * speculator; NULL = none, and jobs' stop_threshold is ignored. */
     const char *accept_head;
+    /* 1: the speculator's matrices as Q8_0 on the CPU (mlp_speculator.h's
+     * specd_mlp_speculator_load_ex): about twice as fast a draft */
+    int q8_weights;
 } specd_mlp_drafter_opts;
 specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_error *err);
 

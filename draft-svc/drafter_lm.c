@@ -53,10 +53,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/model_file.h"
-#include "common/rng.h"
+#include "common/model/model_file.h"
+#include "common/util/rng.h"
 #include "draft-svc/drafter.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 #define LM_DEFAULT_MAX_BATCH 32
 #define LM_DEFAULT_MAX_SESSIONS 16

@@ -70,10 +70,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rng.h"
-#include "draft-svc/accept_head.h"
+#include "common/util/rng.h"
+#include "common/model/accept_head.h"
 #include "draft-svc/drafter.h"
-#include "draft-svc/mlp_speculator.h"
+#include "common/model/mlp_speculator.h"
 
 #define MLP_DEFAULT_MAX_BATCH 64
 #define MLP_MAX_DEPTH SPECD_MLP_SPEC_MAX_PREDICT
@@ -114,6 +114,14 @@ typedef struct mlp_impl {
     specd_accept_head *head; /* NULL = no adaptive length */
     int vocab, emb_dim, inner_dim, n_predict, max_batch;
     int top_k[MLP_MAX_DEPTH]; /* per stage, already clamped to the vocabulary */
+    /* A reduced draft vocabulary's size (0: none). A call whose jobs are all
+     * greedy without logit adjustments ranks the draft-id logits directly
+     * (specd_mlp_speculator_stage_draft_ids): 8k entries a row instead of
+     * the target's 49k, which was most of a draft's time. row_w and
+     * row_map describe the logits of the current call. */
+    int draft_vocab;
+    int row_w;
+    const int32_t *row_map;
     int max_k;
     /* per-call scratch, grown on demand (a drafter serves one call at a
      * time: the session driver's batcher is its only caller) */
@@ -234,15 +242,20 @@ static void adjust_row(mlp_impl *m, const specd_draft_job *job, int node, float 
                         m->adjust_scratch);
 }
 
-/* log(sum(exp(row))), in double so the log-probabilities are a function of
- * the logits alone; -inf entries (a bias can push a logit there) count 0. */
+/* log(sum(exp(row))), summed in double in index order, so the
+ * log-probabilities are a function of the logits alone; -inf entries (a
+ * bias can push a logit there, and a reduced vocabulary leaves most of the
+ * target's ids there) count 0 and cost no exp: with the shipped 8k-token
+ * speculator that is 5 of every 6 entries, and this sum was most of a
+ * draft's time. */
 static double log_sum_exp(const float *row, int n) {
     float mx = -INFINITY;
     for (int i = 0; i < n; i++)
         if (row[i] > mx) mx = row[i];
     if (!isfinite(mx)) return mx;
     double s = 0;
-    for (int i = 0; i < n; i++) s += exp((double)row[i] - mx);
+    for (int i = 0; i < n; i++)
+        if (row[i] != -INFINITY) s += (double)expf(row[i] - mx);
     return mx + log(s);
 }
 
@@ -255,10 +268,18 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
     specd_tree_buf *out = job->out;
     int nc = 0;
     for (int r = a; r < b; r++) {
-        float *row = m->logits + (size_t)r * m->vocab;
-        adjust_row(m, job, m->front[r].node, row);
-        double lse = log_sum_exp(row, m->vocab);
-        int k = specd_topk(row, m->vocab, m->top_k[s], m->topk_ids, m->topk_vals);
+        float *row = m->logits + (size_t)r * m->row_w;
+        if (m->row_map) {
+            /* draft ids: the "other" bucket is no token, never proposed */
+            for (int i = 0; i < m->row_w; i++)
+                if (m->row_map[i] < 0) row[i] = -INFINITY;
+        } else {
+            adjust_row(m, job, m->front[r].node, row);
+        }
+        double lse = log_sum_exp(row, m->row_w);
+        int k = specd_topk(row, m->row_w, m->top_k[s], m->topk_ids, m->topk_vals);
+        if (m->row_map)
+            for (int i = 0; i < k; i++) m->topk_ids[i] = m->row_map[m->topk_ids[i]];
         float pacc = p->adaptive ? m->front[r].pacc * m->p_rows[r] : 1.0f;
         /* log 0 = -inf ranks last, which is what a certain rejection deserves */
         float log_pacc = p->adaptive ? logf(pacc) : 0.0f;
@@ -334,9 +355,13 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
     mlp_impl *m = d->impl;
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
+    int draft_ids = m->draft_vocab > 0; /* every job greedy and unadjusted */
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
+        if (m->plans[i].sampling ||
+            (jobs[i].sampling && specd_sampling_adjusts_logits(jobs[i].sampling)))
+            draft_ids = 0;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
         rows += bound;
         if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
@@ -357,9 +382,15 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
 
     for (int s = 0; n_rows > 0; s++) {
         for (int r = 0; r < n_rows; r++) m->tokens[r] = m->front[r].token;
-        if (specd_mlp_speculator_stage(m->sp, s, n_rows, m->in_states, m->tokens, m->out_states,
-                                       m->logits, err))
+        m->row_w = m->vocab;
+        m->row_map = NULL;
+        if (draft_ids ? specd_mlp_speculator_stage_draft_ids(m->sp, s, n_rows, m->in_states,
+                                                             m->tokens, m->out_states, m->logits,
+                                                             &m->row_map, err)
+                      : specd_mlp_speculator_stage(m->sp, s, n_rows, m->in_states, m->tokens,
+                                                   m->out_states, m->logits, err))
             return -1;
+        if (m->row_map) m->row_w = m->draft_vocab;
         /* The head over every row in one call, whenever there is a head: it
          * costs a small fraction of the stage, shapes adaptive jobs, and
          * gives every greedy node the acceptance estimate the driver prices
@@ -470,10 +501,11 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
     }
     specd_backend_opts bo = {.name = o->backend ? o->backend : "cpu", .n_threads = o->n_threads,
                              .device = o->device};
-    m->sp = specd_mlp_speculator_load_on(o->path, &bo, err);
+    m->sp = specd_mlp_speculator_load_ex(o->path, &bo, o->q8_weights, err);
     if (!m->sp) goto fail;
     const specd_mlp_spec_config *c = specd_mlp_speculator_config(m->sp);
     m->vocab = c->target_vocab_size; /* the stage API's width, even over a reduced vocabulary */
+    m->draft_vocab = c->vocab_size < c->target_vocab_size ? c->vocab_size : 0;
     m->emb_dim = c->emb_dim;
     m->inner_dim = c->inner_dim;
     m->n_predict = c->n_predict;

@@ -70,7 +70,7 @@
 #include <string.h>
 
 #include "draft-svc/drafter.h"
-#include "draft-svc/suffix_tree.h"
+#include "common/spec/suffix_tree.h"
 
 #define NGRAM_DEFAULT_MIN_N 1
 #define NGRAM_DEFAULT_MAX_N 4

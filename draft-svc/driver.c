@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/admission.h"
-#include "common/dtype.h"
-#include "common/ipc_caps.h"
+#include "common/rpc/admission.h"
+#include "common/util/dtype.h"
+#include "common/rpc/ipc_caps.h"
 #include "kernels/ipc.h"
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 #include "draft-svc/draft_metrics.h"
 
 /* ---- cancellation ------------------------------------------------------------ */
@@ -168,6 +168,7 @@ static void price_tree(gen *g, double draft_us) {
         gain = (pr.sessions + pick.expected) / (t_pick + ps->draft_us) / pick.plain_rate;
     }
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
+    specd_accept_calib_note_gain(g->req->calib, gain);
     if (ps->gain < 1.0) {
         ps->skip = ps->backoff;
         ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
@@ -316,6 +317,14 @@ static void take_hidden(gen *g, const Specd__V1__VerifyResponse *r) {
     g->have_hidden = 1;
 }
 
+/* Whether this request's greedy trees are priced (cost mode, no shape of
+ * its own). */
+static int q_priced(const gen *g) {
+    const specd_gen_request *q = g->req;
+    return q->drafter && !q->candidates && !q->depth && q->sampling.temperature <= 0 &&
+           g->env->policy->cost_aware && q->calib;
+}
+
 /* Drafts the next tree into g->tb (left empty for a plain step). */
 static void draft(gen *g, const specd_target_info *info) {
     const specd_gen_request *q = g->req;
@@ -325,8 +334,7 @@ static void draft(gen *g, const specd_target_info *info) {
     int cand = q->candidates, depth = q->depth;
     /* Greedy requests without a shape of their own, in cost mode, are
      * priced (tree_choice.h); everything else gets a fixed shape. */
-    int priced = !cand && !depth && q->sampling.temperature <= 0 &&
-                 g->env->policy->cost_aware && q->calib && g->member;
+    int priced = q_priced(g) && g->member;
     if (priced) {
         if (g->price.skip > 0) {
             g->price.skip--;
@@ -403,12 +411,13 @@ static void draft(gen *g, const specd_target_info *info) {
  * (target_watch.c records each answer on the member), and fails over once
  * the target has been silent, answering neither the step nor a health
  * check, for step_timeout (a hung or frozen target; a lost connection ends
- * the stream sooner, through keepalive). cap_ms bounds one response even
- * from a live target (open_timeout: a target that is alive but makes no
- * progress). A target never probed (no target_watch running) has no
+ * the stream sooner, through keepalive). live_cap_ms bounds one response
+ * even from a live target (a target that is alive but makes no progress:
+ * open_timeout, scaled by the prompt for Open). A target never probed (no target_watch running) has no
  * liveness to judge: plain_ms is then a plain deadline for the response
  * (open_timeout for Open, step_timeout for a step). */
 static step_rc recv_resp(gen *g, specd_rpc_stream *s, const specd_tpool_member *m, int plain_ms,
+                         int live_cap_ms,
                          Specd__V1__VerifyResponse **out, grpc_status_code *code,
                          specd_error *err) {
     *out = NULL;
@@ -420,7 +429,7 @@ static step_rc recv_resp(gen *g, specd_rpc_stream *s, const specd_tpool_member *
         if (io != SPECD_RPC_CIO_TIMEOUT) break;
         double t = now_ms(), alive = (double)specd_tpool_member_last_alive(m);
         double silent = t - (alive > t0 ? alive : t0);
-        int cap_ms = alive > 0 ? g->env->open_timeout_ms : plain_ms;
+        int cap_ms = alive > 0 ? live_cap_ms : plain_ms;
         if (alive > 0 && silent >= g->env->step_timeout_ms) {
             specd_seterr(err, "target answered neither the step nor a health check for %.0f ms "
                               "(step_timeout %d ms)", silent, g->env->step_timeout_ms);
@@ -663,6 +672,12 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
     g->member = m;
     g->price.active = 0; /* nothing priced is in flight on a new session */
+    if (g->n_gen == 0 && q_priced(g) && specd_accept_calib_gain(g->req->calib) < 1.0) {
+        /* drafting has not been paying for this drafter lately: start
+         * plainly and look again after a few steps */
+        g->price.skip = 4;
+        g->price.backoff = 8;
+    }
     Specd__V1__VerifyResponse *r = NULL;
     if (set_stream(g->cancel, s)) {
         *code = GRPC_STATUS_CANCELLED;
@@ -671,7 +686,11 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         goto out;
     }
     if ((rc = send_open(g, s, code, err)) != STEP_DONE) goto out;
-    rc = recv_resp(g, s, m, g->env->open_timeout_ms, &r, code, err);
+    /* Open's answer comes after the whole prefill: a live target gets
+     * open_timeout per started 2048 tokens of history (a CPU prefills an
+     * 8k prompt in about a minute, slower under load). */
+    int open_cap = g->env->open_timeout_ms * (1 + (g->n_hist - 1) / 2048);
+    rc = recv_resp(g, s, m, g->env->open_timeout_ms, open_cap, &r, code, err);
     for (uint32_t step = 0; rc == STEP_DONE; step++) {
         if (check_answer(g, r, step, info, err)) {
             *code = GRPC_STATUS_INTERNAL;
@@ -693,7 +712,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
          * collapse, or not worth its price, or nothing to propose). */
         draft(g, info);
         if ((rc = send_tree(g, s, step + 1, code, err)) != STEP_DONE) break;
-        rc = recv_resp(g, s, m, g->env->step_timeout_ms, &r, code, err);
+        rc = recv_resp(g, s, m, g->env->step_timeout_ms, g->env->open_timeout_ms, &r, code, err);
     }
 out:
     if (r) protobuf_c_message_free_unpacked(&r->base, NULL);

@@ -27,9 +27,9 @@
 
 #include <grpc/status.h>
 
-#include "common/error.h"
-#include "common/rpc_client.h"
-#include "common/sampling.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_client.h"
+#include "common/spec/sampling.h"
 #include "draft-svc/batcher.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/policy.h"

@@ -10,14 +10,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/config.h"
-#include "common/version.h"
-#include "common/metrics_http.h"
-#include "common/model_file.h"
-#include "common/request_log.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
+#include "common/util/config.h"
+#include "common/util/version.h"
+#include "common/rpc/metrics_http.h"
+#include "common/model/model_file.h"
+#include "common/rpc/request_log.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
 #include "draft-svc/draft_config.h"
+#include "draft-svc/draft_opts.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
@@ -74,7 +75,8 @@ int main(int argc, char **argv) {
                                     .n_threads = (int)cfg.threads,
                                     .backend = specd_draft_backends[cfg.drafter.mlp.backend],
                                     .device = (int)cfg.drafter.mlp.device,
-                                    .accept_head = cfg.drafter.mlp.accept_head};
+                                    .accept_head = cfg.drafter.mlp.accept_head,
+                                    .q8_weights = cfg.drafter.mlp.quantize};
         if (!(drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&o, &err))) goto fail;
         hidden = drafters[SPECD_DRAFTER_MLP]->hidden_size;
     }
@@ -94,73 +96,29 @@ int main(int argc, char **argv) {
             fprintf(stderr, "draft-svc: the ngram drafter needs a tokenizer (or another drafter) "
                             "to know the vocabulary; it is off\n");
         } else {
-            specd_ngram_drafter_opts o = {.vocab = vocab,
-                                          .min_n = (int)cfg.drafter.ngram.min_n,
-                                          .max_n = (int)cfg.drafter.ngram.max_n,
-                                          .max_scan = (int)cfg.drafter.ngram.max_scan,
-                                          .min_prob = (float)cfg.drafter.ngram.min_prob,
-                                          .shared = cfg.speculation.suffix_cache.shared,
-                                          .cache_max_tokens =
-                                              cfg.speculation.suffix_cache.max_tokens};
+            specd_ngram_drafter_opts o;
+            specd_ngram_opts_from_config(&cfg, vocab, &o);
             if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&o, &err))) goto fail;
         }
     }
 
-    int tls_off = cfg.target.tls.insecure;
-    specd_tpool_opts po = {
-        .targets = (const char *const *)cfg.targets.items,
-        .n_targets = (int)cfg.targets.n,
-        /* target.tls.insecure wins over the TLS files, as tls.insecure does
-         * for the server side, so one flag switches a config to plaintext. */
-        .channel = {.tls_ca_path = tls_off ? NULL : cfg.target.tls.ca,
-                    .tls_cert_path = tls_off ? NULL : cfg.target.tls.cert,
-                    .tls_key_path = tls_off ? NULL : cfg.target.tls.key,
-                    .tls_server_name = tls_off ? NULL : cfg.target.tls.server_name,
-                    .insecure = tls_off},
-        .resolve_interval_ms = (int)cfg.target.resolve_interval,
-        .expect_vocab = vocab,
-        .expect_hidden = hidden,
-        .expect_tokenizer_sha256 = tok_sha,
-    };
+    /* Every option from the configuration (draft_opts.h); what only this
+     * process knows (the vocabulary, tokenizer and drafters) is set here. */
+    specd_tpool_opts po;
+    specd_tpool_opts_from_config(&cfg, &po);
+    po.expect_vocab = vocab;
+    po.expect_hidden = hidden;
+    po.expect_tokenizer_sha256 = tok_sha;
     if (!(pool = specd_tpool_create(&po, &err))) goto fail;
 
-    specd_draft_opts dop = {
-        .tok = tok,
-        .pool = pool,
-        .default_drafter = cfg.drafter.def,
-        .max_prompt_tokens = (int)cfg.limits.max_prompt_tokens,
-        .max_new_tokens = (int)cfg.limits.max_new_tokens,
-        .default_max_new_tokens = (int)cfg.limits.default_max_new_tokens,
-        .max_tree_tokens = (int)cfg.limits.max_tree_tokens,
-        .step_timeout_ms = (int)cfg.target.step_timeout,
-        .open_timeout_ms = (int)cfg.target.open_timeout,
-        .max_failovers = (int)cfg.target.max_failovers,
-        .stop_threshold = (float)cfg.speculation.adaptive.threshold,
-        .min_depth = (int)cfg.speculation.adaptive.min_depth,
-    };
+    specd_draft_opts dop;
+    if (specd_draft_opts_from_config(&cfg, &dop, &err)) goto fail;
+    dop.tok = tok;
+    dop.pool = pool;
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = drafters[i];
-    dop.policy.off_above = (int)cfg.speculation.off_above;
-    dop.policy.sampled_load_aware = cfg.speculation.sampled_load_aware;
-    dop.policy.min_acceptance = cfg.speculation.min_acceptance;
-    dop.policy.warmup_steps = (int)cfg.speculation.warmup_steps;
-    dop.policy.cooldown_steps = (int)cfg.speculation.cooldown_steps;
-    dop.policy.ewma_alpha = 0.2;
-    dop.policy.cost_aware = cfg.speculation.tree == 0;
-    if (specd_policy_parse_shape(&dop.policy, cfg.speculation.max_shape, "speculation.max_shape",
-                                 &err))
-        goto fail;
-    if (specd_policy_parse_table(&dop.policy, cfg.speculation.load_table.items,
-                                 (int)cfg.speculation.load_table.n, "speculation.load_table", &err))
-        goto fail;
     if (!(svc = specd_draft_service_create(&dop, &err))) goto fail;
-    specd_rpc_server_opts ro = {
-        .listen_addr = cfg.listen,
-        .tls_cert_path = cfg.tls.insecure ? NULL : cfg.tls.cert,
-        .tls_key_path = cfg.tls.insecure ? NULL : cfg.tls.key,
-        .tls_client_ca_path = cfg.tls.insecure ? NULL : cfg.tls.client_ca,
-        .insecure = cfg.tls.insecure,
-        .max_calls = (int)cfg.limits.max_calls,
-    };
+    specd_rpc_server_opts ro;
+    specd_draft_server_opts_from_config(&cfg, &ro);
     if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
     if (specd_draft_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
@@ -170,16 +128,11 @@ int main(int argc, char **argv) {
     if (!(watch = specd_target_watch_start(pool, srv, &wo, &err))) goto fail;
     specd_request_log_set_format((specd_log_format)cfg.log.format);
     /* Metrics come up with the service: a scrape before the first request
-     * already sees every metric (at zero), and a bad address fails startup. */
-    if (cfg.metrics.listen && cfg.metrics.listen[0]) {
-        if (!(mh = specd_metrics_http_start(cfg.metrics.listen, specd_metrics_global(), &err)))
-            goto fail;
-        fprintf(stderr, "draft-svc: metrics on http://%s/metrics (port %d)\n", cfg.metrics.listen,
-                specd_metrics_http_port(mh));
-    }
+     * already sees every metric, and a bad address fails startup. */
+    if (specd_metrics_http_serve(cfg.metrics.listen, "draft-svc", &mh, &err)) goto fail;
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
-            specd_draft_default_choices[cfg.drafter.def]);
+            specd_drafter_names[cfg.drafter.def]);
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
     if (sig < 0) {
         fprintf(stderr, "draft-svc: cannot install signal handlers\n");

@@ -30,7 +30,7 @@
 #ifndef SPECD_POLICY_H
 #define SPECD_POLICY_H
 
-#include "common/error.h"
+#include "common/util/error.h"
 
 #define SPECD_POLICY_MAX_RULES 16
 

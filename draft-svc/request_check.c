@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/prompt.h"
+#include "common/rpc/prompt.h"
 #include "draft-svc/driver.h"
 
 /* Far above any useful tree (the targets cap tree tokens anyway); it only

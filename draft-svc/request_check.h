@@ -13,11 +13,11 @@
 
 #include <grpc/status.h>
 
-#include "common/admission.h"
-#include "common/error.h"
-#include "common/sampling_proto.h"
-#include "common/text_stream.h"
-#include "common/tokenizer.h"
+#include "common/rpc/admission.h"
+#include "common/util/error.h"
+#include "common/rpc/sampling_proto.h"
+#include "common/text/text_stream.h"
+#include "common/text/tokenizer.h"
 #include "draft-svc/service.h"
 #include "specd.pb-c.h"
 
@@ -28,7 +28,7 @@ typedef struct specd_draft_limits {
     int offered[SPECD_N_DRAFTERS];    /* nonzero: that drafter is configured */
     int default_drafter;              /* index, or SPECD_N_DRAFTERS = none */
     /* Prompt and max_new_tokens limits, shared with target-svc
-     * (common/admission.h). adm.context is 0 here: the context is the
+     * (common/rpc/admission.h). adm.context is 0 here: the context is the
      * target's, which the driver checks the prompt against (the same
      * specd_admit_prompt) when it opens the first session. */
     specd_admission_limits adm;

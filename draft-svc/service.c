@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/request_ctx.h"
+#include "common/rpc/request_ctx.h"
 #include "draft-svc/batcher.h"
 #include "draft-svc/draft_metrics.h"
 #include "draft-svc/driver.h"
@@ -23,7 +23,7 @@ struct specd_draft_service {
     char tok_sha256[65];
     int vocab; /* from the tokenizer or a drafter; 0 = unknown (the targets check ids) */
     specd_draft_limits lim; /* what request_check.h checks against */
-    specd_draft_watch *watch; /* the metrics' scrape hook on the pool */
+    int watching; /* the metrics' scrape hook on o.pool is registered */
 };
 
 /* ---- Generate ------------------------------------------------------------------ */
@@ -282,17 +282,20 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         .stop_threshold = o->stop_threshold,
         .min_depth = o->min_depth > 0 ? o->min_depth : 1,
     };
-    if (o->pool && !(svc->watch = specd_draft_metrics_watch(o->pool))) {
-        specd_seterr(err, "draft: out of memory");
-        specd_draft_service_free(svc);
-        return NULL;
+    if (o->pool) {
+        if (specd_draft_metrics_watch(o->pool)) {
+            specd_seterr(err, "draft: out of memory");
+            specd_draft_service_free(svc);
+            return NULL;
+        }
+        svc->watching = 1;
     }
     return svc;
 }
 
-/* Generate with its request log line and request id (draft_metrics.h). */
+/* Generate with its request log line and request id (common/rpc/request_ctx.h). */
 static void h_generate_logged(specd_rpc_call *c, void *user) {
-    specd_draft_logged(h_generate, c, user);
+    specd_request_run(h_generate, c, user, "draft-svc", 1);
 }
 
 int specd_draft_service_register(specd_draft_service *svc, specd_rpc_server *srv,
@@ -308,7 +311,7 @@ int specd_draft_service_register(specd_draft_service *svc, specd_rpc_server *srv
 
 void specd_draft_service_free(specd_draft_service *svc) {
     if (!svc) return;
-    specd_draft_metrics_unwatch(svc->watch);
+    if (svc->watching) specd_draft_metrics_unwatch(svc->o.pool);
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) {
         specd_batcher_free(svc->batchers[i]);
         specd_accept_calib_destroy(&svc->calib[i]);

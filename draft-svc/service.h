@@ -15,15 +15,15 @@
 #ifndef SPECD_DRAFT_SERVICE_H
 #define SPECD_DRAFT_SERVICE_H
 
-#include "common/error.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/policy.h"
 #include "draft-svc/target_pool.h"
 
 /* GetInfo.version: the one specd version (CMake project VERSION) */
-#include "common/version.h"
+#include "common/util/version.h"
 
 /* Indices of the drafters a service may offer. */
 enum { SPECD_DRAFTER_MLP, SPECD_DRAFTER_LM, SPECD_DRAFTER_NGRAM, SPECD_N_DRAFTERS };

@@ -31,9 +31,9 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/step_cost.h"
-#include "common/rpc_client.h"
+#include "common/util/error.h"
+#include "common/spec/step_cost.h"
+#include "common/rpc/rpc_client.h"
 
 typedef struct specd_tpool specd_tpool;
 typedef struct specd_tpool_member specd_tpool_member;
@@ -79,7 +79,7 @@ void specd_tpool_release(specd_tpool *p, specd_tpool_member *m, int failed);
 specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m);
 const char *specd_tpool_member_addr(const specd_tpool_member *m);
 const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m);
-/* The member's forward-pass cost curve (common/step_cost.h): GetInfo's,
+/* The member's forward-pass cost curve (common/spec/step_cost.h): GetInfo's,
  * kept up to date by specd_tpool_member_cost_observe from the timings of
  * every step any session runs there. Thread-safe. */
 void specd_tpool_member_cost(specd_tpool_member *m, specd_step_cost *out);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "common/rpc_client.h"
+#include "common/rpc/rpc_client.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #define WATCH_MAX_MEMBERS 256 /* probed per round; a larger pool is probed in part */

@@ -21,8 +21,8 @@
 #ifndef SPECD_DRAFT_TARGET_WATCH_H
 #define SPECD_DRAFT_TARGET_WATCH_H
 
-#include "common/error.h"
-#include "common/rpc_server.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_server.h"
 #include "draft-svc/target_pool.h"
 
 typedef struct specd_target_watch specd_target_watch;

@@ -29,8 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/tree.h"
+#include "common/util/error.h"
+#include "common/spec/tree.h"
 
 typedef struct specd_tree_buf {
     int cap;        /* most nodes */

@@ -15,7 +15,22 @@
 
 void specd_accept_calib_init(specd_accept_calib *c) {
     memset(c, 0, sizeof *c);
+    c->gain = 1.0;
     pthread_mutex_init(&c->mu, NULL);
+}
+
+double specd_accept_calib_gain(specd_accept_calib *c) {
+    pthread_mutex_lock(&c->mu);
+    double g = c->gain;
+    pthread_mutex_unlock(&c->mu);
+    return g;
+}
+
+void specd_accept_calib_note_gain(specd_accept_calib *c, double gain) {
+    if (!(gain >= 0)) return;
+    pthread_mutex_lock(&c->mu);
+    c->gain = 0.95 * c->gain + 0.05 * gain;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void specd_accept_calib_destroy(specd_accept_calib *c) { pthread_mutex_destroy(&c->mu); }

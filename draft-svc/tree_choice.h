@@ -43,7 +43,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "common/step_cost.h"
+#include "common/spec/step_cost.h"
 #include "draft-svc/tree_builder.h"
 
 #define SPECD_CALIB_DEPTHS 8 /* deeper nodes share the last row */
@@ -58,7 +58,16 @@ typedef struct specd_accept_calib {
     pthread_mutex_t mu;
     float tried[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
     float accepted[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
+    /* The drafter's recent gain over plain steps, smoothed over every
+     * session's drafted steps (the driver's): a new session starts out
+     * decoding plainly for a few steps when drafting has not been paying,
+     * instead of paying a draft to find that out again. 1 = no verdict. */
+    double gain;
 } specd_accept_calib;
+
+/* Reads / folds in the drafter-wide gain (thread-safe). */
+double specd_accept_calib_gain(specd_accept_calib *c);
+void specd_accept_calib_note_gain(specd_accept_calib *c, double gain);
 
 void specd_accept_calib_init(specd_accept_calib *c);
 void specd_accept_calib_destroy(specd_accept_calib *c);

@@ -1,6 +1,6 @@
 /* backend.h - the one interface between the models and the hardware.
  *
- * The forward passes (target-svc/transformer.c, draft-svc/mlp_speculator.c)
+ * The forward passes (common/model/transformer.c, common/model/mlp_speculator.c)
  * are written once, in terms of the operations below. A backend owns memory
  * ("device buffers": host memory for the CPU backend, GPU memory for CUDA)
  * and implements each op on it. Callers never dereference a device buffer;
@@ -27,8 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/model_file.h"
+#include "common/util/error.h"
+#include "common/util/tensor.h"
 
 typedef struct specd_backend specd_backend;
 

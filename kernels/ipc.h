@@ -1,6 +1,6 @@
 /* ipc.h - hidden states through GPU memory between two processes of one
  * node (CUDA IPC): the transport behind the co-location capability that
- * common/ipc_caps.h negotiates.
+ * common/rpc/ipc_caps.h negotiates.
  *
  * The target exports one small device buffer per granted session
  * (cudaMalloc + cudaIpcGetMemHandle) and writes each step's hidden state
@@ -25,8 +25,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/ipc_caps.h"
+#include "common/util/error.h"
+
+/* Size of a cudaIpcMemHandle_t (CUDA's CUDA_IPC_HANDLE_SIZE), fixed by the
+ * driver ABI; checked against the real type in kernels/cuda/cuda_ipc.c. */
+#define SPECD_IPC_HANDLE_BYTES 64
+
+/* What a grant carries, as plain C. */
+typedef struct specd_ipc_handle {
+    const uint8_t *mem_handle; /* mem_handle_len bytes (SPECD_IPC_HANDLE_BYTES) */
+    size_t mem_handle_len;
+    uint64_t offset;           /* of the hidden state in the allocation */
+    int hidden_size;           /* fp16 values */
+    const char *device_uuid;   /* 32 hex digits */
+} specd_ipc_handle;
 
 typedef struct specd_ipc_export specd_ipc_export;
 typedef struct specd_ipc_import specd_ipc_import;
@@ -38,19 +50,20 @@ int specd_ipc_device_uuid(int device, char *out, specd_error *err);
 /* Target side: a buffer of hidden_size fp16 values on `device`, exported.
  * NULL + err on failure (the session then answers without a grant). */
 specd_ipc_export *specd_ipc_export_create(int device, int hidden_size, specd_error *err);
-/* The grant describing it: g's mem_handle points into e; g must not
- * outlive e. */
-void specd_ipc_export_grant(specd_ipc_export *e, Specd__V1__CudaIpcGrant *g);
+/* The grant describing it: h's pointers point into e; h must not outlive
+ * e. (specd_ipc_export_grant in common/rpc/ipc_caps.h: the same as a
+ * protobuf grant.) */
+void specd_ipc_export_handle(const specd_ipc_export *e, specd_ipc_handle *h);
 /* Writes hidden[hidden_size] (fp32, rounded to fp16 like hidden_fp16) and
  * waits until the device holds it. */
 int specd_ipc_export_put(specd_ipc_export *e, const float *hidden, specd_error *err);
 void specd_ipc_export_free(specd_ipc_export *e);
 
-/* Client side: maps a grant (already checked by specd_ipc_grant_check) on
+/* Client side: maps a grant (already checked: specd_ipc_import_open in
+ * common/rpc/ipc_caps.h checks a protobuf grant and calls this) on
  * `device`. NULL + err when it cannot (another node after all, no peer
  * access, no CUDA): the caller keeps the bytes path. */
-specd_ipc_import *specd_ipc_import_open(const Specd__V1__CudaIpcGrant *g, int device,
-                                        specd_error *err);
+specd_ipc_import *specd_ipc_import_map(const specd_ipc_handle *h, int device, specd_error *err);
 /* Reads the buffer into hidden[hidden_size] as fp32. */
 int specd_ipc_import_get(specd_ipc_import *m, float *hidden, specd_error *err);
 void specd_ipc_import_free(specd_ipc_import *m);

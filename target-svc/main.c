@@ -2,7 +2,7 @@
  *
  *     target-svc --config deploy/config/target-svc.example.yaml [--flag=value ...]
  *
- * Loads the configuration (defaults -> --config file -> flags, common/config.h),
+ * Loads the configuration (defaults -> --config file -> flags, common/util/config.h),
  * opens the model, sizes the KV cache from limits.kv_memory, starts the gRPC
  * server with the Target service and runs until SIGTERM/SIGINT, then drains:
  * health turns NOT_SERVING, new calls are refused and sessions in flight get
@@ -12,16 +12,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/config.h"
-#include "common/version.h"
-#include "common/metrics_http.h"
-#include "common/model_file.h"
-#include "common/request_log.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
+#include "common/util/config.h"
+#include "common/util/version.h"
+#include "common/rpc/metrics_http.h"
+#include "common/model/model_file.h"
+#include "common/rpc/request_log.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
 #include "target-svc/service.h"
 #include "target-svc/target_config.h"
-#include "target-svc/transformer.h"
+#include "target-svc/target_opts.h"
+#include "common/model/transformer.h"
 
 /* Long enough for a session to finish a few hundred tokens; Kubernetes'
  * default terminationGracePeriodSeconds (30 s) must be longer. */
@@ -59,66 +60,38 @@ int main(int argc, char **argv) {
     if (!(tok = specd_tokenizer_from_model(m, &tok_err)))
         fprintf(stderr, "target-svc: no tokenizer (%s); text input is off\n", tok_err.msg);
 
-    /* KV budget: limits.kv_memory buys one pool of pages that every
-     * session draws from as it grows (fp16 rows on the GPU, fp32 on the
-     * CPU; the transformer does the arithmetic because it knows the KV
-     * format). Any session may grow to the model's context, or
-     * limits.max_context; a pool smaller than one such context is an error. */
-    int model_ctx = m->hp.max_seq_len;
-    specd_transformer_opts to = {
-        .backend = {.name = specd_target_backends[cfg.backend], .n_threads = (int)cfg.threads,
-                    .device = (int)cfg.device,
-                    .precision = (specd_precision)cfg.precision},
-        .n_slots = (int)cfg.limits.max_sessions,
-        .max_ctx = cfg.limits.max_context > 0 && cfg.limits.max_context < model_ctx
-                       ? (int)cfg.limits.max_context
-                       : model_ctx,
-        .kv_memory = cfg.limits.kv_memory,
-        .max_batch = (int)cfg.batching.max_batch_tokens,
-        .prefix_cache = cfg.limits.prefix_cache,
-    };
+    /* Every option from the configuration (target_opts.h): the KV pool,
+     * the context, the limits, the server. */
+    specd_transformer_opts to;
+    specd_transformer_opts_from_config(&cfg, m->hp.max_seq_len, &to);
     if (!(t = specd_transformer_create(m, &to, &err))) goto fail;
     int ctx = specd_transformer_max_ctx(t);
-    specd_target_opts so = {
-        .max_sessions = (int)cfg.limits.max_sessions,
-        .max_prompt_tokens = (int)cfg.limits.max_prompt_tokens,
-        .max_tree_tokens = (int)cfg.limits.max_tree_tokens,
-        .max_new_tokens = (int)cfg.limits.max_new_tokens,
-        .default_max_new_tokens = (int)cfg.limits.default_max_new_tokens,
-        .max_batch_tokens = (int)cfg.batching.max_batch_tokens,
-        .max_wait_ms = (int)cfg.batching.max_wait,
-        .device = (int)cfg.device,
-        .prefill_chunk = (int)cfg.batching.prefill_chunk,
-        .kv_wait_ms = (int)cfg.limits.kv_wait,
-        .prefix_cache = cfg.limits.prefix_cache,
-        .calibrate_tokens = (int)cfg.batching.calibrate_tokens,
-    };
+    specd_target_opts so;
+    specd_target_opts_from_config(&cfg, &so);
     if (!(svc = specd_target_service_create(m, t, tok, &so, &err))) goto fail;
-    /* tls.insecure wins over the TLS files, as the example config says, so a
-     * developer can flip one flag without editing the file paths out. */
-    specd_rpc_server_opts ro = {
-        .listen_addr = cfg.listen,
-        .tls_cert_path = cfg.tls.insecure ? NULL : cfg.tls.cert,
-        .tls_key_path = cfg.tls.insecure ? NULL : cfg.tls.key,
-        .tls_client_ca_path = cfg.tls.insecure ? NULL : cfg.tls.client_ca,
-        .insecure = cfg.tls.insecure,
-        /* Sessions plus a few Generate/GetInfo/health calls beyond them. */
-        .max_calls = (int)cfg.limits.max_sessions + 64,
-    };
+    specd_rpc_server_opts ro;
+    specd_target_server_opts_from_config(&cfg, &ro);
     if (!(srv = specd_rpc_server_create(&ro, &err))) goto fail;
     if (specd_target_service_register(svc, srv, &err)) goto fail;
     if (specd_rpc_server_start(srv, &err)) goto fail;
     specd_request_log_set_format((specd_log_format)cfg.log.format);
     /* Metrics come up with the service: a scrape before the first request
      * already sees every metric (at zero), and a bad address fails startup. */
-    if (cfg.metrics.listen && cfg.metrics.listen[0]) {
-        if (!(mh = specd_metrics_http_start(cfg.metrics.listen, specd_metrics_global(), &err)))
-            goto fail;
-        fprintf(stderr, "target-svc: metrics on http://%s/metrics (port %d)\n", cfg.metrics.listen,
-                specd_metrics_http_port(mh));
-    }
+    if (specd_metrics_http_serve(cfg.metrics.listen, "target-svc", &mh, &err)) goto fail;
     int kv_pages;
     specd_transformer_kv_pages(t, NULL, &kv_pages);
+    {
+        /* what verification costs here: the start-up timing draft-svc's
+         * trees are priced with (GetInfo step_cost) */
+        specd_step_cost c;
+        specd_target_service_step_cost(svc, &c);
+        if (specd_step_cost_at(&c, 1) > 0)
+            fprintf(stderr, "target-svc: forward pass (256 cached tokens): 1 token %.1f ms, 2: %.1f, "
+                            "4: %.1f, 8: %.1f, 16: %.1f, 64: %.1f\n",
+                    specd_step_cost_at(&c, 1) / 1e3, specd_step_cost_at(&c, 2) / 1e3,
+                    specd_step_cost_at(&c, 4) / 1e3, specd_step_cost_at(&c, 8) / 1e3,
+                    specd_step_cost_at(&c, 16) / 1e3, specd_step_cost_at(&c, 64) / 1e3);
+    }
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
                     "KV pool %d pages of %d tokens, prefix cache %s)\n",
             cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],

@@ -451,41 +451,58 @@ static void *worker_main(void *arg) {
 }
 
 #define CALIBRATE_REPS 3
+/* cached tokens before the timed rows: a typical chat turn's context */
+#define CALIBRATE_CONTEXT 256
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* Times one sequence of n tokens (causal, from an empty cache, every row's
- * argmax out: the shape of a tree step) at each grid point up to max_n, the
- * median of CALIBRATE_REPS passes, before the worker starts. A slot is free
- * at start-up, and is emptied after each pass; nothing is published to the
- * prefix cache. A pass that fails leaves its point unmeasured. */
+/* Times one sequence of n tokens (every row's argmax out: the shape of a
+ * tree step) at each grid point up to max_n, after a context of
+ * CALIBRATE_CONTEXT tokens, the median of CALIBRATE_REPS passes, before the
+ * worker starts. The context matters: each row attends to it, so on an
+ * empty cache extra rows look cheaper than they are in a running session.
+ * Every pass rewrites the rows after the context; the slot is emptied at
+ * the end and nothing is published to the prefix cache. A pass that fails
+ * leaves its point unmeasured (the curve then fills from real passes). */
 static void calibrate(specd_sched *s, int max_n) {
     if (max_n > s->o.max_batch_tokens) max_n = s->o.max_batch_tokens;
     int slot = s->free_slots[s->n_free - 1];
-    for (int i = 0; i < max_n; i++) {
-        s->tokens[i] = (int32_t)((1 + 7 * i) % s->vocab);
-        s->out_rows[i] = i;
-    }
-    specd_seq_input seq = {.slot = slot, .n_past = 0};
-    specd_batch b = {.tokens = s->tokens, .n_seqs = 1, .seqs = &seq, .out_rows = s->out_rows,
-                     .argmax = s->argmax};
+    int ctx = CALIBRATE_CONTEXT;
+    if (ctx > specd_transformer_max_ctx(s->t) - max_n) ctx = specd_transformer_max_ctx(s->t) - max_n;
+    if (ctx < 0) ctx = 0;
+    int n_tok = ctx > max_n ? ctx : max_n;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_tok);
+    if (!toks) return;
+    for (int i = 0; i < n_tok; i++) toks[i] = (int32_t)((1 + 7 * i) % s->vocab);
     specd_error err = {{0}};
+    /* the context, in passes the batch holds */
+    for (int done = 0; done < ctx;) {
+        int n = ctx - done < s->o.max_batch_tokens ? ctx - done : s->o.max_batch_tokens;
+        specd_seq_input seq = {.slot = slot, .n_past = done, .n_new = n};
+        int32_t last = n - 1;
+        if (grow_out(s, 1)) goto out;
+        specd_batch b = {.n_tokens = n, .tokens = toks + done, .n_seqs = 1, .seqs = &seq,
+                         .n_out = 1, .out_rows = &last, .argmax = s->argmax};
+        if (specd_transformer_forward(s->t, &b, &err)) goto out;
+        done += n;
+    }
+    for (int i = 0; i < max_n; i++) s->out_rows[i] = i;
     int warm = 1;
     for (int p = 0; p < s->cost.n && s->cost.tokens[p] <= max_n; p++) {
         int n = s->cost.tokens[p];
-        if (grow_out(s, n)) return;
-        b.argmax = s->argmax;
-        seq.n_new = b.n_tokens = b.n_out = n;
+        if (grow_out(s, (size_t)n)) break;
+        specd_seq_input seq = {.slot = slot, .n_past = ctx, .n_new = n};
+        specd_batch b = {.n_tokens = n, .tokens = toks, .n_seqs = 1, .seqs = &seq, .n_out = n,
+                         .out_rows = s->out_rows, .argmax = s->argmax};
         double us[CALIBRATE_REPS];
         int ok = 0;
         for (int r = -warm; r < CALIBRATE_REPS; r++) {
             int64_t t0 = now_us();
             int rc = specd_transformer_forward(s->t, &b, &err);
             int64_t dt = now_us() - t0;
-            specd_transformer_release_slot(s->t, slot);
             if (rc) break;
             if (r >= 0) us[ok++] = (double)dt;
         }
@@ -494,6 +511,9 @@ static void calibrate(specd_sched *s, int max_n) {
         qsort(us, CALIBRATE_REPS, sizeof us[0], cmp_double);
         s->cost.us[p] = us[CALIBRATE_REPS / 2];
     }
+out:
+    specd_transformer_release_slot(s->t, slot);
+    free(toks);
 }
 
 void specd_sched_step_cost(specd_sched *s, specd_step_cost *out) {

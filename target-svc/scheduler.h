@@ -51,11 +51,11 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/sampling.h"
-#include "common/step_cost.h"
-#include "target-svc/transformer.h"
-#include "target-svc/verify.h"
+#include "common/util/error.h"
+#include "common/spec/sampling.h"
+#include "common/spec/step_cost.h"
+#include "common/model/transformer.h"
+#include "common/spec/verify.h"
 
 typedef struct specd_sched specd_sched;
 
@@ -66,7 +66,7 @@ typedef struct specd_sched_opts {
     int prefill_chunk;    /* prompt tokens per pass, all prompts together; 0 = max_batch_tokens */
     int kv_wait_ms;       /* longest wait for KV pages; 0 = 30 s */
     /* Start-up timing of passes of 1..calibrate_tokens tokens for the cost
-     * curve (common/step_cost.h); 0 = none (the curve then starts empty and
+     * curve (common/spec/step_cost.h); 0 = none (the curve then starts empty and
      * fills from real passes). */
     int calibrate_tokens;
 } specd_sched_opts;

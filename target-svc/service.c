@@ -12,15 +12,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/admission.h"
-#include "common/dtype.h"
-#include "common/ipc_caps.h"
-#include "common/prompt.h"
-#include "common/text_stream.h"
+#include "common/rpc/admission.h"
+#include "common/rpc/sampling_proto.h"
+#include "common/util/dtype.h"
+#include "common/rpc/ipc_caps.h"
+#include "common/rpc/prompt.h"
+#include "common/text/text_stream.h"
 #include "kernels/ipc.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
+#include "common/rpc/request_ctx.h"
 #include "target-svc/target_metrics.h"
 
 struct specd_target_service {
@@ -31,7 +33,7 @@ struct specd_target_service {
     specd_sched *sched;
     specd_target_watch *watch; /* the metrics' scrape hook on sched */
     specd_session_limits lim;
-    specd_admission_limits adm; /* Generate's, as draft-svc's (common/admission.h) */
+    specd_admission_limits adm; /* Generate's, as draft-svc's (common/rpc/admission.h) */
     int dim;
     char tok_sha256[65]; /* "" without a tokenizer */
     char model_id[1024];
@@ -44,6 +46,43 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- protobuf -> session --------------------------------------------------- */
+
+/* The one conversion of an Open into the session's plain form: the fields
+ * as they are, the sampling parameters converted (and validated) only
+ * after the checks that come before them, so the first fault is the one
+ * reported. */
+static grpc_status_code session_open(specd_session *s, specd_session_open_req *r,
+                                     const Specd__V1__SamplingParams *sampling,
+                                     const char *field, specd_error *err) {
+    grpc_status_code code = specd_session_check_open(s, r, field, err);
+    if (code) return code;
+    char sfield[64];
+    snprintf(sfield, sizeof sfield, "%s.sampling", field);
+    specd_sampling_owned own;
+    if (specd_sampling_from_proto(sampling, s->lim.vocab, sfield, &own, err))
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    r->sampling = own.s;
+    r->bias_ids = own.bias_ids;
+    r->bias_values = own.bias_values;
+    return specd_session_open_plain(s, r, field, err);
+}
+
+grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
+                                    const char *field, specd_error *err) {
+    specd_session_open_req r = {.prompt_ids = o->prompt_ids,
+                                .n_prompt_ids = o->n_prompt_ids,
+                                .resumed_tokens = o->resumed_tokens,
+                                .max_new_tokens = o->max_new_tokens,
+                                .stop_ids = o->stop_ids,
+                                .n_stop_ids = o->n_stop_ids,
+                                .ignore_eos = o->ignore_eos,
+                                .return_hidden = o->return_hidden,
+                                .logprobs = o->logprobs,
+                                .top_logprobs = o->top_logprobs};
+    return session_open(s, &r, o->sampling, field, err);
 }
 
 /* ---- Verify ---------------------------------------------------------------- */
@@ -349,154 +388,185 @@ out:
 
 /* ---- Generate ------------------------------------------------------------------ */
 
-static void h_generate(specd_rpc_call *c, void *user) {
-    specd_target_service *svc = user;
-    Specd__V1__GenerateRequest *req = NULL;
-    specd_error err = {{0}};
+/* One Generate call: a plain decode, i.e. a session whose every step
+ * verifies an empty tree, with the same checks and stop rules as a Verify
+ * session. h_generate runs it in four steps: gen_admit (the request, its
+ * prompt and limits), gen_open (the session and a slot), gen_decode (one
+ * scheduler step per token) with gen_respond (each token to the client),
+ * and gen_free. */
+typedef struct gen_call {
+    specd_target_service *svc;
+    specd_rpc_call *c;
+    Specd__V1__GenerateRequest *req;
     specd_session s;
-    specd_session_init(&s, &svc->lim);
-    int slot = -1;
-    int32_t *ids = NULL;
-    specd_text_stream ts;
-    int have_ts = 0;
-    lp_bufs lp = {0};
-    grpc_status_code code;
-    if (specd_rpc_call_request_msg(c, &specd__v1__generate_request__descriptor,
-                                   (ProtobufCMessage **)&req, &err)) {
-        specd_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
-        goto out;
-    }
-    if ((code = specd_admit_strings(req, &err))) {
-        specd_rpc_call_finish(c, code, err.msg);
-        goto out;
-    }
-    if (specd_text_stream_init(&ts, svc->tok, req->stop, req->n_stop, "request.stop", &err)) {
-        specd_rpc_call_finish(c, svc->tok ? GRPC_STATUS_INVALID_ARGUMENT
-                                          : GRPC_STATUS_FAILED_PRECONDITION,
-                              err.msg);
-        goto out;
-    }
-    have_ts = 1;
+    int slot; /* -1 until acquired */
+    int32_t *ids;
     size_t n_ids;
     int max_new;
-    /* Emptiness and ids here, the size limits in specd_admit_generate,
-     * both with draft-svc's words; the rest by the session below. */
-    if ((code = specd_prompt_from_request(svc->tok, req, svc->lim.vocab, 0, &ids, &n_ids,
-                                          &err)) ||
-        (code = specd_admit_generate(&svc->adm, n_ids, req->max_new_tokens, &max_new, &err))) {
-        specd_rpc_call_finish(c, code, err.msg);
-        goto out;
+    specd_text_stream ts;
+    int have_ts;
+    lp_bufs lp;
+    double t_start, t_first;
+    int steps;
+} gen_call;
+
+/* Finishes the call with `code` and `msg`; -1 for the caller to return. */
+static int gen_fail(gen_call *g, grpc_status_code code, const char *msg) {
+    specd_rpc_call_finish(g->c, code, msg);
+    return -1;
+}
+
+/* The request: its strings, stop strings (a text stream), prompt ids and
+ * size limits. Emptiness and ids here, the size limits in
+ * specd_admit_generate, both with draft-svc's words; the rest by the
+ * session (gen_open). */
+static int gen_admit(gen_call *g) {
+    specd_target_service *svc = g->svc;
+    specd_error err = {{0}};
+    grpc_status_code code;
+    if (specd_rpc_call_request_msg(g->c, &specd__v1__generate_request__descriptor,
+                                   (ProtobufCMessage **)&g->req, &err))
+        return gen_fail(g, GRPC_STATUS_INVALID_ARGUMENT, err.msg);
+    if ((code = specd_admit_strings(g->req, &err))) return gen_fail(g, code, err.msg);
+    if (specd_text_stream_init(&g->ts, svc->tok, g->req->stop, g->req->n_stop, "request.stop",
+                               &err))
+        return gen_fail(g, svc->tok ? GRPC_STATUS_INVALID_ARGUMENT
+                                    : GRPC_STATUS_FAILED_PRECONDITION,
+                        err.msg);
+    g->have_ts = 1;
+    if ((code = specd_prompt_from_request(svc->tok, g->req, svc->lim.vocab, 0, &g->ids,
+                                          &g->n_ids, &err)) ||
+        (code = specd_admit_generate(&svc->adm, g->n_ids, g->req->max_new_tokens, &g->max_new,
+                                     &err)))
+        return gen_fail(g, code, err.msg);
+    return 0;
+}
+
+/* The session (the same checks as a Verify Open), logprob buffers, and a
+ * scheduler slot. */
+static int gen_open(gen_call *g) {
+    const Specd__V1__GenerateRequest *req = g->req;
+    specd_error err = {{0}};
+    grpc_status_code code;
+    specd_session_open_req open = {.prompt_ids = g->ids,
+                                   .n_prompt_ids = g->n_ids,
+                                   .max_new_tokens = g->max_new,
+                                   .stop_ids = req->stop_ids,
+                                   .n_stop_ids = req->n_stop_ids,
+                                   .ignore_eos = req->ignore_eos,
+                                   .logprobs = req->logprobs,
+                                   .top_logprobs = req->top_logprobs};
+    if ((code = session_open(&g->s, &open, req->sampling, "request", &err)))
+        return gen_fail(g, code, err.msg);
+    if (g->s.logprobs && lp_bufs_alloc(&g->lp, 1))
+        return gen_fail(g, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if ((g->slot = specd_sched_acquire_slot(g->svc->sched)) < 0)
+        return gen_fail(g, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                        "all sessions are in use (limits.max_sessions)");
+    return 0;
+}
+
+/* The scheduler work of the next step: the prompt first (prefill), then
+ * the pending token into the cache, one token out (decode). */
+static void gen_work(gen_call *g, specd_work *w, int prefill) {
+    memset(w, 0, sizeof *w);
+    w->kind = prefill ? SPECD_WORK_PREFILL : SPECD_WORK_DECODE;
+    w->slot = g->slot;
+    if (prefill) {
+        w->tokens = g->s.prompt;
+        w->n_tokens = g->s.n_prompt;
+    } else {
+        w->n_past = g->s.n_past;
+        w->tokens = &g->s.pending;
+        w->n_tokens = 1;
     }
-    /* Same checks and stop rules as a Verify session: a plain decode is a
-     * session whose every step verifies an empty tree. */
-    Specd__V1__VerifyOpen open = SPECD__V1__VERIFY_OPEN__INIT;
-    open.n_prompt_ids = n_ids;
-    open.prompt_ids = ids;
-    open.sampling = req->sampling;
-    open.max_new_tokens = max_new;
-    open.n_stop_ids = req->n_stop_ids;
-    open.stop_ids = req->stop_ids;
-    open.ignore_eos = req->ignore_eos;
-    open.logprobs = req->logprobs;
-    open.top_logprobs = req->top_logprobs;
-    if ((code = specd_session_open(&s, &open, "request", &err))) {
-        specd_rpc_call_finish(c, code, err.msg);
-        goto out;
+    w->sampling = &g->s.sampling;
+    w->counts = specd_session_counts(&g->s);
+    w->position = specd_session_position(&g->s);
+    w->logprobs = g->s.logprobs ? g->lp.lp : NULL;
+    w->top_logprobs = g->s.top_logprobs;
+}
+
+/* Sends one token (its text, logprobs, and with the last one the finish
+ * reason and stats). 0: go on; 1: that was the last; -1: the call ended. */
+static int gen_respond(gen_call *g, int32_t *tok, Specd__V1__FinishReason fr) {
+    specd_error err = {{0}};
+    Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
+    Specd__V1__GenerateStats st = SPECD__V1__GENERATE_STATS__INIT;
+    /* The token that ends the generation at EOS or a stop id is returned by
+     * id, not as text (as a stop string is not part of the text); a stop
+     * string ends it right before the match. */
+    int terminal = fr == SPECD__V1__FINISH_REASON__FINISH_REASON_EOS ||
+                   fr == SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+    int rc = terminal ? 0 : specd_text_stream_push(&g->ts, *tok, &err);
+    if (rc < 0) return gen_fail(g, GRPC_STATUS_INTERNAL, err.msg);
+    /* A stop string that completes on the last allowed token still says
+     * STOP: the text was cut, which is what the client must know (draft-svc
+     * reports it the same way). */
+    if (rc == 1) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+    if (fr && !g->ts.stopped && specd_text_stream_finish(&g->ts))
+        return gen_fail(g, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    size_t text_len;
+    if (g->have_ts && g->svc->tok) r.text = (char *)specd_text_stream_take(&g->ts, &text_len);
+    r.n_token_ids = 1;
+    r.token_ids = tok;
+    if (g->s.logprobs) {
+        r.n_logprobs = 1;
+        r.logprobs = lp_bufs_wire(&g->lp, 1);
     }
-    if (s.logprobs && lp_bufs_alloc(&lp, 1)) {
-        specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        goto out;
+    if (fr) {
+        const specd_session *s = &g->s;
+        double end = now_ms();
+        r.finish_reason = fr;
+        st.prompt_tokens = s->n_prompt;
+        st.generated_tokens = s->n_out;
+        st.target_steps = g->steps;
+        st.mean_accepted_length = 1.0f; /* plain decoding: one token per step */
+        st.time_to_first_token_ms = (float)(g->t_first - g->t_start);
+        st.time_per_output_token_ms =
+            s->n_out > 1 ? (float)((end - g->t_first) / (s->n_out - 1)) : 0.0f;
+        r.stats = &st;
     }
-    if ((slot = specd_sched_acquire_slot(svc->sched)) < 0) {
-        specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                              "all sessions are in use (limits.max_sessions)");
-        goto out;
-    }
-    double t_start = now_ms(), t_first = 0;
-    int steps = 0;
+    if (specd_rpc_call_send_msg(g->c, &r.base) != SPECD_RPC_IO_OK) return -1;
+    return fr ? 1 : 0;
+}
+
+/* One scheduler step per token until the session finishes; then OK. */
+static void gen_decode(gen_call *g) {
+    g->t_start = now_ms();
     specd_work w;
-    memset(&w, 0, sizeof w);
-    w.kind = SPECD_WORK_PREFILL;
-    w.slot = slot;
-    w.tokens = s.prompt;
-    w.n_tokens = s.n_prompt;
-    w.sampling = &s.sampling;
-    w.counts = specd_session_counts(&s);
-    w.position = specd_session_position(&s);
-    w.logprobs = s.logprobs ? lp.lp : NULL;
-    w.top_logprobs = s.top_logprobs;
-    int n_past_after = s.n_prompt;
+    gen_work(g, &w, 1);
+    int n_past_after = g->s.n_prompt;
     for (;;) {
-        if (run_work(svc, c, &w)) goto out;
-        steps++;
+        if (run_work(g->svc, g->c, &w)) return;
+        g->steps++;
         Specd__V1__FinishReason fr;
         int32_t tok = w.next_token;
-        specd_session_emit(&s, &tok, 1, n_past_after, &fr);
-        if (steps == 1) t_first = now_ms();
-        Specd__V1__GenerateResponse r = SPECD__V1__GENERATE_RESPONSE__INIT;
-        Specd__V1__GenerateStats st = SPECD__V1__GENERATE_STATS__INIT;
-        /* The token that ends the generation at EOS or a stop id is
-         * returned by id, not as text (as a stop string is not part of the
-         * text); a stop string ends it right before the match. */
-        int terminal = fr == SPECD__V1__FINISH_REASON__FINISH_REASON_EOS ||
-                       fr == SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
-        int rc = terminal ? 0 : specd_text_stream_push(&ts, tok, &err);
-        if (rc < 0) {
-            specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, err.msg);
-            goto out;
-        }
-        /* A stop string that completes on the last allowed token still
-         * says STOP: the text was cut, which is what the client must know
-         * (draft-svc reports it the same way). */
-        if (rc == 1) fr = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
-        if (fr && !ts.stopped && specd_text_stream_finish(&ts)) {
-            specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-            goto out;
-        }
-        size_t text_len;
-        if (have_ts && svc->tok) r.text = (char *)specd_text_stream_take(&ts, &text_len);
-        r.n_token_ids = 1;
-        r.token_ids = &tok;
-        if (s.logprobs) {
-            r.n_logprobs = 1;
-            r.logprobs = lp_bufs_wire(&lp, 1);
-        }
-        if (fr) {
-            double end = now_ms();
-            r.finish_reason = fr;
-            st.prompt_tokens = s.n_prompt;
-            st.generated_tokens = s.n_out;
-            st.target_steps = steps;
-            st.mean_accepted_length = 1.0f; /* plain decoding: one token per step */
-            st.time_to_first_token_ms = (float)(t_first - t_start);
-            st.time_per_output_token_ms =
-                s.n_out > 1 ? (float)((end - t_first) / (s.n_out - 1)) : 0.0f;
-            r.stats = &st;
-        }
-        if (specd_rpc_call_send_msg(c, &r.base) != SPECD_RPC_IO_OK) goto out;
-        if (fr) break;
-        /* Next step: the pending token goes into the cache, one token out. */
-        memset(&w, 0, sizeof w);
-        w.kind = SPECD_WORK_DECODE;
-        w.slot = slot;
-        w.n_past = s.n_past;
-        w.tokens = &s.pending;
-        w.n_tokens = 1;
-        w.sampling = &s.sampling;
-        w.counts = specd_session_counts(&s);
-        w.position = specd_session_position(&s);
-        w.logprobs = s.logprobs ? lp.lp : NULL;
-        w.top_logprobs = s.top_logprobs;
-        n_past_after = s.n_past + 1;
+        specd_session_emit(&g->s, &tok, 1, n_past_after, &fr);
+        if (g->steps == 1) g->t_first = now_ms();
+        int rc = gen_respond(g, &tok, fr);
+        if (rc < 0) return;
+        if (rc > 0) break;
+        gen_work(g, &w, 0);
+        n_past_after = g->s.n_past + 1;
     }
-    specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
-out:
-    if (have_ts) specd_text_stream_free(&ts);
-    lp_bufs_free(&lp);
-    specd_sched_release_slot(svc->sched, slot);
-    specd_session_free(&s);
-    free(ids);
-    if (req) protobuf_c_message_free_unpacked(&req->base, NULL);
+    specd_rpc_call_finish(g->c, GRPC_STATUS_OK, NULL);
+}
+
+static void gen_free(gen_call *g) {
+    if (g->have_ts) specd_text_stream_free(&g->ts);
+    lp_bufs_free(&g->lp);
+    specd_sched_release_slot(g->svc->sched, g->slot);
+    specd_session_free(&g->s);
+    free(g->ids);
+    if (g->req) protobuf_c_message_free_unpacked(&g->req->base, NULL);
+}
+
+static void h_generate(specd_rpc_call *c, void *user) {
+    gen_call g = {.svc = user, .c = c, .slot = -1};
+    specd_session_init(&g.s, &g.svc->lim);
+    if (gen_admit(&g) == 0 && gen_open(&g) == 0) gen_decode(&g);
+    gen_free(&g);
 }
 
 /* ---- GetInfo ---------------------------------------------------------------------- */
@@ -613,13 +683,13 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     return svc;
 }
 
-/* Verify and Generate with their request log line (target_metrics.h). */
+/* Verify and Generate with their request log line (common/rpc/request_ctx.h). */
 static void h_verify_logged(specd_rpc_call *c, void *user) {
-    specd_target_logged(h_verify, c, user);
+    specd_request_run(h_verify, c, user, "target-svc", 0);
 }
 
 static void h_generate_logged(specd_rpc_call *c, void *user) {
-    specd_target_logged(h_generate, c, user);
+    specd_request_run(h_generate, c, user, "target-svc", 0);
 }
 
 int specd_target_service_register(specd_target_service *svc, specd_rpc_server *srv,
@@ -633,6 +703,10 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
     specd_rpc_set_health(srv, "specd.v1.Target", 1);
     specd_rpc_set_health(srv, "", 1);
     return 0;
+}
+
+void specd_target_service_step_cost(specd_target_service *svc, specd_step_cost *out) {
+    specd_sched_step_cost(svc->sched, out);
 }
 
 void specd_target_service_free(specd_target_service *svc) {

@@ -4,21 +4,24 @@
  *   /specd.v1.Target/Generate  SERVER_STREAMING: plain decoding
  *   /specd.v1.Target/GetInfo   UNARY: what model this target serves
  *
- * Every handler runs on its own thread (common/rpc_server.h) and hands its
+ * Every handler runs on its own thread (common/rpc/rpc_server.h) and hands its
  * model work to the one scheduler (scheduler.h), so all sessions share each
  * forward pass. The service does not own the model, transformer or tokenizer;
  * they must outlive it. */
 #ifndef SPECD_SERVICE_H
 #define SPECD_SERVICE_H
 
-#include "common/error.h"
-#include "common/model_file.h"
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
-#include "target-svc/transformer.h"
+#include "common/util/error.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_server.h"
+#include "common/spec/step_cost.h"
+#include "common/text/tokenizer.h"
+#include "common/model/transformer.h"
 
 /* GetInfo.version: the one specd version (CMake project VERSION) */
-#include "common/version.h"
+#include "common/util/version.h"
+#include "specd.pb-c.h"
+#include "target-svc/session.h"
 
 typedef struct specd_target_service specd_target_service;
 
@@ -53,5 +56,14 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
 
 /* After the server has shut down (no handler running). NULL is a no-op. */
 void specd_target_service_free(specd_target_service *svc);
+
+/* The forward-pass cost curve as GetInfo reports it (common/spec/step_cost.h). */
+void specd_target_service_step_cost(specd_target_service *svc, specd_step_cost *out);
+/* A Verify Open into the session (session.h): the protobuf message
+ * converted to specd_session_open_req once, here, then
+ * specd_session_check_open, the sampling parameters, and
+ * specd_session_open_plain. The same statuses and messages. */
+grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
+                                    const char *field, specd_error *err);
 
 #endif

@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/admission.h"
-#include "common/sampling_proto.h"
+#include "common/rpc/admission.h"
 
 void specd_session_init(specd_session *s, const specd_session_limits *lim) {
     memset(s, 0, sizeof *s);
@@ -40,8 +39,9 @@ const specd_token_counts *specd_session_counts(const specd_session *s) {
     return s->counts.vocab > 0 ? &s->counts : NULL;
 }
 
-grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
-                                    const char *field, specd_error *err) {
+grpc_status_code specd_session_check_open(const specd_session *s,
+                                          const specd_session_open_req *o, const char *field,
+                                          specd_error *err) {
     /* s->prompt set while still NEW: an Open was taken but its first token
      * not yet emitted; a second one would leak the first's settings. */
     if (s->state != SPECD_SESSION_NEW || s->prompt)
@@ -60,8 +60,7 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     /* max_prompt_tokens bounds the prefill a client may ask for; tokens it
      * already paid for on a lost target do not count against it. The prompt
      * plus the pending token must fit the context. One rule for both
-     * services (common/admission.h). */
-    size_t n_new_prompt = o->n_prompt_ids - (size_t)o->resumed_tokens;
+     * services (common/rpc/admission.h). */
     char pfield[64];
     snprintf(pfield, sizeof pfield, "%s.prompt_ids", field);
     specd_admission_limits adm = {.context = L->context, .max_prompt_tokens = L->max_prompt_tokens};
@@ -76,19 +75,26 @@ grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpe
     if (o->max_new_tokens <= 0)
         return specd_seterr(err, "%s.max_new_tokens = %d must be > 0", field, o->max_new_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
-    /* stop ids and logprobs options: draft-svc's words (common/admission.h) */
-    if ((pcode = specd_admit_outputs(field, o->stop_ids, o->n_stop_ids, o->logprobs,
-                                     o->top_logprobs, L->vocab, err)))
-        return pcode;
+    /* stop ids and logprobs options: draft-svc's words (common/rpc/admission.h) */
+    return specd_admit_outputs(field, o->stop_ids, o->n_stop_ids, o->logprobs, o->top_logprobs,
+                               L->vocab, err);
+}
 
-    char sfield[64];
-    snprintf(sfield, sizeof sfield, "%s.sampling", field);
-    specd_sampling_owned own;
-    if (specd_sampling_from_proto(o->sampling, L->vocab, sfield, &own, err))
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    specd_sampling sp = own.s;
-    int32_t *bias_ids = own.bias_ids;
-    float *bias_values = own.bias_values;
+grpc_status_code specd_session_open_plain(specd_session *s, specd_session_open_req *o,
+                                          const char *field, specd_error *err) {
+    int32_t *bias_ids = o->bias_ids;
+    float *bias_values = o->bias_values;
+    o->bias_ids = NULL;
+    o->bias_values = NULL;
+    grpc_status_code code = specd_session_check_open(s, o, field, err);
+    if (code) {
+        free(bias_ids);
+        free(bias_values);
+        return code;
+    }
+    const specd_session_limits *L = &s->lim;
+    size_t n_new_prompt = o->n_prompt_ids - (size_t)o->resumed_tokens;
+    specd_sampling sp = o->sampling;
     specd_error e2 = {{0}};
     /* Counts only when something reads them: a vocabulary-sized table per
      * session is memory (and an O(prompt) pass) that plain sampling does not

@@ -18,10 +18,10 @@
 
 #include <grpc/status.h>
 
-#include "common/error.h"
-#include "common/sampling.h"
+#include "common/util/error.h"
+#include "common/spec/sampling.h"
 #include "specd.pb-c.h"
-#include "target-svc/verify.h"
+#include "common/spec/verify.h"
 
 typedef struct specd_session_limits {
     int vocab;             /* token ids are 0..vocab-1 */
@@ -70,7 +70,7 @@ typedef struct specd_session {
     specd_tree tree;
     specd_sparse_dist *q;
     int q_cap;
-    /* Co-location (common/ipc_caps.h): 1 once step 0 carried a CUDA IPC
+    /* Co-location (common/rpc/ipc_caps.h): 1 once step 0 carried a CUDA IPC
      * grant; only then may a Tree set hidden_via_ipc. Set by the service. */
     int ipc_granted;
 } specd_session;
@@ -87,16 +87,45 @@ uint64_t specd_session_position(const specd_session *s);
  * no penalty or bias is on. */
 const specd_token_counts *specd_session_counts(const specd_session *s);
 
+/* An Open as plain C: what a Verify Open (or a Generate request, which is
+ * a session whose every tree is empty) asks of a session. The services
+ * convert their messages into this once (target-svc/service.c). The arrays
+ * are the caller's and are copied, except the sampling's logit-bias arrays
+ * (sampling.bias_ids/bias_values point into bias_ids/bias_values), which
+ * specd_session_open_plain takes over, success or not. */
+typedef struct specd_session_open_req {
+    const int32_t *prompt_ids;
+    size_t n_prompt_ids;
+    int resumed_tokens;   /* the last ones of prompt_ids were generated elsewhere */
+    int max_new_tokens;
+    const int32_t *stop_ids;
+    size_t n_stop_ids;
+    int ignore_eos, return_hidden, logprobs, top_logprobs;
+    specd_sampling sampling; /* converted and validated by the caller */
+    int32_t *bias_ids;
+    float *bias_values;
+} specd_session_open_req;
+
+/* The checks of an Open that come before its sampling parameters (the
+ * session's state, the prompt, resumed tokens, max_new_tokens, stop ids and
+ * logprobs options): what a caller runs before converting the sampling, so
+ * a request with several faults is told about the first. field names the
+ * message in errors ("open", "request"). */
+grpc_status_code specd_session_check_open(const specd_session *s,
+                                          const specd_session_open_req *o, const char *field,
+                                          specd_error *err);
 /* Checks an Open and takes its settings: GRPC_STATUS_OK, or
  * FAILED_PRECONDITION (not the first message) / INVALID_ARGUMENT /
  * RESOURCE_EXHAUSTED (no memory) + err. On OK the caller prefills s->prompt
  * and then calls specd_session_emit with the first token, drawn at output
  * index s->resumed. field names the message in errors ("open" ->
- * "open.prompt_ids[2] = ...", "open.sampling.top_p must be ...").
- * Limits: max_prompt_tokens applies to the new prompt (n_prompt - resumed),
- * the context to the whole prompt. */
-grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
-                                    const char *field, specd_error *err);
+ * "open.prompt_ids[2] = ..."). Limits: max_prompt_tokens applies to the new
+ * prompt (n_prompt - resumed), the context to the whole prompt. A refused
+ * Open leaves the session as it was (a later Open may still succeed). The
+ * protobuf form, specd_session_open (target-svc/service.h), converts a
+ * Verify Open into this. */
+grpc_status_code specd_session_open_plain(specd_session *s, specd_session_open_req *o,
+                                          const char *field, specd_error *err);
 
 /* Checks a Tree (state, step number, size, ids, parents, q, context room) and
  * makes s->tree describe it. GRPC_STATUS_OK or an error code + err. */

@@ -2,7 +2,7 @@
 #include "target_config.h"
 
 #include "kernels/backend.h"
-#include "common/request_log.h"
+#include "common/rpc/request_log.h"
 
 const char *const specd_target_backends[] = {"cpu", "cuda", NULL};
 
@@ -25,10 +25,10 @@ const specd_cfg_field specd_target_cfg_fields[] = {
     SPECD_CFG_FIELD("limits.max_sessions", SPECD_CFG_INT64, specd_target_cfg, limits.max_sessions,
                     "64", "concurrent sessions (each holds a KV cache)", .min = 1, .max = 65536),
     SPECD_CFG_FIELD("limits.max_prompt_tokens", SPECD_CFG_INT64, specd_target_cfg,
-                    limits.max_prompt_tokens, "4096", "longest prompt, in tokens", .min = 1,
+                    limits.max_prompt_tokens, "32768", "longest prompt, in tokens (a prompt must also fit the context, which for the default model is 8192)", .min = 1,
                     .max = 1 << 24),
     /* The same two limits, defaults and words as draft-svc's (Generate is
-     * served by both, common/admission.h). */
+     * served by both, common/rpc/admission.h). */
     SPECD_CFG_FIELD("limits.max_new_tokens", SPECD_CFG_INT64, specd_target_cfg,
                     limits.max_new_tokens, "4096", "most tokens a Generate request may ask for",
                     .min = 1, .max = 1 << 24),

@@ -1,6 +1,6 @@
 /* target_config.h - target-svc's settings: the struct and its schema.
  *
- * The schema is a table for the one config loader (common/config.h), so the
+ * The schema is a table for the one config loader (common/util/config.h), so the
  * defaults, the YAML keys, the flags and `--help` all come from here. The
  * example file deploy/config/target-svc.example.yaml documents every key;
  * tests/unit/test_config.c checks that it parses with this very schema. */
@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
+#include "common/util/config.h"
 
 typedef struct specd_target_cfg {
     char *listen;

@@ -4,8 +4,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "common/metrics.h"
-#include "common/request_ctx.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/request_ctx.h"
 
 static struct {
     specd_metric *active, *max_sessions, *queued_items, *queued_tokens;
@@ -137,9 +137,3 @@ void specd_target_metrics_unwatch(specd_target_watch *w) {
     free(w);
 }
 
-void specd_target_logged(specd_rpc_handler h, specd_rpc_call *c, void *user) {
-    specd_request_ctx r;
-    specd_request_begin(&r, c, 0);
-    h(c, user);
-    specd_request_end(&r, c, "target-svc");
-}

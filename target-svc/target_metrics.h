@@ -1,6 +1,6 @@
 /* target_metrics.h - target-svc's Prometheus metrics and request log.
  *
- * Every metric lives in the process registry (common/metrics.h) under
+ * Every metric lives in the process registry (common/rpc/metrics.h) under
  * specd_target_*; the scheduler and the Verify/Generate handlers report at a
  * few clear points, and a scrape hook reads the live load:
  *
@@ -20,7 +20,7 @@
  *   specd_target_generated_tokens_total    counter tokens emitted (accepted +
  *                                                  the target's own next token)
  *   specd_grpc_server_handled_total        counter by method and status code
- *                                                  (common/rpc_metrics.c)
+ *                                                  (common/rpc/rpc_metrics.c)
  *
  * Prefix-cache hits are not exported: target-svc has no prefix cache yet. */
 #ifndef SPECD_TARGET_METRICS_H
@@ -28,9 +28,9 @@
 
 #include <stdint.h>
 
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_server.h"
 #include "target-svc/scheduler.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 /* After every forward pass, on the worker thread (which owns t): the pass's
  * size and time, and the KV pages in use after it. ok = 0 for a failed pass. */
@@ -47,8 +47,5 @@ void specd_target_metrics_verify(int n_accepted, int n_emitted);
 typedef struct specd_target_watch specd_target_watch;
 specd_target_watch *specd_target_metrics_watch(specd_sched *s, int max_sessions);
 void specd_target_metrics_unwatch(specd_target_watch *w); /* NULL is a no-op */
-
-/* A handler wrapped with the request log: begin, handler, end. */
-void specd_target_logged(specd_rpc_handler h, specd_rpc_call *c, void *user);
 
 #endif

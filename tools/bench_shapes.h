@@ -15,8 +15,8 @@
 #ifndef SPECD_BENCH_SHAPES_H
 #define SPECD_BENCH_SHAPES_H
 
-#include "common/error.h"
-#include "common/model_file.h"
+#include "common/util/error.h"
+#include "common/model/model_file.h"
 
 /* The names bench_shape_create knows, for usage text. */
 #define SPECD_BENCH_SHAPE_NAMES "llama2-7b, smollm2-135m"

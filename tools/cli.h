@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "common/sampling.h"
+#include "common/spec/sampling.h"
 #include "specd.pb-c.h"
 
 int cmd_generate(int argc, char **argv);
@@ -25,6 +25,9 @@ int cmd_health(int argc, char **argv);
 
 /* Monotonic seconds. */
 double cli_now(void);
+/* The CPU's model name from /proc/cpuinfo ("this CPU" where there is none),
+ * for benchmark headers. */
+void cli_cpu_model(char *out, size_t cap);
 /* Parses an integer/float option value or exits with a message naming the
  * option. */
 long cli_int(const char *opt, const char *val, long lo, long hi);

@@ -5,17 +5,9 @@
 #include <string.h>
 
 #include "cli.h"
+#include "common/rpc/request_log.h"
 
-const char *cli_finish_name(Specd__V1__FinishReason f) {
-    switch (f) {
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_EOS: return "eos";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT: return "context";
-    case SPECD__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
-    default: return "unspecified";
-    }
-}
+const char *cli_finish_name(Specd__V1__FinishReason f) { return specd_finish_reason_name(f); }
 
 static void take_stats(cli_gen_result *res, const Specd__V1__GenerateStats *st) {
     res->have_stats = 1;

@@ -1,5 +1,5 @@
 /* client.h - how the specd tool calls a specd service: one Generate call
- * over common/rpc_client.h with the client-side clock around it, the TLS
+ * over common/rpc/rpc_client.h with the client-side clock around it, the TLS
  * flags, and names for status codes and finish reasons. Shared by
  * `specd generate --server` and `specd bench --e2e`, so both measure the
  * same thing the same way. */
@@ -10,8 +10,8 @@
 
 #include <grpc/status.h>
 
-#include "common/error.h"
-#include "common/rpc_client.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_client.h"
 #include "specd.pb-c.h"
 
 #define CLI_DRAFT_GENERATE "/specd.v1.Draft/Generate"

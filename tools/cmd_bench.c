@@ -30,11 +30,11 @@
 
 #include "bench_shapes.h"
 #include "cli.h"
-#include "common/rng.h"
-#include "common/sampling.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 static void bench_usage(void) {
     printf("usage: specd bench [options]\n"
@@ -385,24 +385,6 @@ static void pick_peak(verify_env *e, const verify_opts *o, const specd_device_in
     }
 }
 
-/* The CPU's model name from /proc/cpuinfo ("this CPU" where there is none):
- * what the CPU backend runs on, for a backend that does not say. */
-static void cpu_model_name(char *out, size_t cap) {
-    snprintf(out, cap, "this CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) || !colon) continue;
-        colon += strspn(colon + 1, " \t") + 1;
-        colon[strcspn(colon, "\n")] = 0;
-        snprintf(out, cap, "%s", colon);
-        break;
-    }
-    fclose(f);
-}
-
 /* Everything the header states, from the transformer's own backend: its KV
  * type is the one the cache really holds (fp32 for fp32 models even on
  * CUDA), and device_info names the device that ran the steps. */
@@ -419,7 +401,7 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
         specd_pool_destroy(p);
     }
     if (have_info && di.name[0]) snprintf(e->device, sizeof e->device, "%s", di.name);
-    else if (cpu) cpu_model_name(e->device, sizeof e->device);
+    else if (cpu) cli_cpu_model(e->device, sizeof e->device);
     else snprintf(e->device, sizeof e->device, "unknown (the backend has no device_info)");
     if (cpu)
         snprintf(e->backend, sizeof e->backend, "cpu (%s), %d thread%s", cpu_simd_name(),

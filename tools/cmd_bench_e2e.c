@@ -94,6 +94,7 @@ typedef struct bench_opts {
     int max_new, threads, requests, ctx, candidates, depth;
     const char *only_drafters;
     const char *accept_head;
+    const char *json; /* --json FILE: the rows as JSON too (bench/plot_e2e.py draws them) */
     const char *backend; /* in-process target's and speculator's backend (NULL = cpu) */
     int device;
     float stop_thresholds[MAX_THRESHOLDS];
@@ -168,6 +169,8 @@ static void usage(void) {
            "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n"
            "  --stop-thresholds LIST  add a row \"mlp adaptive t=X\" per threshold X (0 < X < 1):\n"
            "                       SpecDec++ adaptive draft length, beside the fixed mlp row\n"
+           "  --json FILE          also write the rows (and the machine, command) as JSON, for\n"
+           "                       bench/plot_e2e.py\n"
            "  --accept-head DIR    the mlp drafter's acceptance head (default: SPECULATOR/\n"
            "                       accept_head when it exists; with --draft: that server's)\n",
            SPECD_DEFAULT_MODEL);
@@ -475,6 +478,52 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
 
 /* The command line as typed (shell-quoted where needed), so the table can
  * be reproduced exactly. */
+/* The table as JSON: {"command", "machine", "threads", "max_new_tokens",
+ * "rows": [{drafter, streams, tok_s, tok_s_per_stream, tau, accept,
+ * ttft_ms, speedup, tau_by_class: {class: tau}}]}. */
+static int write_json(const char *path, int argc, char **argv, const bench_opts *o,
+                      const cell *cells, int n_cells, char classes[][32], int n_classes,
+                      specd_error *err) {
+    cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
+    char cmd[4096];
+    size_t k = 0;
+    for (int i = 0; i < argc && k < sizeof cmd; i++)
+        k += (size_t)snprintf(cmd + k, sizeof cmd - k, "%s%s", i ? " " : "", argv[i]);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    cJSON_AddStringToObject(root, "command", cmd);
+    cJSON_AddStringToObject(root, "host", host);
+    char cpu_name[256];
+    cli_cpu_model(cpu_name, sizeof cpu_name);
+    cJSON_AddStringToObject(root, "cpu", cpu_name);
+    cJSON_AddNumberToObject(root, "threads", o->threads);
+    cJSON_AddNumberToObject(root, "max_new_tokens", o->max_new);
+    for (int i = 0; i < n_cells; i++) {
+        const cell *c = &cells[i];
+        cJSON *r = cJSON_CreateObject(), *bc = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "drafter", c->drafter);
+        cJSON_AddNumberToObject(r, "streams", c->streams);
+        cJSON_AddNumberToObject(r, "tok_s", c->tok_s);
+        cJSON_AddNumberToObject(r, "tok_s_per_stream", c->tok_s_stream);
+        cJSON_AddNumberToObject(r, "tau", c->tau);
+        if (c->have_accept) cJSON_AddNumberToObject(r, "accept", c->accept);
+        cJSON_AddNumberToObject(r, "ttft_ms", c->ttft_ms);
+        if (c->speedup > 0) cJSON_AddNumberToObject(r, "speedup", c->speedup);
+        for (int j = 0; j < n_classes; j++) cJSON_AddNumberToObject(bc, classes[j], c->tau_cls[j]);
+        cJSON_AddItemToObject(r, "tau_by_class", bc);
+        cJSON_AddItemToArray(rows, r);
+    }
+    cJSON_AddItemToObject(root, "rows", rows);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (f && fclose(f)) ok = 0;
+    free(text);
+    if (!ok) return specd_seterr(err, "--json %s: cannot write", path);
+    return 0;
+}
+
 static void print_command(int argc, char **argv) {
     printf("command: specd");
     for (int i = 0; i < argc; i++) {
@@ -570,6 +619,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--target")) o->target = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->draft = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--prompts")) o->prompts_file = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--per-class"))
             o->per_class = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--drafters")) o->only_drafters = cli_value(argc, argv, &i);
@@ -808,6 +858,8 @@ int cmd_bench_e2e(int argc, char **argv) {
         printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |\n", label_w,
                c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms, sp, bycls);
     }
+    if (o.json && write_json(o.json, argc, argv, &o, cells, n_cells, classes, n_classes, &err))
+        goto fail;
     status = 0;
     goto out;
 fail:

@@ -32,9 +32,9 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "common/model_file.h"
-#include "common/prompt.h"
-#include "common/tokenizer.h"
+#include "common/model/model_file.h"
+#include "common/rpc/prompt.h"
+#include "common/text/tokenizer.h"
 #include "draft-svc/drafter.h"
 #include "tools/train/corpus.h"
 #include "tools/train/eval.h"

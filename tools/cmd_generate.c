@@ -15,11 +15,11 @@
 #include "tools/client.h"
 #include "tools/inproc.h"
 #include "tools/generate.h"
-#include "common/chat.h"
-#include "common/gguf.h"
-#include "common/sampling.h"
-#include "common/tokenizer.h"
-#include "target-svc/transformer.h"
+#include "common/text/chat.h"
+#include "common/model/gguf.h"
+#include "common/spec/sampling.h"
+#include "common/text/tokenizer.h"
+#include "common/model/transformer.h"
 
 #define PREFILL_CHUNK 256
 

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/rpc_client.h"
+#include "common/rpc/rpc_client.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "tools/cli.h"
 

@@ -29,12 +29,12 @@
 #include <cblas.h>
 
 #include "cli.h"
-#include "common/dtype.h"
-#include "common/model_file.h"
-#include "common/rng.h"
-#include "common/small_file.h"
-#include "common/tokenizer.h"
-#include "target-svc/transformer.h"
+#include "common/util/dtype.h"
+#include "common/model/model_file.h"
+#include "common/util/rng.h"
+#include "common/util/small_file.h"
+#include "common/text/tokenizer.h"
+#include "common/model/transformer.h"
 #include "tools/train/corpus.h"
 #include "tools/train/nn.h"
 #include "tools/train/spec_data.h"

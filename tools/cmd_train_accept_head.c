@@ -24,11 +24,11 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "common/model_file.h"
-#include "common/tokenizer.h"
-#include "draft-svc/accept_head.h"
-#include "draft-svc/mlp_speculator.h"
-#include "target-svc/transformer.h"
+#include "common/model/model_file.h"
+#include "common/text/tokenizer.h"
+#include "common/model/accept_head.h"
+#include "common/model/mlp_speculator.h"
+#include "common/model/transformer.h"
 #include "tools/train/accept_data.h"
 #include "tools/train/accept_train.h"
 #include "tools/train/corpus.h"

@@ -8,8 +8,8 @@
 #include <stdint.h>
 
 #include "cli.h"
-#include "common/error.h"
-#include "common/rpc_client.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_client.h"
 
 #define GEN_MAX_STOPS 64
 

@@ -11,18 +11,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/config.h"
-#include "common/model_file.h"
-#include "common/rpc_server.h"
-#include "common/small_file.h"
+#include "common/util/config.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_server.h"
+#include "common/util/small_file.h"
 #include "draft-svc/draft_config.h"
+#include "draft-svc/draft_opts.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
 #include "draft-svc/target_watch.h"
 #include "target-svc/service.h"
 #include "target-svc/target_config.h"
-#include "target-svc/transformer.h"
+#include "target-svc/target_opts.h"
+#include "common/model/transformer.h"
 
 struct cli_inproc {
     specd_target_cfg tcfg;
@@ -44,26 +46,24 @@ struct cli_inproc {
 };
 
 static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_error *err) {
-    const specd_target_cfg *c = &p->tcfg;
-    specd_transformer_opts to = {
-        .backend = {.name = o->backend ? o->backend : "cpu", .n_threads = o->threads,
-                    .device = o->device, .precision = (specd_precision)o->precision},
-        .n_slots = o->max_sessions,
-        .max_ctx = ctx,
-        .max_batch = (int)c->batching.max_batch_tokens,
-    };
+    /* The configuration's options (target_opts.h), sized by the caller:
+     * its backend, sessions and context, and a KV pool that holds every
+     * session's whole context (kv_memory 0), as the CLI always had. */
+    specd_transformer_opts to;
+    specd_transformer_opts_from_config(&p->tcfg, ctx, &to);
+    to.backend = (specd_backend_opts){.name = o->backend ? o->backend : "cpu",
+                                      .n_threads = o->threads, .device = o->device,
+                                      .precision = (specd_precision)o->precision};
+    to.n_slots = o->max_sessions;
+    to.max_ctx = ctx;
+    to.kv_memory = 0;
     if (!(p->t = specd_transformer_create(p->m, &to, err))) return -1;
-    specd_target_opts so = {
-        .max_sessions = o->max_sessions,
-        /* a prompt must leave room for at least one token in the context */
-        .max_prompt_tokens = c->limits.max_prompt_tokens < ctx - 1 ? (int)c->limits.max_prompt_tokens
-                                                                   : ctx - 1,
-        .max_tree_tokens = (int)c->limits.max_tree_tokens,
-        .max_batch_tokens = (int)c->batching.max_batch_tokens,
-        .max_wait_ms = (int)c->batching.max_wait,
-        .device = o->device,
-        .calibrate_tokens = (int)c->batching.calibrate_tokens,
-    };
+    specd_target_opts so;
+    specd_target_opts_from_config(&p->tcfg, &so);
+    so.max_sessions = o->max_sessions;
+    /* a prompt must leave room for at least one token in the context */
+    if (so.max_prompt_tokens > ctx - 1) so.max_prompt_tokens = ctx - 1;
+    so.device = o->device;
     if (!(p->tsvc = specd_target_service_create(p->m, p->t, p->tok, &so, err))) return -1;
     specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1,
                                 /* as target-svc/main.c: sessions plus a few other calls */
@@ -95,7 +95,8 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         }
         specd_mlp_drafter_opts mo = {.path = o->speculator, .n_threads = o->threads,
                                      .backend = o->backend, .device = o->device,
-                                     .accept_head = head};
+                                     .accept_head = head,
+                                     .q8_weights = p->dcfg.drafter.mlp.quantize};
         if (!(p->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, err)))
             return specd_preferr(err, "--speculator");
         hidden = p->drafters[SPECD_DRAFTER_MLP]->hidden_size;
@@ -107,59 +108,30 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
             return specd_preferr(err, "--draft-model");
     }
     if (o->ngram) {
-        specd_ngram_drafter_opts no = {.vocab = vocab,
-                                       .min_n = (int)c->drafter.ngram.min_n,
-                                       .max_n = (int)c->drafter.ngram.max_n,
-                                       .max_scan = (int)c->drafter.ngram.max_scan,
-                                       .min_prob = (float)c->drafter.ngram.min_prob,
-                                       .shared = c->speculation.suffix_cache.shared,
-                                       .cache_max_tokens = c->speculation.suffix_cache.max_tokens};
+        specd_ngram_drafter_opts no;
+        specd_ngram_opts_from_config(c, vocab, &no);
         if (!(p->drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
     }
     const char *targets[1] = {p->target_addr};
-    specd_tpool_opts po = {
-        .targets = targets,
-        .n_targets = 1,
-        /* loopback to our own target is plaintext; an external one gets
-         * the caller's TLS settings */
-        .channel = o->target_addr ? o->target_tls : (specd_rpc_channel_opts){.insecure = 1},
-        .resolve_interval_ms = (int)c->target.resolve_interval,
-        .expect_vocab = vocab,
-        .expect_hidden = hidden,
-        .expect_tokenizer_sha256 = tok_sha,
-    };
+    specd_tpool_opts po;
+    specd_tpool_opts_from_config(c, &po);
+    po.targets = targets;
+    po.n_targets = 1;
+    /* loopback to our own target is plaintext; an external one gets the
+     * caller's TLS settings */
+    po.channel = o->target_addr ? o->target_tls : (specd_rpc_channel_opts){.insecure = 1};
+    po.expect_vocab = vocab;
+    po.expect_hidden = hidden;
+    po.expect_tokenizer_sha256 = tok_sha;
     if (!(p->pool = specd_tpool_create(&po, err))) return -1;
-    /* The configured default drafter (ngram) when offered, else none. */
-    int def = c->drafter.def;
-    if (def < SPECD_N_DRAFTERS && !p->drafters[def]) def = SPECD_N_DRAFTERS;
-    specd_draft_opts dop = {
-        .tok = p->tok,
-        .pool = p->pool,
-        .default_drafter = def,
-        .max_prompt_tokens = (int)c->limits.max_prompt_tokens,
-        .max_new_tokens = (int)c->limits.max_new_tokens,
-        .default_max_new_tokens = (int)c->limits.default_max_new_tokens,
-        .max_tree_tokens = (int)c->limits.max_tree_tokens,
-        .step_timeout_ms = (int)c->target.step_timeout,
-        .open_timeout_ms = (int)c->target.open_timeout,
-        .max_failovers = (int)c->target.max_failovers,
-        .stop_threshold = (float)c->speculation.adaptive.threshold,
-        .min_depth = (int)c->speculation.adaptive.min_depth,
-    };
+    specd_draft_opts dop;
+    if (specd_draft_opts_from_config(c, &dop, err)) return -1;
+    dop.tok = p->tok;
+    dop.pool = p->pool;
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];
-    dop.policy.off_above = (int)c->speculation.off_above;
-    dop.policy.sampled_load_aware = c->speculation.sampled_load_aware;
-    dop.policy.min_acceptance = c->speculation.min_acceptance;
-    dop.policy.warmup_steps = (int)c->speculation.warmup_steps;
-    dop.policy.cooldown_steps = (int)c->speculation.cooldown_steps;
-    dop.policy.ewma_alpha = 0.2; /* the value draft-svc/main.c uses */
-    dop.policy.cost_aware = c->speculation.tree == 0;
-    if (specd_policy_parse_shape(&dop.policy, c->speculation.max_shape, "speculation.max_shape",
-                                 err))
-        return -1;
-    if (specd_policy_parse_table(&dop.policy, c->speculation.load_table.items,
-                                 (int)c->speculation.load_table.n, "speculation.load_table", err))
-        return -1;
+    /* The configured default drafter (ngram) when offered, else none. */
+    if (dop.default_drafter < SPECD_N_DRAFTERS && !p->drafters[dop.default_drafter])
+        dop.default_drafter = SPECD_N_DRAFTERS;
     if (!(p->dsvc = specd_draft_service_create(&dop, err))) return -1;
     specd_rpc_server_opts ro = {.listen_addr = "127.0.0.1:0", .insecure = 1,
                                 .max_calls = (int)c->limits.max_calls};

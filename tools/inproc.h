@@ -9,9 +9,9 @@
 #ifndef SPECD_CLI_INPROC_H
 #define SPECD_CLI_INPROC_H
 
-#include "common/error.h"
-#include "common/rpc_client.h"
-#include "common/tokenizer.h"
+#include "common/util/error.h"
+#include "common/rpc/rpc_client.h"
+#include "common/text/tokenizer.h"
 
 typedef struct cli_inproc_opts {
     const char *model;       /* the target model (and the tokenizer); required */

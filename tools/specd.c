@@ -13,9 +13,27 @@
 #include <time.h>
 
 #include "cli.h"
-#include "common/version.h"
+#include "common/util/version.h"
 
 #include "kernels/backend.h"
+
+/* The CPU's model name from /proc/cpuinfo ("this CPU" where there is none):
+ * what the CPU backend runs on, for a backend that does not say. */
+void cli_cpu_model(char *out, size_t cap) {
+    snprintf(out, cap, "this CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon) continue;
+        colon += strspn(colon + 1, " \t") + 1;
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(out, cap, "%s", colon);
+        break;
+    }
+    fclose(f);
+}
 
 double cli_now(void) {
     struct timespec ts;

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/sampling.h"
+#include "common/spec/sampling.h"
 #include "kernels/backend.h"
 #include "matmul.h"
 #include "qmatmul.h"
@@ -30,6 +30,9 @@ typedef struct cpu_backend {
     specd_step step;
     int *tok_seq;
     int tok_seq_cap;
+    /* attention query blocks of the current layer: first token of each */
+    int *blk_tok;
+    int blk_cap;
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -40,6 +43,7 @@ static void cpu_destroy(specd_backend *be) {
     for (int i = 0; i < n && c->scores; i++) free(c->scores[i]);
     free(c->scores);
     free(c->tok_seq);
+    free(c->blk_tok);
     specd_pool_destroy(c->pool);
     free(c);
 }
@@ -263,42 +267,84 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
                : (const void *)((const float *)pool + base);
 }
 
-/* One task = one (token, head): softmax(q.K^T/sqrt(d)) . V over the visible
- * rows: the n_past committed rows plus the new rows the mask allows. */
+/* Query block: up to ATTN_QB consecutive new tokens of one sequence. They
+ * all see the sequence's committed rows, so the paged kernels read each K
+ * and V row once for the block instead of once per token: a prompt chunk
+ * or a tree reads its context ATTN_QB times less. */
+#define ATTN_QB 8
+
+/* One task = one (query block, head): for each token t of the block,
+ * softmax(q_t . K^T / sqrt(d)) . V over the rows t sees: the n_past
+ * committed rows plus the new rows the mask allows. Every token's
+ * arithmetic is the per-row kernels' whatever the block (the blocked
+ * kernels are bitwise the same per query), so a row's output does not
+ * depend on what else is in the batch. */
 static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
     const specd_step *st = &j->c->step;
     const cpu_kernel_set *ks = cpu_active_kernels();
-    int t = task / j->n_heads, h = task % j->n_heads;
-    const specd_step_seq *s = &st->seqs[j->c->tok_seq[t]];
-    int i = t - s->tok_start; /* index among the sequence's new tokens */
+    int blk = task / j->n_heads, h = task % j->n_heads;
+    int t0 = j->c->blk_tok[blk];
+    const specd_step_seq *s = &st->seqs[j->c->tok_seq[t0]];
+    int i0 = t0 - s->tok_start; /* index among the sequence's new tokens */
+    int nq = s->n_new - i0 < ATTN_QB ? s->n_new - i0 : ATTN_QB;
     int hd = j->head_dim, kvw = j->n_kv_heads * hd;
     int kvh = h / (j->n_heads / j->n_kv_heads);
-    const float *qv = j->q + ((size_t)t * j->n_heads + h) * hd;
-    float *scores = j->c->scores[thread];
     float scale = 1.0f / sqrtf((float)hd);
-    int n_rows = s->n_past + i + 1;
-    float maxs = -INFINITY;
-    for (int r = 0; r < n_rows; r++) {
-        int visible = r < s->n_past || !s->mask ||
-                      s->mask[(size_t)i * s->n_new + (r - s->n_past)];
-        if (!visible) {
-            scores[r] = -INFINITY;
-            continue;
-        }
-        size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-        scores[r] = ks->kv_dot(qv, kv_at(j->k_pool, j->f16, base), j->f16, hd) * scale;
-        if (scores[r] > maxs) maxs = scores[r];
+    int width = s->n_past + i0 + nq; /* rows the block's last token sees */
+    float *scores = j->c->scores[thread]; /* [nq][width] */
+    const float *qs[ATTN_QB];
+    float *os[ATTN_QB], *ss[ATTN_QB], maxs[ATTN_QB], invs[ATTN_QB];
+    for (int k = 0; k < nq; k++) {
+        qs[k] = j->q + ((size_t)(t0 + k) * j->n_heads + h) * hd;
+        os[k] = j->out + ((size_t)(t0 + k) * j->n_heads + h) * hd;
+        ss[k] = scores + (size_t)k * width;
+        maxs[k] = -INFINITY;
     }
-    double sum = ks->softmax_exp(scores, n_rows, maxs);
-    float inv = (float)(1.0 / sum);
-    float *o = j->out + ((size_t)t * j->n_heads + h) * hd;
-    memset(o, 0, sizeof(float) * hd);
-    for (int r = 0; r < n_rows; r++) {
-        if (scores[r] == 0.0f) continue;
-        float w = scores[r] * inv;
-        size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-        ks->kv_axpy(o, w, kv_at(j->v_pool, j->f16, base), j->f16, hd);
+    /* Rows before r0 are seen by every token of the block and done by the
+     * paged kernels: the committed rows, and with a causal mask the new
+     * rows up to the block's first token too (a prompt chunk's own rows). */
+    int r0 = s->n_past + (s->mask ? 0 : i0 + 1);
+    if (j->f16 || !ks->kv_dots) r0 = 0;
+    if (r0 > 0) {
+        if (nq > 1 && ks->kv_dots_block)
+            ks->kv_dots_block(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, (size_t)kvh * hd, hd,
+                              scale, ss, maxs);
+        else
+            for (int k = 0; k < nq; k++)
+                maxs[k] = ks->kv_dots(qs[k], j->k_pool, s->pages, r0, (size_t)kvw,
+                                      (size_t)kvh * hd, hd, scale, ss[k]);
+    }
+    for (int k = 0; k < nq; k++) {
+        int i = i0 + k, n_rows = s->n_past + i + 1;
+        float *sc = ss[k];
+        for (int r = r0; r < n_rows; r++) {
+            int visible = r < s->n_past || !s->mask ||
+                          s->mask[(size_t)i * s->n_new + (r - s->n_past)];
+            if (!visible) {
+                sc[r] = -INFINITY;
+                continue;
+            }
+            size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
+            sc[r] = ks->kv_dot(qs[k], kv_at(j->k_pool, j->f16, base), j->f16, hd) * scale;
+            if (sc[r] > maxs[k]) maxs[k] = sc[r];
+        }
+        double sum = ks->softmax_exp(sc, n_rows, maxs[k]);
+        invs[k] = (float)(1.0 / sum);
+        memset(os[k], 0, sizeof(float) * hd);
+    }
+    if (r0)
+        for (int k = 0; k < nq; k++)
+            ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw,
+                         (size_t)kvh * hd, hd);
+    for (int k = 0; k < nq; k++) {
+        int n_rows = s->n_past + i0 + k + 1;
+        for (int r = r0; r < n_rows; r++) {
+            if (ss[k][r] == 0.0f) continue;
+            float w = ss[k][r] * invs[k];
+            size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
+            ks->kv_axpy(os[k], w, kv_at(j->v_pool, j->f16, base), j->f16, hd);
+        }
     }
 }
 
@@ -339,12 +385,23 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         int nt = specd_pool_size(c->pool);
         for (int i = 0; i < nt; i++) {
             free(c->scores[i]);
-            c->scores[i] = malloc(sizeof(float) * longest);
+            c->scores[i] = malloc(sizeof(float) * longest * ATTN_QB);
         }
         c->scores_cap = longest;
     }
+    /* the query blocks: each sequence's new tokens, ATTN_QB at a time */
+    if (st->n_tokens > c->blk_cap) {
+        int *p = realloc(c->blk_tok, sizeof(int) * (size_t)st->n_tokens);
+        if (!p) abort(); /* a few bytes per token: nothing sensible is left to do */
+        c->blk_tok = p;
+        c->blk_cap = st->n_tokens;
+    }
+    int n_blk = 0;
+    for (int s = 0; s < st->n_seqs; s++)
+        for (int i = 0; i < st->seqs[s].n_new; i += ATTN_QB)
+            c->blk_tok[n_blk++] = st->seqs[s].tok_start + i;
     attn_job j = {c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim};
-    specd_pool_run(c->pool, st->n_tokens * n_heads, attn_task, &j);
+    specd_pool_run(c->pool, n_blk * n_heads, attn_task, &j);
 }
 
 static void cpu_swiglu_op(specd_backend *be, float *out, const float *gate, const float *up,
@@ -369,7 +426,7 @@ static void cpu_gather_out(specd_backend *be, float *dst, const float *src, int 
                sizeof(float) * width);
 }
 
-/* specd_argmax's rule (common/sampling.c): first of equal maxima, NaN never
+/* specd_argmax's rule (common/spec/sampling.c): first of equal maxima, NaN never
  * wins; the CUDA kernel's twin. */
 static void cpu_argmax(specd_backend *be, int32_t *ids, const float *x, int n_rows, int width) {
     cpu_argmax_rows(cpu(be)->pool, ids, x, n_rows, width);

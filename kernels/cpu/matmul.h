@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#include "common/model_file.h"
+#include "common/util/tensor.h"
 #include "threadpool.h"
 
 /* Dequantizes the first n elements starting at element 0 of `src` (n must

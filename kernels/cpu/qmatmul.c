@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/dtype.h"
-#include "common/sampling.h"
+#include "common/util/dtype.h"
+#include "common/spec/sampling.h"
 #include "quant_impl.h"
 
 /* ---- repacking ------------------------------------------------------------ */

@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/model_file.h"
+#include "common/util/tensor.h"
 #include "threadpool.h"
 
 #define QT_ROWS 16 /* rows per tile */

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "qmatmul.h"
 
 /* Block structs, byte-exact copies of GGML's layouts (the file format). All
@@ -175,6 +175,27 @@ typedef struct cpu_kernel_set {
     /* s[r] = exp(s[r] - max) (-inf: exactly 0) for r < n; returns the sum */
     double (*softmax_exp)(float *s, int n, float max);
     void (*kv_axpy)(float *o, float w, const void *row, int f16, int n);
+    /* The same over the rows 0..n_rows-1 of one sequence in an fp32 pool,
+     * row r at physical row pages[r / PAGE_ROWS] * PAGE_ROWS + r % PAGE_ROWS,
+     * its head at element off of a row of `stride` elements. Each row's
+     * arithmetic is exactly kv_dot's / kv_axpy's (same operations, same
+     * order), so results are bitwise those of the per-row loop; the gain
+     * is no call, no division and (kv_axpys) o kept in registers across
+     * rows. kv_dots: scores[r] = (q . K_r) * scale, returns the max.
+     * kv_axpys: o += (scores[r] * inv) * V_r for rows whose score is not
+     * 0, in row order. NULL = use the per-row functions. */
+    float (*kv_dots)(const float *q, const float *pool, const int32_t *pages, int n_rows,
+                     size_t stride, size_t off, int n, float scale, float *scores);
+    void (*kv_axpys)(float *o, const float *scores, float inv, const float *pool,
+                     const int32_t *pages, int n_rows, size_t stride, size_t off, int n);
+    /* kv_dots for nq queries of one sequence at once (attention's query
+     * blocks): each K row is read once for all of them, each query's
+     * arithmetic exactly kv_dots'; maxs start at -inf. NULL = per query.
+     * (The V side stays per query: o in registers beat one V read per
+     * row with every o in memory by 4x at a 1000-token prefill.) */
+    void (*kv_dots_block)(const float *const *q, int nq, const float *pool, const int32_t *pages,
+                          int n_rows, size_t stride, size_t off, int n, float scale,
+                          float *const *scores, float *maxs);
     /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
     int (*argmax)(const float *x, int n);
     /* out[i] = silu(gate[i]) * up[i] (cpu_swiglu_scalar or vec_avx2.c) */

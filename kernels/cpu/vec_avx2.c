@@ -10,6 +10,8 @@
  * ulp of expf (test_backend_ops compares the op with the scalar twin). */
 #include "quant_impl.h"
 
+#include "kernels/backend.h" /* SPECD_KV_PAGE_ROWS */
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
@@ -156,7 +158,108 @@ static TAVX2 double softmax_exp_avx2(float *s, int n, float max) {
     return sum;
 }
 
+/* kv_dot_avx2 over a sequence's paged rows (quant_impl.h's kv_dots). */
+static TAVX2 float kv_dots_avx2(const float *q, const float *pool, const int32_t *pages,
+                                int n_rows, size_t stride, size_t off, int n, float scale,
+                                float *scores) {
+    float maxs = -INFINITY;
+    for (int r = 0; r < n_rows; r++) {
+        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int d = 0;
+        for (; d + 16 <= n; d += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(row + d), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(row + d + 8), a1);
+        }
+        float s = hsum8(_mm256_add_ps(a0, a1));
+        for (; d < n; d++) s += q[d] * row[d];
+        scores[r] = s * scale;
+        if (scores[r] > maxs) maxs = scores[r];
+    }
+    return maxs;
+}
+
+/* kv_axpy_avx2 over a sequence's paged rows (quant_impl.h's kv_axpys); a
+ * head of 64 keeps o in 8 registers across the rows. */
+static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const float *pool,
+                                const int32_t *pages, int n_rows, size_t stride, size_t off,
+                                int n) {
+    if (n != 64) {
+        for (int r = 0; r < n_rows; r++) {
+            if (scores[r] == 0.0f) continue;
+            const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                       (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+            kv_axpy_avx2(o, scores[r] * inv, row, 0, n);
+        }
+        return;
+    }
+    __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16),
+           o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40),
+           o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
+    for (int r = 0; r < n_rows; r++) {
+        if (scores[r] == 0.0f) continue;
+        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const __m256 wv = _mm256_set1_ps(scores[r] * inv);
+        o0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row), o0);
+        o1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 8), o1);
+        o2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 16), o2);
+        o3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 24), o3);
+        o4 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 32), o4);
+        o5 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 40), o5);
+        o6 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 48), o6);
+        o7 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 56), o7);
+    }
+    _mm256_storeu_ps(o, o0);
+    _mm256_storeu_ps(o + 8, o1);
+    _mm256_storeu_ps(o + 16, o2);
+    _mm256_storeu_ps(o + 24, o3);
+    _mm256_storeu_ps(o + 32, o4);
+    _mm256_storeu_ps(o + 40, o5);
+    _mm256_storeu_ps(o + 48, o6);
+    _mm256_storeu_ps(o + 56, o7);
+}
+
+/* kv_dots_avx2 for nq queries: each row's K is loaded once (a head of 64
+ * in 8 registers) and every query's two accumulators take it in the order
+ * kv_dot_avx2 does, so each score is bitwise the per-query one. */
+static TAVX2 void kv_dots_block_avx2(const float *const *q, int nq, const float *pool,
+                                     const int32_t *pages, int n_rows, size_t stride, size_t off,
+                                     int n, float scale, float *const *scores, float *maxs) {
+    if (n != 64) {
+        for (int k = 0; k < nq; k++)
+            maxs[k] = kv_dots_avx2(q[k], pool, pages, n_rows, stride, off, n, scale, scores[k]);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++) {
+        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8),
+                     k2 = _mm256_loadu_ps(row + 16), k3 = _mm256_loadu_ps(row + 24),
+                     k4 = _mm256_loadu_ps(row + 32), k5 = _mm256_loadu_ps(row + 40),
+                     k6 = _mm256_loadu_ps(row + 48), k7 = _mm256_loadu_ps(row + 56);
+        for (int k = 0; k < nq; k++) {
+            const float *qk = q[k];
+            __m256 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk), k0, _mm256_setzero_ps());
+            __m256 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 8), k1, _mm256_setzero_ps());
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 16), k2, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 24), k3, a1);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 32), k4, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 40), k5, a1);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 48), k6, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 56), k7, a1);
+            float sc = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            scores[k][r] = sc;
+            if (sc > maxs[k]) maxs[k] = sc; /* the caller starts it at -inf */
+        }
+    }
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
+    ks->kv_dots_block = kv_dots_block_avx2;
+    ks->kv_dots = kv_dots_avx2;
+    ks->kv_axpys = kv_axpys_avx2;
     ks->softmax_exp = softmax_exp_avx2;
     ks->kv_dot = kv_dot_avx2;
     ks->kv_axpy = kv_axpy_avx2;

@@ -9,7 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "kernels/ipc.h"
 
 _Static_assert(sizeof(cudaIpcMemHandle_t) == SPECD_IPC_HANDLE_BYTES,
@@ -73,12 +73,12 @@ specd_ipc_export *specd_ipc_export_create(int device, int hidden_size, specd_err
     return e;
 }
 
-void specd_ipc_export_grant(specd_ipc_export *e, Specd__V1__CudaIpcGrant *g) {
-    g->mem_handle.data = (uint8_t *)e->handle.reserved;
-    g->mem_handle.len = sizeof e->handle;
-    g->offset = 0; /* one allocation per session: the state starts it */
-    g->hidden_size = (uint32_t)e->hidden_size;
-    g->device_uuid = e->uuid;
+void specd_ipc_export_handle(const specd_ipc_export *e, specd_ipc_handle *h) {
+    h->mem_handle = (const uint8_t *)e->handle.reserved;
+    h->mem_handle_len = sizeof e->handle;
+    h->offset = 0; /* one allocation per session: the state starts it */
+    h->hidden_size = e->hidden_size;
+    h->device_uuid = e->uuid;
 }
 
 int specd_ipc_export_put(specd_ipc_export *e, const float *hidden, specd_error *err) {
@@ -100,20 +100,18 @@ void specd_ipc_export_free(specd_ipc_export *e) {
     free(e);
 }
 
-specd_ipc_import *specd_ipc_import_open(const Specd__V1__CudaIpcGrant *g, int device,
-                                        specd_error *err) {
-    if (specd_ipc_grant_check(g, (int)g->hidden_size, err)) return NULL;
+specd_ipc_import *specd_ipc_import_map(const specd_ipc_handle *g, int device, specd_error *err) {
     specd_ipc_import *m = calloc(1, sizeof *m);
-    if (!m || !(m->host = malloc(sizeof(uint16_t) * g->hidden_size))) {
+    if (!m || !(m->host = malloc(sizeof(uint16_t) * (size_t)g->hidden_size))) {
         free(m);
         specd_seterr(err, "ipc: out of memory");
         return NULL;
     }
     m->device = device;
-    m->hidden_size = (int)g->hidden_size;
+    m->hidden_size = g->hidden_size;
     m->offset = (size_t)g->offset;
     cudaIpcMemHandle_t h;
-    memcpy(h.reserved, g->mem_handle.data, sizeof h);
+    memcpy(h.reserved, g->mem_handle, sizeof h);
     cudaError_t ce = cudaSetDevice(device);
     /* lazy peer access: a buffer on another GPU of the node (NVLink) maps
      * too; on another node, or in the exporting process itself, this fails

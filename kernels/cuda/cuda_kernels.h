@@ -27,7 +27,7 @@
 extern "C" {
 #endif
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 
 /* What one sequence of the step looks like to the kernels. 32 bytes, so an
  * array of them is naturally aligned on both sides. */
@@ -70,7 +70,7 @@ typedef struct cuda_step_dev {
 cudaError_t cuda_rmsnorm(float *out, const float *x, const float *w, int n_rows, int dim,
                          float eps, cudaStream_t stream);
 /* CPU twin: the LayerNormParameterized + GELU loop of
- * specd_mlp_speculator_forward (draft-svc/mlp_speculator.c):
+ * specd_mlp_speculator_forward (common/model/mlp_speculator.c):
  * out = gelu_erf(w * (x * rsqrt(mean(x^2) + eps)) + b); w/b NULL = ones/zeros. */
 cudaError_t cuda_norm_gelu(float *out, const float *x, const float *w, const float *b,
                            int n_rows, int dim, float eps, cudaStream_t stream);

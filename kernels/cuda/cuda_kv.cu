@@ -4,7 +4,7 @@
  * One block per (layer, K or V) pool; each block walks the (src, dst)
  * pairs strictly in order with a barrier between pairs, because a later
  * pair may read a row that an earlier pair wrote (see
- * specd_transformer_kv_compact in target-svc/transformer.c). The pools are
+ * specd_transformer_kv_compact in common/model/transformer.c). The pools are
  * independent, so the blocks need no ordering among themselves. */
 #include "cuda_common.cuh"
 

@@ -35,7 +35,7 @@
 #              identical tokens (greedy).
 #   ipc        co-location: target-svc as a separate process, draft-svc's
 #              mlp speculator on the same GPU: hidden states through CUDA
-#              IPC (common/ipc_caps.h); any fallback to bytes fails it.
+#              IPC (common/rpc/ipc_caps.h); any fallback to bytes fails it.
 #              Dry run: the CPU target refuses, the bytes path must work.
 # Writes $OUT/report.md (machine, summary table, bench tables) and
 # $OUT/check.log (every command's raw output), and prints the summary table

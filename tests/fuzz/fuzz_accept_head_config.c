@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "draft-svc/accept_head.h"
+#include "common/model/accept_head.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     specd_error err;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/config.h"
+#include "common/util/config.h"
 
 typedef struct fuzz_cfg {
     char *listen;

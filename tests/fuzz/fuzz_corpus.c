@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/utf8.h"
+#include "common/util/utf8.h"
 #include "tools/train/corpus.h"
 
 static void check(const char *buf, size_t size, int jsonl) {

@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rpc_server.h"
-#include "common/tokenizer.h"
-#include "common/utf8.h"
+#include "common/rpc/rpc_server.h"
+#include "common/text/tokenizer.h"
+#include "common/util/utf8.h"
 #include "draft-svc/request_check.h"
 #include "specd.pb-c.h"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/gguf.h"
+#include "common/model/gguf.h"
 
 static volatile uint8_t g_sink;
 

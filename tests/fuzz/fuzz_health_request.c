@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rpc_health.h"
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_health.h"
+#include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/model_file.h"
+#include "common/model/model_file.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     specd_error err;

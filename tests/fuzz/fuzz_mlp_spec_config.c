@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "draft-svc/mlp_speculator.h"
+#include "common/model/mlp_speculator.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     specd_error err;

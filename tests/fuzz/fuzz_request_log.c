@@ -19,8 +19,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/metrics.h"
-#include "common/request_log.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/request_log.h"
 
 static int count_lines(const char *s) {
     int n = 0;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 
 static volatile uint8_t g_sink;
 

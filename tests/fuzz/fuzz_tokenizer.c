@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/tokenizer.h"
-#include "common/utf8.h"
+#include "common/text/tokenizer.h"
+#include "common/util/utf8.h"
 
 typedef struct fuzz_tok {
     specd_tokenizer *tok;

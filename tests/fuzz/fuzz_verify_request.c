@@ -19,8 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_server.h"
 #include "specd.pb-c.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
 
 #define MAX_REQUEST (64u << 10) /* far below the server's 4 MiB; enough to explore */

@@ -1,7 +1,7 @@
 /* fuzz_verify_response.c - libFuzzer target for what draft-svc does with a
  * target's VerifyResponse bytes before it trusts a co-location grant:
  * decode (size-limited, as the stream layer does), then
- * specd_ipc_grant_check (common/ipc_caps.h) before anything would map it.
+ * specd_ipc_grant_check (common/rpc/ipc_caps.h) before anything would map it.
  *
  * Any input must decode or be refused without a crash; a grant the check
  * accepts must really have a 64-byte handle, the expected hidden_size and
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "common/ipc_caps.h"
+#include "common/rpc/ipc_caps.h"
 #include "specd.pb-c.h"
 
 /* a response is a few KB at most (hidden_fp16 + logprobs); far above that

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_sampling_golden.py - reference fixture for specd's logit processing (common/sampling.h).
+"""make_sampling_golden.py - reference fixture for specd's logit processing (common/spec/sampling.h).
 
 WHAT IT MAKES (committed; CI never runs this script):
 

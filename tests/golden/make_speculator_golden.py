@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_speculator_golden.py - reference fixtures for specd's MLP speculator (draft-svc/mlp_speculator.c).
+"""make_speculator_golden.py - reference fixtures for specd's MLP speculator (common/model/mlp_speculator.c).
 
 WHAT IT MAKES (under tests/golden/data/, committed; CI never runs this script):
 

@@ -48,10 +48,10 @@
 
 #include <cmocka.h>
 
-#include "common/sampling.h"
-#include "target-svc/transformer.h"
-#include "tests/golden/golden.h"
-#include "tests/test_util.h"
+#include "common/spec/sampling.h"
+#include "common/model/transformer.h"
+#include "tests/harness/golden.h"
+#include "tests/harness/test_util.h"
 
 static int g_cases_run, g_cases_skipped;
 static int g_cuda_state; /* 0 = not probed, 1 = available, -1 = not */

@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "kernels/cpu/matmul.h"
-#include "target-svc/transformer.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/test_util.h"
 
 /* Tolerances, from the fixture as committed (llama.cpp b11434 on the
  * Q4_1 + Q8_0 SmolLM2): the two implementations quantize activations alike

@@ -27,10 +27,10 @@
 
 #include <cmocka.h>
 
-#include "draft-svc/mlp_speculator.h"
+#include "common/model/mlp_speculator.h"
 #include "kernels/cpu/matmul.h"
-#include "tests/golden/golden.h"
-#include "tests/test_util.h"
+#include "tests/harness/golden.h"
+#include "tests/harness/test_util.h"
 
 #define REL 1e-4
 

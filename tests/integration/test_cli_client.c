@@ -31,13 +31,14 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/model_file.h"
-#include "common/sampling.h"
-#include "common/version.h"
+#include "common/model/model_file.h"
+#include "common/spec/sampling.h"
+#include "common/util/version.h"
 #include "specd.pb-c.h"
-#include "target-svc/transformer.h"
-#include "tests/svc_util.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/svc.h"
+#include "tests/harness/golden.h"
+#include "tests/harness/test_util.h"
 #include "tools/inproc.h"
 
 #ifndef SPECD_CLI_PATH
@@ -56,39 +57,12 @@ static cli_inproc *svc;
 static char draft_addr[64], target_addr[64];
 static int32_t expect[N_GEN];
 
-/* Plain greedy on its own transformer: what every run must print. */
-static void plain_greedy(const char *model, int32_t *out) {
-    specd_error err = {{0}};
-    specd_model_file *m = specd_model_open(model, &err);
-    if (!m) fail_msg("%s", err.msg);
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 1,
-                                 .max_ctx = CTX, .max_batch = 64};
-    specd_transformer *t = specd_transformer_create(m, &to, &err);
-    if (!t) fail_msg("%s", err.msg);
-    int vocab = m->hp.vocab_size;
-    float *logits = malloc(sizeof(float) * (size_t)vocab);
-    int32_t last = N_PROMPT - 1, zero = 0;
-    specd_seq_input in = {.slot = 0, .n_past = 0, .n_new = N_PROMPT};
-    specd_batch b = {.n_tokens = N_PROMPT, .tokens = prompt_ids, .n_seqs = 1, .seqs = &in,
-                     .n_out = 1, .out_rows = &last, .logits = logits};
-    assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
-    for (int g = 0; g < N_GEN; g++) {
-        out[g] = specd_argmax(logits, vocab);
-        in = (specd_seq_input){.slot = 0, .n_past = N_PROMPT + g, .n_new = 1};
-        b = (specd_batch){.n_tokens = 1, .tokens = &out[g], .n_seqs = 1, .seqs = &in,
-                          .n_out = 1, .out_rows = &zero, .logits = logits};
-        assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
-    }
-    free(logits);
-    specd_transformer_free(t);
-    specd_model_close(m);
-}
-
 static int setup(void **state) {
     (void)state;
     char model[4096];
     snprintf(model, sizeof model, "%s", test_path(MODEL));
-    plain_greedy(model, expect);
+    /* plain greedy on its own transformer: what every run must print */
+    golden_plain_greedy(model, CTX, prompt_ids, N_PROMPT, N_GEN, expect);
     specd_error err = {{0}};
     cli_inproc_opts o = {.model = model, .threads = 1, .max_sessions = 4, .ctx = CTX, .ngram = 1};
     if (!(svc = cli_inproc_start(&o, &err))) {

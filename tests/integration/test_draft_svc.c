@@ -2,7 +2,7 @@
  *
  * Both services run in this process on 127.0.0.1:0 (plaintext): target-svc
  * with a golden model, draft-svc with a pool holding that target, and the
- * test is a client of both through common/rpc_client.h. The failover test
+ * test is a client of both through common/rpc/rpc_client.h. The failover test
  * also runs real target-svc PROCESSES (the build's target-svc binary) and
  * SIGKILLs them mid-request.
  *
@@ -49,21 +49,21 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 
-#include "common/model_file.h"
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
-#include "common/sampling.h"
-#include "common/tokenizer.h"
-#include "draft-svc/accept_head.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
+#include "common/spec/sampling.h"
+#include "common/text/tokenizer.h"
+#include "common/model/accept_head.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
-#include "target-svc/transformer.h"
-#include "tests/stats_util.h"
-#include "tests/svc_util.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/stats.h"
+#include "tests/harness/svc.h"
+#include "tests/harness/test_util.h"
 
 #define TINY "tests/golden/data/tiny-gqa/hf"
 /* The draft LM on the tiny model: the same weights, quantized, so q is close
@@ -1380,7 +1380,7 @@ static void test_smol_text(void **state) {
 
 /* ---- 5. failover across target-svc processes ---------------------------------------- */
 
-/* target-svc child processes: tests/svc_util.c. Slow steps (15 ms) so a
+/* target-svc child processes: tests/harness/svc.c. Slow steps (15 ms) so a
  * kill lands mid-generation. */
 static pid_t start_target(int port) {
     static const char *const flags[] = {"--batching.max_wait=15ms", "--threads=1",
@@ -1390,11 +1390,6 @@ static pid_t start_target(int port) {
     pid_t pid = svc_start_target(port, model, flags);
     if (!pid) fail_msg("target-svc is not built");
     return pid;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* A Draft.Generate on a thread of its own, with its token count visible. */
@@ -1428,7 +1423,7 @@ static void bg_start(bg_gen *g, world *w, const reqb *b, gen_out *o) {
 static void bg_wait_tokens(bg_gen *g, int n, int may_end) {
     for (int i = 0; i < 2000 && atomic_load(&g->progress) < n; i++) {
         if (atomic_load(&g->done)) break;
-        sleep_ms(5);
+        svc_sleep_ms(5);
     }
     if (may_end && atomic_load(&g->done)) return;
     if (atomic_load(&g->progress) < n || atomic_load(&g->done)) {
@@ -1523,7 +1518,7 @@ static void test_failover(void **state) {
 
     /* A is back; B dies mid-stream. */
     a = start_target(port_a);
-    sleep_ms(450); /* A's backoff in the pool (at most 400 ms) is over */
+    svc_sleep_ms(450); /* A's backoff in the pool (at most 400 ms) is over */
     bg_start(&g, &W, &rq, got);
     /* Which target holds the session is the pool's choice, and on a loaded
      * machine the request may even end before B dies: the output must be

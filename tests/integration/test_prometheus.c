@@ -35,7 +35,8 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 
-#include "tests/test_util.h"
+#include "tests/harness/svc.h"
+#include "tests/harness/test_util.h"
 
 #define SMOL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SKIP_CODE 77
@@ -61,19 +62,6 @@ static void kill_kids(void) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (tmpdir[strlen(tmpdir) - 1] != 'X' && system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmpdir);
-}
-
-/* A free loopback port (bound, then released: the child binds it next). */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
-        getsockname(fd, (struct sockaddr *)&a, &len))
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* Runs argv in the background, output into tmpdir/log_name. */
@@ -230,11 +218,11 @@ static void promtool_check(int port, const char *name) {
 
 static void test_prometheus_scrapes_both(void **state) {
     (void)state;
-    p_target = free_port();
-    p_target_m = free_port();
-    p_draft = free_port();
-    p_draft_m = free_port();
-    p_prom = free_port();
+    p_target = svc_free_port();
+    p_target_m = svc_free_port();
+    p_draft = svc_free_port();
+    p_draft_m = svc_free_port();
+    p_prom = svc_free_port();
     char a_listen[64], a_tm[64], a_draft[64], a_dm[64], a_targets[64], a_prom[64];
     snprintf(a_listen, sizeof a_listen, "--listen=127.0.0.1:%d", p_target);
     snprintf(a_tm, sizeof a_tm, "--metrics.listen=127.0.0.1:%d", p_target_m);

@@ -4,7 +4,7 @@
  *   1. bad inputs, side by side: every malformed request goes to
  *      Draft.Generate and Target.Generate, which must answer with the same
  *      status code and the same message (one admission check,
- *      common/admission.h), among them a prompt over the context (was OK
+ *      common/rpc/admission.h), among them a prompt over the context (was OK
  *      with 0 tokens on draft-svc), max_new_tokens 2^31-1 (was accepted by
  *      target-svc), and invalid UTF-8 in every string field;
  *   2. honest health: a draft-svc whose target is down is NOT_SERVING for
@@ -34,18 +34,18 @@
 
 #include <cmocka.h>
 
-#include "common/model_file.h"
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
+#include "common/model/model_file.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/service.h"
 #include "draft-svc/target_pool.h"
 #include "draft-svc/target_watch.h"
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
-#include "target-svc/transformer.h"
-#include "tests/svc_util.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/svc.h"
+#include "tests/harness/test_util.h"
 
 #define TINY "tests/golden/data/tiny-gqa/hf"
 #define TINY_DRAFT "tests/golden/data/tiny-gqa/model-q8_0.gguf"
@@ -364,16 +364,6 @@ static void test_refusals_side_by_side(void **state) {
 
 /* ---- 2. honest health ----------------------------------------------------------- */
 
-/* ms until specd.v1.Draft at ch reports `want`, polling; -1 after limit_ms. */
-static double wait_health(specd_rpc_channel *ch, int want, int limit_ms) {
-    double t0 = svc_now_ms();
-    while (svc_now_ms() - t0 < limit_ms) {
-        if (svc_health(ch, "specd.v1.Draft") == want) return svc_now_ms() - t0;
-        svc_sleep_ms(20);
-    }
-    return -1;
-}
-
 static void test_health_no_targets(void **state) {
     (void)state;
     int port = svc_free_port();
@@ -396,7 +386,7 @@ static void test_health_no_targets(void **state) {
     /* A target comes up on that address: SERVING within about a second. */
     target_side ts;
     target_up(&ts, addr);
-    double up_ms = wait_health(d.ch, SERVING, 5000);
+    double up_ms = svc_wait_health(d.ch, "specd.v1.Draft", SERVING, 5000);
     printf("  draft-svc SERVING %.0f ms after its target came up\n", up_ms);
     assert_true(up_ms >= 0);
     /* 1 s is the promise; the slack is for a loaded CI machine */
@@ -406,7 +396,7 @@ static void test_health_no_targets(void **state) {
     assert_int_equal(g->code, GRPC_STATUS_OK);
     /* ... and NOT_SERVING again when it goes. */
     target_down(&ts);
-    double down_ms = wait_health(d.ch, NOT_SERVING, 5000);
+    double down_ms = svc_wait_health(d.ch, "specd.v1.Draft", NOT_SERVING, 5000);
     printf("  draft-svc NOT_SERVING %.0f ms after its target went\n", down_ms);
     assert_true(down_ms >= 0 && down_ms < 3000);
     assert_int_equal(svc_health(d.ch, "liveness"), SERVING);
@@ -483,7 +473,7 @@ static void test_busy_is_not_dead(void **state) {
     const char *targets[] = {addr};
     draft_side d;
     draft_up(&d, targets, 1, BUSY_STEP_TIMEOUT_MS);
-    assert_true(wait_health(d.ch, 1, 5000) >= 0);
+    assert_true(svc_wait_health(d.ch, "specd.v1.Draft", 1, 5000) >= 0);
     req q;
     req_ids(&q, 8, 6);
     q.r.drafter = "none";
@@ -613,7 +603,7 @@ static void test_failover_kill_and_hang(void **state) {
     const char *targets[] = {addr[0], addr[1]};
     draft_side d;
     draft_up(&d, targets, 2, STEP_TIMEOUT_MS);
-    assert_true(wait_health(d.ch, 1, 5000) >= 0);
+    assert_true(svc_wait_health(d.ch, "specd.v1.Draft", 1, 5000) >= 0);
 
     /* (a) SIGKILL while the Open (prefill) is outstanding: only A is up,
      * frozen, so the session's Open waits on A; B comes up, and once

@@ -1,7 +1,7 @@
 /* test_target_svc.c - target-svc end to end over loopback gRPC.
  *
  * The Target service runs in-process on 127.0.0.1:0 (plaintext) with the
- * tiny golden model; the project's client layer (common/rpc_client.h)
+ * tiny golden model; the project's client layer (common/rpc/rpc_client.h)
  * drives it:
  *   1. greedy Verify sessions fed all-correct, all-wrong and mixed trees give
  *      exactly the tokens of plain greedy decoding (run on a separate
@@ -29,15 +29,16 @@
 #include <cmocka.h>
 #include <grpc/grpc.h>
 
-#include "common/ipc_caps.h"
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
-#include "common/sampling.h"
-#include "common/tokenizer.h"
+#include "common/rpc/ipc_caps.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
+#include "common/spec/sampling.h"
+#include "common/text/tokenizer.h"
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
-#include "target-svc/transformer.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/golden.h"
+#include "tests/harness/test_util.h"
 
 #define MODEL "tests/golden/data/tiny-gqa/hf"
 #define CALL_DEADLINE_MS 20000
@@ -93,36 +94,9 @@ static void unserve(served *s) {
     specd_model_close(s->m);
 }
 
-/* Plain greedy on its own transformer: the reference the service must match. */
-static void plain_greedy(const int32_t *prompt, int n_prompt, int n_gen, int32_t *out) {
-    specd_error err = {{0}};
-    specd_model_file *m = specd_model_open(test_path(MODEL), &err);
-    if (!m) fail_msg("%s", err.msg);
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 1,
-                                 .max_ctx = CTX, .max_batch = 64};
-    specd_transformer *t = specd_transformer_create(m, &to, &err);
-    int vocab = m->hp.vocab_size;
-    float *logits = malloc(sizeof(float) * (size_t)vocab);
-    int32_t last = n_prompt - 1, zero = 0;
-    specd_seq_input in = {.slot = 0, .n_past = 0, .n_new = n_prompt};
-    specd_batch b = {.n_tokens = n_prompt, .tokens = prompt, .n_seqs = 1, .seqs = &in,
-                     .n_out = 1, .out_rows = &last, .logits = logits};
-    assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
-    for (int g = 0; g < n_gen; g++) {
-        out[g] = specd_argmax(logits, vocab);
-        in = (specd_seq_input){.slot = 0, .n_past = n_prompt + g, .n_new = 1};
-        b = (specd_batch){.n_tokens = 1, .tokens = &out[g], .n_seqs = 1, .seqs = &in,
-                          .n_out = 1, .out_rows = &zero, .logits = logits};
-        assert_int_equal(specd_transformer_forward(t, &b, &err), 0);
-    }
-    free(logits);
-    specd_transformer_free(t);
-    specd_model_close(m);
-}
-
 /* ---- client helpers --------------------------------------------------------------- */
 
-/* Over the project's client layer (common/rpc_client.h); nothing here needs
+/* Over the project's client layer (common/rpc/rpc_client.h); nothing here needs
  * raw C-core control. They report by return value, never by cmocka assert,
  * because verify_session runs on worker threads. */
 
@@ -349,7 +323,7 @@ static void test_greedy_lossless(void **state) {
     int32_t prompt[32], ref[N_GEN + MAX_TREE], out[N_GEN];
     int n;
     prompt_for(0, prompt, &n);
-    plain_greedy(prompt, n, N_GEN + MAX_TREE, ref);
+    golden_plain_greedy(test_path(MODEL), CTX, prompt, n, N_GEN + MAX_TREE, ref);
     for (int kind = 0; kind <= 3; kind++) {
         char msg[256] = "";
         memset(out, 0xff, sizeof out);
@@ -385,7 +359,8 @@ static void test_concurrent_sessions(void **state) {
         memset(&jobs[i], 0, sizeof jobs[i]);
         jobs[i].idx = i + 1;
         prompt_for(i + 1, jobs[i].prompt, &jobs[i].n_prompt);
-        plain_greedy(jobs[i].prompt, jobs[i].n_prompt, N_GEN + MAX_TREE, jobs[i].ref);
+        golden_plain_greedy(test_path(MODEL), CTX, jobs[i].prompt, jobs[i].n_prompt,
+                            N_GEN + MAX_TREE, jobs[i].ref);
     }
     for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
@@ -428,7 +403,7 @@ static void test_bad_input(void **state) {
     int32_t prompt[40], ref[N_GEN + MAX_TREE];
     int n;
     prompt_for(9, prompt, &n);
-    plain_greedy(prompt, n, N_GEN + MAX_TREE, ref);
+    golden_plain_greedy(test_path(MODEL), CTX, prompt, n, N_GEN + MAX_TREE, ref);
 
     /* A healthy session opens first and is continued after the bad calls. */
     ccall good;
@@ -548,7 +523,7 @@ static void test_generate(void **state) {
     int32_t prompt[32], ref[N_GEN];
     int n;
     prompt_for(5, prompt, &n);
-    plain_greedy(prompt, n, N_GEN, ref);
+    golden_plain_greedy(test_path(MODEL), CTX, prompt, n, N_GEN, ref);
     Specd__V1__GenerateRequest g = SPECD__V1__GENERATE_REQUEST__INIT;
     Specd__V1__TokenIds ids = SPECD__V1__TOKEN_IDS__INIT;
     ids.n_ids = (size_t)n;

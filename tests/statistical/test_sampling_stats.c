@@ -27,15 +27,15 @@
 
 #include <cmocka.h>
 
-#include "common/rng.h"
-#include "common/sampling.h"
-#include "tests/stats_util.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
+#include "tests/harness/stats.h"
 
 #define ALPHA 1e-4     /* significance: reject when p-value < ALPHA */
 #define DRAWS 200000   /* per token-distribution test */
 #define MAXN 16        /* largest toy vocabulary */
 
-/* chi-square machinery: tests/stats_util.h */
+/* chi-square machinery: tests/harness/stats.h */
 
 static void test_chi2_machinery(void **state) {
     (void)state;

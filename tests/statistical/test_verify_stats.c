@@ -29,10 +29,10 @@
 
 #include <cmocka.h>
 
-#include "target-svc/transformer.h"
-#include "target-svc/verify.h"
-#include "tests/stats_util.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "common/spec/verify.h"
+#include "tests/harness/stats.h"
+#include "tests/harness/test_util.h"
 
 #define ALPHA 1e-4
 #ifndef TRIALS

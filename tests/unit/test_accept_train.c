@@ -21,14 +21,14 @@
 
 #include <cmocka.h>
 
-#include "common/dtype.h"
-#include "common/model_file.h"
-#include "common/safetensors_write.h"
-#include "common/sampling.h"
-#include "draft-svc/accept_head.h"
-#include "draft-svc/mlp_speculator.h"
-#include "target-svc/transformer.h"
-#include "tests/test_util.h"
+#include "common/util/dtype.h"
+#include "common/model/model_file.h"
+#include "common/model/safetensors_write.h"
+#include "common/spec/sampling.h"
+#include "common/model/accept_head.h"
+#include "common/model/mlp_speculator.h"
+#include "common/model/transformer.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/accept_data.h"
 #include "tools/train/accept_train.h"
 

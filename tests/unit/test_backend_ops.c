@@ -96,10 +96,10 @@
 
 #include <cmocka.h>
 
-#include "common/dtype.h"
-#include "common/model_file.h"
+#include "common/util/dtype.h"
+#include "common/model/model_file.h"
 #include "kernels/backend.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define U_BF16 (1.0 / 256.0)
 

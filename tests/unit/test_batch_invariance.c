@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "kernels/cpu/matmul.h"
-#include "target-svc/transformer.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/test_util.h"
 
 #define NP 23   /* prompt tokens */
 #define NOTH 37 /* the other session's prefill */

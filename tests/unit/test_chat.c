@@ -16,9 +16,9 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/chat.h"
-#include "common/gguf.h"
-#include "tests/test_util.h"
+#include "common/text/chat.h"
+#include "common/model/gguf.h"
+#include "tests/harness/test_util.h"
 
 #define FIXTURES "tests/golden/tokenizer/chat_fixtures.json"
 #define GGUF_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,4 +1,4 @@
-/* test_config.c - the schema-driven configuration loader (common/config.h).
+/* test_config.c - the schema-driven configuration loader (common/util/config.h).
  *
  * One representative schema (every field type, two nested sections, a
  * secret) is loaded from YAML buffers, files and flags. Error cases assert
@@ -19,10 +19,10 @@
 
 #include <cmocka.h>
 
-#include "common/config.h"
+#include "common/util/config.h"
 #include "draft-svc/draft_config.h"
 #include "target-svc/target_config.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 /* ---- the test schema ---------------------------------------------------- */
 
@@ -940,7 +940,7 @@ static void test_target_example_parses(void **state) {
     assert_int_equal(c.device, 0);
     assert_int_equal(c.threads, 8);
     assert_int_equal(c.limits.max_sessions, 64);
-    assert_int_equal(c.limits.max_prompt_tokens, 4096);
+    assert_int_equal(c.limits.max_prompt_tokens, 32768);
     assert_int_equal(c.limits.max_tree_tokens, 64);
     assert_true(c.limits.kv_memory == 2ull << 30);
     assert_int_equal(c.batching.max_batch_tokens, 2048);

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/corpus.h"
 
 static int read_jsonl(corpus *c, const char *text, specd_error *err) {

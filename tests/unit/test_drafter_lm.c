@@ -24,11 +24,11 @@
 
 #include <cmocka.h>
 
-#include "common/rng.h"
+#include "common/util/rng.h"
 #include "draft-svc/drafter.h"
-#include "target-svc/transformer.h"
-#include "tests/golden/golden.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "tests/harness/golden.h"
+#include "tests/harness/test_util.h"
 
 enum { MAXH = 1400, CAP = 64 };
 

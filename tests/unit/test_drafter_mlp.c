@@ -18,11 +18,11 @@
 
 #include <cmocka.h>
 
-#include "common/sampling.h"
-#include "common/tree.h"
+#include "common/spec/sampling.h"
+#include "common/spec/tree.h"
 #include "draft-svc/drafter.h"
-#include "draft-svc/mlp_speculator.h"
-#include "tests/test_util.h"
+#include "common/model/mlp_speculator.h"
+#include "tests/harness/test_util.h"
 
 #define UNTIED "tests/golden/data/mlp-spec-untied" /* vocab 100, emb 32, top_k [4,3,2] */
 #define SHARDED "tests/golden/data/mlp-spec-sharded" /* vocab 80, n_predict 4, tied 0 */

@@ -31,10 +31,10 @@
 
 #include <cmocka.h>
 
-#include "common/model_file.h"
-#include "draft-svc/accept_head.h"
+#include "common/model/model_file.h"
+#include "common/model/accept_head.h"
 #include "draft-svc/drafter.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/eval.h"
 
 #define MODEL "tests/golden/data/tiny-gqa/model-f32.gguf"

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "common/gguf.h"
-#include "tests/test_util.h"
+#include "common/model/gguf.h"
+#include "tests/harness/test_util.h"
 
 /* ---- a tiny GGUF writer ----------------------------------------------------- */
 

@@ -1,6 +1,6 @@
 /* test_hidden_ipc.c - co-location of draft-svc and target-svc (CUDA IPC
  * handles instead of hidden_fp16 bytes): the capability negotiated at
- * Verify Open (common/ipc_caps.h), its fallback, and on a GPU the
+ * Verify Open (common/rpc/ipc_caps.h), its fallback, and on a GPU the
  * transport itself (kernels/ipc.h) between two processes.
  *
  *   - grant or refuse: an old client (no offer), no hidden states asked, a
@@ -32,9 +32,10 @@
 
 #include <cmocka.h>
 
-#include "common/ipc_caps.h"
+#include "common/rpc/ipc_caps.h"
 #include "kernels/ipc.h"
 #include "specd.pb-c.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
 
 #define HIDDEN 96

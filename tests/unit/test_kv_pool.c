@@ -24,10 +24,10 @@
 
 #include <cmocka.h>
 
-#include "common/rng.h"
-#include "target-svc/kv_pool.h"
+#include "common/util/rng.h"
+#include "common/model/kv_pool.h"
 #include "target-svc/scheduler.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define R SPECD_KV_PAGE_ROWS
 

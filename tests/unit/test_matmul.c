@@ -29,11 +29,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/dtype.h"
-#include "common/sampling.h"
+#include "common/util/dtype.h"
+#include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 /* ---- random valid weights ---------------------------------------------- */
 

@@ -17,10 +17,10 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/request_log.h"
-#include "tests/test_util.h"
+#include "common/rpc/metrics.h"
+#include "common/rpc/metrics_http.h"
+#include "common/rpc/request_log.h"
+#include "tests/harness/test_util.h"
 
 static void test_render_exact(void **state) {
     (void)state;

@@ -13,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "common/gguf.h"
-#include "common/model_file.h"
-#include "tests/test_util.h"
+#include "common/model/gguf.h"
+#include "common/model/model_file.h"
+#include "tests/harness/test_util.h"
 
 /* The tiny model: vocab 16, dim 8, MLP 12, 2 layers, 2 heads of 4, 1 KV head. */
 enum { VOCAB = 16, DIM = 8, HIDDEN = 12, LAYERS = 2, HEADS = 2, KV_HEADS = 1, HEAD_DIM = 4 };

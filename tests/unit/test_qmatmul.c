@@ -23,11 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/threadpool.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
 #define N_PATHS (sizeof k_paths / sizeof k_paths[0])

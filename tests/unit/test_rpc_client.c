@@ -1,4 +1,4 @@
-/* test_rpc_client.c - the gRPC client layer (common/rpc_client.c) against
+/* test_rpc_client.c - the gRPC client layer (common/rpc/rpc_client.c) against
  * the project's own server layer over loopback.
  *
  * Every server listens on 127.0.0.1:0. The test methods live under
@@ -35,10 +35,10 @@
 #include <cmocka.h>
 #include <grpc/grpc.h>
 
-#include "common/rpc_client.h"
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define ECHO "/specd.testing.Echo/"
 /* Upper bound on any wait: far above what a step needs, far below ctest's

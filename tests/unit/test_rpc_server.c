@@ -3,7 +3,7 @@
  *
  * Every server listens on 127.0.0.1:0 (an ephemeral loopback port, never any
  * other address). The client side is the project's client layer
- * (common/rpc_client.h, tested on its own in test_rpc_client.c) behind a few
+ * (common/rpc/rpc_client.h, tested on its own in test_rpc_client.c) behind a few
  * helpers that bound every wait, so a bug shows up as a failed assertion,
  * never as a hung suite. Test methods live under
  * /specd.testing.Echo/ and move raw bytes; only the health service uses
@@ -31,11 +31,11 @@
 #include <cmocka.h>
 #include <grpc/grpc.h>
 
-#include "common/rpc_client.h"
-#include "common/rpc_health.h"
-#include "common/rpc_server.h"
+#include "common/rpc/rpc_client.h"
+#include "common/rpc/rpc_health.h"
+#include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define ECHO "/specd.testing.Echo/"
 /* Upper bound on any single client wait: far above what a step needs, far
@@ -304,7 +304,7 @@ static void wait_idle(specd_rpc_server *s) {
 
 /* ---- client helpers ---------------------------------------------------------------- */
 
-/* The client side is the project's own client layer (common/rpc_client.c),
+/* The client side is the project's own client layer (common/rpc/rpc_client.c),
  * in its raw-bytes form since the test methods move raw bytes. None of these
  * tests needs C-core control the client layer lacks: what the server must
  * handle (cancel, deadline, half-close, unread responses, TLS refusals) is

@@ -18,8 +18,8 @@
 #include <cmocka.h>
 
 #include "bench/echo_service.h"
-#include "common/request_log.h"
-#include "common/rpc_client.h"
+#include "common/rpc/request_log.h"
+#include "common/rpc/rpc_client.h"
 
 /* One stream to target: the echoed request id must be `id` ("" for none),
  * then one message must come back unchanged. */

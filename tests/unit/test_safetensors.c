@@ -15,9 +15,9 @@
 
 #include <cmocka.h>
 
-#include "common/safetensors.h"
-#include "common/safetensors_write.h"
-#include "tests/test_util.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_write.h"
+#include "tests/harness/test_util.h"
 
 typedef struct image {
     uint8_t *p;

@@ -22,9 +22,9 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/rng.h"
-#include "common/sampling.h"
-#include "tests/test_util.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
+#include "tests/harness/test_util.h"
 
 #define VOCAB 49152
 

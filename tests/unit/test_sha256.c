@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "common/sha256.h"
+#include "common/util/sha256.h"
 
 static void test_known_answers(void **state) {
     (void)state;

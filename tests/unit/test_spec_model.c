@@ -28,12 +28,12 @@
 
 #include <cmocka.h>
 
-#include "common/safetensors_write.h"
-#include "common/sampling.h"
-#include "common/small_file.h"
+#include "common/model/safetensors_write.h"
+#include "common/spec/sampling.h"
+#include "common/util/small_file.h"
 #include "draft-svc/drafter.h"
-#include "draft-svc/mlp_speculator.h"
-#include "tests/test_util.h"
+#include "common/model/mlp_speculator.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/nn.h"
 #include "tools/train/spec_model.h"
 

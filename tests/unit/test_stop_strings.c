@@ -9,8 +9,8 @@
 
 #include <cmocka.h>
 
-#include "common/stop_strings.h"
-#include "common/utf8.h"
+#include "common/text/stop_strings.h"
+#include "common/util/utf8.h"
 
 /* Feeds `text` in pieces of `step` bytes; returns everything released. */
 /* Push one character at a time and check each released piece for valid

@@ -23,7 +23,7 @@
 #include <cmocka.h>
 
 #include "draft-svc/drafter.h"
-#include "draft-svc/suffix_tree.h"
+#include "common/spec/suffix_tree.h"
 
 enum { VOCAB = 16 };
 

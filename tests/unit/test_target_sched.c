@@ -22,8 +22,9 @@
 
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 
 #define N_GEN 24
 #define MAX_TREE 8

@@ -21,10 +21,10 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "common/gguf.h"
-#include "common/tokenizer.h"
-#include "common/utf8.h"
-#include "tests/test_util.h"
+#include "common/model/gguf.h"
+#include "common/text/tokenizer.h"
+#include "common/util/utf8.h"
+#include "tests/harness/test_util.h"
 
 #define GGUF_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SMOLLM2_JSON "tests/golden/tokenizer/smollm2_tokenizer.json"

@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "tests/test_util.h"
+#include "tests/harness/test_util.h"
 #include "tools/train/nn.h"
 
 #define FD_H 1e-2f

@@ -20,9 +20,9 @@
 
 #include <cmocka.h>
 
-#include "common/sampling.h"
-#include "target-svc/transformer.h"
-#include "tests/test_util.h"
+#include "common/spec/sampling.h"
+#include "common/model/transformer.h"
+#include "tests/harness/test_util.h"
 
 enum { VOCAB = 97, DIM = 48, HIDDEN = 80, LAYERS = 2, HEADS = 6, KV_HEADS = 2, CTX = 64 };
 

@@ -1,4 +1,4 @@
-/* test_tree_choice.c - the forward-pass cost curve (common/step_cost.h), the
+/* test_tree_choice.c - the forward-pass cost curve (common/spec/step_cost.h), the
  * acceptance calibration and the expected-throughput tree choice
  * (draft-svc/tree_choice.h), and tree pruning (tree_builder.h). */
 #include <math.h>
@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "common/step_cost.h"
+#include "common/spec/step_cost.h"
 #include "draft-svc/policy.h"
 #include "draft-svc/tree_choice.h"
 

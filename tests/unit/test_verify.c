@@ -19,9 +19,9 @@
 
 #include <cmocka.h>
 
-#include "target-svc/transformer.h"
-#include "target-svc/verify.h"
-#include "tests/test_util.h"
+#include "common/model/transformer.h"
+#include "common/spec/verify.h"
+#include "tests/harness/test_util.h"
 
 #define MAX_NODES 24
 #define TOP_N 5 /* alternatives per token in the logprob comparison */

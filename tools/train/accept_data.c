@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/chat.h"
-#include "common/dtype.h"
-#include "common/rng.h"
-#include "common/sampling.h"
+#include "common/text/chat.h"
+#include "common/util/dtype.h"
+#include "common/util/rng.h"
+#include "common/spec/sampling.h"
 #include "draft-svc/drafter.h"
 
 #define MAXP SPECD_MLP_SPEC_MAX_PREDICT

@@ -42,10 +42,10 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/tokenizer.h"
-#include "draft-svc/mlp_speculator.h"
-#include "target-svc/transformer.h"
+#include "common/util/error.h"
+#include "common/text/tokenizer.h"
+#include "common/model/mlp_speculator.h"
+#include "common/model/transformer.h"
 #include "tools/train/corpus.h"
 
 /* One sequence to run. Examples start at position n_prefix (whose row is

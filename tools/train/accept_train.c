@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/dtype.h"
-#include "common/rng.h"
+#include "common/util/dtype.h"
+#include "common/util/rng.h"
 #include "tools/train/nn.h"
 
 #define EVAL_CHUNK 1024 /* rows per forward call in evaluation */

@@ -22,8 +22,8 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "draft-svc/accept_head.h"
+#include "common/util/error.h"
+#include "common/model/accept_head.h"
 #include "tools/train/accept_data.h"
 
 typedef struct accept_model {

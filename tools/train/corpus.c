@@ -17,8 +17,8 @@
 #include <strings.h>
 #include <sys/stat.h>
 
-#include "common/mmap_file.h"
-#include "common/utf8.h"
+#include "common/util/mmap_file.h"
+#include "common/util/utf8.h"
 
 /* ---- the document array -------------------------------------------------- */
 

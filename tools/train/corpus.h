@@ -14,7 +14,7 @@
 
 #include <stddef.h>
 
-#include "common/error.h"
+#include "common/util/error.h"
 
 #define CORPUS_MAX_FILE_BYTES ((size_t)1 << 31) /* 2 GiB */
 #define CORPUS_MAX_LINE_BYTES ((size_t)1 << 24) /* 16 MiB per JSONL line */

@@ -8,11 +8,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/dtype.h"
+#include "common/util/dtype.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
+#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
-#include "target-svc/transformer.h"
+#include "common/model/transformer.h"
 
 /* The scheduler waits up to this long for every session holding a slot to
  * queue its item before it runs a pass. Each round, every lane holding a

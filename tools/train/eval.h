@@ -32,8 +32,8 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/model_file.h"
+#include "common/util/error.h"
+#include "common/model/model_file.h"
 #include "draft-svc/drafter.h"
 #include "kernels/backend.h"
 

@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/chat.h"
-#include "common/dtype.h"
-#include "common/rng.h"
-#include "common/safetensors.h"
-#include "common/safetensors_write.h"
-#include "common/sampling.h"
-#include "draft-svc/mlp_speculator.h"
+#include "common/text/chat.h"
+#include "common/util/dtype.h"
+#include "common/util/rng.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_write.h"
+#include "common/spec/sampling.h"
+#include "common/model/mlp_speculator.h"
 
 void spec_seqs_free(spec_seqs *s) {
     if (!s) return;

@@ -23,9 +23,9 @@
 
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/tokenizer.h"
-#include "target-svc/transformer.h"
+#include "common/util/error.h"
+#include "common/text/tokenizer.h"
+#include "common/model/transformer.h"
 #include "tools/train/corpus.h"
 
 typedef struct spec_seqs {

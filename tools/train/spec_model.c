@@ -18,10 +18,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/rng.h"
-#include "common/safetensors.h"
-#include "common/safetensors_write.h"
-#include "common/small_file.h"
+#include "common/util/rng.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_write.h"
+#include "common/util/small_file.h"
 #include "tools/train/nn.h"
 
 #define NORM_EPS 1e-6f /* as draft-svc/mlp_speculator.c (the reference's default) */

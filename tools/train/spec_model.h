@@ -27,8 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "draft-svc/mlp_speculator.h"
+#include "common/util/error.h"
+#include "common/model/mlp_speculator.h"
 
 typedef struct spec_model {
     specd_mlp_spec_config cfg;   /* vocab_size = draft vocabulary rows; init sets

@@ -1,0 +1,491 @@
+/* accept_head.c - the acceptance head: config.json, its tensors, the
+ * forward pass, and writing a head directory (accept_head.h).
+ *
+ * Layout of this file: config.json parsing (on a buffer, so the fuzz
+ * target can drive it), the tensor layout both the loader and the writer
+ * follow, loading with checks, saving, and the forward pass. All
+ * parameters live in one fp32 buffer; the per-tensor pointers point into
+ * it. */
+#include "common/model/accept_head.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/model/hf_dir.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_write.h"
+#include "common/util/dtype.h"
+#include "common/util/json.h"
+#include "common/util/small_file.h"
+
+#define CONFIG SPECD_HF_CONFIG
+#define WEIGHTS SPECD_HF_SINGLE_WEIGHTS
+#define MODEL_TYPE "specd_accept_head"
+#define MAX_JSON_FILE (1u << 20) /* a config is a few hundred bytes */
+/* in_proj weight + bias, stage_emb, 4 per block, out weight + bias */
+#define MAX_TENSORS (3 + 4 * SPECD_ACCEPT_HEAD_MAX_LAYERS + 2)
+
+/* ---- config.json ------------------------------------------------------------- */
+
+/* A required integral member in [lo, hi] (common/util/json.h). */
+static int get_int(const cJSON *root, const char *key, int lo, int hi, int *out,
+                   specd_error *err) {
+    return specd_json_int(root, CONFIG, key, 1, 0, lo, hi, out, err);
+}
+
+static int parse_config_object(const cJSON *root, specd_accept_head_config *c, specd_error *err) {
+    if (!cJSON_IsObject(root)) return specd_seterr(err, CONFIG ": not a JSON object");
+    /* Required, unlike a Hugging Face config's: pointing drafter.mlp.accept_head
+     * at the speculator's own directory is an easy mistake, and this names it. */
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(type))
+        return specd_seterr(err, CONFIG ": 'model_type' must be the string '" MODEL_TYPE
+                                 "', got %s", specd_json_type_name(type));
+    if (strcmp(type->valuestring, MODEL_TYPE) != 0)
+        return specd_seterr(err, CONFIG ": model_type is '%.64s', not '" MODEL_TYPE "'",
+                            type->valuestring);
+    return get_int(root, "input_dim", 1, SPECD_ACCEPT_HEAD_MAX_INPUT, &c->input_dim, err) ||
+                   get_int(root, "hidden_dim", 1, SPECD_ACCEPT_HEAD_MAX_HIDDEN, &c->hidden_dim,
+                           err) ||
+                   get_int(root, "n_layers", 0, SPECD_ACCEPT_HEAD_MAX_LAYERS, &c->n_layers, err) ||
+                   get_int(root, "n_stages", 1, SPECD_ACCEPT_HEAD_MAX_STAGES, &c->n_stages, err)
+               ? -1
+               : 0;
+}
+
+int specd_accept_head_parse_config(const char *json, size_t len, specd_accept_head_config *cfg,
+                                   specd_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root = specd_json_parse(json, len, CONFIG, err);
+    if (!root) return -1;
+    int rc = parse_config_object(root, cfg, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* A config built in memory gets the same limits as a parsed one. */
+static int check_config(const specd_accept_head_config *c, specd_error *err) {
+    if (c->input_dim < 1 || c->input_dim > SPECD_ACCEPT_HEAD_MAX_INPUT ||
+        c->hidden_dim < 1 || c->hidden_dim > SPECD_ACCEPT_HEAD_MAX_HIDDEN ||
+        c->n_layers < 0 || c->n_layers > SPECD_ACCEPT_HEAD_MAX_LAYERS || c->n_stages < 1 ||
+        c->n_stages > SPECD_ACCEPT_HEAD_MAX_STAGES)
+        return specd_seterr(err, "accept head: config (input %d, hidden %d, layers %d, stages "
+                                 "%d) is outside the limits", c->input_dim, c->hidden_dim,
+                            c->n_layers, c->n_stages);
+    return 0;
+}
+
+/* ---- tensor layout ------------------------------------------------------------ */
+
+/* One tensor of the head: its file name, shape (cols 0 = a vector) and
+ * place in the flat parameter buffer. The order is the file's and the
+ * formula's: in_proj, stage_emb, blocks, out. */
+typedef struct head_tensor {
+    char name[40];
+    int rows, cols;
+    size_t offset;
+} head_tensor;
+
+static size_t tensor_numel(const head_tensor *t) {
+    return (size_t)t->rows * (size_t)(t->cols ? t->cols : 1);
+}
+
+/* Fills t[] for cfg; returns the tensor count, *total = floats in all. */
+static int head_layout(const specd_accept_head_config *c, head_tensor *t, size_t *total) {
+    int n = 0, H = c->hidden_dim;
+    size_t off = 0;
+#define ADD(rows_, cols_, ...)                                          \
+    do {                                                                \
+        snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__);             \
+        t[n].rows = (rows_);                                            \
+        t[n].cols = (cols_);                                            \
+        t[n].offset = off;                                              \
+        off += tensor_numel(&t[n]);                                     \
+        n++;                                                            \
+    } while (0)
+    ADD(H, c->input_dim, "in_proj.weight");
+    ADD(H, 0, "in_proj.bias");
+    ADD(c->n_stages, H, "stage_emb.weight");
+    for (int l = 0; l < c->n_layers; l++) {
+        ADD(H, H, "blocks.%d.fc1.weight", l);
+        ADD(H, 0, "blocks.%d.fc1.bias", l);
+        ADD(H, H, "blocks.%d.fc2.weight", l);
+        ADD(H, 0, "blocks.%d.fc2.bias", l);
+    }
+    ADD(1, H, "out.weight");
+    ADD(1, 0, "out.bias");
+#undef ADD
+    *total = off;
+    return n;
+}
+
+/* The caller's array for layout entry i (same order as head_layout). */
+static const float *weight_src(const specd_accept_head_weights *w, int n_layers, int i) {
+    if (i == 0) return w->in_w;
+    if (i == 1) return w->in_b;
+    if (i == 2) return w->stage_emb;
+    i -= 3;
+    if (i < 4 * n_layers) {
+        int l = i / 4;
+        const float *const per[4] = {w->fc1_w[l], w->fc1_b[l], w->fc2_w[l], w->fc2_b[l]};
+        return per[i % 4];
+    }
+    return i == 4 * n_layers ? w->out_w : &w->out_b;
+}
+
+/* ---- the model ---------------------------------------------------------------- */
+
+struct specd_accept_head {
+    specd_accept_head_config cfg;
+    float *params; /* every tensor, in layout order */
+    const float *in_w, *in_b, *stage_emb, *out_w;
+    const float *fc1_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc1_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
+    const float *fc2_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc2_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
+    float out_b;
+    float *bias0;  /* [H] scratch: b_in + E[stage] of the call */
+    /* forward scratch, grown on demand: the residual stream and the block's
+     * inner activation, [rows][H] each */
+    float *x, *t;
+    size_t rows_cap;
+};
+
+/* Allocates the parameter buffer for cfg and points the tensors into it. */
+static specd_accept_head *head_alloc(const specd_accept_head_config *cfg, head_tensor *layout,
+                                     int *n_tensors, specd_error *err) {
+    size_t total;
+    *n_tensors = head_layout(cfg, layout, &total);
+    specd_accept_head *h = calloc(1, sizeof *h);
+    if (h) {
+        h->params = malloc(sizeof(float) * total);
+        h->bias0 = malloc(sizeof(float) * (size_t)cfg->hidden_dim);
+    }
+    if (!h || !h->params || !h->bias0) {
+        if (h) {
+            free(h->params);
+            free(h->bias0);
+        }
+        free(h);
+        specd_seterr(err, "accept head: out of memory for %zu parameters", total);
+        return NULL;
+    }
+    h->cfg = *cfg;
+    const float *p = h->params;
+    int i = 0;
+    h->in_w = p + layout[i++].offset;
+    h->in_b = p + layout[i++].offset;
+    h->stage_emb = p + layout[i++].offset;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        h->fc1_w[l] = p + layout[i++].offset;
+        h->fc1_b[l] = p + layout[i++].offset;
+        h->fc2_w[l] = p + layout[i++].offset;
+        h->fc2_b[l] = p + layout[i++].offset;
+    }
+    h->out_w = p + layout[i].offset; /* out.bias is copied into out_b once filled */
+    return h;
+}
+
+/* A NaN or infinite weight would make every p NaN, and a NaN never
+ * compares above a threshold: the head would silently do nothing. */
+static int check_finite(const specd_accept_head *h, const head_tensor *layout, int n,
+                        specd_error *err) {
+    for (int i = 0; i < n; i++) {
+        const float *v = h->params + layout[i].offset;
+        for (size_t j = 0; j < tensor_numel(&layout[i]); j++)
+            if (!isfinite(v[j]))
+                return specd_seterr(err, "tensor '%s': element %zu is not finite", layout[i].name,
+                                    j);
+    }
+    return 0;
+}
+
+static void head_finish(specd_accept_head *h, const head_tensor *layout, int n) {
+    h->out_b = h->params[layout[n - 1].offset];
+}
+
+void specd_accept_head_free(specd_accept_head *h) {
+    if (!h) return;
+    free(h->params);
+    free(h->bias0);
+    free(h->x);
+    free(h->t);
+    free(h);
+}
+
+const specd_accept_head_config *specd_accept_head_config_of(const specd_accept_head *h) {
+    return &h->cfg;
+}
+
+specd_accept_head *specd_accept_head_create(const specd_accept_head_config *cfg,
+                                            const specd_accept_head_weights *w, specd_error *err) {
+    if (check_config(cfg, err)) return NULL;
+    head_tensor layout[MAX_TENSORS];
+    int n;
+    specd_accept_head *h = head_alloc(cfg, layout, &n, err);
+    if (!h) return NULL;
+    for (int i = 0; i < n; i++) {
+        const float *src = weight_src(w, cfg->n_layers, i);
+        if (!src) {
+            specd_seterr(err, "accept head: no data for tensor '%s'", layout[i].name);
+            specd_accept_head_free(h);
+            return NULL;
+        }
+        memcpy(h->params + layout[i].offset, src, sizeof(float) * tensor_numel(&layout[i]));
+    }
+    if (check_finite(h, layout, n, err)) {
+        specd_accept_head_free(h);
+        return NULL;
+    }
+    head_finish(h, layout, n);
+    return h;
+}
+
+/* ---- loading ------------------------------------------------------------------ */
+
+/* The stored tensor for layout entry `want`, checked for dtype and shape. */
+static const safetensors_tensor *find_checked(const safetensors_file *f, const head_tensor *want,
+                                              specd_error *err) {
+    const safetensors_tensor *t = safetensors_find(f, want->name);
+    if (!t) {
+        specd_seterr(err, "tensor '%s' is missing", want->name);
+        return NULL;
+    }
+    if (t->type != SPECD_F32 && t->type != SPECD_F16 && t->type != SPECD_BF16) {
+        const specd_dtype_info *in = specd_dtype_get(t->type);
+        specd_seterr(err, "tensor '%s' has dtype %s; accept head weights must be F32, F16 or "
+                          "BF16", want->name, in && in->name ? in->name : "?");
+        return NULL;
+    }
+    int dims = want->cols ? 2 : 1;
+    if ((int)t->n_dims != dims || t->shape[0] != (uint64_t)want->rows ||
+        (dims == 2 && t->shape[1] != (uint64_t)want->cols)) {
+        char got[96] = "[";
+        for (uint32_t i = 0; i < t->n_dims; i++) {
+            size_t len = strlen(got);
+            snprintf(got + len, sizeof got - len, "%s%llu", i ? ", " : "",
+                     (unsigned long long)t->shape[i]);
+        }
+        strncat(got, "]", sizeof got - strlen(got) - 1);
+        if (dims == 2)
+            specd_seterr(err, "tensor '%s': shape %s does not match config [%d, %d]", want->name,
+                         got, want->rows, want->cols);
+        else
+            specd_seterr(err, "tensor '%s': shape %s does not match config [%d]", want->name,
+                         got, want->rows);
+        return NULL;
+    }
+    return t;
+}
+
+/* Every stored tensor must be one the config implies: a block beyond
+ * n_layers, say, means config and weights disagree. */
+static int check_no_extra(const safetensors_file *f, const head_tensor *layout, int n,
+                          specd_error *err) {
+    for (size_t i = 0; i < safetensors_n_tensors(f); i++) {
+        const char *name = safetensors_tensor_at(f, i)->name;
+        int known = 0;
+        for (int j = 0; j < n && !known; j++) known = !strcmp(name, layout[j].name);
+        if (!known)
+            return specd_seterr(err, "tensor '%.64s' is not part of an accept head with this "
+                                     "config", name);
+    }
+    return 0;
+}
+
+static specd_accept_head *load_from(const char *dir, safetensors_file **fp, specd_error *err) {
+    char path[2048];
+    cJSON *root = specd_hf_read_json(dir, CONFIG, MAX_JSON_FILE, err);
+    if (!root) return NULL;
+    specd_accept_head_config cfg = {0};
+    int rc = parse_config_object(root, &cfg, err);
+    cJSON_Delete(root);
+    if (rc || specd_path_join(path, sizeof path, dir, WEIGHTS, err)) return NULL;
+    if (!(*fp = safetensors_open(path, err))) {
+        specd_preferr(err, WEIGHTS);
+        return NULL;
+    }
+    /* Shapes are checked against the config before the buffer is sized, so
+     * the allocation is bounded by what the file really holds. */
+    head_tensor layout[MAX_TENSORS];
+    size_t total;
+    int n = head_layout(&cfg, layout, &total);
+    const safetensors_tensor *src[MAX_TENSORS];
+    for (int i = 0; i < n; i++)
+        if (!(src[i] = find_checked(*fp, &layout[i], err))) return NULL;
+    if (check_no_extra(*fp, layout, n, err)) return NULL;
+    specd_accept_head *h = head_alloc(&cfg, layout, &n, err);
+    if (!h) return NULL;
+    for (int i = 0; i < n; i++) {
+        float *dst = h->params + layout[i].offset;
+        for (size_t j = 0; j < tensor_numel(&layout[i]); j++)
+            dst[j] = safetensors_elem_f32(src[i], j);
+    }
+    if (check_finite(h, layout, n, err)) {
+        specd_accept_head_free(h);
+        return NULL;
+    }
+    head_finish(h, layout, n);
+    return h;
+}
+
+specd_accept_head *specd_accept_head_load(const char *dir, specd_error *err) {
+    safetensors_file *f = NULL;
+    specd_accept_head *h = load_from(dir, &f, err);
+    safetensors_close(f); /* the weights were copied out */
+    if (!h) specd_preferr(err, "accept head %s", dir);
+    return h;
+}
+
+/* ---- saving ------------------------------------------------------------------- */
+
+static char *config_text(const specd_accept_head_config *c, const char *dtype,
+                         const char *extra_json, specd_error *err) {
+    cJSON *root = cJSON_CreateObject();
+    int ok = root && cJSON_AddStringToObject(root, "model_type", MODEL_TYPE) &&
+             cJSON_AddNumberToObject(root, "input_dim", c->input_dim) &&
+             cJSON_AddNumberToObject(root, "hidden_dim", c->hidden_dim) &&
+             cJSON_AddNumberToObject(root, "n_layers", c->n_layers) &&
+             cJSON_AddNumberToObject(root, "n_stages", c->n_stages) &&
+             cJSON_AddStringToObject(root, "dtype", dtype);
+    if (ok && extra_json) {
+        cJSON *extra = cJSON_Parse(extra_json);
+        if (!cJSON_IsObject(extra)) {
+            cJSON_Delete(extra);
+            cJSON_Delete(root);
+            specd_seterr(err, "accept head: extra config is not a JSON object");
+            return NULL;
+        }
+        /* the head's own keys win: extra describes, it does not reshape */
+        cJSON *item = extra->child;
+        while (item) {
+            cJSON *next = item->next;
+            if (!cJSON_HasObjectItem(root, item->string)) {
+                cJSON_DetachItemViaPointer(extra, item);
+                cJSON_AddItemToObject(root, item->string, item);
+            }
+            item = next;
+        }
+        cJSON_Delete(extra);
+    }
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) specd_seterr(err, "accept head: out of memory");
+    return text;
+}
+
+int specd_accept_head_save(const char *dir, const specd_accept_head_config *cfg,
+                           const specd_accept_head_weights *w, const char *dtype,
+                           const char *extra_json, specd_error *err) {
+    specd_dtype type;
+    if (!strcmp(dtype, "F32")) type = SPECD_F32;
+    else if (!strcmp(dtype, "F16")) type = SPECD_F16;
+    else if (!strcmp(dtype, "BF16")) type = SPECD_BF16;
+    else return specd_seterr(err, "accept head: dtype '%s' is not F32, F16 or BF16", dtype);
+    if (check_config(cfg, err)) return -1;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return specd_seterr(err, "accept head: cannot create %s: %s", dir, strerror(errno));
+    head_tensor layout[MAX_TENSORS];
+    safetensors_out outs[MAX_TENSORS];
+    size_t total;
+    int n = head_layout(cfg, layout, &total);
+    for (int i = 0; i < n; i++) {
+        const float *src = weight_src(w, cfg->n_layers, i);
+        if (!src) return specd_seterr(err, "accept head: no data for tensor '%s'", layout[i].name);
+        outs[i] = (safetensors_out){.name = layout[i].name, .type = type,
+                                    .n_dims = layout[i].cols ? 2 : 1, .data = src};
+        outs[i].shape[0] = (uint64_t)layout[i].rows;
+        outs[i].shape[1] = (uint64_t)layout[i].cols;
+    }
+    char path[2048];
+    /* weights first, config last: a directory with a config is complete */
+    if (specd_path_join(path, sizeof path, dir, WEIGHTS, err) ||
+        safetensors_write(path, outs, n, NULL, NULL, 0, err))
+        return specd_preferr(err, "accept head");
+    char *text = config_text(cfg, dtype, extra_json, err);
+    if (!text) return -1;
+    int rc = specd_path_join(path, sizeof path, dir, CONFIG, err) ||
+             specd_write_small_file(path, text, strlen(text), err);
+    free(text);
+    return rc ? specd_preferr(err, "accept head") : 0;
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+/* sum a[i] * b[i] in a fixed order (eight partial sums), so the result does
+ * not depend on how many rows a call has, and the loop vectorizes. */
+static float dot(const float *a, const float *b, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float tail = 0;
+    for (; i < n; i++) tail += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+/* y[r][o] = (add ? y[r][o] : 0) + b[o] + w[o] . x[r]. The weight row is the
+ * outer loop so it is read once for all rows. */
+static void linear(const float *x, int n, int in, const float *w, const float *b, int out,
+                   int add, float *y) {
+    for (int o = 0; o < out; o++) {
+        const float *wo = w + (size_t)o * in;
+        for (int r = 0; r < n; r++) {
+            float v = b[o] + dot(wo, x + (size_t)r * in, in);
+            y[(size_t)r * out + o] = add ? y[(size_t)r * out + o] + v : v;
+        }
+    }
+}
+
+static float silu(float v) { return v / (1.0f + expf(-v)); }
+
+static float sigmoid(float z) {
+    /* both branches keep exp's argument <= 0, so nothing overflows */
+    if (z >= 0) return 1.0f / (1.0f + expf(-z));
+    float e = expf(z);
+    return e / (1.0f + e);
+}
+
+static int grow_scratch(specd_accept_head *h, size_t rows, specd_error *err) {
+    if (rows <= h->rows_cap) return 0;
+    size_t n = rows * (size_t)h->cfg.hidden_dim;
+    float *x = realloc(h->x, sizeof(float) * n);
+    if (x) h->x = x;
+    float *t = realloc(h->t, sizeof(float) * n);
+    if (t) h->t = t;
+    if (!x || !t) return specd_seterr(err, "accept head: out of memory for %zu rows", rows);
+    h->rows_cap = rows;
+    return 0;
+}
+
+int specd_accept_head_forward(specd_accept_head *h, int stage, int n_rows, const float *states,
+                              float *p, float *logits, specd_error *err) {
+    const specd_accept_head_config *c = &h->cfg;
+    if (stage < 0 || stage >= c->n_stages)
+        return specd_seterr(err, "accept head: stage %d outside 0..%d", stage, c->n_stages - 1);
+    if (n_rows < 0 || n_rows > SPECD_ACCEPT_HEAD_MAX_ROWS)
+        return specd_seterr(err, "accept head: %d rows, at most %d", n_rows,
+                            SPECD_ACCEPT_HEAD_MAX_ROWS);
+    if (n_rows == 0) return 0;
+    if (grow_scratch(h, (size_t)n_rows, err)) return -1;
+    int H = c->hidden_dim;
+    size_t nH = (size_t)n_rows * H;
+    /* x = W_in s + b_in + E[stage]: the bias and the stage vector are one
+     * per-stage bias */
+    const float *e = h->stage_emb + (size_t)stage * H;
+    for (int o = 0; o < H; o++) h->bias0[o] = h->in_b[o] + e[o];
+    linear(states, n_rows, c->input_dim, h->in_w, h->bias0, H, 0, h->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        linear(h->x, n_rows, H, h->fc1_w[l], h->fc1_b[l], H, 0, h->t);
+        for (size_t j = 0; j < nH; j++) h->t[j] = silu(h->t[j]);
+        linear(h->t, n_rows, H, h->fc2_w[l], h->fc2_b[l], H, 1, h->x); /* x += block(x) */
+    }
+    for (int r = 0; r < n_rows; r++) {
+        float z = h->out_b + dot(h->out_w, h->x + (size_t)r * H, H);
+        if (logits) logits[r] = z;
+        p[r] = sigmoid(z);
+    }
+    return 0;
+}

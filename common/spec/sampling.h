@@ -1,0 +1,213 @@
+/* sampling.h - turning logits into tokens, and the lossless speculative rules.
+ *
+ * Two jobs live here because they must agree exactly:
+ *
+ *  1. The sampling distribution. specd_sampling_probs() maps logits and a
+ *     specd_sampling to the final probability vector the token is drawn from.
+ *     Plain decoding samples from it; speculative decoding computes it for the
+ *     target (p) and for the draft (q) and feeds both to the acceptance rule.
+ *     "Lossless" means the output is distributed as the target's p, so p here
+ *     must be precisely the distribution plain decoding would use.
+ *
+ *  2. The speculative rules (DESIGN.md, "Draft-verify, lossless"): accept a
+ *     drafted token x with probability min(1, p(x)/q(x)); on rejection sample
+ *     from norm(max(0, p - q)). Together they make the emitted token exactly
+ *     p-distributed whatever q is, provided q is the distribution the draft
+ *     token was really drawn from.
+ *
+ * Processing order (the order Hugging Face transformers' generate() builds its
+ * LogitsProcessor list in: Temperature -> TopK -> TopP -> MinP):
+ *
+ *   temperature  0 means greedy: the distribution is one-hot at the argmax
+ *                (lowest token id on ties) and the other fields are ignored.
+ *                Otherwise logits are divided by it (HF divides the scores).
+ *   top_k        keep the k highest logits; ties at the boundary are broken by
+ *                lower token id, so exactly k tokens stay. (HF keeps every
+ *                token tied with the k-th value; exact-k keeps the set a
+ *                function of the logits alone and its size bounded.) 0 = off.
+ *   top_p        nucleus: renormalize over the tokens top-k kept, walk them in
+ *                descending probability (ties: lower id first) and keep the
+ *                shortest prefix whose cumulative probability is >= top_p;
+ *                at least one token always stays. Same set as HF's TopP, which
+ *                drops a token when the mass strictly above it is >= top_p.
+ *                1 = off.
+ *   min_p        drop tokens whose probability is < min_p times the largest
+ *                probability (of what is left; the most likely token always
+ *                survives every stage, so this is relative to the overall
+ *                maximum). 0 = off.
+ *
+ * The result is renormalized over the kept set; every other entry is exactly 0.
+ * Tokens whose logit is NaN or -inf, and tokens whose weight underflows float
+ * (more than ~103 nats below the best after temperature), get probability 0.
+ *
+ * All functions are deterministic: same inputs, same outputs, bit for bit, on
+ * a given build (single-threaded, fixed summation order). */
+#ifndef SPECD_SAMPLING_H
+#define SPECD_SAMPLING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/util/error.h"
+
+typedef struct specd_sampling {
+    float temperature; /* >= 0, finite; 0 = greedy */
+    int top_k;         /* >= 0; 0 = off */
+    float top_p;       /* in (0, 1]; 1 = off */
+    float min_p;       /* in [0, 1]; 0 = off */
+    uint64_t seed;     /* address of this request's draws, see rng.h */
+    /* Logit adjustments, applied by specd_logits_adjust() before everything
+     * above (see there). Unlike the filters they depend on the tokens so far,
+     * so they need a specd_token_counts. */
+    float repetition_penalty; /* in (0, 10]; 1 or 0 = off */
+    float frequency_penalty;  /* in [-2, 2]; 0 = off */
+    float presence_penalty;   /* in [-2, 2]; 0 = off */
+    int n_logit_bias;         /* 0..SPECD_MAX_LOGIT_BIAS entries */
+    const int32_t *bias_ids;  /* [n_logit_bias] distinct token ids (not owned) */
+    const float *bias_values; /* [n_logit_bias] in [-100, 100] (not owned) */
+} specd_sampling;
+
+#define SPECD_MAX_LOGIT_BIAS 1024
+#define SPECD_MAX_TOP_LOGPROBS 20
+
+/* Plain sampling from the model's distribution: temperature 1, every filter
+ * off, seed 0. (A zeroed struct is not neutral: top_p = 0 is invalid.) */
+void specd_sampling_init(specd_sampling *s);
+
+/* 0 if every field is in range; else -1 with a message naming the field, e.g.
+ * "top_p must be in (0, 1] (1 disables it), got 1.5" or
+ * "logit_bias[3].token_id = 7 repeats logit_bias[1] (each token at most
+ * once)"; callers prefix where the parameters came from ("open.sampling.").
+ * vocab > 0 also checks the logit-bias ids (in range, no duplicates); vocab
+ * <= 0 skips that. */
+int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err);
+
+/* --- penalties and logit bias ---------------------------------------------
+ *
+ * The logits of a position depend on the tokens before it: the prompt and
+ * the tokens generated so far. specd_token_counts keeps what the penalties
+ * need in O(1) per token; a speculative tree adds each path's own tokens on
+ * top without copying it (`path` below), so every node of a tree sees exactly
+ * the history plain decoding would have at that position.
+ *
+ * Order (documented in proto/specd.proto, SamplingParams):
+ *   1. logit_bias:          l[t] += bias[t]
+ *   2. repetition_penalty:  for t seen in prompt or output (each t once):
+ *                           l = l > 0 ? l / r : l * r   (CTRL; HF's processor)
+ *   3. frequency/presence:  for t generated c > 0 times:
+ *                           l -= c * frequency + presence   (OpenAI)
+ * then temperature and the filters of specd_sampling_probs(). */
+typedef struct specd_token_counts {
+    int vocab;
+    int32_t *out_count; /* [vocab] times generated */
+    uint8_t *seen;      /* [vocab] 1 if in the prompt or generated */
+    int32_t *seen_list; /* distinct seen tokens, in first-seen order */
+    int n_seen;
+} specd_token_counts;
+
+int specd_token_counts_init(specd_token_counts *c, int vocab, specd_error *err);
+void specd_token_counts_free(specd_token_counts *c);
+/* generated = 0 for a prompt token, 1 for an output token. Ids outside the
+ * vocabulary are ignored. */
+void specd_token_counts_add(specd_token_counts *c, int32_t tok, int generated);
+void specd_token_counts_reset(specd_token_counts *c);
+
+/* 1 if any of bias / repetition / frequency / presence is on. */
+int specd_sampling_adjusts_logits(const specd_sampling *s);
+
+/* Applies steps 1-3 above to logits[0..vocab) in place, for the position
+ * after the counted history followed by path[0..n_path) (generated tokens not
+ * yet in c, e.g. a tree node's ancestors). counts may be NULL (= empty
+ * history). A no-op when specd_sampling_adjusts_logits() is 0. Cost:
+ * O(n_seen + n_path + n_logit_bias); with a path the scratch is
+ * specd_logits_adjust_scratch_size(n_path) bytes (NULL is fine for n_path 0). */
+void specd_logits_adjust(const specd_sampling *s, const specd_token_counts *c,
+                         const int32_t *path, int n_path, float *logits, int vocab,
+                         void *scratch);
+size_t specd_logits_adjust_scratch_size(int n_path);
+
+/* --- log-probabilities ------------------------------------------------------ */
+
+/* Log-softmax of raw logits at token `tok` into *lp, and the top_n most
+ * likely tokens (descending, ties: lower id first) into top_ids/top_lps
+ * (top_n <= SPECD_MAX_TOP_LOGPROBS; may be 0). Computed in double for the
+ * normalizer, so it is a pure function of the logits. Degenerate rows follow
+ * specd_sampling_probs: NaN logits get -inf and take no part; if some logit
+ * is +inf, those tokens get -log(their count) and the rest -inf; with no
+ * usable logit everything is -inf. If fewer than top_n logits are not NaN,
+ * the missing entries are id -1, -inf. lp, top_ids, top_lps may be NULL. */
+void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, float *lp,
+                    int32_t *top_ids, float *top_lps);
+
+/* Index of the largest value, lowest index on ties. NaNs are skipped; if all
+ * values are NaN the answer is 0. -1 only when n <= 0. */
+int specd_argmax(const float *logits, int n);
+
+/* Bytes of scratch that specd_sampling_probs() and specd_sample() need for a
+ * vocabulary of n (25 bytes per token). Any malloc'd block of this size works
+ * (4-byte alignment suffices). */
+size_t specd_sampling_scratch_size(int n);
+
+/* Writes the final distribution (see the order above) into probs[0..n).
+ * `s` should have passed specd_sampling_validate(); other values give some
+ * valid distribution, never a crash. If no token has a usable logit (all NaN
+ * or -inf), the result is one-hot at specd_argmax(logits). If the largest
+ * logit is +inf, the +inf tokens share the mass equally (the limit of the
+ * softmax). Cost: one pass with an exp per token, then top-k / top-p order
+ * only the tokens near the cut (tokens are bucketed by powers of two of their
+ * weight, and only the bucket holding the cut is sorted, in linear time), so
+ * it stays O(n) even for a flat distribution with top_p = 0.99. */
+void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,
+                          void *scratch);
+
+/* Inverse-CDF draw: the first i (in index order) whose cumulative probability
+ * exceeds u * sum(probs), u in [0, 1). Never returns an entry with probability
+ * <= 0. probs need not be normalized (negative and NaN entries count as 0); if
+ * no entry is positive the answer is specd_argmax(probs, n). u outside [0, 1)
+ * is clamped into it. */
+int specd_sample_from_probs(const float *probs, int n, double u);
+
+/* One token: argmax when s->temperature == 0, else a draw from
+ * specd_sampling_probs() with u = specd_rng_uniform(s->seed, stream, counter).
+ * scratch: specd_sampling_scratch_size(n) bytes.
+ *
+ * Addressing: each draw of a request needs its own (stream, counter), e.g.
+ * stream = output position, counter = purpose of the draw at that position.
+ * Never use one address for two purposes: the uniform that tests a draft
+ * token must be independent of the uniform that drew it, or the speculative
+ * rule stops being lossless. */
+int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t stream,
+                 uint64_t counter, void *scratch);
+
+/* --- lossless speculative decoding ---------------------------------------
+ *
+ * For one drafted token x drawn from q (the draft's specd_sampling_probs) and
+ * checked against p (the target's), with independent uniforms u1, u2:
+ *
+ *     if specd_accept_draft(p[x], q[x], u1): emit x
+ *     else: emit specd_residual_sample(p, q, n, u2, scratch)
+ *
+ * The emitted token is distributed exactly as p. A deterministic drafter
+ * (greedy draft, n-gram lookup) has q one-hot at x, i.e. q[x] = 1. */
+
+/* 1 if u < min(1, p_x / q_x), else 0; u in [0, 1). q_x <= 0 (or NaN) means
+ * the draft could not have drawn x from q, so the premise of the rule is
+ * broken (a bug or a rounding artifact); rejecting is the safe answer because
+ * it never raises the probability of x above what the residual gives it.
+ * p_x <= 0 always rejects: the target would never emit x. */
+int specd_accept_draft(float p_x, float q_x, double u);
+
+/* Writes norm(max(0, p - q)) into out[0..n) and returns 0. If that is all
+ * zero (p == q wherever p > q, i.e. p == q for normalized inputs) it writes
+ * p (normalized) instead and returns 1. That fallback is correct: rejection
+ * happens with probability sum(max(0, q - p)), which equals sum(max(0, p - q)),
+ * so a zero residual means rejection has probability zero and only rounding
+ * can get here; p is then the distribution the target itself would sample.
+ * The returned distribution is also the new target for recursive rejection
+ * sampling over a tree's sibling drafts (SpecInfer). */
+int specd_residual_probs(const float *p, const float *q, int n, float *out);
+
+/* A draw from specd_residual_probs(p, q) with uniform u; scratch: n floats. */
+int specd_residual_sample(const float *p, const float *q, int n, double u, float *scratch);
+
+#endif
