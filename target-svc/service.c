@@ -70,6 +70,37 @@ static grpc_status_code session_open(specd_session *s, specd_session_open_req *r
     return specd_session_open_plain(s, r, field, err);
 }
 
+int specd_session_tree_from_pb(specd_session *s, const Specd__V1__VerifyTree *pb,
+                               specd_session_tree_req *out, specd_error *err) {
+    *out = (specd_session_tree_req){.step = pb->step, .n_tokens = pb->n_tokens,
+                                    .n_parents = pb->n_parents, .tokens = pb->tokens,
+                                    .parents = pb->parents,
+                                    .hidden_via_ipc = pb->hidden_via_ipc, .n_q = pb->n_q,
+                                    .bad_q = -1};
+    if (pb->n_q == 0) return 0;
+    if (pb->n_q > (size_t)s->lim.max_tree_tokens + 1) {
+        out->n_q = pb->n_q; /* refused by its count before any entry is read */
+        return 0;
+    }
+    if (s->q_cap < (int)pb->n_q) {
+        specd_sparse_dist *q = realloc(s->q, sizeof *q * pb->n_q);
+        if (!q) return specd_seterr(err, "out of memory");
+        s->q = q;
+        s->q_cap = (int)pb->n_q;
+    }
+    for (size_t i = 0; i < pb->n_q; i++) {
+        const Specd__V1__DraftDistribution *d = pb->q[i];
+        if (d->n_ids != d->n_probs && out->bad_q < 0) {
+            out->bad_q = (long)i;
+            out->bad_q_ids = d->n_ids;
+            out->bad_q_probs = d->n_probs;
+        }
+        s->q[i] = (specd_sparse_dist){(int)d->n_ids, d->ids, d->probs};
+    }
+    out->q = s->q;
+    return 0;
+}
+
 grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
                                     const char *field, specd_error *err) {
     specd_session_open_req r = {.prompt_ids = o->prompt_ids,
@@ -243,7 +274,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
                        int *slot, const Specd__V1__VerifyRequest *req, verify_bufs *b) {
     specd_error err = {{0}};
     grpc_status_code code;
-    Specd__V1__FinishReason fr;
+    specd_finish fr;
     specd_work w;
     memset(&w, 0, sizeof w);
     w.sampling = &s->sampling;
@@ -280,11 +311,16 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         if (run_work(svc, c, &w)) return 1;
         specd_session_emit(s, &w.next_token, 1, s->n_prompt, &fr);
         if (send_verify(c, svc, 0, NULL, NULL, 0, w.next_token, w.hidden, b->hidden16,
-                        s->logprobs ? &b->lp : NULL, fr, &w, b->ipc, 0))
+                        s->logprobs ? &b->lp : NULL, (Specd__V1__FinishReason)fr, &w, b->ipc, 0))
             return 1;
         break;
     case SPECD__V1__VERIFY_REQUEST__MSG_TREE: {
-        if ((code = specd_session_tree(s, req->tree, &err))) {
+        specd_session_tree_req tr;
+        if (specd_session_tree_from_pb(s, req->tree, &tr, &err)) {
+            specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, err.msg);
+            return 1;
+        }
+        if ((code = specd_session_tree(s, &tr, &err))) {
             specd_rpc_call_finish(c, code, err.msg);
             return 1;
         }
@@ -317,7 +353,8 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
          * belonged to a later row and the session is over anyway. */
         int full = kept == n_acc + 1;
         if (send_verify(c, svc, s->step, b->acc, b->acc_nodes, kept - 1, b->emitted[kept - 1],
-                        full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL, fr, &w,
+                        full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL,
+                        (Specd__V1__FinishReason)fr, &w,
                         b->ipc, req->tree->hidden_via_ipc))
             return 1;
         break;
@@ -540,11 +577,11 @@ static void gen_decode(gen_call *g) {
     for (;;) {
         if (run_work(g->svc, g->c, &w)) return;
         g->steps++;
-        Specd__V1__FinishReason fr;
+        specd_finish fr;
         int32_t tok = w.next_token;
         specd_session_emit(&g->s, &tok, 1, n_past_after, &fr);
         if (g->steps == 1) g->t_first = now_ms();
-        int rc = gen_respond(g, &tok, fr);
+        int rc = gen_respond(g, &tok, (Specd__V1__FinishReason)fr);
         if (rc < 0) return;
         if (rc > 0) break;
         gen_work(g, &w, 0);

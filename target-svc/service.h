@@ -65,5 +65,11 @@ void specd_target_service_step_cost(specd_target_service *svc, specd_step_cost *
  * specd_session_open_plain. The same statuses and messages. */
 grpc_status_code specd_session_open(specd_session *s, const Specd__V1__VerifyOpen *o,
                                     const char *field, specd_error *err);
+/* A Verify Tree as session.h's plain request; the draft distributions are
+ * converted into the session's q buffer (valid until the next Tree). -1 +
+ * err only when out of memory; malformed q entries are left for
+ * specd_session_tree to report in its order. */
+int specd_session_tree_from_pb(specd_session *s, const Specd__V1__VerifyTree *pb,
+                               specd_session_tree_req *out, specd_error *err);
 
 #endif

@@ -142,7 +142,7 @@ grpc_status_code specd_session_open_plain(specd_session *s, specd_session_open_r
     return GRPC_STATUS_OK;
 }
 
-grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTree *t,
+grpc_status_code specd_session_tree(specd_session *s, const specd_session_tree_req *t,
                                     specd_error *err) {
     if (s->state == SPECD_SESSION_NEW)
         return specd_seterr(err, "tree: the session is not open (send Open first)"),
@@ -181,21 +181,11 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
             return specd_seterr(err, "tree.q has %zu entries, sampling needs %zu (1 + nodes)",
                                 t->n_q, t->n_tokens + 1),
                    GRPC_STATUS_INVALID_ARGUMENT;
-        if (s->q_cap < (int)t->n_q) {
-            specd_sparse_dist *q = realloc(s->q, sizeof *q * t->n_q);
-            if (!q) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-            s->q = q;
-            s->q_cap = (int)t->n_q;
-        }
-        for (size_t i = 0; i < t->n_q; i++) {
-            const Specd__V1__DraftDistribution *d = t->q[i];
-            if (d->n_ids != d->n_probs)
-                return specd_seterr(err, "tree.q[%zu] has %zu ids but %zu probs", i, d->n_ids,
-                                    d->n_probs),
-                       GRPC_STATUS_INVALID_ARGUMENT;
-            s->q[i] = (specd_sparse_dist){(int)d->n_ids, d->ids, d->probs};
-        }
-        s->tree.q = s->q;
+        if (t->bad_q >= 0)
+            return specd_seterr(err, "tree.q[%ld] has %zu ids but %zu probs", t->bad_q,
+                                t->bad_q_ids, t->bad_q_probs),
+                   GRPC_STATUS_INVALID_ARGUMENT;
+        s->tree.q = t->q;
     }
     specd_error e2 = {{0}};
     if (specd_tree_validate(&s->tree, s->lim.vocab, s->lim.max_tree_tokens, sampling, &e2))
@@ -204,8 +194,8 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
 }
 
 int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_after,
-                       Specd__V1__FinishReason *finish) {
-    *finish = SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+                       specd_finish *finish) {
+    *finish = SPECD_FINISH_NONE;
     int kept = 0;
     for (int i = 0; i < n && !*finish; i++) {
         int32_t tok = toks[i];
@@ -215,19 +205,19 @@ int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_
          * no-op when the session keeps no counts (vocab 0). */
         specd_token_counts_add(&s->counts, tok, 1);
         if (tok == s->lim.eos_id && !s->ignore_eos) {
-            *finish = SPECD__V1__FINISH_REASON__FINISH_REASON_EOS;
+            *finish = SPECD_FINISH_EOS;
             break;
         }
         for (int j = 0; j < s->n_stop; j++)
-            if (s->stop_ids[j] == tok) *finish = SPECD__V1__FINISH_REASON__FINISH_REASON_STOP;
+            if (s->stop_ids[j] == tok) *finish = SPECD_FINISH_STOP;
         if (!*finish && s->n_out >= s->max_new_tokens)
-            *finish = SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+            *finish = SPECD_FINISH_LENGTH;
     }
     s->n_past = n_past_after;
     if (kept) s->pending = toks[kept - 1];
     /* The next tree needs the pending token's row plus at least one node. */
     if (!*finish && s->n_past + 2 > s->lim.context)
-        *finish = SPECD__V1__FINISH_REASON__FINISH_REASON_CONTEXT;
+        *finish = SPECD_FINISH_CONTEXT;
     s->state = *finish ? SPECD_SESSION_DONE : SPECD_SESSION_OPEN;
     return kept;
 }

@@ -20,7 +20,6 @@
 
 #include "common/util/error.h"
 #include "common/spec/sampling.h"
-#include "specd.pb-c.h"
 #include "common/spec/verify.h"
 
 typedef struct specd_session_limits {
@@ -127,9 +126,36 @@ grpc_status_code specd_session_check_open(const specd_session *s,
 grpc_status_code specd_session_open_plain(specd_session *s, specd_session_open_req *o,
                                           const char *field, specd_error *err);
 
+/* Why generation ended; the values are the wire's FinishReason's, so the
+ * service converts with a cast. */
+typedef enum specd_finish {
+    SPECD_FINISH_NONE = 0, /* going on */
+    SPECD_FINISH_EOS = 1,
+    SPECD_FINISH_STOP = 2,
+    SPECD_FINISH_LENGTH = 3,
+    SPECD_FINISH_CONTEXT = 4,
+} specd_finish;
+
+/* One Tree message as plain C (the service converts the protobuf once,
+ * specd_session_tree_from_pb in service.h; specd eval builds it directly).
+ * q: the draft distributions, n_q of them (sampling: 1 + nodes); bad_q is
+ * the first entry whose ids and probs differed in length on the wire (-1:
+ * none), reported in the order of the checks below. */
+typedef struct specd_session_tree_req {
+    uint32_t step;
+    size_t n_tokens, n_parents;
+    const int32_t *tokens, *parents;
+    int hidden_via_ipc;
+    size_t n_q;
+    const specd_sparse_dist *q;
+    long bad_q;
+    size_t bad_q_ids, bad_q_probs;
+} specd_session_tree_req;
+
 /* Checks a Tree (state, step number, size, ids, parents, q, context room) and
- * makes s->tree describe it. GRPC_STATUS_OK or an error code + err. */
-grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTree *t,
+ * makes s->tree describe it (pointing into t's arrays, which must live until
+ * the step is done). GRPC_STATUS_OK or an error code + err. */
+grpc_status_code specd_session_tree(specd_session *s, const specd_session_tree_req *t,
                                     specd_error *err);
 
 /* Takes the tokens one step produced, in order (a tree step: the accepted
@@ -141,6 +167,6 @@ grpc_status_code specd_session_tree(specd_session *s, const Specd__V1__VerifyTre
  * tree node ends with CONTEXT. Updates pending, n_past, n_out, the penalty
  * counts (every emitted token) and the state. */
 int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_after,
-                       Specd__V1__FinishReason *finish);
+                       specd_finish *finish);
 
 #endif

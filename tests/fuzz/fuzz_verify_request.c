@@ -48,11 +48,14 @@ static void apply(specd_session *s, const uint8_t *buf, size_t len) {
                 abort();
             if (specd_session_position(s) != (uint64_t)s->resumed) abort();
             int32_t first = s->prompt[0];
-            Specd__V1__FinishReason fr;
+            specd_finish fr;
             if (specd_session_emit(s, &first, 1, s->n_prompt, &fr) != 1) abort();
         }
     } else if (req->msg_case == SPECD__V1__VERIFY_REQUEST__MSG_TREE) {
-        code = specd_session_tree(s, req->tree, &err);
+        /* the service's path: the wire's Tree converted once, then the core */
+        specd_session_tree_req tr;
+        if (specd_session_tree_from_pb(s, req->tree, &tr, &err)) abort(); /* only on OOM */
+        code = specd_session_tree(s, &tr, &err);
         if (code == GRPC_STATUS_OK) {
             int sampling = s->sampling.temperature > 0.0f;
             if (specd_tree_validate(&s->tree, s->lim.vocab, s->lim.max_tree_tokens, sampling,
@@ -87,7 +90,7 @@ static void apply(specd_session *s, const uint8_t *buf, size_t len) {
             }
             toks[n++] = next;
             int before = s->n_out;
-            Specd__V1__FinishReason fr;
+            specd_finish fr;
             int kept = specd_session_emit(s, toks, n, s->n_past + n, &fr);
             s->step = req->tree->step;
             if (kept < 1 || kept > n || s->n_out - before != kept || s->n_out > s->max_new_tokens)

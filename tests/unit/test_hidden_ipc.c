@@ -148,11 +148,9 @@ static void test_tree_without_grant(void **state) {
     specd_error err = {{0}};
     assert_int_equal(specd_session_open(&s, &o, "open", &err), GRPC_STATUS_OK);
     int32_t first = 9;
-    Specd__V1__FinishReason fr;
+    specd_finish fr;
     specd_session_emit(&s, &first, 1, s.n_prompt, &fr);
-    Specd__V1__VerifyTree t = SPECD__V1__VERIFY_TREE__INIT;
-    t.step = 1;
-    t.hidden_via_ipc = 1;
+    specd_session_tree_req t = {.step = 1, .hidden_via_ipc = 1, .bad_q = -1};
     assert_int_equal(specd_session_tree(&s, &t, &err), GRPC_STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(err.msg, "tree.hidden_via_ipc"));
     /* granted: the same tree is fine */

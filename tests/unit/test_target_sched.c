@@ -124,7 +124,7 @@ static void generate(env *e, const int32_t *prompt, int n_prompt, int resumed,
         w.logprobs = &lps[g];
         w.top_logprobs = s.top_logprobs;
         run(e, &w);
-        Specd__V1__FinishReason fr;
+        specd_finish fr;
         out[g] = w.next_token;
         specd_session_emit(&s, &out[g], 1, n_past_after, &fr);
         if (fr) {
@@ -192,7 +192,7 @@ static void test_verify_matches_generate(void **state) {
     w.top_logprobs = s.top_logprobs;
     run(&e, &w);
     assert_int_equal(w.active_sessions, 2);
-    Specd__V1__FinishReason fr;
+    specd_finish fr;
     specd_session_emit(&s, &w.next_token, 1, s.n_prompt, &fr);
     out_lp[n_out] = lps[0];
     out[n_out++] = w.next_token;
@@ -210,11 +210,9 @@ static void test_verify_matches_generate(void **state) {
         }
         tokens[n] = 0;
         parents[n++] = parent;
-        Specd__V1__VerifyTree t = SPECD__V1__VERIFY_TREE__INIT;
-        t.step = s.step + 1;
-        t.n_tokens = t.n_parents = (size_t)n;
-        t.tokens = tokens;
-        t.parents = parents;
+        specd_session_tree_req t = {.step = s.step + 1, .n_tokens = (size_t)n,
+                                    .n_parents = (size_t)n, .tokens = tokens,
+                                    .parents = parents, .bad_q = -1};
         specd_error err = {{0}};
         if (specd_session_tree(&s, &t, &err)) fail_msg("%s", err.msg);
         toks[0] = s.pending;
@@ -381,7 +379,7 @@ static void test_open_checks(void **state) {
     assert_int_equal(c->n_seen, 3);
     assert_int_equal(specd_session_position(&s), 3);
     /* emitted tokens join the counts, and max_new_tokens counts only them */
-    Specd__V1__FinishReason fr;
+    specd_finish fr;
     int32_t more[4] = {8, 9, 9, 9};
     assert_int_equal(specd_session_emit(&s, more, 4, 10, &fr), 4);
     assert_int_equal(fr, SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH);

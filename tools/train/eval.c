@@ -9,9 +9,7 @@
 #include <time.h>
 
 #include "common/util/dtype.h"
-#include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
-#include "target-svc/service.h" /* specd_session_open: a Verify Open into a session */
 #include "target-svc/session.h"
 #include "common/model/transformer.h"
 
@@ -137,7 +135,7 @@ typedef struct lane {
     specd_tree_buf tb;
     void *dstate;
     int has_dstate;
-    Specd__V1__VerifyTree msg; /* the tree as a Verify stream would carry it */
+    specd_session_tree_req msg; /* the tree, as the session's core takes it */
     int32_t *toks, *acc, *acc_nodes, *emitted;
 } lane;
 
@@ -201,15 +199,16 @@ static int lane_start(run *r, lane *l, int p, specd_error *err) {
         return specd_seterr(err, "eval: prompt %d has %d tokens, more than max_prompt %d", p,
                             pr->n, t->o.max_prompt);
     specd_session_init(&l->s, &t->lim);
-    Specd__V1__VerifyOpen open = SPECD__V1__VERIFY_OPEN__INIT;
-    open.n_prompt_ids = (size_t)pr->n;
-    open.prompt_ids = (int32_t *)pr->ids;
-    open.max_new_tokens = t->o.max_new_tokens;
-    open.n_stop_ids = (size_t)t->o.n_stop_ids;
-    open.stop_ids = t->stop_ids;
-    open.return_hidden = r->d && r->d->hidden_size > 0;
-    /* no sampling message: greedy */
-    if (specd_session_open(&l->s, &open, "open", err)) {
+    /* the session's core directly, greedy */
+    specd_session_open_req open = {.prompt_ids = pr->ids,
+                                   .n_prompt_ids = (size_t)pr->n,
+                                   .max_new_tokens = t->o.max_new_tokens,
+                                   .stop_ids = t->stop_ids,
+                                   .n_stop_ids = (size_t)t->o.n_stop_ids,
+                                   .return_hidden = r->d && r->d->hidden_size > 0};
+    specd_sampling_init(&open.sampling);
+    open.sampling.temperature = 0.0f;
+    if (specd_session_open_plain(&l->s, &open, "open", err)) {
         specd_session_free(&l->s);
         return specd_preferr(err, "eval: prompt %d", p);
     }
@@ -253,7 +252,7 @@ static int lane_start(run *r, lane *l, int p, specd_error *err) {
 static int lane_take(run *r, lane *l, const int32_t *toks, int n, int n_past_after,
                      specd_error *err) {
     int p = l->prompt, before = l->s.n_out;
-    Specd__V1__FinishReason fr;
+    specd_finish fr;
     int kept = specd_session_emit(&l->s, toks, n, n_past_after, &fr);
     const eval_output *ref = r->ref ? &r->ref[p] : NULL;
     for (int i = 0; i < kept; i++) {
@@ -349,12 +348,12 @@ static int lane_next_item(run *r, lane *l, specd_error *err) {
         l->queued = 1;
         return 0;
     }
-    Specd__V1__VerifyTree msg = SPECD__V1__VERIFY_TREE__INIT;
-    l->msg = msg;
-    l->msg.step = s->step + 1;
-    l->msg.n_tokens = l->msg.n_parents = (size_t)l->tb.n_nodes;
-    l->msg.tokens = l->tb.tokens;
-    l->msg.parents = l->tb.parents;
+    l->msg = (specd_session_tree_req){.step = s->step + 1,
+                                      .n_tokens = (size_t)l->tb.n_nodes,
+                                      .n_parents = (size_t)l->tb.n_nodes,
+                                      .tokens = l->tb.tokens,
+                                      .parents = l->tb.parents,
+                                      .bad_q = -1};
     if (specd_session_tree(s, &l->msg, err))
         return specd_preferr(err, "eval: prompt %d: the target refused the drafted tree",
                              l->prompt);
