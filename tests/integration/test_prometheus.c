@@ -234,6 +234,9 @@ static void test_prometheus_scrapes_both(void **state) {
     char *target[] = {SPECD_TARGET_SVC_PATH, "--model", (char *)test_path(SMOL),
                       "--tls.insecure=true", a_listen, a_tm, "--threads=1",
                       "--limits.max_sessions=4", "--limits.kv_memory=64MiB", "--limits.max_context=1024",
+                      /* a short start-up cost curve: the sanitizer build runs
+                       * the model ~20x slower, and this test is about metrics */
+                      "--batching.calibrate_tokens=4",
                       "--log.format=json",
                       NULL};
     char *draft[] = {SPECD_DRAFT_SVC_PATH, "--tokenizer", (char *)test_path(SMOL),

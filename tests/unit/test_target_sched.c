@@ -393,8 +393,42 @@ static void test_open_checks(void **state) {
     specd_session_free(&s);
 }
 
+/* The start-up cost curve: every grid point up to calibrate_tokens timed,
+ * none beyond, a curve that never falls with the size, and the scratch
+ * slot and its pages given back. */
+static void test_cost_calibration(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_model_file *m = specd_model_open(test_path("tests/golden/data/tiny-gqa/hf"), &err);
+    if (!m) fail_msg("%s", err.msg);
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2}, .n_slots = 3,
+                                .max_ctx = 128, .max_batch = 64};
+    specd_transformer *t = specd_transformer_create(m, &o, &err);
+    if (!t) fail_msg("%s", err.msg);
+    specd_sched_opts so = {.n_slots = 3, .max_batch_tokens = 64, .calibrate_tokens = 16};
+    specd_sched *s = specd_sched_create(t, &so, &err);
+    if (!s) fail_msg("%s", err.msg);
+    specd_step_cost c;
+    specd_sched_step_cost(s, &c);
+    assert_int_equal(c.tokens[c.n - 1], 64);
+    for (int i = 0; i < c.n; i++) {
+        if (c.tokens[i] <= 16) assert_true(c.us[i] > 0);
+        else assert_true(c.us[i] == 0);
+    }
+    for (int n = 2; n <= 64; n++)
+        assert_true(specd_step_cost_at(&c, n) >= specd_step_cost_at(&c, n - 1));
+    assert_int_equal(specd_sched_free_slots(s), 3);
+    specd_kv_pool_stats st;
+    specd_sched_kv_stats(s, &st);
+    assert_int_equal(st.n_held, 0);
+    specd_sched_free(s);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cost_calibration),
         cmocka_unit_test(test_open_checks),
         cmocka_unit_test(test_verify_matches_generate),
         cmocka_unit_test(test_resume_continues_exactly),
