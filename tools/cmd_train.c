@@ -87,7 +87,7 @@ static void train_usage(FILE *f) {
             "  --untied                one emb/head/ln per stage (default: tied)\n"
             "  --dtype f16|bf16|f32    exported weights (default f16)\n"
             "data:\n"
-            "  --stage1-tokens N       tokens of text to encode (default 1500000)\n"
+            "  --stage1-tokens N       tokens of text to encode (default 1000000)\n"
             "  --seq-len N             stage-1 sequence length (default 256)\n"
             "  --encode-batch N        stage-1 windows per target forward (default 2)\n"
             "  --stage2-prompts N      first N prompts to continue (default 2600; the rest\n"
@@ -102,7 +102,7 @@ static void train_usage(FILE *f) {
             "                          an interrupted run continues from the last complete\n"
             "                          shard (default 64)\n"
             "optimization:\n"
-            "  --steps1 N, --steps2 N  steps per stage (default 700, 200)\n"
+            "  --steps1 N, --steps2 N  steps per stage (default 500, 200)\n"
             "  --batch1 N, --batch2 N  sequences per step (default 8, 16)\n"
             "  --lr1 X, --lr2 X        peak learning rates (default 1e-3, 3e-4)\n"
             "  --warmup N              warm-up steps of each stage (default 50)\n"
@@ -126,7 +126,7 @@ static void opts_default(train_opts *o) {
     o->inner = 512;
     o->draft_vocab = 8192;
     o->tied = 1;
-    o->stage1_tokens = 1500000;
+    o->stage1_tokens = 1000000;
     o->seq_len = 256;
     o->encode_batch = 2;
     o->stage2_prompts = 2600;
@@ -136,7 +136,7 @@ static void opts_default(train_opts *o) {
     o->sampled_frac = 0;
     o->top_k = 50;
     o->temperature = 0.7f;
-    o->steps1 = 700;
+    o->steps1 = 500;
     o->steps2 = 200;
     o->warmup = 50;
     o->checkpoint_every = 100;
