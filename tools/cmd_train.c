@@ -46,7 +46,7 @@
 #define MAX_DATA_FILES 16
 
 typedef struct train_opts {
-    const char *model, *out, *prompts, *cache, *dtype;
+    const char *model, *out, *prompts, *cache, *dtype, *eval_dir;
     const char *data[MAX_DATA_FILES];
     int n_data;
     int threads, heads, inner, draft_vocab, tied, scale_input;
@@ -112,7 +112,10 @@ static void train_usage(FILE *f) {
             "  --seed N                (default 42)\n"
             "  --checkpoint-every N    steps (default 100)\n"
             "  --resume                continue from OUT/train_state.safetensors\n"
-            "  --prepare-only          build the data caches and stop\n",
+            "  --prepare-only          build the data caches and stop\n"
+            "  --eval DIR              no training: the held-out loss and top-1 per head of\n"
+            "                          the exported checkpoint DIR (same --heads, --inner,\n"
+            "                          tying) on this recipe's held-out rows of both stages\n",
             SPECD_DEFAULT_MODEL, SPECD_DEFAULT_SPECULATOR);
 }
 
@@ -217,6 +220,7 @@ static void parse_opts(int argc, char **argv, train_opts *o) {
             o->checkpoint_every = cli_int(a, cli_value(argc, argv, &i), 1, 1L << 30);
         else if (!strcmp(a, "--resume")) o->resume = 1;
         else if (!strcmp(a, "--prepare-only")) o->prepare_only = 1;
+        else if (!strcmp(a, "--eval")) o->eval_dir = cli_value(argc, argv, &i);
         else {
             fprintf(stderr, "specd train speculator: unknown option '%s'\n", a);
             train_usage(stderr);
@@ -567,7 +571,11 @@ static int train_speculator(int argc, char **argv) {
                                  .n_candidates = 5, .tie_weights = o.tied, .scale_input = 1};
     for (int i = 0; i < o.heads; i++) cfg.top_k[i] = i < 3 ? 5 - i : 2;
     int32_t *vocab_map = NULL;
-    if (o.draft_vocab && o.draft_vocab < hp->vocab_size) {
+    if (o.eval_dir) {
+        int n_map = 0;
+        if (spec_model_read_vocab_map(o.eval_dir, &vocab_map, &n_map, &err) != 0) goto fail;
+        cfg.vocab_size = vocab_map ? n_map : hp->vocab_size;
+    } else if (o.draft_vocab && o.draft_vocab < hp->vocab_size) {
         spec_seqs sets[2] = {s1, s2};
         double coverage = 0;
         vocab_map = build_vocab_map(sets, s2.n_seqs ? 2 : 1, hp->vocab_size, o.draft_vocab,
@@ -581,6 +589,7 @@ static int train_speculator(int argc, char **argv) {
     int irc = spec_model_init(&m, &cfg, hp->vocab_size, vocab_map, o.seed, &err);
     free(vocab_map);
     if (irc != 0) goto fail;
+    if (o.eval_dir && spec_model_load_export(&m, o.eval_dir, &err) != 0) goto fail;
 
     stage_data st1, st2;
     split(&st1, &s1, o.batch1);
@@ -600,6 +609,21 @@ static int train_speculator(int argc, char **argv) {
     if (!bb.hidden || !bb.tokens || !grads || !am || !av || !work) {
         specd_seterr(&err, "out of memory");
         goto fail;
+    }
+
+    if (o.eval_dir) {
+        const stage_data *sds[2] = {&st1, &st2};
+        for (int k = 0; k < 2; k++) {
+            if (!sds[k]->seqs || sds[k]->n_val < 1) continue;
+            float acc[SPECD_MLP_SPEC_MAX_PREDICT];
+            double vl = validate(&m, work, sds[k], &bb, acc);
+            fprintf(stderr, "%s: held-out stage-%d loss %.3f (%d rows), top-1 per head", o.eval_dir,
+                    k + 1, vl, sds[k]->n_val);
+            for (int i = 0; i < o.heads; i++) fprintf(stderr, " %.1f%%", 100 * acc[i]);
+            fprintf(stderr, "\n");
+        }
+        rc = 0;
+        goto done;
     }
 
     long start = 0;
