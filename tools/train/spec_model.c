@@ -538,6 +538,11 @@ int spec_model_load_export(spec_model *m, const char *dir, specd_error *err) {
         rc = specd_seterr(err, "%s: speculator.vocab_map differs from the model's", path);
         goto out;
     }
+    if (safetensors_n_tensors(f) != (size_t)m->n_tensors + (map ? 1 : 0)) {
+        rc = specd_seterr(err, "%s: %zu tensors; this model has %d (other heads or tying?)", path,
+                          safetensors_n_tensors(f), m->n_tensors + (map ? 1 : 0));
+        goto out;
+    }
     for (int i = 0; i < m->n_tensors && rc == 0; i++) {
         const struct spec_tensor *t = &m->tensors[i];
         const safetensors_tensor *st = safetensors_find(f, t->name);
