@@ -90,8 +90,8 @@ static void train_usage(FILE *f) {
             "  --stage1-tokens N       tokens of text to encode (default 524288)\n"
             "  --seq-len N             stage-1 sequence length (default 256)\n"
             "  --encode-batch N        stage-1 windows per target forward (default 2)\n"
-            "  --stage2-prompts N      first N prompts to continue (default 1920; the rest\n"
-            "                          are left for `specd train accept-head --skip 1920`)\n"
+            "  --stage2-prompts N      first N prompts to continue (default 1536; the rest\n"
+            "                          are left for `specd train accept-head --skip 1536`)\n"
             "  --gen-len N             tokens generated per prompt (default 256)\n"
             "  --gen-parallel N        sequences decoded side by side (default 32)\n"
             "  --stage2-sampled-frac F fraction of the prompts continued sampled (for the\n"
@@ -102,7 +102,7 @@ static void train_usage(FILE *f) {
             "                          an interrupted run continues from the last complete\n"
             "                          shard (default 64)\n"
             "optimization:\n"
-            "  --steps1 N, --steps2 N  steps per stage (default 250, 150)\n"
+            "  --steps1 N, --steps2 N  steps per stage (default 250, 120)\n"
             "  --batch1 N, --batch2 N  sequences per step (default 8, 16)\n"
             "  --lr1 X, --lr2 X        peak learning rates (default 1e-3, 3e-4)\n"
             "  --warmup N              warm-up steps of each stage (default 30)\n"
@@ -132,7 +132,7 @@ static void opts_default(train_opts *o) {
     o->stage1_tokens = 524288;
     o->seq_len = 256;
     o->encode_batch = 2;
-    o->stage2_prompts = 1920;
+    o->stage2_prompts = 1536;
     o->gen_len = 256;
     o->gen_parallel = 32;
     o->shard_seqs = 64;
@@ -140,7 +140,7 @@ static void opts_default(train_opts *o) {
     o->top_k = 50;
     o->temperature = 0.7f;
     o->steps1 = 250;
-    o->steps2 = 150;
+    o->steps2 = 120;
     o->warmup = 30;
     o->checkpoint_every = 100;
     o->batch1 = 8;
