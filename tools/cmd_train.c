@@ -102,7 +102,7 @@ static void train_usage(FILE *f) {
             "                          an interrupted run continues from the last complete\n"
             "                          shard (default 64)\n"
             "optimization:\n"
-            "  --steps1 N, --steps2 N  steps per stage (default 250, 120)\n"
+            "  --steps1 N, --steps2 N  steps per stage (default 500, 240)\n"
             "  --batch1 N, --batch2 N  sequences per step (default 8, 16)\n"
             "  --lr1 X, --lr2 X        peak learning rates (default 1e-3, 3e-4)\n"
             "  --warmup N              warm-up steps of each stage (default 30)\n"
@@ -139,8 +139,8 @@ static void opts_default(train_opts *o) {
     o->sampled_frac = 0;
     o->top_k = 50;
     o->temperature = 0.7f;
-    o->steps1 = 250;
-    o->steps2 = 120;
+    o->steps1 = 500;
+    o->steps2 = 240;
     o->warmup = 30;
     o->checkpoint_every = 100;
     o->batch1 = 8;
