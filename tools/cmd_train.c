@@ -11,7 +11,7 @@
  *      resumes at the last complete shard;
  *   1. stage 1: batches of a few long sequences of ground-truth text;
  *   2. stage 2: batches of many short self-generated sequences, with a
- *      lower learning rate; steps about 5:2.
+ *      lower learning rate; steps about 2:1.
  * Each stage warms up linearly and decays by a cosine. The loss is the sum
  * over heads of the mean cross-entropy; gradients are clipped by their
  * global norm; AdamW. Everything random is addressed by (seed, step), so a
