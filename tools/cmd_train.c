@@ -3,12 +3,15 @@
  *
  * The two-stage recipe of IBM's MLP speculator (DESIGN.md):
  *   0. data: run the frozen target once over the training text (stage 1)
- *      and let it continue the prompts itself, sampled (stage 2); both are
- *      cached with their hidden states (tools/train/spec_data.h), so the
- *      expensive target work is done once per dataset, not once per epoch;
+ *      and let it continue the prompts itself, greedily as the server
+ *      decodes by default, with an optional sampled fraction (stage 2);
+ *      both are cached with their hidden states in shards
+ *      (tools/train/spec_data.h), so the expensive target work is done once
+ *      per dataset, not once per epoch, and an interrupted preparation
+ *      resumes at the last complete shard;
  *   1. stage 1: batches of a few long sequences of ground-truth text;
  *   2. stage 2: batches of many short self-generated sequences, with a
- *      lower learning rate; steps about 5:2.
+ *      lower learning rate; steps about 2:1.
  * Each stage warms up linearly and decays by a cosine. The loss is the sum
  * over heads of the mean cross-entropy; gradients are clipped by their
  * global norm; AdamW. Everything random is addressed by (seed, step), so a
@@ -43,15 +46,15 @@
 #define MAX_DATA_FILES 16
 
 typedef struct train_opts {
-    const char *model, *out, *prompts, *cache, *dtype;
+    const char *model, *out, *prompts, *cache, *dtype, *eval_dir;
     const char *data[MAX_DATA_FILES];
     int n_data;
     int threads, heads, inner, draft_vocab, tied, scale_input;
     long stage1_tokens;
     int seq_len, encode_batch;
     long stage2_prompts;
-    int gen_len, gen_parallel, top_k;
-    float temperature;
+    int gen_len, gen_parallel, top_k, shard_seqs;
+    float temperature, sampled_frac;
     long steps1, steps2, warmup, checkpoint_every;
     int batch1, batch2; /* sequences per step */
     float lr1, lr2, min_lr_ratio, weight_decay, clip;
@@ -65,7 +68,7 @@ static void train_usage(FILE *f) {
             "       specd train accept-head [options]   (specd train accept-head --help)\n"
             "\n"
             "Trains an MLP speculator for a frozen target in two stages (ground-truth text,\n"
-            "then the target's own sampled continuations of prompts) and writes it in the\n"
+            "then the target's own greedy continuations of prompts) and writes it in the\n"
             "MLPSpeculator format draft-svc loads.\n"
             "\n"
             "  -m, --model PATH        target model (default %s)\n"
@@ -84,24 +87,35 @@ static void train_usage(FILE *f) {
             "  --untied                one emb/head/ln per stage (default: tied)\n"
             "  --dtype f16|bf16|f32    exported weights (default f16)\n"
             "data:\n"
-            "  --stage1-tokens N       tokens of text to encode (default 131072)\n"
+            "  --stage1-tokens N       tokens of text to encode (default 524288)\n"
             "  --seq-len N             stage-1 sequence length (default 256)\n"
-            "  --stage2-prompts N      prompts to continue (default 384)\n"
-            "  --gen-len N             tokens generated per prompt (default 128)\n"
+            "  --encode-batch N        stage-1 windows per target forward (default 2)\n"
+            "  --stage2-prompts N      first N prompts to continue (default 1536; the rest\n"
+            "                          are left for `specd train accept-head --skip 1536`)\n"
+            "  --gen-len N             tokens generated per prompt (default 256)\n"
             "  --gen-parallel N        sequences decoded side by side (default 32)\n"
-            "  --temperature T, --top-k K  stage-2 sampling (default 0.7, 50)\n"
+            "  --stage2-sampled-frac F fraction of the prompts continued sampled (for the\n"
+            "                          sampling mode); the rest greedy, as the server decodes\n"
+            "                          by default (default 0: all greedy)\n"
+            "  --temperature T, --top-k K  the sampled fraction's sampling (default 0.7, 50)\n"
+            "  --shard-seqs N          sequences per cache shard, OUT/cache/stageK-NNNNN;\n"
+            "                          an interrupted run continues from the last complete\n"
+            "                          shard (default 64)\n"
             "optimization:\n"
-            "  --steps1 N, --steps2 N  steps per stage (default 500, 200)\n"
-            "  --batch1 N, --batch2 N  sequences per step (default 4, 16)\n"
+            "  --steps1 N, --steps2 N  steps per stage (default 500, 240)\n"
+            "  --batch1 N, --batch2 N  sequences per step (default 8, 16)\n"
             "  --lr1 X, --lr2 X        peak learning rates (default 1e-3, 3e-4)\n"
-            "  --warmup N              warm-up steps of each stage (default 50)\n"
+            "  --warmup N              warm-up steps of each stage (default 30)\n"
             "  --min-lr-ratio X        cosine floor as a fraction of the peak (default 0.1)\n"
             "  --weight-decay X        AdamW decay of matrices (default 0.01)\n"
             "  --clip X                global gradient-norm clip (default 1.0)\n"
             "  --seed N                (default 42)\n"
             "  --checkpoint-every N    steps (default 100)\n"
             "  --resume                continue from OUT/train_state.safetensors\n"
-            "  --prepare-only          build the data caches and stop\n",
+            "  --prepare-only          build the data caches and stop\n"
+            "  --eval DIR              no training: the held-out loss and top-1 per head of\n"
+            "                          the exported checkpoint DIR (same --heads, --inner,\n"
+            "                          tying) on this recipe's held-out rows of both stages\n",
             SPECD_DEFAULT_MODEL, SPECD_DEFAULT_SPECULATOR);
 }
 
@@ -115,19 +129,21 @@ static void opts_default(train_opts *o) {
     o->inner = 512;
     o->draft_vocab = 8192;
     o->tied = 1;
-    o->stage1_tokens = 131072;
+    o->stage1_tokens = 524288;
     o->seq_len = 256;
     o->encode_batch = 2;
-    o->stage2_prompts = 384;
-    o->gen_len = 128;
+    o->stage2_prompts = 1536;
+    o->gen_len = 256;
     o->gen_parallel = 32;
+    o->shard_seqs = 64;
+    o->sampled_frac = 0;
     o->top_k = 50;
     o->temperature = 0.7f;
     o->steps1 = 500;
-    o->steps2 = 200;
-    o->warmup = 50;
+    o->steps2 = 240;
+    o->warmup = 30;
     o->checkpoint_every = 100;
-    o->batch1 = 4;
+    o->batch1 = 8;
     o->batch2 = 16;
     o->lr1 = 1e-3f;
     o->lr2 = 3e-4f;
@@ -178,6 +194,12 @@ static void parse_opts(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--gen-len")) o->gen_len = (int)cli_int(a, cli_value(argc, argv, &i), 4, 8192);
         else if (!strcmp(a, "--gen-parallel"))
             o->gen_parallel = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
+        else if (!strcmp(a, "--encode-batch"))
+            o->encode_batch = (int)cli_int(a, cli_value(argc, argv, &i), 1, 256);
+        else if (!strcmp(a, "--shard-seqs"))
+            o->shard_seqs = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--stage2-sampled-frac"))
+            o->sampled_frac = (float)cli_float(a, cli_value(argc, argv, &i), 0, 1);
         else if (!strcmp(a, "--temperature"))
             o->temperature = (float)cli_float(a, cli_value(argc, argv, &i), 0, 10);
         else if (!strcmp(a, "--top-k")) o->top_k = (int)cli_int(a, cli_value(argc, argv, &i), 0, 1 << 20);
@@ -198,6 +220,7 @@ static void parse_opts(int argc, char **argv, train_opts *o) {
             o->checkpoint_every = cli_int(a, cli_value(argc, argv, &i), 1, 1L << 30);
         else if (!strcmp(a, "--resume")) o->resume = 1;
         else if (!strcmp(a, "--prepare-only")) o->prepare_only = 1;
+        else if (!strcmp(a, "--eval")) o->eval_dir = cli_value(argc, argv, &i);
         else {
             fprintf(stderr, "specd train speculator: unknown option '%s'\n", a);
             train_usage(stderr);
@@ -255,85 +278,133 @@ static int mkdir_p(const char *path) {
     return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* Loads the cache at path if its description matches `meta`; otherwise
- * builds the data with `build` and saves it. */
-typedef int (*build_fn)(void *ctx, spec_seqs *out, specd_error *err);
-static int cached_seqs(const char *path, const char *meta, build_fn build, void *ctx,
-                       spec_seqs *out, specd_error *err) {
-    if (access(path, R_OK) == 0) {
-        char *have = NULL;
-        specd_error lerr = {0};
-        if (spec_seqs_load(out, &have, path, &lerr) == 0) {
-            int same = have && !strcmp(have, meta);
-            free(have);
-            if (same) {
-                fprintf(stderr, "data: %s (cached, %d sequences)\n", path, out->n_seqs);
-                return 0;
-            }
-            spec_seqs_free(out);
-            fprintf(stderr, "data: %s was made with other settings; rebuilding\n", path);
-        } else {
-            fprintf(stderr, "data: cannot use %s (%s); rebuilding\n", path, lerr.msg);
-        }
-    }
-    if (build(ctx, out, err) != 0) return -1;
-    if (spec_seqs_save(out, meta, path, err) != 0) return -1;
-    fprintf(stderr, "data: wrote %s (%d sequences)\n", path, out->n_seqs);
-    return 0;
-}
-
+/* Data preparation state shared by the shard builders: the target's
+ * transformer is made on the first shard that has to be built and kept for
+ * the next ones. */
 typedef struct data_ctx {
     const train_opts *o;
     specd_model_file *m;
     const specd_tokenizer *tok;
+    specd_transformer *t;
+    const int32_t *stream; /* stage 1 */
+    const corpus *prompts; /* stage 2 */
+    progress_ctx p;
+    long done, total;      /* work over every shard, for the progress line */
+    long gen_tokens;       /* stage 2: tokens kept */
 } data_ctx;
 
-static int build_stage1(void *vctx, spec_seqs *out, specd_error *err) {
+static void shard_progress(void *vctx, long done, long total) {
+    (void)done, (void)total;
+    data_ctx *d = vctx;
+    data_progress(&d->p, d->done, d->total);
+}
+
+static int build_stage1_shard(void *vctx, long first, int count, spec_seqs *out, specd_error *err) {
     data_ctx *d = vctx;
     const train_opts *o = d->o;
+    if (!d->t) {
+        specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = o->threads},
+                                     .n_slots = o->encode_batch, .max_ctx = o->seq_len,
+                                     .max_batch = o->encode_batch * o->seq_len};
+        if (!(d->t = specd_transformer_create(d->m, &to, err))) return -1;
+    }
+    int rc = spec_data_encode_windows(d->t, d->stream, o->seq_len, o->encode_batch, first, count,
+                                      out, NULL, NULL, err);
+    d->done += (long)count * o->seq_len;
+    shard_progress(d, 0, 0);
+    return rc;
+}
+
+static int build_stage2_shard(void *vctx, long first, int count, spec_seqs *out, specd_error *err) {
+    data_ctx *d = vctx;
+    const train_opts *o = d->o;
+    int max_prompt = 384;
+    if (!d->t) {
+        specd_transformer_opts to = {
+            .backend = {.name = "cpu", .n_threads = o->threads}, .n_slots = o->gen_parallel,
+            .max_ctx = max_prompt + o->gen_len + 1,
+            .max_batch = max_prompt > o->gen_parallel ? max_prompt : o->gen_parallel};
+        if (!(d->t = specd_transformer_create(d->m, &to, err))) return -1;
+    }
+    spec_gen_opts g = {.gen_len = o->gen_len, .max_prompt = max_prompt,
+                       .n_parallel = o->gen_parallel, .sampled_frac = o->sampled_frac,
+                       .temperature = o->temperature, .top_k = o->top_k, .seed = o->seed,
+                       .first_prompt = first, .max_prompts = count};
+    int rc = spec_data_generate(d->t, d->tok, d->prompts, &g, out, NULL, NULL, err);
+    if (rc == 0)
+        for (int r = 0; r < out->n_seqs; r++) d->gen_tokens += out->len[r];
+    d->done += count;
+    shard_progress(d, 0, 0);
+    return rc;
+}
+
+static void data_ctx_end(data_ctx *d) {
+    specd_transformer_free(d->t);
+    d->t = NULL;
+}
+
+static int prepare_stage1(const train_opts *o, specd_model_file *m, const specd_tokenizer *tok,
+                          const char *dir, spec_seqs *out, specd_error *err) {
     corpus c = {0};
+    int32_t *stream = NULL;
+    long n_stream = 0;
+    double t0 = cli_now();
     for (int i = 0; i < o->n_data; i++)
         if (corpus_read_file(&c, o->data[i], err) != 0) {
             corpus_free(&c);
             return -1;
         }
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = o->threads},
-                                 .n_slots = o->encode_batch, .max_ctx = o->seq_len,
-                                 .max_batch = o->encode_batch * o->seq_len};
-    specd_transformer *t = specd_transformer_create(d->m, &to, err);
-    int rc = -1;
-    if (t) {
-        progress_ctx p = {.what = "stage 1: encoding text, tokens", .t0 = cli_now()};
-        rc = spec_data_encode_text(t, d->tok, &c, o->seq_len, o->encode_batch, o->stage1_tokens,
-                                   out, data_progress, &p, err);
-        specd_transformer_free(t);
-    }
+    int rc = spec_data_text_stream(tok, &c, o->stage1_tokens, &stream, &n_stream, err);
     corpus_free(&c);
+    if (rc != 0) return -1;
+    long n_windows = n_stream / o->seq_len;
+    fprintf(stderr, "stage 1: %ld tokens of text (tokenized in %.1f s), %ld windows of %d\n",
+            n_stream, cli_now() - t0, n_windows, o->seq_len);
+    if (n_windows < 1) {
+        free(stream);
+        return specd_seterr(err, "the text has %ld tokens, fewer than one window of %d", n_stream,
+                            o->seq_len);
+    }
+    char meta[1024];
+    snprintf(meta, sizeof meta, "stage1 model=%s precision=fast seq_len=%d data=%s%s", o->model,
+             o->seq_len, o->data[0], o->n_data > 1 ? "+more" : "");
+    data_ctx d = {.o = o, .m = m, .tok = tok, .stream = stream,
+                  .p = {.what = "stage 1: encoding text, tokens", .t0 = cli_now()},
+                  .total = n_windows * o->seq_len};
+    int built = 0;
+    rc = spec_data_sharded(dir, "stage1", meta, n_windows, o->shard_seqs, build_stage1_shard, &d,
+                           out, &built, stderr, err);
+    if (rc == 0 && built)
+        fprintf(stderr, "stage 1: built %d shards in %.1f s\n", built, cli_now() - d.p.t0);
+    data_ctx_end(&d);
+    free(stream);
     return rc;
 }
 
-static int build_stage2(void *vctx, spec_seqs *out, specd_error *err) {
-    data_ctx *d = vctx;
-    const train_opts *o = d->o;
+static int prepare_stage2(const train_opts *o, specd_model_file *m, const specd_tokenizer *tok,
+                          const char *dir, spec_seqs *out, specd_error *err) {
     corpus c = {0};
     if (corpus_read_file(&c, o->prompts, err) != 0) {
         corpus_free(&c);
         return -1;
     }
-    int max_prompt = 384;
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = o->threads},
-                                 .n_slots = o->gen_parallel, .max_ctx = max_prompt + o->gen_len + 1,
-                                 .max_batch = max_prompt > o->gen_parallel ? max_prompt : o->gen_parallel};
-    specd_transformer *t = specd_transformer_create(d->m, &to, err);
-    int rc = -1;
-    if (t) {
-        spec_gen_opts g = {.gen_len = o->gen_len, .max_prompt = max_prompt,
-                           .n_parallel = o->gen_parallel, .temperature = o->temperature,
-                           .top_k = o->top_k, .seed = o->seed, .max_prompts = o->stage2_prompts};
-        progress_ctx p = {.what = "stage 2: generating, prompts", .t0 = cli_now()};
-        rc = spec_data_generate(t, d->tok, &c, &g, out, data_progress, &p, err);
-        specd_transformer_free(t);
-    }
+    long n = (long)c.n_docs;
+    if (o->stage2_prompts < n) n = o->stage2_prompts;
+    char meta[1024];
+    snprintf(meta, sizeof meta,
+             "stage2 model=%s precision=fast prompts=%s gen_len=%d max_prompt=384 sampled_frac=%g "
+             "T=%g top_k=%d seed=%llu",
+             o->model, o->prompts, o->gen_len, o->sampled_frac, o->temperature, o->top_k,
+             (unsigned long long)o->seed);
+    data_ctx d = {.o = o, .m = m, .tok = tok, .prompts = &c,
+                  .p = {.what = "stage 2: generating, prompts", .t0 = cli_now()}, .total = n};
+    int built = 0;
+    int rc = spec_data_sharded(dir, "stage2", meta, n, o->shard_seqs, build_stage2_shard, &d, out,
+                               &built, stderr, err);
+    if (rc == 0 && built)
+        fprintf(stderr, "stage 2: built %d shards (%ld tokens) in %.1f s\n", built, d.gen_tokens,
+                cli_now() - d.p.t0);
+    data_ctx_end(&d);
     corpus_free(&c);
     return rc;
 }
@@ -459,15 +530,13 @@ static int train_speculator(int argc, char **argv) {
     parse_opts(argc, argv, &o);
     specd_error err = {0};
     int rc = 1;
-    char cache_dir[2048], path1[4096], path2[4096], meta1[512], meta2[512];
+    char cache_dir[2048];
     snprintf(cache_dir, sizeof(cache_dir), "%s", o.cache ? o.cache : "");
     if (!o.cache) snprintf(cache_dir, sizeof(cache_dir), "%s/cache", o.out);
     if (mkdir_p(o.out) != 0 || mkdir_p(cache_dir) != 0) {
         fprintf(stderr, "specd train: cannot create %s: %s\n", cache_dir, strerror(errno));
         return 1;
     }
-    snprintf(path1, sizeof(path1), "%s/stage1.safetensors", cache_dir);
-    snprintf(path2, sizeof(path2), "%s/stage2.safetensors", cache_dir);
 
     specd_model_file *model = specd_model_open(o.model, &err);
     specd_tokenizer *tok = model ? specd_tokenizer_from_model(model, &err) : NULL;
@@ -478,17 +547,19 @@ static int train_speculator(int argc, char **argv) {
     batch_buf bb = {0};
     if (!tok) goto fail;
 
-    /* What made each cache; a different request rebuilds it. */
-    snprintf(meta1, sizeof(meta1), "stage1 model=%s seq_len=%d tokens=%ld data=%s%s", o.model,
-             o.seq_len, o.stage1_tokens, o.data[0], o.n_data > 1 ? "+more" : "");
-    snprintf(meta2, sizeof(meta2), "stage2 model=%s prompts=%s n=%ld gen_len=%d T=%g top_k=%d seed=%llu",
-             o.model, o.prompts, o.stage2_prompts, o.gen_len, o.temperature, o.top_k,
-             (unsigned long long)o.seed);
-    data_ctx dc = {.o = &o, .m = model, .tok = tok};
-    if (cached_seqs(path1, meta1, build_stage1, &dc, &s1, &err) != 0) goto fail;
-    if (o.steps2 > 0 && o.stage2_prompts > 0 &&
-        cached_seqs(path2, meta2, build_stage2, &dc, &s2, &err) != 0)
-        goto fail;
+    /* Shards made the same way are reused; others are rebuilt. */
+    double tdata = cli_now();
+    if (prepare_stage1(&o, model, tok, cache_dir, &s1, &err) != 0) goto fail;
+    fprintf(stderr, "stage 1 data ready: %d sequences, %ld examples (%.1f s)\n", s1.n_seqs,
+            spec_seqs_n_examples(&s1, o.heads), cli_now() - tdata);
+    if (o.steps2 > 0 && o.stage2_prompts > 0) {
+        double t2 = cli_now();
+        if (prepare_stage2(&o, model, tok, cache_dir, &s2, &err) != 0) goto fail;
+        long n_tok = 0;
+        for (int r = 0; r < s2.n_seqs; r++) n_tok += s2.len[r];
+        fprintf(stderr, "stage 2 data ready: %d sequences, %ld tokens, %ld examples (%.1f s)\n",
+                s2.n_seqs, n_tok, spec_seqs_n_examples(&s2, o.heads), cli_now() - t2);
+    }
     if (o.prepare_only) {
         rc = 0;
         goto done;
@@ -500,7 +571,11 @@ static int train_speculator(int argc, char **argv) {
                                  .n_candidates = 5, .tie_weights = o.tied, .scale_input = 1};
     for (int i = 0; i < o.heads; i++) cfg.top_k[i] = i < 3 ? 5 - i : 2;
     int32_t *vocab_map = NULL;
-    if (o.draft_vocab && o.draft_vocab < hp->vocab_size) {
+    if (o.eval_dir) {
+        int n_map = 0;
+        if (spec_model_read_vocab_map(o.eval_dir, &vocab_map, &n_map, &err) != 0) goto fail;
+        cfg.vocab_size = vocab_map ? n_map : hp->vocab_size;
+    } else if (o.draft_vocab && o.draft_vocab < hp->vocab_size) {
         spec_seqs sets[2] = {s1, s2};
         double coverage = 0;
         vocab_map = build_vocab_map(sets, s2.n_seqs ? 2 : 1, hp->vocab_size, o.draft_vocab,
@@ -514,6 +589,7 @@ static int train_speculator(int argc, char **argv) {
     int irc = spec_model_init(&m, &cfg, hp->vocab_size, vocab_map, o.seed, &err);
     free(vocab_map);
     if (irc != 0) goto fail;
+    if (o.eval_dir && spec_model_load_export(&m, o.eval_dir, &err) != 0) goto fail;
 
     stage_data st1, st2;
     split(&st1, &s1, o.batch1);
@@ -533,6 +609,21 @@ static int train_speculator(int argc, char **argv) {
     if (!bb.hidden || !bb.tokens || !grads || !am || !av || !work) {
         specd_seterr(&err, "out of memory");
         goto fail;
+    }
+
+    if (o.eval_dir) {
+        const stage_data *sds[2] = {&st1, &st2};
+        for (int k = 0; k < 2; k++) {
+            if (!sds[k]->seqs || sds[k]->n_val < 1) continue;
+            float acc[SPECD_MLP_SPEC_MAX_PREDICT];
+            double vl = validate(&m, work, sds[k], &bb, acc);
+            fprintf(stderr, "%s: held-out stage-%d loss %.3f (%d rows), top-1 per head", o.eval_dir,
+                    k + 1, vl, sds[k]->n_val);
+            for (int i = 0; i < o.heads; i++) fprintf(stderr, " %.1f%%", 100 * acc[i]);
+            fprintf(stderr, "\n");
+        }
+        rc = 0;
+        goto done;
     }
 
     long start = 0;

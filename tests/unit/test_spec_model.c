@@ -436,6 +436,47 @@ static void test_state_round_trip(void **state) {
     remove_dir(dir);
 }
 
+/* An exported checkpoint read back into a model (specd train speculator
+ * --eval): F32 exactly, F16 to its rounding; its vocab_map is read; a
+ * model of another shape or map is refused. */
+static void test_export_load_round_trip(void **state) {
+    (void)state;
+    spec_model a, b;
+    for (int tied = 0; tied < 2; tied++) {
+        init_model(&a, tied, 1, 1, 31);
+        init_model(&b, tied, 1, 1, 32);
+        char *dir = make_tmpdir();
+        specd_error err = {{0}};
+        int32_t *map = NULL;
+        int n_map = -1;
+        if (spec_model_export(&a, dir, "F32", &err)) fail_msg("%s", err.msg);
+        if (spec_model_read_vocab_map(dir, &map, &n_map, &err)) fail_msg("%s", err.msg);
+        assert_int_equal(n_map, V);
+        assert_memory_equal(map, k_map, sizeof k_map);
+        free(map);
+        if (spec_model_load_export(&b, dir, &err)) fail_msg("%s", err.msg);
+        assert_memory_equal(a.params, b.params, sizeof(float) * a.n_params);
+
+        if (spec_model_export(&a, dir, "F16", &err)) fail_msg("%s", err.msg);
+        test_fill_random(b.params, b.n_params, 5, 1.0f);
+        if (spec_model_load_export(&b, dir, &err)) fail_msg("%s", err.msg);
+        for (size_t i = 0; i < a.n_params; i++)
+            assert_float_equal(b.params[i], specd_fp16_to_f32(specd_f32_to_fp16(a.params[i])), 0);
+
+        spec_model c;
+        init_model(&c, !tied, 1, 1, 33); /* other tying: other tensors */
+        assert_int_equal(spec_model_load_export(&c, dir, &err), -1);
+        spec_model_free(&c);
+        init_model(&c, tied, 1, 0, 33); /* no map */
+        assert_int_equal(spec_model_load_export(&c, dir, &err), -1);
+        assert_non_null(strstr(err.msg, "vocab_map"));
+        spec_model_free(&c);
+        spec_model_free(&a);
+        spec_model_free(&b);
+        remove_dir(dir);
+    }
+}
+
 /* ---- init and the draft-id map ------------------------------------------------------- */
 
 static void test_init_and_draft_ids(void **state) {
@@ -534,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_runtime_rejects_bad_maps),
         cmocka_unit_test(test_drafter_over_vocab_map),
         cmocka_unit_test(test_state_round_trip),
+        cmocka_unit_test(test_export_load_round_trip),
         cmocka_unit_test(test_training_lowers_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

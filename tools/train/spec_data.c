@@ -53,8 +53,8 @@ static void store_hidden(uint16_t *dst, const float *src, size_t n) {
 
 /* The documents as one token stream, each followed by EOS so the speculator
  * also learns where texts end. Stops at max_tokens. */
-static int tokenize_docs(const specd_tokenizer *tok, const corpus *c, long max_tokens,
-                         int32_t **out, long *n_out, specd_error *err) {
+int spec_data_text_stream(const specd_tokenizer *tok, const corpus *c, long max_tokens,
+                          int32_t **out, long *n_out, specd_error *err) {
     long cap = 1 << 16, n = 0;
     int32_t *all = malloc(sizeof(int32_t) * cap);
     if (!all) return specd_seterr(err, "out of memory");
@@ -87,24 +87,13 @@ static int tokenize_docs(const specd_tokenizer *tok, const corpus *c, long max_t
     return 0;
 }
 
-int spec_data_encode_text(specd_transformer *t, const specd_tokenizer *tok, const corpus *c,
-                          int seq_len, int batch, long max_tokens, spec_seqs *out,
-                          spec_data_progress progress, void *ctx, specd_error *err) {
+int spec_data_encode_windows(specd_transformer *t, const int32_t *stream, int seq_len, int batch,
+                             long first, int count, spec_seqs *out, spec_data_progress progress,
+                             void *ctx, specd_error *err) {
     const specd_llama_hparams *hp = specd_transformer_hparams(t);
     int dim = hp->dim;
-    int32_t *stream = NULL;
-    long n_stream = 0;
-    if (tokenize_docs(tok, c, max_tokens, &stream, &n_stream, err) != 0) return -1;
-    int n_windows = (int)(n_stream / seq_len);
-    if (n_windows < 1) {
-        free(stream);
-        return specd_seterr(err, "the text has %ld tokens, fewer than one window of %d",
-                            n_stream, seq_len);
-    }
-    if (seqs_alloc(out, n_windows, seq_len, dim, err) != 0) {
-        free(stream);
-        return -1;
-    }
+    if (count < 1 || batch < 1) return specd_seterr(err, "no windows to encode");
+    if (seqs_alloc(out, count, seq_len, dim, err) != 0) return -1;
     int rows = batch * seq_len;
     float *hidden = malloc(sizeof(float) * (size_t)rows * dim);
     int32_t *out_rows = malloc(sizeof(int32_t) * rows);
@@ -115,11 +104,11 @@ int spec_data_encode_text(specd_transformer *t, const specd_tokenizer *tok, cons
         goto done;
     }
     for (int i = 0; i < rows; i++) out_rows[i] = i;
-    for (int w0 = 0; w0 < n_windows; w0 += batch) {
-        int nb = n_windows - w0 < batch ? n_windows - w0 : batch;
+    for (int w0 = 0; w0 < count; w0 += batch) {
+        int nb = count - w0 < batch ? count - w0 : batch;
         for (int b = 0; b < nb; b++)
             seqs[b] = (specd_seq_input){.slot = b, .n_past = 0, .n_new = seq_len};
-        const int32_t *toks = stream + (long)w0 * seq_len;
+        const int32_t *toks = stream + (first + w0) * (long)seq_len;
         specd_batch fb = {.n_tokens = nb * seq_len, .tokens = toks, .n_seqs = nb, .seqs = seqs,
                           .n_out = nb * seq_len, .out_rows = out_rows, .hidden = hidden};
         if (specd_transformer_forward(t, &fb, err) != 0) {
@@ -129,14 +118,31 @@ int spec_data_encode_text(specd_transformer *t, const specd_tokenizer *tok, cons
         memcpy(out->tokens + (size_t)w0 * seq_len, toks, sizeof(int32_t) * nb * seq_len);
         for (int b = 0; b < nb; b++) out->len[w0 + b] = seq_len;
         store_hidden(out->hidden + (size_t)w0 * seq_len * dim, hidden, (size_t)nb * seq_len * dim);
-        if (progress) progress(ctx, (long)(w0 + nb) * seq_len, (long)n_windows * seq_len);
+        if (progress) progress(ctx, (long)(w0 + nb) * seq_len, (long)count * seq_len);
     }
 done:
-    free(stream);
     free(hidden);
     free(out_rows);
     free(seqs);
     if (rc != 0) spec_seqs_free(out);
+    return rc;
+}
+
+int spec_data_encode_text(specd_transformer *t, const specd_tokenizer *tok, const corpus *c,
+                          int seq_len, int batch, long max_tokens, spec_seqs *out,
+                          spec_data_progress progress, void *ctx, specd_error *err) {
+    int32_t *stream = NULL;
+    long n_stream = 0;
+    if (spec_data_text_stream(tok, c, max_tokens, &stream, &n_stream, err) != 0) return -1;
+    long n_windows = n_stream / seq_len;
+    int rc;
+    if (n_windows < 1)
+        rc = specd_seterr(err, "the text has %ld tokens, fewer than one window of %d", n_stream,
+                          seq_len);
+    else
+        rc = spec_data_encode_windows(t, stream, seq_len, batch, 0, (int)n_windows, out, progress,
+                                      ctx, err);
+    free(stream);
     return rc;
 }
 
@@ -170,15 +176,24 @@ typedef struct gen_lane {
     int done;
 } gen_lane;
 
+int spec_gen_is_sampled(const spec_gen_opts *o, long i) {
+    return o->sampled_frac > 0 && o->temperature > 0 &&
+           specd_rng_uniform(o->seed, SPEC_GEN_SAMPLED_STREAM, (uint64_t)i) < o->sampled_frac;
+}
+
 int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const corpus *prompts,
                        const spec_gen_opts *o, spec_seqs *out, spec_data_progress progress,
                        void *ctx, specd_error *err) {
     const specd_llama_hparams *hp = specd_transformer_hparams(t);
     int dim = hp->dim, vocab = hp->vocab_size, L = o->gen_len + 1, P = o->n_parallel;
-    long n_prompts = (long)prompts->n_docs;
+    long first = o->first_prompt > 0 ? o->first_prompt : 0;
+    long n_prompts = (long)prompts->n_docs - first;
     if (o->max_prompts > 0 && o->max_prompts < n_prompts) n_prompts = o->max_prompts;
     if (n_prompts < 1) return specd_seterr(err, "no prompts to generate from");
     if (seqs_alloc(out, (int)n_prompts, L, dim, err) != 0) return -1;
+    /* Logits come back only when some prompt is sampled; greedy lanes use
+     * the forward's argmax. */
+    int any_sampled = o->sampled_frac > 0 && o->temperature > 0;
 
     specd_sampling samp;
     specd_sampling_init(&samp);
@@ -190,12 +205,15 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)(P > o->max_prompt ? P : o->max_prompt));
     int32_t *out_rows = malloc(sizeof(int32_t) * P);
     int32_t *lane_of = malloc(sizeof(int32_t) * P);
-    float *logits = malloc(sizeof(float) * (size_t)P * vocab);
+    float *logits = any_sampled ? malloc(sizeof(float) * (size_t)P * vocab) : NULL;
+    int32_t *argmax = malloc(sizeof(int32_t) * P);
+    int *sampled = malloc(sizeof(int) * P);
     float *hidden = malloc(sizeof(float) * (size_t)P * dim);
     void *scratch = malloc(specd_sampling_scratch_size(vocab));
     int rc = 0;
     long next_prompt = 0, finished = 0;
-    if (!lanes || !seqs || !toks || !out_rows || !lane_of || !logits || !hidden || !scratch) {
+    if (!lanes || !seqs || !toks || !out_rows || !lane_of || (any_sampled && !logits) ||
+        !argmax || !sampled || !hidden || !scratch) {
         rc = specd_seterr(err, "out of memory");
         goto done;
     }
@@ -208,7 +226,8 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
             if (lanes[l].row >= 0) continue;
             int32_t *ids = NULL;
             size_t n_ids = 0;
-            if (prompt_ids(tok, &prompts->docs[next_prompt], o->max_prompt, &ids, &n_ids, err) != 0) {
+            if (prompt_ids(tok, &prompts->docs[first + next_prompt], o->max_prompt, &ids, &n_ids,
+                           err) != 0) {
                 rc = -1;
                 goto done;
             }
@@ -221,7 +240,8 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
             int32_t last = (int32_t)(n_ids - 1);
             specd_seq_input s = {.slot = l, .n_past = 0, .n_new = (int)n_ids};
             specd_batch fb = {.n_tokens = (int)n_ids, .tokens = ids, .n_seqs = 1, .seqs = &s,
-                              .n_out = 1, .out_rows = &last, .logits = logits, .hidden = hidden};
+                              .n_out = 1, .out_rows = &last, .logits = logits, .hidden = hidden,
+                              .argmax = argmax};
             int frc = specd_transformer_forward(t, &fb, err);
             int row = (int)next_prompt;
             out->tokens[(size_t)row * L] = ids[n_ids - 1];
@@ -233,8 +253,12 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
             store_hidden(out->hidden + (size_t)row * L * dim, hidden, dim);
             out->len[row] = 1;
             lanes[l] = (gen_lane){.row = row, .n_past = (int)n_ids};
-            /* counter 0: the draw at this output position (stream). */
-            lanes[l].next = specd_sample(&samp, logits, vocab, (uint64_t)row * L, 0, scratch);
+            sampled[l] = spec_gen_is_sampled(o, first + row);
+            /* The draw at this output position (stream), addressed by the
+             * global prompt index. */
+            lanes[l].next = sampled[l] ? specd_sample(&samp, logits, vocab,
+                                                      (uint64_t)(first + row) * L, 0, scratch)
+                                       : argmax[0];
             next_prompt++;
         }
         /* One decode step for every busy lane. */
@@ -249,7 +273,8 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
         }
         if (n == 0) continue;
         specd_batch fb = {.n_tokens = n, .tokens = toks, .n_seqs = n, .seqs = seqs, .n_out = n,
-                          .out_rows = out_rows, .logits = logits, .hidden = hidden};
+                          .out_rows = out_rows, .logits = logits, .hidden = hidden,
+                          .argmax = argmax};
         if (specd_transformer_forward(t, &fb, err) != 0) {
             rc = -1;
             goto done;
@@ -268,8 +293,10 @@ int spec_data_generate(specd_transformer *t, const specd_tokenizer *tok, const c
                 finished++;
                 if (progress) progress(ctx, finished, n_prompts);
             } else {
-                g->next = specd_sample(&samp, logits + (size_t)i * vocab, vocab,
-                                       (uint64_t)row * L + j, 0, scratch);
+                g->next = sampled[lane_of[i]]
+                              ? specd_sample(&samp, logits + (size_t)i * vocab, vocab,
+                                             (uint64_t)(first + row) * L + j, 0, scratch)
+                              : argmax[i];
             }
         }
     }
@@ -280,10 +307,98 @@ done:
     free(out_rows);
     free(lane_of);
     free(logits);
+    free(argmax);
+    free(sampled);
     free(hidden);
     free(scratch);
     if (rc != 0) spec_seqs_free(out);
     return rc;
+}
+
+/* ---- shards ------------------------------------------------------------------- */
+
+int spec_data_sharded(const char *dir, const char *name, const char *meta, long n_rows,
+                      int shard_rows, spec_shard_build_fn build, void *ctx, spec_seqs *out,
+                      int *n_built, FILE *log, specd_error *err) {
+    memset(out, 0, sizeof(*out));
+    if (n_built) *n_built = 0;
+    if (n_rows < 1 || shard_rows < 1) return specd_seterr(err, "%s: no rows to build", name);
+    if (n_rows > INT32_MAX) return specd_seterr(err, "%s: too many rows (%ld)", name, n_rows);
+    long n_shards = (n_rows + shard_rows - 1) / shard_rows;
+    for (long k = 0; k < n_shards; k++) {
+        long first = k * shard_rows;
+        int count = (int)(n_rows - first < shard_rows ? n_rows - first : shard_rows);
+        char path[4096], tmp[4200], *shard_meta = NULL;
+        snprintf(path, sizeof path, "%s/%s-%05ld.safetensors", dir, name, k);
+        size_t mlen = strlen(meta) + 96;
+        shard_meta = malloc(mlen);
+        if (!shard_meta) {
+            spec_seqs_free(out);
+            return specd_seterr(err, "out of memory");
+        }
+        snprintf(shard_meta, mlen, "%s rows=%ld+%d", meta, first, count);
+        spec_seqs part = {0};
+        int have = 0;
+        char *got = NULL;
+        specd_error lerr = {0};
+        FILE *probe = fopen(path, "rb");
+        if (probe) {
+            fclose(probe);
+            if (spec_seqs_load(&part, &got, path, &lerr) == 0) {
+                have = got && !strcmp(got, shard_meta) && part.n_seqs == count;
+                if (!have) {
+                    spec_seqs_free(&part);
+                    if (log) fprintf(log, "data: %s was made with other settings; rebuilding\n", path);
+                }
+            } else if (log) {
+                fprintf(log, "data: cannot use %s (%s); rebuilding\n", path, lerr.msg);
+            }
+            free(got);
+        }
+        if (!have) {
+            if (build(ctx, first, count, &part, err) != 0) goto fail;
+            if (part.n_seqs != count) {
+                spec_seqs_free(&part);
+                specd_seterr(err, "%s: shard %ld built %d rows, not %d", name, k, part.n_seqs, count);
+                goto fail;
+            }
+            snprintf(tmp, sizeof tmp, "%s.tmp", path);
+            if (spec_seqs_save(&part, shard_meta, tmp, err) != 0) {
+                spec_seqs_free(&part);
+                goto fail;
+            }
+            if (rename(tmp, path) != 0) {
+                specd_seterr(err, "cannot rename %s to %s", tmp, path);
+                spec_seqs_free(&part);
+                goto fail;
+            }
+            if (n_built) (*n_built)++;
+            if (log) fprintf(log, "data: wrote %s (shard %ld/%ld, %d rows)\n", path, k + 1, n_shards, count);
+        }
+        if (k == 0 && seqs_alloc(out, (int)n_rows, part.seq_len, part.dim, err) != 0) {
+            spec_seqs_free(&part);
+            goto fail;
+        }
+        if (part.seq_len != out->seq_len || part.dim != out->dim) {
+            spec_seqs_free(&part);
+            specd_seterr(err, "%s: shard %ld has rows of %d x %d, the first %d x %d", path, k,
+                         part.seq_len, part.dim, out->seq_len, out->dim);
+            goto fail;
+        }
+        size_t L = (size_t)out->seq_len, D = (size_t)out->dim;
+        memcpy(out->tokens + first * L, part.tokens, sizeof(int32_t) * count * L);
+        memcpy(out->len + first, part.len, sizeof(int32_t) * count);
+        memcpy(out->hidden + first * L * D, part.hidden, sizeof(uint16_t) * count * L * D);
+        spec_seqs_free(&part);
+        free(shard_meta);
+        continue;
+    fail:
+        free(shard_meta);
+        spec_seqs_free(out);
+        return -1;
+    }
+    if (log) fprintf(log, "data: %s: %ld rows in %ld shards under %s\n", name, n_rows, n_shards, dir);
+    return 0;
 }
 
 /* ---- cache files ------------------------------------------------------------ */

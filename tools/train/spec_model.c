@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/util/dtype.h"
 #include "common/util/rng.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_write.h"
@@ -499,4 +500,68 @@ int spec_model_load_state(spec_model *m, float *adam_m, float *adam_v, char **js
     int rc = load_state_file(f, m, adam_m, adam_v, json_meta, err);
     safetensors_close(f);
     return rc ? specd_preferr(err, "%s", path) : 0;
+}
+
+int spec_model_read_vocab_map(const char *dir, int32_t **map, int *n, specd_error *err) {
+    *map = NULL, *n = 0;
+    char path[2048];
+    if (specd_path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
+    safetensors_file *f = safetensors_open(path, err);
+    if (!f) return -1;
+    const safetensors_tensor *t = safetensors_find(f, "speculator.vocab_map");
+    int rc = 0;
+    if (t) {
+        if (t->type != SPECD_I32 || t->n_dims != 1 || t->shape[0] == 0 || t->shape[0] > INT32_MAX) {
+            rc = specd_seterr(err, "%s: speculator.vocab_map is not I32 [n]", path);
+        } else if (!(*map = malloc(sizeof(int32_t) * t->shape[0]))) {
+            rc = specd_seterr(err, "out of memory");
+        } else {
+            memcpy(*map, t->data, sizeof(int32_t) * t->shape[0]);
+            *n = (int)t->shape[0];
+        }
+    }
+    safetensors_close(f);
+    return rc;
+}
+
+int spec_model_load_export(spec_model *m, const char *dir, specd_error *err) {
+    char path[2048];
+    if (specd_path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
+    safetensors_file *f = safetensors_open(path, err);
+    if (!f) return -1;
+    int rc = 0;
+    const safetensors_tensor *map = safetensors_find(f, "speculator.vocab_map");
+    if (m->vocab_map ? !map || map->type != SPECD_I32 || map->n_dims != 1 ||
+                           map->shape[0] != (uint64_t)m->cfg.vocab_size ||
+                           memcmp(map->data, m->vocab_map, sizeof(int32_t) * m->cfg.vocab_size)
+                     : map != NULL) {
+        rc = specd_seterr(err, "%s: speculator.vocab_map differs from the model's", path);
+        goto out;
+    }
+    if (safetensors_n_tensors(f) != (size_t)m->n_tensors + (map ? 1 : 0)) {
+        rc = specd_seterr(err, "%s: %zu tensors; this model has %d (other heads or tying?)", path,
+                          safetensors_n_tensors(f), m->n_tensors + (map ? 1 : 0));
+        goto out;
+    }
+    for (int i = 0; i < m->n_tensors && rc == 0; i++) {
+        const struct spec_tensor *t = &m->tensors[i];
+        const safetensors_tensor *st = safetensors_find(f, t->name);
+        if (!st || st->n_dims != (t->cols ? 2u : 1u) || st->shape[0] != (uint64_t)t->rows ||
+            (t->cols && st->shape[1] != (uint64_t)t->cols)) {
+            rc = specd_seterr(err, "%s: tensor '%s' is missing or not [%d%s%d]", path, t->name,
+                              t->rows, t->cols ? ", " : "", t->cols);
+        } else if (st->type == SPECD_F32) {
+            memcpy(t->data, st->data, sizeof(float) * t->numel);
+        } else if (st->type == SPECD_F16 || st->type == SPECD_BF16) {
+            const uint16_t *src = st->data;
+            for (size_t k = 0; k < t->numel; k++)
+                t->data[k] = st->type == SPECD_F16 ? specd_fp16_to_f32(src[k])
+                                                   : specd_bf16_to_f32(src[k]);
+        } else {
+            rc = specd_seterr(err, "%s: tensor '%s' is not F32, F16 or BF16", path, t->name);
+        }
+    }
+out:
+    safetensors_close(f);
+    return rc;
 }

@@ -122,4 +122,13 @@ int spec_model_save_state(const spec_model *m, const float *adam_m, const float 
 int spec_model_load_state(spec_model *m, float *adam_m, float *adam_v, char **json_meta,
                           const char *path, specd_error *err);
 
+/* Reads the weights of an exported checkpoint (DIR/model.safetensors, F32,
+ * F16 or BF16) into a model initialized with the same shapes: every tensor
+ * of m by name, and speculator.vocab_map, which must equal m's (init m
+ * with the file's map: spec_model_read_vocab_map). */
+int spec_model_load_export(spec_model *m, const char *dir, specd_error *err);
+
+/* The draft vocabulary of an exported checkpoint: *map (malloc'd) and its
+ * length; *map = NULL, *n = 0 when the file has none. */
+int spec_model_read_vocab_map(const char *dir, int32_t **map, int *n, specd_error *err);
 #endif
