@@ -107,7 +107,7 @@ typedef struct gen {
 #define PRICE_ALPHA 0.2
 /* Most plain steps in a row before drafting again to see whether a tree
  * pays now (text changes: a table, a quote, code). */
-#define MAX_SKIP 32
+#define MAX_SKIP 64
 
 static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     memset(ps, 0, sizeof *ps);
@@ -675,8 +675,8 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     if (g->n_gen == 0 && q_priced(g) && specd_accept_calib_gain(g->req->calib) < 1.0) {
         /* drafting has not been paying for this drafter lately: start
          * plainly and look again after a few steps */
-        g->price.skip = 4;
-        g->price.backoff = 8;
+        g->price.skip = 16;
+        g->price.backoff = 32;
     }
     Specd__V1__VerifyResponse *r = NULL;
     if (set_stream(g->cancel, s)) {
