@@ -333,7 +333,10 @@ static void attn_task(void *ctx, int task, int thread) {
         invs[k] = (float)(1.0 / sum);
         memset(os[k], 0, sizeof(float) * hd);
     }
-    if (r0)
+    if (r0 && nq > 1 && ks->kv_axpys_block)
+        ks->kv_axpys_block(os, (const float *const *)ss, invs, nq, j->v_pool, s->pages, r0,
+                           (size_t)kvw, (size_t)kvh * hd, hd);
+    else if (r0)
         for (int k = 0; k < nq; k++)
             ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw,
                          (size_t)kvh * hd, hd);
