@@ -23,7 +23,6 @@
 #include "qmatmul.h"
 #include "quant_impl.h"
 
-#include "kernels/backend.h" /* SPECD_KV_PAGE_ROWS */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -210,8 +209,7 @@ static __attribute__((target(TBW))) void axpys_group4(float *const *o, const flo
     if (nq > 3) d0 = _mm512_loadu_ps(o[3]), d1 = _mm512_loadu_ps(o[3] + 16),
         d2 = _mm512_loadu_ps(o[3] + 32), d3 = _mm512_loadu_ps(o[3] + 48);
     for (int r = 0; r < n_rows; r++) {
-        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
         const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16),
                      v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
         /* a zero score adds nothing: skipped, as kv_axpys skips it */

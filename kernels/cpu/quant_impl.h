@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/util/dtype.h"
+#include "kernels/backend.h" /* SPECD_KV_PAGE_ROWS */
 #include "qmatmul.h"
 
 /* Block structs, byte-exact copies of GGML's layouts (the file format). All
@@ -161,6 +162,16 @@ static inline int32_t ld32(const int8_t *p) {
 
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
+
+/* Element `off` of a sequence's cache row r in a paged fp32 pool whose rows
+ * are `stride` floats (backend.h: row r lives at physical row
+ * pages[r / PAGE_ROWS] * PAGE_ROWS + r % PAGE_ROWS). The attention kernels'
+ * one address rule. */
+static inline const float *cpu_kv_paged_row(const float *pool, const int32_t *pages, int r,
+                                            size_t stride, size_t off) {
+    return pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+}
 
 typedef struct cpu_kernel_set {
     const char *name;

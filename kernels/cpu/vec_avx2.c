@@ -10,7 +10,6 @@
  * ulp of expf (test_backend_ops compares the op with the scalar twin). */
 #include "quant_impl.h"
 
-#include "kernels/backend.h" /* SPECD_KV_PAGE_ROWS */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -164,8 +163,7 @@ static TAVX2 float kv_dots_avx2(const float *q, const float *pool, const int32_t
                                 float *scores) {
     float maxs = -INFINITY;
     for (int r = 0; r < n_rows; r++) {
-        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int d = 0;
         for (; d + 16 <= n; d += 16) {
@@ -188,8 +186,7 @@ static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const 
     if (n != 64) {
         for (int r = 0; r < n_rows; r++) {
             if (scores[r] == 0.0f) continue;
-            const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                                       (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+            const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
             kv_axpy_avx2(o, scores[r] * inv, row, 0, n);
         }
         return;
@@ -199,8 +196,7 @@ static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const 
            o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
     for (int r = 0; r < n_rows; r++) {
         if (scores[r] == 0.0f) continue;
-        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
         const __m256 wv = _mm256_set1_ps(scores[r] * inv);
         o0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row), o0);
         o1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 8), o1);
@@ -233,8 +229,7 @@ static TAVX2 void kv_dots_block_avx2(const float *const *q, int nq, const float 
         return;
     }
     for (int r = 0; r < n_rows; r++) {
-        const float *row = pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
         const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8),
                      k2 = _mm256_loadu_ps(row + 16), k3 = _mm256_loadu_ps(row + 24),
                      k4 = _mm256_loadu_ps(row + 32), k5 = _mm256_loadu_ps(row + 40),
