@@ -28,7 +28,25 @@
  * Adaptive length: --stop-thresholds 0.3,0.5 adds a row "mlp adaptive
  * t=X" per threshold after the mlp row (the request's
  * speculation.stop_threshold; the mlp row itself then sends -1, fixed
- * length), so fixed and SpecDec++ drafting are compared in one run. */
+ * length), so fixed and SpecDec++ drafting are compared in one run.
+ *
+ * Shared prefix (the prefix cache's proof): --shared-prefix N puts one fixed
+ * system prompt of about N tokens in front of every prompt (the system
+ * message of a chat prompt, the head of a raw one). Its text is whole lines
+ * of a file of this repository (--shared-prefix-file, default
+ * docs/ARCHITECTURE.md, repeated if short), cut to at most N tokens with the
+ * in-process model's tokenizer (estimated at 3.3 characters a token against
+ * --draft, which gives us no tokenizer). Each cell, and the warm-up, puts a
+ * different first line ("Reference notes, set K.") before it: the hash chain
+ * of every page then differs, so each cell's first request finds nothing
+ * cached from an earlier cell and pays the whole prefill, as a fresh server
+ * would. Three columns are added: the TTFT of the cell's first request (the
+ * one that started first), the median TTFT of the requests that started
+ * after that first one's first token came back (by then its prompt pages are
+ * published, so they can hit the cache; requests running beside the first
+ * are in neither number), and later / first. --no-prefix-cache turns the
+ * in-process target's prefix cache off (limits.prefix_cache=false) for the
+ * contrast. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +57,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "common/util/small_file.h"
 #include "tools/client.h"
 #include "tools/inproc.h"
 
@@ -89,6 +108,9 @@ static const struct {
 
 typedef struct bench_opts {
     const char *model, *draft_model, *speculator, *target, *draft, *prompts_file;
+    int shared_prefix;              /* --shared-prefix N tokens (0 = off) */
+    const char *shared_prefix_file; /* the text it is cut from */
+    int no_prefix_cache;            /* --no-prefix-cache: in-process target without it */
     int per_class; /* --per-class: keep the first N prompts of each class (0 = all) */
     int levels[MAX_LEVELS], n_levels;
     int max_new, threads, requests, ctx, candidates, depth;
@@ -114,7 +136,7 @@ typedef struct row_spec {
 /* One request's outcome. */
 typedef struct req_rec {
     int prompt;
-    int tokens, steps, drafted, accepted;
+    int tokens, steps, drafted, accepted, prompt_tokens;
     double t_start, t_first, t_end;
 } req_rec;
 
@@ -124,6 +146,11 @@ typedef struct cell {
     double tok_s, tok_s_stream, tau, accept, ttft_ms, speedup;
     int have_accept;
     double tau_cls[MAX_CLASSES];
+    /* --shared-prefix: the first request's TTFT and prompt size, the median
+     * TTFT of the requests started after its first token (n_later of them;
+     * 0 = none, e.g. as many streams as requests) */
+    double ttft_first_ms, ttft_later_ms;
+    int n_later, first_prompt_tokens;
 } cell;
 
 /* Shared by the client threads of one cell. */
@@ -134,6 +161,9 @@ typedef struct run_ctx {
     int n_prompts;
     const char *drafter;
     float stop_threshold; /* the request's speculation.stop_threshold (0 = not sent) */
+    /* --shared-prefix: this cell's system prompt (salt line + the fixed
+     * text), put before every prompt; NULL = off */
+    const char *shared;
     int requests; /* per stream */
     req_rec *recs; /* [streams * requests] */
     pthread_mutex_t mu;
@@ -159,10 +189,16 @@ static void usage(void) {
            "                       \"chat\": BOOL (default true), \"name\": NAME} per line\n"
            "                       (default: a committed set of 2 repetitive + 2 chat prompts)\n"
            "  --per-class N        only the first N prompts of each class\n"
+           "  --shared-prefix N    put one fixed ~N-token system prompt before every prompt and\n"
+           "                       report the first request's TTFT against the later ones'\n"
+           "                       (the prefix cache); its text: whole lines of\n"
+           "  --shared-prefix-file PATH  (default docs/ARCHITECTURE.md, repeated if short)\n"
+           "  --no-prefix-cache    the in-process target without its prefix cache\n"
            "  -n, --max-new-tokens N  tokens per request (default 128)\n"
            "  --requests N         requests per stream per cell (default: one per prompt)\n"
            "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
-           "  --ctx N              context rows per session in-process (default 1024 + N)\n"
+           "  --ctx N              context rows per session in-process (default 1024 + N,\n"
+           "                       + the shared prefix)\n"
            "  --backend cpu|cuda, --device N  backend of the in-process target and of the\n"
            "                       mlp speculator (default cpu)\n"
            "  --drafters LIST      only these (e.g. none,ngram); default: none + all offered\n"
@@ -265,6 +301,92 @@ static prompt *builtin_prompts(int *n) {
     return v;
 }
 
+/* --shared-prefix: whole lines of the file (repeated when it is short), as
+ * many as fit in n_tokens tokens by `tok` (binary search over line ends:
+ * tokens only grow with more text), or about 3.3 characters a token (this
+ * repository's Markdown) without a tokenizer. *n_got: tokens counted (an
+ * estimate without tokenizer). NULL + err. */
+static char *build_shared_prefix(const char *path, int n_tokens, const specd_tokenizer *tok,
+                                 int *n_got, specd_error *err) {
+    size_t len = 0;
+    char *file = specd_read_small_file(path, 64u << 20, &len, err);
+    if (!file) return NULL;
+    if (!len) {
+        free(file);
+        specd_seterr(err, "--shared-prefix-file %s is empty", path);
+        return NULL;
+    }
+    /* enough text for any tokenizer: > 8 characters a token */
+    size_t want = (size_t)n_tokens * 8 + 1, have = 0;
+    char *text = malloc(want + len + 1);
+    if (!text) {
+        free(file);
+        specd_seterr(err, "out of memory");
+        return NULL;
+    }
+    while (have < want) {
+        memcpy(text + have, file, len);
+        have += len;
+    }
+    text[have] = 0;
+    free(file);
+    /* candidate cuts: just after each newline */
+    size_t *ends = NULL;
+    int n_ends = 0, cap = 0;
+    for (size_t i = 0; i < have; i++) {
+        if (text[i] != '\n') continue;
+        if (n_ends == cap) {
+            cap = cap ? 2 * cap : 1024;
+            size_t *bigger = realloc(ends, sizeof *ends * (size_t)cap);
+            if (!bigger) {
+                free(ends);
+                free(text);
+                specd_seterr(err, "out of memory");
+                return NULL;
+            }
+            ends = bigger;
+        }
+        ends[n_ends++] = i + 1;
+    }
+    size_t cut = 0;
+    int got = 0;
+    if (!tok) {
+        size_t chars = (size_t)n_tokens * 33 / 10;
+        for (int i = 0; i < n_ends && ends[i] <= chars; i++) cut = ends[i];
+        got = (int)(cut * 10 / 33);
+    } else {
+        int lo = 0, hi = n_ends - 1; /* the largest cut with <= n_tokens tokens */
+        while (lo <= hi) {
+            int mid = (lo + hi) / 2;
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            if (specd_tokenize(tok, text, ends[mid], 0, &ids, &n_ids, err)) {
+                free(ends);
+                free(text);
+                return NULL;
+            }
+            free(ids);
+            if ((int)n_ids <= n_tokens) {
+                cut = ends[mid];
+                got = (int)n_ids;
+                lo = mid + 1;
+            } else {
+                hi = mid - 1;
+            }
+        }
+    }
+    free(ends);
+    if (!cut) {
+        free(text);
+        specd_seterr(err, "--shared-prefix %d: the first line of %s is already longer", n_tokens,
+                     path);
+        return NULL;
+    }
+    text[cut] = 0;
+    *n_got = got;
+    return text;
+}
+
 /* ---- one cell ------------------------------------------------------------------- */
 
 /* Sends prompt p with the bench's settings; fills rec. */
@@ -280,11 +402,30 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
     /* per call: threads must not share the bias arrays' protobuf wrappers */
     Specd__V1__LogitBias *bias_msgs = NULL, **bias_ptrs = NULL;
     Specd__V1__Speculation spec = SPECD__V1__SPECULATION__INIT;
+    /* --shared-prefix: the cell's system prompt first, then the prompt's own
+     * system text (chat) or the prompt itself (raw text) */
+    char *joined = NULL;
+    if (rc->shared) {
+        const char *own = pr->chat ? pr->system : pr->text;
+        size_t ls = strlen(rc->shared), lo = own ? strlen(own) : 0;
+        if (!(joined = malloc(ls + lo + 3))) {
+            specd_seterr(err, "out of memory");
+            return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        }
+        memcpy(joined, rc->shared, ls);
+        if (own) {
+            memcpy(joined + ls, "\n\n", 2);
+            memcpy(joined + ls + 2, own, lo + 1);
+        } else {
+            joined[ls] = 0;
+        }
+    }
     if (pr->chat) {
         size_t n = 0;
-        if (pr->system) {
+        const char *system = joined ? joined : pr->system;
+        if (system) {
             msgs[n].role = "system";
-            msgs[n++].content = pr->system;
+            msgs[n++].content = (char *)system;
         }
         msgs[n].role = "user";
         msgs[n++].content = pr->text;
@@ -294,7 +435,7 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
         req.chat = &chat;
     } else {
         req.input_case = SPECD__V1__GENERATE_REQUEST__INPUT_TEXT;
-        req.text = pr->text;
+        req.text = joined ? joined : pr->text;
     }
     req.max_new_tokens = max_new;
     if (o->samp.s.n_logit_bias) {
@@ -303,6 +444,7 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
         if (!bias_msgs || !bias_ptrs) {
             free(bias_msgs);
             free(bias_ptrs);
+            free(joined);
             specd_seterr(err, "out of memory");
             return GRPC_STATUS_RESOURCE_EXHAUSTED;
         }
@@ -322,8 +464,10 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
                                               NULL, &res, err);
     free(bias_msgs);
     free(bias_ptrs);
+    free(joined);
     if (code != GRPC_STATUS_OK) return code;
     *rec = (req_rec){.prompt = p, .tokens = res.n_tokens, .steps = res.target_steps,
+                     .prompt_tokens = res.prompt_tokens,
                      .drafted = res.drafted_tokens, .accepted = res.accepted_tokens,
                      .t_start = res.t_start, .t_first = res.t_first, .t_end = res.t_end};
     return GRPC_STATUS_OK;
@@ -361,6 +505,27 @@ static int class_index(char classes[][32], int n_classes, const char *cls) {
     for (int c = 0; c < n_classes; c++)
         if (!strcmp(classes[c], cls)) return c;
     return 0;
+}
+
+/* --shared-prefix: the first request (the earliest start) and the median
+ * TTFT of those that started after its first token arrived: the client saw
+ * that token only after the target had run the whole prompt and published
+ * its full pages, so each of these could reuse them. buf: scratch for n. */
+static void shared_ttft(const req_rec *recs, int n, double *buf, cell *out) {
+    int first = -1;
+    for (int i = 0; i < n; i++)
+        if (recs[i].t_first && (first < 0 || recs[i].t_start < recs[first].t_start)) first = i;
+    if (first < 0) return;
+    out->ttft_first_ms = (recs[first].t_first - recs[first].t_start) * 1e3;
+    out->first_prompt_tokens = recs[first].prompt_tokens;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (i != first && recs[i].t_first && recs[i].t_start >= recs[first].t_first)
+            buf[k++] = (recs[i].t_first - recs[i].t_start) * 1e3;
+    out->n_later = k;
+    if (!k) return;
+    qsort(buf, (size_t)k, sizeof *buf, cmp_double);
+    out->ttft_later_ms = k % 2 ? buf[k / 2] : 0.5 * (buf[k / 2 - 1] + buf[k / 2]);
 }
 
 /* Runs one cell and summarizes it. 0, or -1 + err. */
@@ -434,6 +599,7 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
         }
         for (int c = 0; c < n_classes; c++)
             out->tau_cls[c] = cls_steps[c] ? (double)cls_tokens[c] / cls_steps[c] : 0;
+        if (rc->shared && ttft) shared_ttft(rc->recs, n_recs, ttft, out);
         free(ttft);
     }
     free(rc->recs);
@@ -480,10 +646,12 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
  * be reproduced exactly. */
 /* The table as JSON: {"command", "machine", "threads", "max_new_tokens",
  * "rows": [{drafter, streams, tok_s, tok_s_per_stream, tau, accept,
- * ttft_ms, speedup, tau_by_class: {class: tau}}]}. */
+ * ttft_ms, speedup, tau_by_class: {class: tau}}]}; with --shared-prefix also
+ * "shared_prefix_tokens", "prefix_cache", and per row first_prompt_tokens,
+ * ttft_first_ms, n_later, ttft_later_ms, ttft_later_over_first. */
 static int write_json(const char *path, int argc, char **argv, const bench_opts *o,
-                      const cell *cells, int n_cells, char classes[][32], int n_classes,
-                      specd_error *err) {
+                      int shared_tokens, const cell *cells, int n_cells, char classes[][32],
+                      int n_classes, specd_error *err) {
     cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
     char cmd[4096];
     size_t k = 0;
@@ -498,6 +666,10 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
     cJSON_AddStringToObject(root, "cpu", cpu_name);
     cJSON_AddNumberToObject(root, "threads", o->threads);
     cJSON_AddNumberToObject(root, "max_new_tokens", o->max_new);
+    if (o->shared_prefix) {
+        cJSON_AddNumberToObject(root, "shared_prefix_tokens", shared_tokens);
+        cJSON_AddBoolToObject(root, "prefix_cache", !o->no_prefix_cache);
+    }
     for (int i = 0; i < n_cells; i++) {
         const cell *c = &cells[i];
         cJSON *r = cJSON_CreateObject(), *bc = cJSON_CreateObject();
@@ -511,6 +683,17 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
         if (c->speedup > 0) cJSON_AddNumberToObject(r, "speedup", c->speedup);
         for (int j = 0; j < n_classes; j++) cJSON_AddNumberToObject(bc, classes[j], c->tau_cls[j]);
         cJSON_AddItemToObject(r, "tau_by_class", bc);
+        if (o->shared_prefix) {
+            cJSON_AddNumberToObject(r, "first_prompt_tokens", c->first_prompt_tokens);
+            cJSON_AddNumberToObject(r, "ttft_first_ms", c->ttft_first_ms);
+            cJSON_AddNumberToObject(r, "n_later", c->n_later);
+            if (c->n_later) {
+                cJSON_AddNumberToObject(r, "ttft_later_ms", c->ttft_later_ms);
+                if (c->ttft_first_ms > 0)
+                    cJSON_AddNumberToObject(r, "ttft_later_over_first",
+                                            c->ttft_later_ms / c->ttft_first_ms);
+            }
+        }
         cJSON_AddItemToArray(rows, r);
     }
     cJSON_AddItemToObject(root, "rows", rows);
@@ -619,6 +802,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--target")) o->target = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--draft")) o->draft = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--prompts")) o->prompts_file = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--shared-prefix"))
+            o->shared_prefix = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--shared-prefix-file"))
+            o->shared_prefix_file = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--no-prefix-cache")) o->no_prefix_cache = 1;
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--per-class"))
             o->per_class = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
@@ -669,6 +857,15 @@ static int parse(int argc, char **argv, bench_opts *o) {
         fprintf(stderr, "specd bench --e2e: with --draft the drafters and targets are that "
                         "draft-svc's; --target, --draft-model, --speculator and --accept-head "
                         "do not apply\n");
+        return 2;
+    }
+    if (o->shared_prefix_file && !o->shared_prefix) {
+        fprintf(stderr, "specd bench --e2e: --shared-prefix-file needs --shared-prefix N\n");
+        return 2;
+    }
+    if (o->no_prefix_cache && (o->draft || o->target)) {
+        fprintf(stderr, "specd bench --e2e: --no-prefix-cache configures the in-process target; "
+                        "against --draft or --target, start that target with --limits.prefix_cache=false\n");
         return 2;
     }
     if (o->accept_head && !o->speculator) {
@@ -737,6 +934,8 @@ int cmd_bench_e2e(int argc, char **argv) {
     cli_inproc *ip = NULL;
     specd_rpc_channel *ch = NULL;
     cell *cells = NULL;
+    char *shared_text = NULL, *shared_cell = NULL; /* --shared-prefix: the text; + a cell's salt */
+    int shared_tokens = 0;
     const char *draft_addr = o.draft;
     if (!draft_addr) {
         fprintf(stderr, "specd bench: starting %starget-svc and draft-svc in-process...\n",
@@ -749,8 +948,10 @@ int cmd_bench_e2e(int argc, char **argv) {
             .backend = o.backend,
             .device = o.device,
             .max_sessions = max_streams,
-            /* room for prompts of up to ~1k tokens plus the output and a tree */
-            .ctx = o.ctx ? o.ctx : 1024 + o.max_new,
+            /* room for prompts of up to ~1k tokens (after the shared
+             * prefix) plus the output and a tree */
+            .ctx = o.ctx ? o.ctx : 1024 + o.shared_prefix + o.max_new,
+            .no_prefix_cache = o.no_prefix_cache,
             .ngram = 1,
             .draft_model = o.draft_model,
             .speculator = o.speculator,
@@ -758,6 +959,20 @@ int cmd_bench_e2e(int argc, char **argv) {
         };
         if (!(ip = cli_inproc_start(&io, &err))) goto fail;
         draft_addr = cli_inproc_draft_addr(ip);
+    }
+    if (o.shared_prefix) {
+        const char *path = o.shared_prefix_file ? o.shared_prefix_file : "docs/ARCHITECTURE.md";
+        /* the in-process model's tokenizer counts exactly (with an external
+         * target too: inproc opens the model file for its tokenizer) */
+        if (!(shared_text = build_shared_prefix(path, o.shared_prefix,
+                                                ip ? cli_inproc_tokenizer(ip) : NULL,
+                                                &shared_tokens, &err)))
+            goto fail;
+        size_t cap = strlen(shared_text) + 64;
+        if (!(shared_cell = malloc(cap))) {
+            specd_seterr(&err, "out of memory");
+            goto fail;
+        }
     }
     specd_rpc_channel_opts co = o.tls;
     if (ip) co = (specd_rpc_channel_opts){.insecure = 1}; /* in-process: loopback plaintext */
@@ -791,6 +1006,13 @@ int cmd_bench_e2e(int argc, char **argv) {
     printf("), %d requests per stream, %d new tokens each, %s, tree %s\n", requests, o.max_new,
            o.samp.s.temperature > 0 ? "sampling" : "greedy",
            o.candidates || o.depth ? "fixed by --candidates/--depth" : "server policy");
+    if (o.shared_prefix)
+        printf("shared:  a %d-token system prompt (%s; %s) before every prompt, a new one per "
+               "cell; prefix cache %s\n", shared_tokens,
+               ip ? "counted by the tokenizer" : "estimated from its length",
+               o.shared_prefix_file ? o.shared_prefix_file : "docs/ARCHITECTURE.md",
+               o.no_prefix_cache ? "off" : (o.draft || o.target ? "as the target is configured"
+                                                                : "on"));
     char threads_s[16] = "all";
     if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
     printf("machine: %s, %ld CPUs online, %s threads, backend %s, %s\n\n", hostname,
@@ -811,7 +1033,12 @@ int cmd_bench_e2e(int argc, char **argv) {
         rc.drafter = rows[d].drafter;
         rc.stop_threshold = rows[d].stop_threshold;
         /* Warm-up, not measured: connections, first-touch of weights and the
-         * drafter's per-session state. */
+         * drafter's per-session state. With a shared prefix it runs set 0,
+         * which no cell uses, so it caches nothing a cell can hit. */
+        if (shared_cell) {
+            sprintf(shared_cell, "Reference notes, set 0.\n\n%s", shared_text);
+            rc.shared = shared_cell;
+        }
         req_rec warm;
         if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) != GRPC_STATUS_OK) {
             ok = 0;
@@ -819,6 +1046,8 @@ int cmd_bench_e2e(int argc, char **argv) {
         }
         for (int k = 0; k < o.n_levels; k++) {
             cell *c = &cells[n_cells];
+            if (shared_cell) /* a first line of its own: no page of it is cached yet */
+                sprintf(shared_cell, "Reference notes, set %d.\n\n%s", n_cells + 1, shared_text);
             if (run_cell(&rc, o.levels[k], classes, n_classes, c, &err)) {
                 ok = 0;
                 break;
@@ -833,17 +1062,23 @@ int cmd_bench_e2e(int argc, char **argv) {
             n_cells++;
             fprintf(stderr, "specd bench: %-*s x%-3d %8.1f tok/s, tau %.2f\n", label_w,
                     c->drafter, c->streams, c->tok_s, c->tau);
+            if (shared_cell)
+                fprintf(stderr, "specd bench:   TTFT first %.1f ms (%d prompt tokens), later "
+                                "%.1f ms (median of %d)\n", c->ttft_first_ms,
+                        c->first_prompt_tokens, c->ttft_later_ms, c->n_later);
         }
     }
     pthread_mutex_destroy(&rc.mu);
     if (!ok) goto fail;
 
     printf("| %-*s | streams | tok/s total | tok/s per stream |  tau | accept | TTFT ms "
-           "| speed-up | tau by class |\n", label_w, "drafter");
+           "| speed-up | tau by class |%s\n", label_w, "drafter",
+           shared_cell ? " TTFT first ms | TTFT later ms | later/first |" : "");
     printf("|");
     for (int k = 0; k < label_w + 2; k++) putchar('-');
     printf("|--------:|------------:|-----------------:|-----:|-------:|--------:"
-           "|---------:|--------------|\n");
+           "|---------:|--------------|%s\n",
+           shared_cell ? "--------------:|--------------:|------------:|" : "");
     for (int i = 0; i < n_cells; i++) {
         const cell *c = &cells[i];
         char acc[16], sp[16], bycls[160] = "";
@@ -855,10 +1090,17 @@ int cmd_bench_e2e(int argc, char **argv) {
         for (int j = 0; j < n_classes && k < sizeof bycls; j++)
             k += (size_t)snprintf(bycls + k, sizeof bycls - k, "%s%s %.2f", j ? ", " : "",
                                   classes[j], c->tau_cls[j]);
-        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |\n", label_w,
+        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |", label_w,
                c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms, sp, bycls);
+        if (shared_cell && c->n_later && c->ttft_first_ms > 0)
+            printf(" %13.1f | %13.1f | %11.3f |", c->ttft_first_ms, c->ttft_later_ms,
+                   c->ttft_later_ms / c->ttft_first_ms);
+        else if (shared_cell) /* nobody started after the first request's first token */
+            printf(" %13.1f | %13s | %11s |", c->ttft_first_ms, "-", "-");
+        printf("\n");
     }
-    if (o.json && write_json(o.json, argc, argv, &o, cells, n_cells, classes, n_classes, &err))
+    if (o.json && write_json(o.json, argc, argv, &o, shared_tokens, cells, n_cells, classes,
+                             n_classes, &err))
         goto fail;
     status = 0;
     goto out;
@@ -866,6 +1108,8 @@ fail:
     fprintf(stderr, "specd bench --e2e: %s\n", err.msg);
 out:
     free(cells);
+    free(shared_text);
+    free(shared_cell);
     specd_rpc_channel_free(ch);
     cli_inproc_stop(ip);
     free_prompts(prompts, n_prompts);

@@ -57,9 +57,11 @@ static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_
     to.n_slots = o->max_sessions;
     to.max_ctx = ctx;
     to.kv_memory = 0;
+    if (o->no_prefix_cache) to.prefix_cache = 0;
     if (!(p->t = specd_transformer_create(p->m, &to, err))) return -1;
     specd_target_opts so;
     specd_target_opts_from_config(&p->tcfg, &so);
+    if (o->no_prefix_cache) so.prefix_cache = 0; /* what GetInfo reports */
     so.max_sessions = o->max_sessions;
     /* a prompt must leave room for at least one token in the context */
     if (so.max_prompt_tokens > ctx - 1) so.max_prompt_tokens = ctx - 1;

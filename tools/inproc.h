@@ -26,6 +26,9 @@ typedef struct cli_inproc_opts {
     int max_sessions;        /* concurrent sessions on the target and the draft LM */
     int ctx;                 /* context rows per session; 0 = the model's */
     int ngram;               /* offer the n-gram drafter */
+    /* the in-process target without automatic prefix caching
+     * (limits.prefix_cache=false; `specd bench --e2e --no-prefix-cache`) */
+    int no_prefix_cache;
     const char *draft_model; /* offer draft_lm with this model; NULL = not offered */
     const char *speculator;  /* offer mlp with this MLPSpeculator dir; NULL = not offered */
     /* Its SpecDec++ acceptance head; NULL = <speculator>/accept_head when
