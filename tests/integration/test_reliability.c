@@ -19,7 +19,15 @@
  *   4. failover across target-svc processes: SIGKILL while the Open
  *      (prefill) is outstanding, SIGKILL during decode, and a hung target
  *      (SIGSTOP) that is given up within step_timeout, all with the exact
- *      greedy tokens of an undisturbed run.
+ *      greedy tokens of an undisturbed run;
+ *   5. the prefix cache across processes (issue 15): prompts that share a
+ *      70-token prefix give the same greedy tokens from a target with the
+ *      cache on and one started with --limits.prefix_cache=false, the one
+ *      reporting exactly the shared full pages as hits in GetInfo and the
+ *      other none; then a session whose target is killed mid-decode is
+ *      re-prefilled on the survivor, which already holds the prompt's pages:
+ *      GetInfo there counts exactly the prompt's full pages as new hits, and
+ *      the tokens are still the cache-off target's.
  * The "long prompt beside a running stream" case needs the target's chunked
  * prefill (another change); it is not here. */
 #include <limits.h>
@@ -669,6 +677,144 @@ static void test_failover_kill_and_hang(void **state) {
     free(got);
 }
 
+/* ---- 5. the prefix cache across processes ------------------------------------ */
+
+#define PC_SHARED 70 /* 4 full pages of 16 tokens, then 6 rows of a fifth */
+#define PC_PROMPTS 4
+#define PC_PAGE 16
+
+/* A target's prefix-cache counters, from GetInfo's kv_pool. */
+typedef struct kv_info {
+    int on;
+    uint64_t lookup, hit;
+} kv_info;
+
+static kv_info get_kv_info(const char *addr) {
+    specd_rpc_channel *ch = svc_channel_to(addr);
+    Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    specd_error err = {{0}};
+    grpc_status_code code = specd_rpc_unary(ch, "/specd.v1.Target/GetInfo", &q.base,
+                                            &specd__v1__info__descriptor, &resp, 10000, &err);
+    specd_rpc_channel_free(ch);
+    if (code != GRPC_STATUS_OK) fail_msg("GetInfo on %s: %s", addr, err.msg);
+    const Specd__V1__Info *info = (const Specd__V1__Info *)resp;
+    if (!info->kv_pool) fail_msg("GetInfo on %s: no kv_pool", addr);
+    kv_info k = {info->kv_pool->prefix_cache, info->kv_pool->prefix_lookup_pages,
+                 info->kv_pool->prefix_hit_pages};
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return k;
+}
+
+/* Prompt i: the shared PC_SHARED tokens, then 5 + 3i tokens of its own (so
+ * no prompt ends on a page boundary). */
+static void req_shared(req *q, int i, int max_new) {
+    int n = PC_SHARED + 5 + 3 * i;
+    req_ids(q, n, max_new);
+    for (int j = PC_SHARED; j < n; j++) q->buf[j] = 7 + (j * 13 + i * 29) % 190;
+    q->r.ignore_eos = 1;
+}
+
+static void test_prefix_cache_failover(void **state) {
+    (void)state;
+    /* 15 ms steps, so the kill lands mid-generation, as in test 4 */
+    const char *on[] = {"--batching.max_wait=15ms", "--threads=1", "--limits.kv_memory=64MiB",
+                        NULL};
+    const char *off[] = {"--batching.max_wait=15ms", "--threads=1", "--limits.kv_memory=64MiB",
+                         "--limits.prefix_cache=false", NULL};
+    char model[PATH_MAX];
+    snprintf(model, sizeof model, "%s", test_path(TINY_GGUF));
+    int port[3];
+    for (int i = 0; i < 3; i++) {
+        int dup;
+        do { /* three different ports */
+            port[i] = svc_free_port();
+            dup = 0;
+            for (int j = 0; j < i; j++) dup |= port[j] == port[i];
+        } while (dup);
+    }
+    char addr[3][32];
+    for (int i = 0; i < 3; i++) snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", port[i]);
+    /* A and B with the cache (the default), C without */
+    pid_t pid[3] = {svc_start_target(port[0], model, on), 0, 0};
+    if (!pid[0]) {
+        printf("  target-svc is not built: prefix cache test skipped\n");
+        skip();
+    }
+    pid[1] = svc_start_target(port[1], model, on);
+    pid[2] = svc_start_target(port[2], model, off);
+    specd_rpc_channel *cha = svc_channel_to(addr[0]), *chc = svc_channel_to(addr[2]);
+    svc_gen *ref = calloc(PC_PROMPTS, sizeof *ref), *got = calloc(1, sizeof *got);
+
+    /* (a) cache on vs off: the same tokens; A reuses the 4 shared full pages
+     * for prompts 1..3 (prompt 0 published them; none of the prompts' fifth
+     * pages is full, so nothing else can hit) */
+    kv_info a0 = get_kv_info(addr[0]);
+    for (int i = 0; i < PC_PROMPTS; i++) {
+        req q;
+        req_shared(&q, i, 40);
+        svc_generate(chc, TARGET_M, &q.r, &ref[i]);
+        if (ref[i].code != GRPC_STATUS_OK) fail_msg("cache off, prompt %d: %s", i, ref[i].detail);
+        svc_generate(cha, TARGET_M, &q.r, got);
+        expect_ref(got, &ref[i], "cache on vs off");
+    }
+    kv_info a1 = get_kv_info(addr[0]), c1 = get_kv_info(addr[2]);
+    printf("  cache on: %llu of %llu pages looked up were hits; cache off: %llu hits, "
+           "reported %s\n", (unsigned long long)(a1.hit - a0.hit),
+           (unsigned long long)(a1.lookup - a0.lookup), (unsigned long long)c1.hit,
+           c1.on ? "on" : "off");
+    assert_true(a1.on);
+    assert_int_equal(a1.hit - a0.hit, (PC_PROMPTS - 1) * (PC_SHARED / PC_PAGE));
+    assert_false(c1.on);
+    assert_int_equal(c1.hit, 0);
+
+    /* (b) failover re-prefill hits the survivor's cache. Prompt 0 again,
+     * longer: B computes it once (so both A and B hold its pages, whichever
+     * draft-svc opens the session on), the reference is C's (no cache). */
+    req q;
+    req_shared(&q, 0, 150);
+    svc_gen *fo_ref = calloc(1, sizeof *fo_ref);
+    svc_generate(chc, TARGET_M, &q.r, fo_ref);
+    if (fo_ref->code != GRPC_STATUS_OK) fail_msg("cache off reference: %s", fo_ref->detail);
+    specd_rpc_channel *chb = svc_channel_to(addr[1]);
+    svc_generate(chb, TARGET_M, &q.r, got);
+    specd_rpc_channel_free(chb);
+    expect_ref(got, fo_ref, "priming B");
+    const char *targets[] = {addr[0], addr[1]};
+    draft_side d;
+    draft_up(&d, targets, 2, STEP_TIMEOUT_MS);
+    assert_true(svc_wait_health(d.ch, "specd.v1.Draft", 1, 5000) >= 0);
+    svc_sleep_ms(700); /* a probe round or two: both targets are known */
+    kv_info before[2] = {get_kv_info(addr[0]), get_kv_info(addr[1])};
+    q.r.drafter = "ngram";
+    svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
+    while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(2);
+    const char *h = holder(&d);
+    if (!h) fail_msg("prefix failover: the request ended before the kill (%d tokens)", got->n_ids);
+    int k = !strcmp(h, addr[1]), s = 1 - k;
+    svc_kill(pid[k]);
+    pid[k] = 0;
+    svc_gen_join(got);
+    kv_info after = get_kv_info(addr[s]);
+    printf("  SIGKILL during decode (target %c): failovers %d; the survivor %c counted %llu "
+           "prefix hit pages for the re-prefill (%llu looked up)\n", "AB"[k], got->failovers,
+           "AB"[s], (unsigned long long)(after.hit - before[s].hit),
+           (unsigned long long)(after.lookup - before[s].lookup));
+    expect_ref(got, fo_ref, "failover with the prefix cached");
+    assert_int_equal(got->failovers, 1);
+    /* the prompt's 4 full pages; the fifth holds generated tokens that no
+     * prefill on the survivor ever published */
+    assert_int_equal(after.hit - before[s].hit, PC_SHARED / PC_PAGE);
+    assert_true(after.lookup - before[s].lookup > PC_SHARED / PC_PAGE);
+    draft_down(&d);
+    specd_rpc_channel_free(cha);
+    specd_rpc_channel_free(chc);
+    for (int i = 0; i < 3; i++) svc_kill(pid[i]);
+    free(ref);
+    free(fo_ref);
+    free(got);
+}
+
 int main(void) {
     atexit(svc_kill_all);
     const struct CMUnitTest tests[] = {
@@ -677,6 +823,7 @@ int main(void) {
         cmocka_unit_test(test_busy_is_not_dead),
         cmocka_unit_test(test_seed_under_load),
         cmocka_unit_test_setup_teardown(test_failover_kill_and_hang, NULL, failover_teardown),
+        cmocka_unit_test_setup_teardown(test_prefix_cache_failover, NULL, failover_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
