@@ -658,6 +658,22 @@ int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
                                      "inside the slot's rows",
                                 i, rows[i]);
     }
+    /* The moves write rows n_past + i from the first kept row that moves on:
+     * those pages must be the slot's own, as in a forward pass (kv_pool.h):
+     * a page another slot shares gets a private copy (the tail page a verify
+     * step compacts into may be one of a shared prefix), a cached prefix page
+     * held alone loses its key. Checked first, so a refusal changes nothing. */
+    int first = 0;
+    while (first < n_keep && rows[first] == first) first++;
+    if (first < n_keep) {
+        int copies = pages_to_take(t, slot, n_past + first, n_keep - first);
+        int avail = specd_kv_pool_available(t->pool);
+        if (copies > avail)
+            return specd_seterr(err, "KV cache full: kv_compact needs %d pages to copy shared "
+                                     "rows, %d are free (limits.kv_memory)",
+                                copies, avail);
+        own_pages(t, slot, n_past + first, n_past + n_keep);
+    }
     int n_moves = 0;
     for (int i = 0; i < n_keep; i++) {
         if (rows[i] == i) continue;

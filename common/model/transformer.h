@@ -81,7 +81,10 @@ int specd_transformer_forward(specd_transformer *t, const specd_batch *b, specd_
 
 /* Keeps rows[0..n_keep) of the new rows after n_past (in that order) and
  * moves them to n_past.. (the accepted path of a verified tree); pages past
- * the kept rows go back to the pool. */
+ * the kept rows go back to the pool. A page the moves write that other slots
+ * share is copied first (copy on write, as in a forward pass; fails with
+ * nothing changed when no page is free for the copy), and a cached prefix
+ * page the slot holds alone loses its key. */
 int specd_transformer_kv_compact(specd_transformer *t, int slot, int n_past,
                                  const int32_t *rows, int n_keep, specd_error *err);
 

@@ -5,7 +5,10 @@
  *     checked after every operation; LRU eviction order; hits need the same
  *     parent key and tokens;
  *   - copy on write: a slot that writes into a page it shares gets a copy,
- *     and the other slot's rows and logits stay as they were;
+ *     and the other slot's rows and logits stay as they were; the same for
+ *     kv_compact (a verify step keeping its accepted rows) moving rows into
+ *     a partly filled page of a shared prefix, and a published page it holds
+ *     alone loses its key, so no later session attaches rows that changed;
  *   - the scheduler under churn: sessions of random lengths with shared
  *     prefixes join, grow, get cancelled and get preempted when a small pool
  *     runs dry (re-opened from their tokens, as draft-svc does); the page
@@ -257,6 +260,66 @@ static void test_copy_on_write(void **state) {
     specd_model_close(m);
 }
 
+/* kv_compact writes rows too: into a shared page only through a copy, into
+ * a cached prefix page only after taking its key off. */
+static void test_compact_copy_on_write(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    specd_transformer *t = make_t(m, 3, 0, 1);
+    specd_error err = {{0}};
+    int vocab = m->hp.vocab_size;
+    enum { N = 2 * R + 5 };
+    float *a = malloc(sizeof(float) * (size_t)vocab), *b = malloc(sizeof(float) * (size_t)vocab);
+    int32_t prompt[N];
+    for (int i = 0; i < N; i++) prompt[i] = (i * 53 + 7) % vocab;
+    /* rows R+3.. of the prompt read as a verified tree: keep new rows 0, 2
+     * and 5, so rows R+4 and R+5 (page 1) are overwritten */
+    const int32_t keep[3] = {0, 2, 5};
+
+    /* (1) shared: slot 0 computes and publishes pages 0 and 1, slot 1
+     * shares them; slot 0 compacts into page 1, which must be copied */
+    run_rows(t, 0, 0, prompt, N, a);
+    specd_transformer_prefix_publish(t, 0, prompt, N);
+    assert_int_equal(specd_transformer_prefix_attach(t, 1, prompt, N), 2 * R);
+    int free_before;
+    specd_transformer_kv_pages(t, &free_before, NULL);
+    if (specd_transformer_kv_compact(t, 0, R + 3, keep, 3, &err)) fail_msg("%s", err.msg);
+    check_t(t);
+    int free_after;
+    specd_transformer_kv_pages(t, &free_after, NULL);
+    /* one page taken for the copy, one given back (page 2: rows past R+6) */
+    assert_int_equal(free_after, free_before);
+    /* slot 1's shared rows are the prompt's still: its last rows give the
+     * logits slot 0 had */
+    run_rows(t, 1, 2 * R, prompt + 2 * R, N - 2 * R, b);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)vocab);
+    specd_transformer_release_slot(t, 0);
+    specd_transformer_release_slot(t, 1);
+    check_t(t);
+
+    /* (2) alone: slot 2 computes another prompt and publishes its pages,
+     * then compacts into page 1, which it holds alone: the page must lose
+     * its key, so a later attach finds page 0 only and computes the rest
+     * (with the key kept it would attach the changed rows). */
+    int32_t other[N];
+    for (int i = 0; i < N; i++) other[i] = (i * 29 + 3) % vocab;
+    run_rows(t, 2, 0, other, N, a);
+    specd_transformer_prefix_publish(t, 2, other, N);
+    if (specd_transformer_kv_compact(t, 2, R + 3, keep, 3, &err)) fail_msg("%s", err.msg);
+    check_t(t);
+    specd_transformer_release_slot(t, 2);
+    int rows = specd_transformer_prefix_attach(t, 0, other, N);
+    assert_int_equal(rows, R);
+    run_rows(t, 0, rows, other + rows, N - rows, b);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)vocab);
+    specd_transformer_release_slot(t, 0);
+    check_t(t);
+    free(a);
+    free(b);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
 static void test_pool_too_small(void **state) {
     (void)state;
     specd_model_file *m = open_model();
@@ -454,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_pool_random_ops),
         cmocka_unit_test(test_pool_lru_and_keys),
         cmocka_unit_test(test_copy_on_write),
+        cmocka_unit_test(test_compact_copy_on_write),
         cmocka_unit_test(test_pool_too_small),
         cmocka_unit_test(test_sched_churn),
     };
