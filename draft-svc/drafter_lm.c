@@ -42,6 +42,9 @@
  * SPECD_DRAFT_RNG_SALT, stream = output index of the drawn node, counter 0),
  * and q is sent sparse (its nonzero entries; the filters make it exactly
  * sparse). One child per node, so "i.i.d. siblings" holds trivially.
+ * That is the REJECTION method; with SEED_EXACT (the default, sampling.h)
+ * the child is the winner of the race over q with the request's own noise
+ * at that index, and no q is sent.
  *
  * Context. A job whose history plus draft would not fit the slot (max_ctx
  * rows) drafts fewer tokens, and none when even the history does not fit:
@@ -225,6 +228,14 @@ static int draft_one(lm_impl *lm, specd_draft_job *job, lm_job_state *js, float 
         /* log-softmax of the adjusted logits: how sure the draft is, for
          * whoever ranks or stops on logq */
         specd_logprobs(row, lm->vocab, tok, 0, &lp, NULL, NULL);
+    } else if (s->method == SPECD_SAMPLING_SEED_EXACT) {
+        /* The race over q with the target's own noise (the request's seed,
+         * unsalted, at this node's output index): the token the target
+         * picks whenever the two races agree. No q: exact-match verify. */
+        specd_sampling_probs(s, row, lm->vocab, lm->probs, lm->sample_scratch);
+        tok = specd_race_pick(lm->probs, lm->vocab,
+                              (specd_race_addr){s->seed, job->position + (uint64_t)step, 0});
+        lp = logf(lm->probs[tok]);
     } else {
         specd_sampling_probs(s, row, lm->vocab, lm->probs, lm->sample_scratch);
         /* Draw from (and send) q cut to its most likely tokens: see

@@ -28,6 +28,13 @@
  * child it descends from), so every draw has its own address, and a chain's
  * addresses do not move when another chain stops early (below).
  *
+ * Seed-exact sampling (the default method, sampling.h) keeps that shape
+ * but replaces the draws: a node's b children are the b best of the race
+ * over its q with the target's own noise (the request's seed, unsalted, at
+ * the children's output index), so the first is the token the target picks
+ * whenever the two races agree, and the rest are the runners-up. No q is
+ * sent: verification is exact match.
+ *
  * Both modes apply the adjustments (penalties and logit bias) when the
  * request has any: the target's greedy choice is the argmax of its adjusted
  * logits, so the draft's must be too.
@@ -316,12 +323,14 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
 }
 
 /* Sampling expansion of rows [a, b) at stage s: each row's node gets
- * branching[s] children drawn i.i.d. from its q, q stored on the node
- * first (a child never exists without the distribution it came from). */
+ * branching[s] children: with rejection sampling drawn i.i.d. from its q,
+ * q stored on the node first (a child never exists without the
+ * distribution it came from); seed-exact, the race's best (see the top). */
 static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, int s, int a,
                            int b, int n_next) {
     specd_tree_buf *out = job->out;
     const specd_sampling *smp = job->sampling;
+    int raced = specd_sampling_is(smp, SPECD_SAMPLING_SEED_EXACT);
     uint64_t seed = smp->seed ^ SPECD_DRAFT_RNG_SALT;
     uint64_t stream = job->position + (uint64_t)s; /* output index of the drawn nodes */
     for (int r = a; r < b; r++) {
@@ -332,6 +341,20 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         float *row = m->logits + (size_t)r * m->vocab;
         adjust_row(m, job, par->node, row);
         specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
+        if (raced) {
+            int32_t ids[SPECD_RACE_MAX_K];
+            int nb = specd_race_topk(m->probs, m->vocab, (specd_race_addr){smp->seed, stream, 0},
+                                     p->branching[s], ids);
+            for (int c = 0; c < nb; c++) {
+                float logq = par->logq + logf(m->probs[ids[c]]);
+                int node = specd_tree_buf_add(out, par->node, ids[c], logq);
+                if (node < 0) return n_next;
+                if (grows)
+                    m->next[n_next++] =
+                        (mlp_front){par->job, node, ids[c], logq, pacc, par->chain * p->branching[s] + c, r};
+            }
+            continue;
+        }
         /* Draw from (and send) q cut to its most likely tokens: see
          * SPECD_DRAFT_Q_MAX. */
         int nq = specd_draft_q_truncate(m->probs, m->vocab, m->q_ids, m->q_probs);

@@ -20,7 +20,11 @@
  * branches, shared prefixes are merged, and a continuation that repeats or
  * merely extends a kept one adds no new path.
  *
- * Sampling mode: a lookup is deterministic, i.e. a draw from a one-hot q.
+ * Seed-exact sampling (the default method, sampling.h) verifies by exact
+ * match like greedy, so it gets greedy mode, suffix trie included: a lookup
+ * is a guess at the token the target's race will pick.
+ *
+ * Rejection sampling: a lookup is deterministic, i.e. a draw from a one-hot q.
  * The verifier's recursive rejection is only lossless when siblings are
  * i.i.d. draws from the q sent with them (tree_builder.h), and i.i.d. draws
  * from a one-hot q are all the same token, so extra chains would only be
@@ -281,7 +285,7 @@ static void propose_one(ngram_impl *g, specd_draft_job *job) {
     int n_hist = job->n_history;
     int depth = job->depth;
     if (!h || n_hist < 2 || depth < 1 || out->cap < 1) return;
-    int sampling = job->sampling && job->sampling->temperature > 0.0f;
+    int sampling = specd_sampling_is(job->sampling, SPECD_SAMPLING_REJECTION);
     int candidates = sampling ? 1 : (job->candidates < 1 ? 1 : job->candidates);
 
     /* Window of continuation starts: e in [lo, N-1]. e = N-1 is allowed: the
@@ -331,7 +335,7 @@ static int ngram_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_e
         if (jobs[i].out->cap > max_cap) max_cap = jobs[i].out->cap;
     if (grow_scratch(g, max_cap, err)) return -1;
     for (int i = 0; i < n; i++) {
-        int sampling = jobs[i].sampling && jobs[i].sampling->temperature > 0.0f;
+        int sampling = specd_sampling_is(jobs[i].sampling, SPECD_SAMPLING_REJECTION);
         if (jobs[i].state && !sampling)
             propose_suffix(g, jobs[i].state, &jobs[i]);
         else

@@ -346,9 +346,10 @@ static void draft(gen *g, const specd_target_info *info) {
         depth = g->price.want_depth;
     } else if (!cand || !depth) {
         int pc = 1, pd = 1;
-        /* A sampled request's shape must not follow the load, or its seed
-         * would not reproduce (policy.h). */
-        int shaped = q->sampling.temperature > 0
+        /* A rejection-sampled request's shape must not follow the load, or
+         * its seed would not reproduce (policy.h). Seed-exact output does
+         * not depend on the tree, so it follows the load like greedy. */
+        int shaped = specd_sampling_is(&q->sampling, SPECD_SAMPLING_REJECTION)
                          ? specd_policy_sampled_shape(g->env->policy, g->target_load, &pc, &pd)
                          : specd_policy_shape(g->env->policy, g->target_load, &pc, &pd);
         if (!shaped) {
@@ -602,7 +603,7 @@ static step_rc send_tree(gen *g, specd_rpc_stream *s, uint32_t step, grpc_status
     tree.tokens = g->tb.tokens;
     tree.parents = g->tb.parents;
     tree.hidden_via_ipc = g->ipc != NULL;
-    if (q->sampling.temperature > 0 && n > 0) {
+    if (specd_sampling_is(&q->sampling, SPECD_SAMPLING_REJECTION) && n > 0) {
         size_t nq = (size_t)n + 1;
         qd = calloc(nq, sizeof *qd);
         qp = calloc(nq, sizeof *qp);
@@ -757,7 +758,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
             goto out;
         }
         if (specd_tree_buf_init(&g.tb, env->max_tree_tokens,
-                                req->sampling.temperature > 0
+                                specd_sampling_is(&req->sampling, SPECD_SAMPLING_REJECTION)
                                     ? (size_t)SPECD_DRAFT_Q_MAX * ((size_t)env->max_tree_tokens + 1)
                                     : 0, err) ||
             price_init(&g.price, env->max_tree_tokens, env->policy)) {

@@ -172,7 +172,9 @@ grpc_status_code specd_session_tree(specd_session *s, const specd_session_tree_r
         return specd_seterr(err, "tree.tokens has %zu nodes, but only %d fit in the context",
                             t->n_tokens, room),
                GRPC_STATUS_INVALID_ARGUMENT;
-    int sampling = s->sampling.temperature > 0.0f;
+    /* Only rejection sampling reads the draft's q. Seed-exact sampling
+     * accepts by exact match, like greedy, so a q sent anyway is ignored. */
+    int sampling = specd_sampling_is(&s->sampling, SPECD_SAMPLING_REJECTION);
     s->tree = (specd_tree){.n_nodes = (int)t->n_tokens, .tokens = t->tokens,
                            .parents = t->parents, .q = NULL};
     /* An empty tree (a plain step) has no draws, so it needs no q. */

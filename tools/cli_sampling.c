@@ -58,7 +58,17 @@ int cli_sampling_option(int argc, char **argv, int *i, cli_sampling *o) {
         s->frequency_penalty = (float)cli_float(a, cli_value(argc, argv, i), -2, 2);
     else if (!strcmp(a, "--presence-penalty"))
         s->presence_penalty = (float)cli_float(a, cli_value(argc, argv, i), -2, 2);
-    else if (!strcmp(a, "--logit-bias"))
+    else if (!strcmp(a, "--sampling-method")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!strcmp(v, "seed-exact"))
+            s->method = SPECD_SAMPLING_SEED_EXACT;
+        else if (!strcmp(v, "rejection"))
+            s->method = SPECD_SAMPLING_REJECTION;
+        else {
+            fprintf(stderr, "specd: --sampling-method is seed-exact or rejection, got '%s'\n", v);
+            exit(2);
+        }
+    } else if (!strcmp(a, "--logit-bias"))
         parse_bias(a, cli_value(argc, argv, i), o);
     else
         return 0;
@@ -78,6 +88,8 @@ void cli_sampling_usage(FILE *f) {
             "  --top-p P            nucleus sampling threshold (1 = off)\n"
             "  --min-p P            drop tokens below P x the top probability (0 = off)\n"
             "  --seed S             sampling seed (default 0)\n"
+            "  --sampling-method M  seed-exact (default: the seed fixes the output at any\n"
+            "                       load and with any drafter) or rejection\n"
             "  --repetition-penalty R  CTRL penalty on prompt and output tokens (1 = off)\n"
             "  --frequency-penalty F   OpenAI penalty per repeat of an output token (0 = off)\n"
             "  --presence-penalty F    OpenAI penalty on any output token seen (0 = off)\n"
@@ -93,6 +105,7 @@ void cli_sampling_to_proto(const cli_sampling *o, Specd__V1__SamplingParams *pb,
     pb->top_p = s->top_p;
     pb->min_p = s->min_p;
     pb->seed = s->seed;
+    pb->method = (Specd__V1__SamplingMethod)s->method;
     pb->repetition_penalty = s->repetition_penalty;
     pb->frequency_penalty = s->frequency_penalty;
     pb->presence_penalty = s->presence_penalty;

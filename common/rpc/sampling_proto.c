@@ -16,6 +16,8 @@ int specd_sampling_from_proto(const Specd__V1__SamplingParams *p, int vocab, con
         s->top_p = p->top_p == 0.0f ? 1.0f : p->top_p;
         s->min_p = p->min_p;
         s->seed = p->seed;
+        /* out-of-range enum values (proto3 keeps unknown ones) fail validate */
+        s->method = (specd_sampling_method)p->method;
         s->repetition_penalty = p->repetition_penalty; /* 0 and 1 both mean off */
         s->frequency_penalty = p->frequency_penalty;
         s->presence_penalty = p->presence_penalty;

@@ -49,6 +49,7 @@ void specd_sampling_init(specd_sampling *s) {
     s->top_p = 1.0f;
     s->min_p = 0.0f;
     s->seed = 0;
+    s->method = SPECD_SAMPLING_SEED_EXACT;
     s->repetition_penalty = 0.0f;
     s->frequency_penalty = 0.0f;
     s->presence_penalty = 0.0f;
@@ -126,6 +127,9 @@ int specd_sampling_validate(const specd_sampling *s, int vocab, specd_error *err
     if (!(s->min_p >= 0.0f && s->min_p <= 1.0f))
         return specd_seterr(err, "min_p must be in [0, 1] (0 disables it), got %g",
                             (double)s->min_p);
+    if (s->method != SPECD_SAMPLING_SEED_EXACT && s->method != SPECD_SAMPLING_REJECTION)
+        return specd_seterr(err, "method must be SEED_EXACT (0) or REJECTION (1), got %d",
+                            (int)s->method);
     /* 0 is accepted as "off" besides 1 because it is what an unset proto3
      * float reads as; any other value <= 0 would flip or zero the logits. */
     if (!(s->repetition_penalty >= 0.0f && s->repetition_penalty <= 10.0f))
@@ -633,7 +637,115 @@ int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t s
     if (!(s->temperature > 0.0f)) return specd_argmax(logits, n);
     float *probs = (float *)scratch;
     specd_sampling_probs(s, logits, n, probs, probs + n);
+    if (s->method == SPECD_SAMPLING_SEED_EXACT)
+        return specd_race_pick(probs, n, (specd_race_addr){s->seed, stream, counter});
     return specd_sample_from_probs(probs, n, specd_rng_uniform(s->seed, stream, counter));
+}
+
+/* --- seed-exact sampling: the exponential race ------------------------------ */
+
+static inline double race_u(uint32_t w) { return ((double)w + 0.5) * 0x1.0p-32; }
+
+/* The Philox block holding the noise of ids 4j..4j+3. */
+static void race_block(specd_race_addr a, uint64_t j, uint32_t w[4]) {
+    specd_rng_u32x4(a.seed, a.stream, SPECD_RACE_COUNTER + (a.counter << 30) + j, w);
+}
+
+double specd_race_exp(specd_race_addr a, int32_t id) {
+    uint32_t w[4];
+    race_block(a, (uint64_t)id / 4, w);
+    return -log(race_u(w[id % 4]));
+}
+
+int specd_race_pick_ref(const float *probs, int n, specd_race_addr a) {
+    int best = -1;
+    double best_key = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (!(probs[i] > 0.0f)) continue;
+        double key = specd_race_exp(a, i) / (double)probs[i];
+        if (best < 0 || key < best_key) best = i, best_key = key;
+    }
+    return best >= 0 ? best : specd_argmax(probs, n);
+}
+
+/* The race keeps the k best (key, id) pairs sorted ascending by key, then id.
+ * `cut` is the k-th key once k are held (+inf before): a token whose key is
+ * not below it cannot enter. */
+typedef struct race {
+    int k, n;
+    double key[SPECD_RACE_MAX_K];
+    int32_t id[SPECD_RACE_MAX_K];
+} race;
+
+static double race_cut(const race *r) { return r->n < r->k ? INFINITY : r->key[r->n - 1]; }
+
+static void race_offer(race *r, double key, int32_t id) {
+    int pos = r->n;
+    while (pos > 0 && (key < r->key[pos - 1] || (key == r->key[pos - 1] && id < r->id[pos - 1])))
+        pos--;
+    if (pos >= r->k) return;
+    int last = r->n < r->k ? r->n : r->k - 1;
+    for (int j = last; j > pos; j--) r->key[j] = r->key[j - 1], r->id[j] = r->id[j - 1];
+    r->key[pos] = key;
+    r->id[pos] = id;
+    if (r->n < r->k) r->n++;
+}
+
+/* Whether a token with probability p and uniform u certainly loses to cut:
+ * E = -log(u) >= 1 - u, so 1 - u >= cut * p (plus a margin far above the
+ * rounding of the exact comparison) means E / p > cut. */
+static inline int race_hopeless(double u, float p, double cut) {
+    return 1.0 - u >= cut * (double)p + 1e-9;
+}
+
+static int race_run(const float *probs, int n, specd_race_addr a, int k, int32_t *ids) {
+    if (k > SPECD_RACE_MAX_K) k = SPECD_RACE_MAX_K;
+    if (k < 1 || n <= 0) return 0;
+    race r = {.k = k, .n = 0};
+    /* Seed the race with the k most likely tokens, so that the cut is tight
+     * from the first block on. */
+    int32_t top[SPECD_RACE_MAX_K];
+    float top_p[SPECD_RACE_MAX_K];
+    int n_top = 0;
+    for (int i = 0; i < n; i++) {
+        float p = probs[i];
+        if (!(p > 0.0f)) continue;
+        if (n_top == k && !(p > top_p[n_top - 1])) continue;
+        int pos = n_top < k ? n_top++ : k - 1;
+        while (pos > 0 && p > top_p[pos - 1]) top_p[pos] = top_p[pos - 1], top[pos] = top[pos - 1], pos--;
+        top_p[pos] = p;
+        top[pos] = i;
+    }
+    for (int j = 0; j < n_top; j++)
+        race_offer(&r, specd_race_exp(a, top[j]) / (double)top_p[j], top[j]);
+    /* Then every other positive entry, one Philox block per four ids. */
+    for (int b = 0; b < n; b += 4) {
+        int e = b + 4 < n ? b + 4 : n, any = 0;
+        for (int i = b; i < e; i++) any |= probs[i] > 0.0f;
+        if (!any) continue;
+        uint32_t w[4];
+        race_block(a, (uint64_t)b / 4, w);
+        for (int i = b; i < e; i++) {
+            float p = probs[i];
+            if (!(p > 0.0f)) continue;
+            double u = race_u(w[i - b]), cut = race_cut(&r);
+            if (race_hopeless(u, p, cut)) continue;
+            int seeded = 0;
+            for (int j = 0; j < n_top && !seeded; j++) seeded = top[j] == i;
+            if (!seeded) race_offer(&r, -log(u) / (double)p, i);
+        }
+    }
+    memcpy(ids, r.id, sizeof(int32_t) * (size_t)r.n);
+    return r.n;
+}
+
+int specd_race_pick(const float *probs, int n, specd_race_addr a) {
+    int32_t id;
+    return race_run(probs, n, a, 1, &id) ? id : specd_argmax(probs, n);
+}
+
+int specd_race_topk(const float *probs, int n, specd_race_addr a, int k, int32_t *ids) {
+    return race_run(probs, n, a, k, ids);
 }
 
 /* --- speculative rules ---------------------------------------------------- */

@@ -50,12 +50,21 @@
 
 #include "common/util/error.h"
 
+/* How a sampled request (temperature > 0) draws its tokens and how its
+ * drafts are verified; see "seed-exact sampling" below. Greedy requests
+ * ignore it. The numbering is the wire's (SamplingParams.method). */
+typedef enum specd_sampling_method {
+    SPECD_SAMPLING_SEED_EXACT = 0, /* Gumbel-max with addressed noise: the default */
+    SPECD_SAMPLING_REJECTION = 1,  /* inverse-CDF draws, rejection-sampling verify */
+} specd_sampling_method;
+
 typedef struct specd_sampling {
     float temperature; /* >= 0, finite; 0 = greedy */
     int top_k;         /* >= 0; 0 = off */
     float top_p;       /* in (0, 1]; 1 = off */
     float min_p;       /* in [0, 1]; 0 = off */
     uint64_t seed;     /* address of this request's draws, see rng.h */
+    specd_sampling_method method; /* SEED_EXACT or REJECTION */
     /* Logit adjustments, applied by specd_logits_adjust() before everything
      * above (see there). Unlike the filters they depend on the tokens so far,
      * so they need a specd_token_counts. */
@@ -168,7 +177,9 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
 int specd_sample_from_probs(const float *probs, int n, double u);
 
 /* One token: argmax when s->temperature == 0, else a draw from
- * specd_sampling_probs() with u = specd_rng_uniform(s->seed, stream, counter).
+ * specd_sampling_probs(): with method SEED_EXACT, the race at (s->seed,
+ * stream, counter); with REJECTION, the inverse-CDF draw at
+ * u = specd_rng_uniform(s->seed, stream, counter).
  * scratch: specd_sampling_scratch_size(n) bytes.
  *
  * Addressing: each draw of a request needs its own (stream, counter), e.g.
@@ -179,7 +190,74 @@ int specd_sample_from_probs(const float *probs, int n, double u);
 int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t stream,
                  uint64_t counter, void *scratch);
 
-/* --- lossless speculative decoding ---------------------------------------
+/* 1 if s samples (temperature > 0) with the given method. */
+static inline int specd_sampling_is(const specd_sampling *s, specd_sampling_method m) {
+    return s && s->temperature > 0.0f && s->method == m;
+}
+
+/* --- seed-exact sampling (Gumbel-max with addressed noise) -----------------
+ *
+ * The token at output position k is the winner of an exponential race over
+ * the final distribution p (everything specd_sampling_probs keeps):
+ *
+ *     token = argmin_{i : p_i > 0}  E_i / p_i,    E_i = -log(u_i),
+ *     u_i   = noise of (seed, stream = k, token i)
+ *
+ * which is the Gumbel-max trick (argmax log p_i + g_i with g_i = -log E_i
+ * standard Gumbel), so the token is distributed exactly as p. What makes it
+ * worth its cost is that the noise belongs to the position, not to a draw:
+ *
+ *   - plain sampling with a seed yields one fixed sequence;
+ *   - a drafter that races its own q with the same noise proposes the token
+ *     the target will pick whenever the two races agree (they do more often
+ *     the closer q is to p; for q == p, always);
+ *   - verification is then exact match, as for greedy: the target races its
+ *     p at each tree row and walks to the child holding the winner.
+ * So the output equals plain sampling with the same seed whatever the
+ * drafter, the tree or the load (the promise a seed makes; issue 20), and
+ * no draft distribution q has to travel with the tree.
+ *
+ * Noise address: u_i is word i % 4 of specd_rng_u32x4(seed, stream,
+ * SPECD_RACE_COUNTER + counter * 2^30 + i / 4) as (w + 0.5) * 2^-32: one
+ * Philox block per four tokens, never 0 or 1. Decoding uses counter 0 (the
+ * position alone names the draw, which is the point); a caller that needs
+ * several independent races at one stream (a test, a training sampler)
+ * numbers them by counter (< 2^33). Its 32-bit resolution truncates E at 22.2 (e^-22 ~
+ * 2^-32), which moves a token's win probability by at most ~2^-32. The
+ * counter range starts at 2^40, far above the counters REJECTION uses (0 and
+ * 1 + sibling), so the two methods never share a draw.
+ *
+ * The race is exact and cheap: every u_i is generated (one Philox block per
+ * four tokens), but -log(u_i) is computed only when token i can still win:
+ * u_i > 1 - v p_i (slightly widened), where v is the best key so far, since
+ * E_i >= 1 - u_i. The threshold starts at the most likely tokens' keys, so
+ * only ~1/max(p) logs are taken. specd_race_pick_ref is the plain
+ * definition it is tested against. */
+#define SPECD_RACE_COUNTER (1ull << 40)
+
+/* Where a race draws its noise: specd_rng's (seed, stream) and a counter. */
+typedef struct specd_race_addr {
+    uint64_t seed, stream, counter;
+} specd_race_addr;
+
+/* E_i = -log(u_i) for token `id` at address a: the race's noise. */
+double specd_race_exp(specd_race_addr a, int32_t id);
+
+/* The race winner over probs[0..n) (entries <= 0 or NaN never win; ties:
+ * lower id). If no entry is positive: specd_argmax(probs, n). */
+int specd_race_pick(const float *probs, int n, specd_race_addr a);
+
+/* The same by the definition: E_i / p_i for every positive entry. */
+int specd_race_pick_ref(const float *probs, int n, specd_race_addr a);
+
+/* The k best of the race (smallest E_i / p_i first; k <= SPECD_RACE_MAX_K)
+ * into ids; returns how many (fewer when fewer entries are positive). ids[0]
+ * is specd_race_pick's winner. A drafter proposes these as siblings: the
+ * first is its guess of the target's token, the rest the runners-up. */
+#define SPECD_RACE_MAX_K 16
+int specd_race_topk(const float *probs, int n, specd_race_addr a, int k, int32_t *ids);
+
+/* --- lossless speculative decoding by rejection (method REJECTION) --------
  *
  * For one drafted token x drawn from q (the draft's specd_sampling_probs) and
  * checked against p (the target's), with independent uniforms u1, u2:

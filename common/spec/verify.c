@@ -64,7 +64,10 @@ int specd_verify_walk(const specd_tree *tree, const float *logits, int vocab,
                       const specd_sampling *s, const specd_token_counts *counts,
                       uint64_t position, void *scratch, specd_verify_result *res,
                       specd_error *err) {
-    int sampling = s->temperature > 0.0f;
+    /* Seed-exact sampling walks like greedy: the row's token is fixed by
+     * the race (sampling.h), and a child is accepted iff it holds it. */
+    int sampling = specd_sampling_is(s, SPECD_SAMPLING_REJECTION);
+    int raced = specd_sampling_is(s, SPECD_SAMPLING_SEED_EXACT);
     int adjust = specd_sampling_adjusts_logits(s);
     float *p = scratch, *q = p + vocab, *tmp = q + vocab;
     int32_t *adj_scratch = (int32_t *)(tmp + vocab);
@@ -82,7 +85,8 @@ int specd_verify_walk(const specd_tree *tree, const float *logits, int vocab,
         int chosen = -1;
         int32_t next;
         if (!sampling) {
-            next = specd_argmax(row_logits, vocab);
+            next = raced ? specd_sample(s, row_logits, vocab, stream, 0, sample_scratch)
+                         : specd_argmax(row_logits, vocab);
             for (int i = cur + 1; i < tree->n_nodes && chosen < 0; i++)
                 if (tree->parents[i] == cur && tree->tokens[i] == next) chosen = i;
         } else {

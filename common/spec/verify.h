@@ -17,7 +17,13 @@
  *              when none does. The argmax at the stopping row is the next
  *              token (a correction, or the bonus token after a leaf). The
  *              output is token-identical to plain greedy decoding.
- *   sampling : recursive rejection sampling over siblings (SpecInfer/EAGLE):
+ *   seed-exact sampling (the default method, sampling.h): like greedy, with
+ *              the row's token the winner of the race over the target's p
+ *              with the noise of (seed, that row's output position). The
+ *              output equals plain sampling with the same seed, token for
+ *              token, whatever the tree; the tree carries no q.
+ *   rejection sampling (method REJECTION): recursive rejection sampling
+ *              over siblings (SpecInfer/EAGLE):
  *              with p the target distribution at the row and q the draft
  *              distribution the children were drawn from (i.i.d.), try the
  *              children in order: accept child x with probability

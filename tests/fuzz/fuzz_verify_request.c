@@ -57,7 +57,8 @@ static void apply(specd_session *s, const uint8_t *buf, size_t len) {
         if (specd_session_tree_from_pb(s, req->tree, &tr, &err)) abort(); /* only on OOM */
         code = specd_session_tree(s, &tr, &err);
         if (code == GRPC_STATUS_OK) {
-            int sampling = s->sampling.temperature > 0.0f;
+            /* only rejection sampling carries (and checks) q */
+            int sampling = specd_sampling_is(&s->sampling, SPECD_SAMPLING_REJECTION);
             if (specd_tree_validate(&s->tree, s->lim.vocab, s->lim.max_tree_tokens, sampling,
                                     NULL))
                 abort();

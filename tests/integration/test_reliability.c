@@ -502,18 +502,27 @@ static void test_busy_is_not_dead(void **state) {
 
 /* ---- 3. seeds at any load ---------------------------------------------------------- */
 
+/* Both methods keep a seed at any load. Seed-exact (the default) promises
+ * more: every drafter's output, alone or beside six streams, equals plain
+ * sampling with that seed (drafter "none", first in the list). Rejection
+ * keeps it by fixing the tree shape per request. */
 static void test_seed_under_load(void **state) {
     (void)state;
-    const char *drafters[] = {"ngram", "draft_lm", "mlp", "none"};
+    const char *drafters[] = {"none", "ngram", "draft_lm", "mlp"};
+    const char *methods[] = {"seed-exact", "rejection"};
     svc_gen *alone = calloc(1, sizeof *alone), *loaded = calloc(1, sizeof *loaded);
+    svc_gen *plain = calloc(1, sizeof *plain);
     svc_gen *bg = calloc(6, sizeof *bg);
     req bgq[6];
+    for (int m = 0; m < 2; m++)
     for (int d = 0; d < 4; d++) {
         req q;
         req_ids(&q, 24, 48);
         q.r.ignore_eos = 1;
         q.sp.temperature = 0.8f;
         q.sp.seed = 1234567;
+        q.sp.method = m ? SPECD__V1__SAMPLING_METHOD__SAMPLING_METHOD_REJECTION
+                        : SPECD__V1__SAMPLING_METHOD__SAMPLING_METHOD_SEED_EXACT;
         q.r.sampling = &q.sp;
         q.r.drafter = (char *)drafters[d];
         svc_generate(D.ch, DRAFT_M, &q.r, alone);
@@ -536,16 +545,27 @@ static void test_seed_under_load(void **state) {
             svc_gen_join(&bg[i]);
             if (bg[i].code != GRPC_STATUS_OK) fail_msg("background %d: %s", i, bg[i].detail);
         }
-        printf("  %-8s seeded T=0.8: %d tokens in %d steps alone, %d steps beside 6 streams "
-               "(%d still running at its end)\n",
-               drafters[d], alone->n_ids, alone->target_steps, loaded->target_steps, still);
+        printf("  %-10s %-8s seeded T=0.8: %d tokens in %d steps alone, %d steps beside 6 "
+               "streams (%d still running at its end)\n",
+               methods[m], drafters[d], alone->n_ids, alone->target_steps, loaded->target_steps,
+               still);
         if (loaded->code != GRPC_STATUS_OK) fail_msg("%s loaded: %s", drafters[d], loaded->detail);
         assert_int_equal(loaded->n_ids, alone->n_ids);
         for (int i = 0; i < alone->n_ids; i++)
             if (loaded->ids[i] != alone->ids[i])
-                fail_msg("%s: token %d is %d beside other streams, %d alone", drafters[d], i,
-                         loaded->ids[i], alone->ids[i]);
+                fail_msg("%s %s: token %d is %d beside other streams, %d alone", methods[m],
+                         drafters[d], i, loaded->ids[i], alone->ids[i]);
+        if (d == 0) {
+            *plain = *alone;
+        } else if (m == 0) {
+            assert_int_equal(alone->n_ids, plain->n_ids);
+            for (int i = 0; i < plain->n_ids; i++)
+                if (alone->ids[i] != plain->ids[i])
+                    fail_msg("seed-exact %s: token %d is %d, plain sampling gives %d",
+                             drafters[d], i, alone->ids[i], plain->ids[i]);
+        }
     }
+    free(plain);
     free(alone);
     free(loaded);
     free(bg);

@@ -113,13 +113,15 @@ static void test_sample_matches_probs(void **state) {
         free(scratch);
         double pd[MAXN];
         for (int i = 0; i < n; i++) pd[i] = p[i];
-        for (int axis = 0; axis < 2; axis++) {
+        /* both methods: the race (seed-exact) and the inverse CDF */
+        for (int axis = 0; axis < 4; axis++) {
+            s.method = axis / 2 ? SPECD_SAMPLING_REJECTION : SPECD_SAMPLING_SEED_EXACT;
             long counts[MAXN];
-            sample_counts(&s, LOGITS, n, axis, counts);
+            sample_counts(&s, LOGITS, n, axis % 2, counts);
             double pv = chi2_fit(counts, pd, n, DRAWS);
-            print_message("(a) T=%.1f top_k=%d top_p=%.2f min_p=%.2f by %s: p-value %.4f\n",
-                          (double)s.temperature, s.top_k, (double)s.top_p, (double)s.min_p,
-                          axis ? "counter" : "stream ", pv);
+            print_message("(a) %s T=%.1f top_k=%d top_p=%.2f min_p=%.2f by %s: p-value %.4f\n",
+                          axis / 2 ? "rejection " : "seed-exact", (double)s.temperature, s.top_k,
+                          (double)s.top_p, (double)s.min_p, axis % 2 ? "counter" : "stream ", pv);
             assert_true(pv > ALPHA);
         }
     }

@@ -18,7 +18,13 @@
  * A tree where only a root child holding one particular token gets
  * grandchildren must stay lossless; a tree that drops root children AFTER
  * drawing them, by their value (what the i.i.d. rule forbids), must be
- * caught. */
+ * caught.
+ *
+ * All of that is the REJECTION method. Seed-exact sampling (the default,
+ * sampling.h) promises more: every trial's two tokens must EQUAL plain
+ * seed-exact decoding with the trial's seed, whatever the tree (the
+ * forbidden shape included, and trees raced from q with the target's own
+ * noise, which get accepted), and the counts must still fit p. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -58,6 +64,7 @@ typedef struct fixture {
     specd_sampling s;
     specd_token_counts counts; /* per trial: prompt, then the emitted tokens */
     void *scratch;
+    long accepted; /* draft tokens accepted over all trials */
 } fixture;
 
 static void forward_rows(fixture *f, const int32_t *toks, int n, int n_past, const uint8_t *mask,
@@ -101,6 +108,29 @@ static void target_probs(fixture *f, const int32_t *extra, int n_extra, int n_pe
     free(logits);
 }
 
+/* The target's raw logits after the prompt plus extra (n_extra <= 1). */
+static void raw_row(fixture *f, const int32_t *extra, int n_extra, float *out) {
+    int32_t toks[2] = {k_prompt[P - 1], n_extra ? extra[0] : 0};
+    float *logits = malloc(sizeof(float) * (n_extra + 1) * f->vocab);
+    forward_rows(f, toks, n_extra + 1, P - 1, NULL, NULL, logits);
+    memcpy(out, logits + (size_t)n_extra * f->vocab, sizeof(float) * f->vocab);
+    free(logits);
+}
+
+/* Plain decoding's first two tokens under f->s (its seed included) by
+ * specd_decode_token, from the raw rows after the prompt (row0) and after
+ * each candidate first token (row1[a] after t1_ids[a]). */
+static void plain_two(fixture *f, const float *row0, float *const *row1, const int32_t *t1_ids,
+                      int32_t *out2) {
+    counts_reset_to_prompt(f);
+    out2[0] = specd_decode_token(row0, f->vocab, &f->s, &f->counts, 0, f->scratch);
+    int a = 0;
+    while (a < TOPK && t1_ids[a] != out2[0]) a++;
+    assert_true(a < TOPK);
+    specd_token_counts_add(&f->counts, out2[0], 1);
+    out2[1] = specd_decode_token(row1[a], f->vocab, &f->s, &f->counts, 1, f->scratch);
+}
+
 static int top_ids(const double *p, int vocab, int32_t *ids) {
     int n = 0;
     for (int i = 0; i < vocab; i++)
@@ -127,7 +157,18 @@ static int32_t draw_q(const specd_sparse_dist *q, uint64_t *st) {
 /* How each step's tree is shaped: the fixed 3 x 2; grandchildren only under
  * a root child whose token is the key (allowed); root children equal to the
  * key thrown away after the draw (forbidden). */
-typedef enum shape { SHAPE_FIXED, SHAPE_BY_TOKEN, SHAPE_DROP_KEY } shape;
+typedef enum shape { SHAPE_FIXED, SHAPE_BY_TOKEN, SHAPE_DROP_KEY, SHAPE_RACED } shape;
+
+/* The k best of the race over q (dense over the vocabulary) at the seed's
+ * noise for output index `stream`: a seed-exact drafter's children. */
+static int race_q(const fixture *f, const specd_sparse_dist *q, uint64_t stream, int k,
+                  int32_t *ids) {
+    float *dense = calloc((size_t)f->vocab, sizeof(float));
+    for (int j = 0; j < q->n; j++) dense[q->ids[j]] = q->probs[j];
+    int n = specd_race_topk(dense, f->vocab, (specd_race_addr){f->s.seed, stream, 0}, k, ids);
+    free(dense);
+    return n;
+}
 
 /* Runs speculative steps from the prompt until two tokens are emitted. */
 static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial, shape sh,
@@ -142,15 +183,21 @@ static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial
     while (n_emit < 2) {
         int32_t tokens[NODES], parents[NODES];
         int n = 0;
+        int32_t raced1[3], raced2[2];
+        if (sh == SHAPE_RACED) {
+            /* the context-free q races the same at every node of a depth */
+            assert_int_equal(race_q(f, q, (uint64_t)n_emit, 3, raced1), 3);
+            assert_int_equal(race_q(f, q, (uint64_t)n_emit + 1, 2, raced2), 2);
+        }
         for (int c = 0; c < 3; c++) {
-            int32_t tok = draw_q(q, &st);
+            int32_t tok = sh == SHAPE_RACED ? raced1[c] : draw_q(q, &st);
             if (sh == SHAPE_DROP_KEY && tok == key) continue;
             int child = n;
             tokens[n] = tok;
             parents[n++] = -1;
             int kids = sh == SHAPE_BY_TOKEN && tok != key ? 0 : 2;
             for (int g = 0; g < kids; g++) {
-                tokens[n] = draw_q(q, &st);
+                tokens[n] = sh == SHAPE_RACED ? raced2[g] : draw_q(q, &st);
                 parents[n++] = child;
             }
         }
@@ -173,6 +220,7 @@ static void speculate_two(fixture *f, const specd_sparse_dist *q, uint64_t trial
         free(logits);
         assert_int_equal(specd_transformer_kv_compact(f->t, 0, n_past, kept, 1 + res.n_accepted,
                                                       &err), 0);
+        f->accepted += res.n_accepted;
         for (int i = 0; i < res.n_accepted; i++) emitted[n_emit++] = acc[i];
         emitted[n_emit++] = res.next_token;
         for (int i = n_emit - 1 - res.n_accepted; i < n_emit; i++)
@@ -279,10 +327,29 @@ static double run_case(const char *what, const specd_sampling *s, long trials, c
     for (int j = 0; j < nq; j++) qprobs[j] = (float)(w[j] / wsum);
     specd_sparse_dist q = {nq, qids, qprobs};
 
+    /* Seed-exact: the raw rows plain decoding reads, for the equality check */
+    int exact = f.s.method == SPECD_SAMPLING_SEED_EXACT;
+    float *row0 = NULL, *row1[TOPK] = {NULL};
+    if (exact) {
+        row0 = malloc(sizeof(float) * f.vocab);
+        raw_row(&f, NULL, 0, row0);
+        for (int a = 0; a < TOPK; a++) {
+            row1[a] = malloc(sizeof(float) * f.vocab);
+            raw_row(&f, &t1_ids[a], 1, row1[a]);
+        }
+    }
+
     long counts[TOPK * TOPK] = {0}, outside = 0;
     for (long trial = 0; trial < trials; trial++) {
         int32_t two[2];
         speculate_two(&f, &q, (uint64_t)trial, sh, t1_ids[0], two);
+        if (exact) {
+            int32_t plain[2];
+            plain_two(&f, row0, row1, t1_ids, plain); /* f.s.seed is this trial's */
+            if (two[0] != plain[0] || two[1] != plain[1])
+                fail_msg("%s: trial %ld (seed %llu): speculative %d %d, plain %d %d", what, trial,
+                         (unsigned long long)f.s.seed, two[0], two[1], plain[0], plain[1]);
+        }
         int cell = -1;
         for (int a = 0; a < TOPK; a++)
             for (int b = 0; b < TOPK; b++)
@@ -293,7 +360,10 @@ static double run_case(const char *what, const specd_sampling *s, long trials, c
     assert_int_equal(outside, 0); /* nothing outside the target's support */
     double pv = chi2_fit(counts, joint, TOPK * TOPK, trials);
     printf("  %s: speculative (t1, t2) vs plain sampling: chi-square p-value %.4g over %ld "
-           "trials\n", what, pv, trials);
+           "trials, %.3f drafts accepted per trial%s\n", what, pv, trials,
+           (double)f.accepted / (double)trials, exact ? ", every trial equal to plain" : "");
+    free(row0);
+    for (int a = 0; a < TOPK; a++) free(row1[a]);
 
     double joint_wrong[TOPK * TOPK];
     const char *ctl_what = NULL;
@@ -336,6 +406,7 @@ static void test_tree_sampling_lossless(void **state) {
     (void)state;
     specd_sampling s;
     specd_sampling_init(&s);
+    s.method = SPECD_SAMPLING_REJECTION;
     s.temperature = 1.5f;
     s.top_k = TOPK;
     run_lossless_case("plain", &s, TRIALS, CONTROL_TEMPERATURE, 0);
@@ -348,6 +419,7 @@ static void test_tree_sampling_lossless_penalties(void **state) {
     (void)state;
     specd_sampling s;
     specd_sampling_init(&s);
+    s.method = SPECD_SAMPLING_REJECTION;
     s.temperature = 1.5f;
     s.top_k = TOPK;
     s.repetition_penalty = PEN_REPETITION;
@@ -361,6 +433,7 @@ static void test_tree_sampling_adaptive_shapes(void **state) {
     (void)state;
     specd_sampling s;
     specd_sampling_init(&s);
+    s.method = SPECD_SAMPLING_REJECTION;
     s.temperature = 1.5f;
     s.top_k = TOPK;
     double pv = run_case("grandchildren by the child's token", &s, TRIALS, CONTROL_TEMPERATURE,
@@ -371,11 +444,32 @@ static void test_tree_sampling_adaptive_shapes(void **state) {
     assert_true(pv < ALPHA);
 }
 
+/* Seed-exact: any tree, even one that drops drawn children by value,
+ * gives plain decoding's tokens (checked per trial in run_case) and so p's
+ * distribution; trees raced from q with the target's noise get accepted. */
+static void test_seed_exact_any_tree(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    assert_int_equal(s.method, SPECD_SAMPLING_SEED_EXACT); /* the default */
+    s.temperature = 1.5f;
+    s.top_k = TOPK;
+    assert_true(run_case("seed-exact, children dropped by value", &s, TRIALS / 2,
+                         CONTROL_TEMPERATURE, 0, SHAPE_DROP_KEY) >= ALPHA);
+    assert_true(run_case("seed-exact, raced from q", &s, TRIALS / 2, CONTROL_TEMPERATURE, 0,
+                         SHAPE_RACED) >= ALPHA);
+    s.repetition_penalty = PEN_REPETITION;
+    s.presence_penalty = PEN_PRESENCE;
+    assert_true(run_case("seed-exact, penalties + bias, raced", &s, PEN_TRIALS / 2,
+                         CONTROL_FORGET_PATH, 1, SHAPE_RACED) >= ALPHA);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_sampling_lossless),
         cmocka_unit_test(test_tree_sampling_lossless_penalties),
         cmocka_unit_test(test_tree_sampling_adaptive_shapes),
+        cmocka_unit_test(test_seed_exact_any_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

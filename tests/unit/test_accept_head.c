@@ -519,6 +519,7 @@ static specd_sampling sampled(uint64_t seed) {
     specd_sampling s;
     specd_sampling_init(&s);
     s.temperature = 1.2f;
+    s.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
     s.seed = seed;
     return s;
 }

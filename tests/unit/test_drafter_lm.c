@@ -256,6 +256,7 @@ static void test_rollback_equals_fresh(void **state) {
         greedy_sampling(&s);
         if (sampling) {
             s.temperature = 0.9f;
+            s.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
             s.top_k = 40;
             s.seed = 77;
         }
@@ -317,6 +318,7 @@ static void test_batch_equals_one_at_a_time(void **state) {
         greedy_sampling(&s);
         if (sampling) {
             s.temperature = 1.0f;
+            s.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
             s.top_p = 0.9f;
             s.seed = 5;
         }
@@ -484,6 +486,7 @@ static void test_sampling_q_and_draws(void **state) {
     specd_sampling s;
     specd_sampling_init(&s);
     s.temperature = 0.8f;
+    s.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
     s.top_k = 50;
     s.top_p = 0.95f;
     s.seed = 1234;

@@ -268,6 +268,7 @@ static void test_sampling_shape_and_q(void **state) {
     specd_sampling s;
     specd_sampling_init(&s);
     s.temperature = 1.3f;
+    s.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
     s.top_k = 30;
     s.top_p = 0.95f;
     s.seed = 42;
@@ -317,6 +318,7 @@ static void test_sampling_deterministic(void **state) {
     specd_sampling s;
     specd_sampling_init(&s);
     s.temperature = 1.5f;
+    s.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
     s.seed = 7;
     fixture f;
     fixture_init(&f, UNTIED, NULL);
@@ -360,6 +362,72 @@ static void test_sampling_deterministic(void **state) {
     fixture_free(&f);
 }
 
+/* Seed-exact sampling: the sampling shape (chains), no q, and each node's
+ * children are the race's best over its q with the request's own noise at
+ * the children's output index: the root's, checked against the speculator
+ * and specd_race_topk directly; then each chain continues with the race
+ * winner of its own row. */
+static void test_seed_exact_children_are_the_race(void **state) {
+    (void)state;
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 0.8f;
+    s.top_k = 20;
+    s.seed = 1234;
+    fixture f;
+    fixture_init(&f, SHARDED, NULL); /* n_predict 4 */
+    specd_draft_job job = make_job(&f, 0, &s, 3, 4);
+    propose(&f, &job, 1);
+    const specd_tree_buf *b = &f.out[0];
+    assert_int_equal(check_tree(&f, b, 0), 4); /* valid without any q */
+    assert_int_equal(b->n_nodes, 12);
+    for (int p = -1; p < b->n_nodes; p++) assert_int_equal(b->q[p + 1].n, 0);
+
+    specd_error err = {{0}};
+    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(SHARDED), 1, &err);
+    assert_non_null(sp);
+    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
+    int V = c->vocab_size;
+    float in[64], st[64], *logits = malloc(sizeof(float) * (size_t)V);
+    float *probs = malloc(sizeof(float) * (size_t)V);
+    void *scratch = malloc(specd_sampling_scratch_size(V));
+    int32_t tok = f.history[0][7];
+    assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, f.hidden[0], &tok, st, logits, &err),
+                     0);
+    /* the row's adjustments (none here but the history's counts, which
+     * only penalties read) then the request's sampling */
+    specd_sampling_probs(&s, logits, V, probs, scratch);
+    int32_t want[3];
+    assert_int_equal(specd_race_topk(probs, V, (specd_race_addr){s.seed, job.position, 0}, 3, want),
+                     3);
+    int root_kids = 0;
+    for (int i = 0; i < b->n_nodes; i++)
+        if (b->parents[i] == -1) assert_int_equal(b->tokens[i], want[root_kids++]);
+    assert_int_equal(root_kids, 3);
+    /* chain 0 to the end, stage by stage: the winner of each row */
+    int node = -1;
+    for (int d = 0; d < 4; d++) {
+        int child = -1;
+        for (int i = 0; i < b->n_nodes && child < 0; i++)
+            if (b->parents[i] == node) child = i;
+        assert_true(child >= 0);
+        if (d > 0) {
+            memcpy(in, st, sizeof(float) * (size_t)c->inner_dim);
+            assert_int_equal(specd_mlp_speculator_stage(sp, d, 1, in, &tok, st, logits, &err), 0);
+            specd_sampling_probs(&s, logits, V, probs, scratch);
+            assert_int_equal(b->tokens[child],
+                             specd_race_pick(probs, V, (specd_race_addr){s.seed, job.position + (uint64_t)d, 0}));
+        }
+        tok = b->tokens[child];
+        node = child;
+    }
+    free(scratch);
+    free(probs);
+    free(logits);
+    specd_mlp_speculator_free(sp);
+    fixture_free(&f);
+}
+
 /* ---- batching ---------------------------------------------------------------------- */
 
 /* Four jobs in one call (greedy and sampling mixed, one without a hidden
@@ -372,6 +440,7 @@ static void test_batch_equals_single(void **state) {
     greedy.repetition_penalty = 1.3f;
     specd_sampling_init(&samp);
     samp.temperature = 0.9f;
+    samp.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
     samp.seed = 99;
     samp.frequency_penalty = 0.5f;
     fixture f;
@@ -455,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_applies_adjustments),
         cmocka_unit_test(test_sampling_shape_and_q),
         cmocka_unit_test(test_sampling_deterministic),
+        cmocka_unit_test(test_seed_exact_children_are_the_race),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_create_errors),
     };

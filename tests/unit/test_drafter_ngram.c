@@ -40,6 +40,7 @@ static int setup(void **state) {
     f->greedy.temperature = 0.0f;
     specd_sampling_init(&f->sampled);
     f->sampled.temperature = 0.7f;
+    f->sampled.method = SPECD_SAMPLING_REJECTION; /* q-carrying trees */
     *state = f;
     return 0;
 }

@@ -630,8 +630,10 @@ static void test_sample_determinism(void **state) {
     gaussian_logits(l, VOCAB, 21, 1.0f); /* flat enough that draws differ */
     specd_sampling s = params(1.0f, 0, 0.95f, 0.0f);
     s.seed = 0xfeedULL;
+    s.method = SPECD_SAMPLING_REJECTION;
 
-    /* specd_sample is exactly probs + addressed uniform + inverse CDF. */
+    /* With REJECTION, specd_sample is exactly probs + addressed uniform +
+     * inverse CDF. */
     specd_sampling_probs(&s, l, VOCAB, p, scratch);
     int distinct = 0, prev = -1;
     for (uint64_t c = 0; c < 64; c++) {
@@ -656,6 +658,101 @@ static void test_sample_determinism(void **state) {
     s.temperature = 0.0f;
     int am = specd_argmax(l, VOCAB);
     for (uint64_t c = 0; c < 8; c++) assert_int_equal(specd_sample(&s, l, VOCAB, c, c, scratch), am);
+    free(scratch);
+    free(p);
+    free(l);
+}
+
+/* --- seed-exact sampling: the race -------------------------------------------- */
+
+/* specd_race_pick (the fast race: one Philox block per 4 ids, logs only for
+ * tokens that can still win) against its definition, specd_race_pick_ref,
+ * and specd_race_topk against a full sort of the keys, on distributions
+ * from flat to peaked, with zeros, NaN and filtered tails. */
+static void test_race_matches_reference(void **state) {
+    (void)state;
+    const int n = 5003; /* not a multiple of 4: a partial last block */
+    float *l = malloc(sizeof(float) * n), *p = malloc(sizeof(float) * n);
+    double *key = malloc(sizeof(double) * n);
+    void *scratch = malloc(specd_sampling_scratch_size(n));
+    static const float temps[] = {0.3f, 1.0f, 3.0f};
+    static const float spreads[] = {0.5f, 2.0f, 6.0f};
+    int checked = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int si = 0; si < 3; si++)
+            for (int filt = 0; filt < 2; filt++) {
+                gaussian_logits(l, n, (uint32_t)(100 + ti * 10 + si), spreads[si]);
+                specd_sampling s = params(temps[ti], filt ? 50 : 0, filt ? 0.9f : 1.0f, 0.0f);
+                specd_sampling_probs(&s, l, n, p, scratch);
+                if (filt) p[7] = NAN; /* never wins */
+                for (uint64_t pos = 0; pos < 40; pos++) {
+                    specd_race_addr a = {0xabcdefULL + (uint64_t)ti, pos, pos % 3};
+                    int w = specd_race_pick(p, n, a);
+                    assert_int_equal(w, specd_race_pick_ref(p, n, a));
+                    assert_true(p[w] > 0.0f);
+                    /* top-k: the k smallest keys, ascending, by brute force */
+                    int32_t ids[SPECD_RACE_MAX_K];
+                    int k = 1 + (int)(pos % 8);
+                    int got = specd_race_topk(p, n, a, k, ids);
+                    int positive = 0;
+                    for (int i = 0; i < n; i++) {
+                        key[i] = p[i] > 0.0f ? specd_race_exp(a, i) / (double)p[i] : INFINITY;
+                        positive += p[i] > 0.0f;
+                    }
+                    assert_int_equal(got, k < positive ? k : positive);
+                    assert_int_equal(ids[0], w);
+                    for (int j = 0; j < got; j++) {
+                        int below = 0;
+                        for (int i = 0; i < n; i++) below += key[i] < key[ids[j]];
+                        assert_int_equal(below, j); /* ids[j] is the (j+1)-th smallest */
+                    }
+                    checked++;
+                }
+            }
+    assert_int_equal(checked, 3 * 3 * 2 * 40);
+
+    /* Degenerate: nothing positive -> argmax; one positive -> it. */
+    for (int i = 0; i < n; i++) p[i] = 0.0f;
+    assert_int_equal(specd_race_pick(p, n, (specd_race_addr){1, 2, 0}), 0);
+    p[4321] = 1e-30f;
+    assert_int_equal(specd_race_pick(p, n, (specd_race_addr){1, 2, 0}), 4321);
+    int32_t one[4];
+    assert_int_equal(specd_race_topk(p, n, (specd_race_addr){1, 2, 0}, 4, one), 1);
+    free(scratch);
+    free(key);
+    free(p);
+    free(l);
+}
+
+/* The promise of seed-exact sampling in one place: the token is a function
+ * of (seed, position) and the distribution alone, so specd_sample at a
+ * position is the race at (seed, position, counter) over the same probs; a
+ * different counter, seed or position is an independent draw. */
+static void test_seed_exact_addressing(void **state) {
+    (void)state;
+    float *l = malloc(sizeof(float) * VOCAB), *p = malloc(sizeof(float) * VOCAB);
+    void *scratch = malloc(specd_sampling_scratch_size(VOCAB));
+    gaussian_logits(l, VOCAB, 22, 1.0f);
+    specd_sampling s = params(1.0f, 0, 1.0f, 0.0f);
+    assert_int_equal(s.method, SPECD_SAMPLING_SEED_EXACT); /* the default */
+    s.seed = 77;
+    specd_sampling_probs(&s, l, VOCAB, p, scratch);
+    int by_pos = 0, by_ctr = 0, by_seed = 0;
+    for (uint64_t pos = 0; pos < 64; pos++) {
+        int t = specd_sample(&s, l, VOCAB, pos, 0, scratch);
+        assert_int_equal(t, specd_race_pick(p, VOCAB, (specd_race_addr){77, pos, 0}));
+        by_pos += t != specd_sample(&s, l, VOCAB, pos + 1, 0, scratch);
+        by_ctr += t != specd_sample(&s, l, VOCAB, pos, 1, scratch);
+        specd_sampling s2 = s;
+        s2.seed = 78;
+        by_seed += t != specd_sample(&s2, l, VOCAB, pos, 0, scratch);
+    }
+    assert_true(by_pos > 50 && by_ctr > 50 && by_seed > 50);
+    /* the method is validated */
+    specd_error err = {{0}};
+    s.method = (specd_sampling_method)2;
+    assert_int_equal(specd_sampling_validate(&s, VOCAB, &err), -1);
+    assert_non_null(strstr(err.msg, "method"));
     free(scratch);
     free(p);
     free(l);
@@ -1136,6 +1233,8 @@ int main(void) {
         cmocka_unit_test(test_probs_timing),
         cmocka_unit_test(test_sample_from_probs),
         cmocka_unit_test(test_sample_determinism),
+        cmocka_unit_test(test_race_matches_reference),
+        cmocka_unit_test(test_seed_exact_addressing),
         cmocka_unit_test(test_accept_draft),
         cmocka_unit_test(test_residual),
     };
