@@ -74,9 +74,11 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       "no speculation while the target has more active sessions (0 = never off)", .min = 0,
       .max = 1 << 20),
     F("speculation.sampled_load_aware", SPECD_CFG_BOOL, speculation.sampled_load_aware, "false",
-      "sampled requests (temperature > 0) follow the load table too: faster under load, but "
-      "their seed then reproduces only at the same load (false = they keep the table's first "
-      "shape at any load, so a seed gives the same output whatever else runs)"),
+      "requests sampled with method REJECTION follow the load table too: faster under load, "
+      "but their seed then reproduces only at the same load (false = they keep the table's "
+      "first shape at any load, so a seed gives the same output whatever else runs). "
+      "Seed-exact requests (the default method) always follow the load: their output does not "
+      "depend on the tree"),
     F("speculation.min_acceptance", SPECD_CFG_DOUBLE, speculation.min_acceptance, "0.1",
       "a session whose smoothed accepted/drafted ratio falls below this decodes plainly for a "
       "while (0 = never)", .fmin = 0, .fmax = 1),

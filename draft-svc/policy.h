@@ -71,7 +71,9 @@ int specd_policy_parse_table(specd_policy *p, char *const *entries, int n, const
  * (but not above off_above) use the last rule. */
 int specd_policy_shape(const specd_policy *p, int sessions, int *cand, int *depth);
 
-/* Tree shape for a sampled request (temperature > 0). With rejection
+/* Tree shape for a request sampled with method REJECTION (seed-exact ones
+ * take specd_policy_shape like greedy: their output does not depend on the
+ * tree, sampling.h). With rejection
  * sampling the drafts change which random draws the verifier makes, so the
  * output of a seeded request depends on the tree shape: a shape that
  * followed the load would make the seed's output depend on other traffic.
