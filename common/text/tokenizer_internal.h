@@ -21,6 +21,10 @@
 /* Vocabulary ids above this are treated as corruption (real vocabularies
  * are < 300k; this keeps a hostile file from making us allocate gigabytes). */
 #define TOK_MAX_VOCAB (1 << 22)
+/* Unused ids a tokenizer.json may leave below its largest id, beyond one per
+ * defined token (see count_vocab in tokenizer_json.c): real files leave a
+ * handful, a hostile one could otherwise size the vocabulary by one id. */
+#define TOK_MAX_VOCAB_HOLES 1024
 /* Bytes in one token string. */
 #define TOK_MAX_TOKEN_LEN 4096
 /* Pre-tokenizer steps in one pipeline. */

@@ -589,6 +589,44 @@ static void test_minimal_json(void **state) {
     specd_tokenizer_free(t);
 }
 
+/* Unused ids are allowed (they decode to ""), but only a bounded number:
+ * TOK_MAX_VOCAB_HOLES (1024) plus one per defined token. Before the bound, a
+ * 100-byte file naming one id near TOK_MAX_VOCAB sized the vocabulary at 4M
+ * entries (128 MiB to allocate, clear and walk). */
+static void test_sparse_vocab(void **state) {
+    (void)state;
+    /* 4 tokens (3 in the vocab, 1 added): ids up to 4 + 1024 + 4 - 1 = 1031 */
+    static const char fmt[] = "{\"model\":{" VOCAB "},\"added_tokens\":[{\"id\":%d,"
+                              "\"content\":\"<x>\",\"special\":true}]," BL_PRE "," BL_DEC "}";
+    char json[512];
+    specd_error err = {{0}};
+    snprintf(json, sizeof json, fmt, 1031);
+    specd_tokenizer *t = specd_tokenizer_from_json_mem(json, strlen(json), &err);
+    if (!t) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(t);
+    assert_int_equal(specd_tokenizer_n_vocab(t), 1032);
+    /* a hole decodes to nothing; the added token past the holes still works */
+    int32_t ids[] = {0, 500, 1031};
+    size_t len;
+    char *text = specd_detokenize(t, ids, 3, &len, &err);
+    assert_non_null(text);
+    assert_string_equal(text, "a<x>");
+    free(text);
+    specd_tokenizer_free(t);
+    static const int too_far[] = {1032, 300000, (1 << 22) - 1};
+    for (size_t i = 0; i < sizeof too_far / sizeof *too_far; i++) {
+        snprintf(json, sizeof json, fmt, too_far[i]);
+        err.msg[0] = '\0';
+        assert_null(specd_tokenizer_from_json_mem(json, strlen(json), &err));
+        assert_non_null(strstr(err.msg, "too sparse"));
+    }
+    /* the same through the vocabulary itself */
+    const char *sparse_vocab = "{\"model\":{\"vocab\":{\"a\":0,\"b\":4000000}}," BL_PRE
+                               "," BL_DEC "}";
+    assert_null(specd_tokenizer_from_json_mem(sparse_vocab, strlen(sparse_vocab), &err));
+    assert_non_null(strstr(err.msg, "too sparse"));
+}
+
 /* ignore_merges: a piece that is a vocabulary token is taken whole even
  * when no merge path leads to it (Hugging Face semantics, Llama 3). */
 static void test_ignore_merges(void **state) {
@@ -687,6 +725,7 @@ int main(void) {
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_bad_json_errors),
         cmocka_unit_test(test_minimal_json),
+        cmocka_unit_test(test_sparse_vocab),
         cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_bos_hints),
     };
