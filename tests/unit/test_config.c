@@ -421,6 +421,10 @@ static void test_error_unknown_key(void **state) {
     expect_error("listen: x\nlimit:\n  max_sessions: 1\n",
                  "t.yaml:2: unknown key 'limit' (did you mean 'limits'?)");
     expect_error("zzz: 1\n", "t.yaml:1: unknown key 'zzz'");
+    /* names whose length differs by 3 or more are not even compared (the
+     * distance is at least that); up to 2 they still are */
+    expect_error("threadsxx: 1\n", "t.yaml:1: unknown key 'threadsxx' (did you mean 'threads'?)");
+    expect_error("threadsxxx: 1\n", "t.yaml:1: unknown key 'threadsxxx'");
     /* a value key used as a section, and a section used as a value */
     expect_error("threads:\n  count: 4\n",
                  "t.yaml:2: 'threads' expects an integer in 1..1024, got a mapping");
