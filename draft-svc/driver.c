@@ -317,11 +317,13 @@ static void take_hidden(gen *g, const Specd__V1__VerifyResponse *r) {
     g->have_hidden = 1;
 }
 
-/* Whether this request's greedy trees are priced (cost mode, no shape of
- * its own). */
+/* Whether this request's trees are priced (cost mode, no shape of its
+ * own): greedy and seed-exact sampled ones, whose output does not depend on
+ * the tree. Rejection-sampled requests keep a fixed shape (policy.h). */
 static int q_priced(const gen *g) {
     const specd_gen_request *q = g->req;
-    return q->drafter && !q->candidates && !q->depth && q->sampling.temperature <= 0 &&
+    return q->drafter && !q->candidates && !q->depth &&
+           !specd_sampling_is(&q->sampling, SPECD_SAMPLING_REJECTION) &&
            g->env->policy->cost_aware && q->calib;
 }
 

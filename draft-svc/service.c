@@ -18,7 +18,10 @@ const char *const specd_drafter_names[SPECD_N_DRAFTERS + 2] = {"mlp", "draft_lm"
 struct specd_draft_service {
     specd_draft_opts o;
     specd_batcher *batchers[SPECD_N_DRAFTERS];
-    specd_accept_calib calib[SPECD_N_DRAFTERS]; /* acceptance by drafter (tree_choice.h) */
+    /* Acceptance by drafter (tree_choice.h): greedy requests, and seed-exact
+     * sampled ones apart (the same drafts are accepted less often when the
+     * target samples; rejection-sampled requests are never priced). */
+    specd_accept_calib calib[SPECD_N_DRAFTERS], calib_sampled[SPECD_N_DRAFTERS];
     specd_driver_env env;
     char tok_sha256[65];
     int vocab; /* from the tokenizer or a drafter; 0 = unknown (the targets check ids) */
@@ -120,7 +123,9 @@ static void h_generate(specd_rpc_call *c, void *user) {
         .top_logprobs = req->top_logprobs,
         .drafter = spec_off ? NULL : svc->o.drafters[drafter],
         .batcher = spec_off ? NULL : svc->batchers[drafter],
-        .calib = spec_off ? NULL : &svc->calib[drafter],
+        .calib = spec_off                        ? NULL
+                 : pr.samp.s.temperature > 0.0f ? &svc->calib_sampled[drafter]
+                                                 : &svc->calib[drafter],
         .candidates = sp ? sp->candidates : 0,
         .depth = sp ? sp->depth : 0,
         .stop_threshold = sp ? sp->stop_threshold : 0.0f,
@@ -244,7 +249,10 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         return NULL;
     }
     svc->o = *o;
-    for (int i = 0; i < SPECD_N_DRAFTERS; i++) specd_accept_calib_init(&svc->calib[i]);
+    for (int i = 0; i < SPECD_N_DRAFTERS; i++) {
+        specd_accept_calib_init(&svc->calib[i]);
+        specd_accept_calib_init(&svc->calib_sampled[i]);
+    }
     svc->vocab = o->tok ? specd_tokenizer_n_vocab(o->tok) : 0;
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) {
         specd_drafter *d = o->drafters[i];
@@ -315,6 +323,7 @@ void specd_draft_service_free(specd_draft_service *svc) {
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) {
         specd_batcher_free(svc->batchers[i]);
         specd_accept_calib_destroy(&svc->calib[i]);
+        specd_accept_calib_destroy(&svc->calib_sampled[i]);
     }
     free(svc);
 }

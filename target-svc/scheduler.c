@@ -35,6 +35,8 @@ struct specd_sched {
      * youngest waiting session is the one preempted in a page deadlock. */
     uint64_t *slot_seq, next_seq;
     int in_pass;                   /* the worker is inside a forward pass */
+    int64_t t_pass_end_us;         /* when the last pass's results went out */
+    double prefill_us_per_tok;     /* the last pass with prompt work: time / tokens */
     pthread_cond_t pass_cv;        /* signalled when a pass ends */
     specd_kv_pool_stats kv_stats;  /* as of the last pass */
     specd_step_cost cost;          /* forward time by pass size (step_cost.h) */
@@ -70,6 +72,18 @@ static int queued_items(const specd_sched *s) {
     int n = 0;
     for (const specd_work *w = s->head; w; w = w->next) n++;
     return n;
+}
+
+/* Tokens the next pass would carry if it ran now: every queued decode and
+ * tree item, plus prompts up to the chunk. (queued_tokens counts whole
+ * prompts, which would make a long prompt look like a full pass.) */
+static int pass_tokens(const specd_sched *s) {
+    int steps = 0, prompts = 0;
+    for (const specd_work *w = s->head; w; w = w->next) {
+        if (w->kind == SPECD_WORK_PREFILL) prompts += w->n_tokens - w->n_done;
+        else steps += w->n_tokens - w->n_done;
+    }
+    return steps + (prompts < s->o.prefill_chunk ? prompts : s->o.prefill_chunk);
 }
 
 static int64_t now_us(void) {
@@ -296,6 +310,25 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     return 1;
 }
 
+/* Prompt tokens the pass may carry (round 1 of gather, after the steps):
+ * prefill_chunk, cut to prefill_chunk_ms of work when some other session
+ * is decoding (it has an item in this pass, or is open with nothing queued
+ * because its next step is on the way). The cost per token is the last
+ * prompt pass's; before any, the start-up cost curve's at prefill_chunk. */
+static int prefill_budget(const specd_sched *s, const gather_state *g) {
+    int left = s->o.prefill_chunk;
+    if (s->o.prefill_chunk_ms <= 0) return left;
+    int prompts = 0;
+    for (const specd_work *w = s->head; w; w = w->next) prompts += w->kind == SPECD_WORK_PREFILL;
+    if (g->n_items == 0 && s->n_slots - s->n_free <= prompts) return left; /* prompts alone */
+    double rate = s->prefill_us_per_tok;
+    if (!(rate > 0)) rate = specd_step_cost_at(&s->cost, left) / left;
+    if (!(rate > 0)) return left;
+    double fit = (double)s->o.prefill_chunk_ms * 1000.0 / rate;
+    if (fit < SPECD_MIN_PREFILL_CHUNK) fit = SPECD_MIN_PREFILL_CHUNK;
+    return fit < left ? (int)fit : left;
+}
+
 /* Gathers queued items into one batch under the token budget: decode and
  * tree items first, then prompt chunks (see scheduler.h). Holds mu. Returns
  * the number of items; fills the worker buffers. */
@@ -306,6 +339,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     gather_state g = {.prefill_left = s->o.prefill_chunk};
     int avail;
     for (int round = 0; round < 2; round++) {
+        if (round == 1) g.prefill_left = prefill_budget(s, &g);
         specd_work *w = s->head;
         while (w && g.n_tok < s->o.max_batch_tokens) {
             specd_work *next = w->next;
@@ -356,15 +390,22 @@ static void *worker_main(void *arg) {
          * only while some session holding a slot has nothing queued: when
          * every open session is already in the batch nobody else can join,
          * and waiting would only add latency to every step (a lone session
-         * would pay max_wait per token). */
-        if (s->o.max_wait_ms > 0 && s->queued_tokens < s->o.max_batch_tokens &&
+         * would pay max_wait per token).
+         * The wait counts from the later of the oldest item's arrival and the
+         * end of the last pass: a session cannot send its next step before
+         * it has the last one's answer, so while a long prompt is being
+         * prefilled chunk by chunk (its item queued since long ago) the
+         * running streams still get max_wait to join the next chunk's pass,
+         * instead of missing it and waiting a whole chunk more. */
+        if (s->o.max_wait_ms > 0 && pass_tokens(s) < s->o.max_batch_tokens &&
             queued_items(s) < s->n_slots - s->n_free) {
             struct timespec until;
-            int64_t waited = now_us() - s->head->t_submit_us;
-            int64_t left = (int64_t)s->o.max_wait_ms * 1000 - waited;
+            int64_t since = s->head->t_submit_us > s->t_pass_end_us ? s->head->t_submit_us
+                                                                   : s->t_pass_end_us;
+            int64_t left = (int64_t)s->o.max_wait_ms * 1000 - (now_us() - since);
             if (left > 0) {
                 abs_in_us(&until, left);
-                while (!s->stop && s->queued_tokens < s->o.max_batch_tokens &&
+                while (!s->stop && pass_tokens(s) < s->o.max_batch_tokens &&
                        queued_items(s) < s->n_slots - s->n_free &&
                        pthread_cond_timedwait(&s->work_cv, &s->mu, &until) != ETIMEDOUT) {
                 }
@@ -422,8 +463,12 @@ static void *worker_main(void *arg) {
 
         pthread_mutex_lock(&s->mu);
         if (!frc) specd_step_cost_observe(&s->cost, n_tok, fwd_us, COST_ALPHA);
+        int had_prompt = 0;
+        for (int i = 0; i < n_items; i++) had_prompt |= s->items[i]->kind == SPECD_WORK_PREFILL;
+        if (!frc && had_prompt) s->prefill_us_per_tok = (double)fwd_us / n_tok;
         specd_transformer_kv_stats(s->t, &s->kv_stats);
         s->in_pass = 0;
+        s->t_pass_end_us = now_us();
         pthread_cond_broadcast(&s->pass_cv);
         for (int i = 0; i < n_items; i++) {
             specd_work *w = s->items[i];
@@ -525,7 +570,7 @@ void specd_sched_step_cost(specd_sched *s, specd_step_cost *out) {
 specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
                                 specd_error *err) {
     if (!t || !o || o->max_batch_tokens < 1 || o->max_wait_ms < 0 || o->n_slots < 1 ||
-        o->prefill_chunk < 0 || o->kv_wait_ms < 0) {
+        o->prefill_chunk < 0 || o->prefill_chunk_ms < 0 || o->kv_wait_ms < 0) {
         specd_seterr(err, "scheduler: bad options");
         return NULL;
     }

@@ -20,7 +20,13 @@
  * Chunked prefill: decode and tree items are gathered first (oldest first),
  * then prompts fill what is left, at most prefill_chunk prompt tokens per
  * pass in all. A long prompt therefore delays the running streams by one
- * chunk's compute per step, never by its whole prefill.
+ * chunk's compute per step, never by its whole prefill. A chunk's cost grows
+ * with the context it attends to (the 12th 256-token chunk of a prompt costs
+ * several times the first), so while other sessions are decoding the chunk
+ * is also cut to a time budget, prefill_chunk_ms, at the cost per token that
+ * the last pass with prompt work measured: the running streams then stall
+ * about that long per step at any prompt length, and a prompt alone still
+ * runs in full prefill_chunk passes.
  *
  * KV memory: a slot is a session's page table, nothing more; every slot
  * takes its pages from the transformer's one pool as it grows (kv_pool.h).
@@ -59,11 +65,18 @@
 
 typedef struct specd_sched specd_sched;
 
+/* The smallest prompt chunk the time budget cuts to: below it a pass is
+ * mostly fixed cost (reading every weight once). */
+#define SPECD_MIN_PREFILL_CHUNK 32
+
 typedef struct specd_sched_opts {
     int n_slots;          /* KV slots of the transformer = most sessions */
     int max_batch_tokens; /* tokens per forward pass; must be the transformer's max_batch */
     int max_wait_ms;      /* longest wait for more work while the batch is small */
     int prefill_chunk;    /* prompt tokens per pass, all prompts together; 0 = max_batch_tokens */
+    int prefill_chunk_ms; /* while other sessions decode, prompt tokens per pass are also cut
+                           * to what fits this many ms at the last prompt pass's measured
+                           * cost per token (at least SPECD_MIN_PREFILL_CHUNK); 0 = off */
     int kv_wait_ms;       /* longest wait for KV pages; 0 = 30 s */
     /* Start-up timing of passes of 1..calibrate_tokens tokens for the cost
      * curve (common/spec/step_cost.h); 0 = none (the curve then starts empty and

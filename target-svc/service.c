@@ -706,6 +706,7 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     }
     specd_sched_opts so = {.n_slots = o->max_sessions, .max_batch_tokens = o->max_batch_tokens,
                            .max_wait_ms = o->max_wait_ms, .prefill_chunk = o->prefill_chunk,
+                           .prefill_chunk_ms = o->prefill_chunk_ms,
                            .kv_wait_ms = o->kv_wait_ms, .calibrate_tokens = o->calibrate_tokens};
     svc->sched = specd_sched_create(t, &so, err);
     if (!svc->sched) {

@@ -37,6 +37,7 @@ typedef struct specd_target_opts {
      * defaults); Verify sessions are bounded by the context instead. */
     int max_new_tokens, default_max_new_tokens;
     int prefill_chunk;     /* prompt tokens per forward pass (scheduler.h) */
+    int prefill_chunk_ms;  /* time budget of a pass's prompt work beside decoding streams */
     int kv_wait_ms;        /* longest wait for KV pages before RESOURCE_EXHAUSTED */
     int prefix_cache;      /* reported in GetInfo (the transformer does the caching) */
     int calibrate_tokens;  /* start-up timing of the cost curve up to this pass size (0 = none) */

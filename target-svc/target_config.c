@@ -60,6 +60,12 @@ const specd_cfg_field specd_target_cfg_fields[] = {
                     batching.prefill_chunk, "256",
                     "prompt tokens per forward pass (a long prompt delays other streams by one "
                     "chunk per step)", .min = 1, .max = 1 << 20),
+    SPECD_CFG_FIELD("batching.prefill_chunk_time", SPECD_CFG_DURATION, specd_target_cfg,
+                    batching.prefill_chunk_time, "200ms",
+                    "while other streams are decoding, a pass carries at most this much prompt "
+                    "work: the chunk shrinks as the prompt's attention grows, sized from the "
+                    "measured cost of the previous prompt pass (0 = prefill_chunk tokens "
+                    "always)", .min = 0, .max = 600000),
     SPECD_CFG_FIELD("batching.calibrate_tokens", SPECD_CFG_INT64, specd_target_cfg,
                     batching.calibrate_tokens, "64",
                     "at start-up, time forward passes of 1..this many tokens for the cost curve "

@@ -27,7 +27,7 @@ typedef struct specd_target_cfg {
         bool prefix_cache;
     } limits;
     struct {
-        int64_t max_batch_tokens, max_wait, prefill_chunk, calibrate_tokens;
+        int64_t max_batch_tokens, max_wait, prefill_chunk, prefill_chunk_time, calibrate_tokens;
     } batching;
     struct {
         char *cert, *key, *client_ca;

@@ -60,7 +60,12 @@ grpc_status_code cli_generate_call(specd_rpc_channel *ch, const char *method,
         if (cio != SPECD_RPC_CIO_OK) break; /* END or FAILED: finish has the status */
         const Specd__V1__GenerateResponse *r = (const Specd__V1__GenerateResponse *)m;
         res->n_messages++;
-        if (r->n_token_ids && !res->t_first) res->t_first = cli_now();
+        if (r->n_token_ids) {
+            double t = cli_now();
+            if (!res->t_first) res->t_first = t;
+            else if (t - res->t_last > res->max_gap) res->max_gap = t - res->t_last;
+            res->t_last = t;
+        }
         res->n_tokens += (int)r->n_token_ids;
         if (r->finish_reason) res->finish = r->finish_reason;
         if (r->stats) take_stats(res, r->stats);

@@ -35,6 +35,10 @@ typedef struct cli_gen_result {
     char drafter[32];
     double t_start; /* the call started */
     double t_first; /* the first message with tokens arrived (0 = none) */
+    double t_last;  /* the latest message with tokens arrived */
+    double max_gap; /* longest wait between two messages with tokens after the
+                     * first (seconds): the stream's worst stall, e.g. while
+                     * the target prefills someone else's long prompt */
     double t_end;   /* the status arrived */
 } cli_gen_result;
 

@@ -132,10 +132,10 @@ static void print_stats(const cli_gen_result *res) {
         fprintf(stderr, "\n");
     }
     fprintf(stderr,
-            "[specd] TTFT %.1f ms (server %.1f), TPOT %.2f ms, %.1f tokens/s over %.2f s, "
-            "prompt %d tokens, failovers %d\n",
-            ttft, res->server_ttft_ms, res->server_tpot_ms, tok_s, elapsed, res->prompt_tokens,
-            res->failovers);
+            "[specd] TTFT %.1f ms (server %.1f), TPOT %.2f ms, longest gap %.1f ms, %.1f "
+            "tokens/s over %.2f s, prompt %d tokens, failovers %d\n",
+            ttft, res->server_ttft_ms, res->server_tpot_ms, res->max_gap * 1e3, tok_s, elapsed,
+            res->prompt_tokens, res->failovers);
 }
 
 int cmd_generate_remote(gen_opts *o) {
@@ -255,6 +255,7 @@ int cmd_generate_remote(gen_opts *o) {
         cJSON *cl = cJSON_AddObjectToObject(obj, "client");
         cJSON_AddNumberToObject(cl, "time_to_first_token_ms", ttft);
         cJSON_AddNumberToObject(cl, "elapsed_ms", elapsed * 1e3);
+        cJSON_AddNumberToObject(cl, "longest_gap_ms", res.max_gap * 1e3);
         cJSON_AddNumberToObject(cl, "tokens", res.n_tokens);
         cJSON_AddNumberToObject(cl, "tokens_per_s", tok_s);
         print_json(obj);

@@ -141,6 +141,8 @@ void svc_generate(specd_rpc_channel *ch, const char *method,
     o->detail[0] = 0;
     o->n_ids = o->finish = o->failovers = o->target_steps = o->generated = 0;
     atomic_store(&o->progress, 0);
+    o->max_gap_ms = 0;
+    double t_last = 0;
     specd_error err = {{0}};
     specd_rpc_stream *s = specd_rpc_stream_start(ch, method, 120000, &err);
     if (!s) {
@@ -155,6 +157,11 @@ void svc_generate(specd_rpc_channel *ch, const char *method,
                                                      (ProtobufCMessage **)&r, -1, &err);
             if (io == SPECD_RPC_CIO_INVALID) continue;
             if (io != SPECD_RPC_CIO_OK) break;
+            if (r->n_token_ids) {
+                double t = svc_now_ms();
+                if (t_last > 0 && t - t_last > o->max_gap_ms) o->max_gap_ms = t - t_last;
+                t_last = t;
+            }
             for (size_t i = 0; i < r->n_token_ids && o->n_ids < SVC_MAXOUT; i++)
                 o->ids[o->n_ids++] = r->token_ids[i];
             atomic_store(&o->progress, o->n_ids);

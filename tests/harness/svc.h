@@ -39,6 +39,7 @@ typedef struct svc_gen {
     int n_ids;
     int finish, failovers, target_steps, generated;
     atomic_int progress; /* tokens so far (for the threaded form) */
+    double max_gap_ms;   /* longest wait between two messages with tokens */
     atomic_int done;
     /* threaded form */
     pthread_t th;
