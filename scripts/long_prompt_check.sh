@@ -17,33 +17,9 @@ shift || true
 SIZES=("$@")
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(3000 8000)
 N_NEW=${N_NEW:-32}
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-TMP=$(mktemp -d)
-cleanup() {
-  [ -n "${DPID:-}" ] && kill "$DPID" 2>/dev/null || true
-  [ -n "${TPID:-}" ] && kill "$TPID" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-TPORT=$(free_port)
-DPORT=$(free_port)
-
-"$BUILD/target-svc" --model "$MODEL" \
-  --listen "127.0.0.1:$TPORT" --tls.insecure >"$TMP/target.log" 2>&1 &
-TPID=$!
-"$BUILD/draft-svc" --tokenizer "$MODEL" \
-  --targets "127.0.0.1:$TPORT" --listen "127.0.0.1:$DPORT" --tls.insecure \
-  --target.tls.insecure >"$TMP/draft.log" 2>&1 &
-DPID=$!
-for _ in $(seq 1 600); do
-  "$BUILD/specd" health "127.0.0.1:$DPORT" >/dev/null 2>&1 && break
-  sleep 0.2
-done
-"$BUILD/specd" health "127.0.0.1:$DPORT" >/dev/null || {
-  echo "draft-svc did not become healthy"; cat "$TMP/target.log" "$TMP/draft.log"; exit 1; }
+cd "$(dirname "$0")/.."
+. scripts/lib/services.sh
+services_start "$BUILD"
 
 # Text to fill prompts with: the README and the architecture map, repeated.
 for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md; done >"$TMP/corpus.txt"

@@ -15,32 +15,11 @@ set -euo pipefail
 BUILD=${1:-build}
 SIZE=${2:-3000}
 LIMIT_MS=${LIMIT_MS:-2000}
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-TMP=$(mktemp -d)
-cleanup() {
-  [ -n "${APID:-}" ] && kill "$APID" 2>/dev/null || true
-  [ -n "${DPID:-}" ] && kill "$DPID" 2>/dev/null || true
-  [ -n "${TPID:-}" ] && kill "$TPID" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-TPORT=$(free_port)
-DPORT=$(free_port)
-"$BUILD/target-svc" --model "$MODEL" --listen "127.0.0.1:$TPORT" --tls.insecure ${TARGET_FLAGS:-} \
-  >"$TMP/target.log" 2>&1 &
-TPID=$!
-"$BUILD/draft-svc" --tokenizer "$MODEL" --targets "127.0.0.1:$TPORT" \
-  --listen "127.0.0.1:$DPORT" --tls.insecure --target.tls.insecure >"$TMP/draft.log" 2>&1 &
-DPID=$!
-for _ in $(seq 1 600); do
-  "$BUILD/specd" health "127.0.0.1:$DPORT" >/dev/null 2>&1 && break
-  sleep 0.2
-done
-"$BUILD/specd" health "127.0.0.1:$DPORT" >/dev/null || {
-  echo "draft-svc did not become healthy"; cat "$TMP/target.log" "$TMP/draft.log"; exit 1; }
+cd "$(dirname "$0")/.."
+. scripts/lib/services.sh
+# TARGET_FLAGS: extra target-svc flags, e.g. --batching.prefill_chunk_time=0
+# shellcheck disable=SC2086
+services_start "$BUILD" ${TARGET_FLAGS:-}
 
 for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md; done >"$TMP/corpus.txt"
 head -c $((SIZE * 33 / 10)) "$TMP/corpus.txt" >"$TMP/long.txt"
@@ -50,6 +29,7 @@ printf '\n\nSummarize the text above in one sentence.' >>"$TMP/long.txt"
   -p "Write a long story about a lighthouse keeper." -n 200 --ignore-eos \
   >"$TMP/a.out" 2>"$TMP/a.err" &
 APID=$!
+EXTRA_PIDS+=("$APID")
 # until A streams (its first text lands on stdout)
 for _ in $(seq 1 200); do [ -s "$TMP/a.out" ] && break; sleep 0.05; done
 sleep 0.5
@@ -57,7 +37,6 @@ sleep 0.5
   >"$TMP/b.out" 2>"$TMP/b.err"
 b_done=$(kill -0 "$APID" 2>/dev/null && echo yes || echo no)
 wait "$APID"
-APID=
 stats() { grep -E '^\[specd\] TTFT' "$1" | tail -1; }
 a=$(stats "$TMP/a.err")
 b=$(stats "$TMP/b.err")

@@ -1,0 +1,44 @@
+# services.sh - sourced by the scripts that check both services end to end
+# (long_prompt_check.sh, stall_check.sh, concurrent_check.sh): starts
+# target-svc and draft-svc on free loopback ports with every setting at its
+# default (only the model, the addresses and plaintext given), waits until
+# draft-svc is healthy, and stops both (and anything in EXTRA_PIDS) on exit.
+#
+#   . scripts/lib/services.sh
+#   services_start BUILD_DIR [target-svc flags...]
+#   # now: $TMP (a scratch directory), $TPORT, $DPORT, $TPID, $DPID
+#
+# The caller owns `set -euo pipefail`. MODEL may be set before sourcing.
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+TMP=$(mktemp -d)
+EXTRA_PIDS=()
+services_stop() {
+  for p in "${EXTRA_PIDS[@]}" "${DPID:-}" "${TPID:-}"; do
+    [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap services_stop EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+services_start() {
+  local build=$1
+  shift
+  TPORT=$(free_port)
+  DPORT=$(free_port)
+  "$build/target-svc" --model "$MODEL" --listen "127.0.0.1:$TPORT" --tls.insecure "$@" \
+    >"$TMP/target.log" 2>&1 &
+  TPID=$!
+  "$build/draft-svc" --tokenizer "$MODEL" --targets "127.0.0.1:$TPORT" \
+    --listen "127.0.0.1:$DPORT" --tls.insecure --target.tls.insecure >"$TMP/draft.log" 2>&1 &
+  DPID=$!
+  for _ in $(seq 1 600); do
+    "$build/specd" health "127.0.0.1:$DPORT" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "draft-svc did not become healthy"
+  cat "$TMP/target.log" "$TMP/draft.log"
+  exit 1
+}
