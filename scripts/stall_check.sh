@@ -4,7 +4,7 @@
 #
 # Starts target-svc and draft-svc with every setting at its default (only the
 # model, the addresses and plaintext on loopback given), starts stream A (a
-# chat prompt, 200 new tokens, greedy, end-of-sequence ignored), and once it
+# chat prompt, 600 new tokens, greedy, end-of-sequence ignored), and once it
 # is decoding sends prompt B of about TOKENS tokens of this repository's own
 # text. Prints B's time to first token, A's longest gap between two streamed
 # messages (`specd generate`'s "longest gap"), both requests' failovers, and
@@ -26,7 +26,7 @@ head -c $((SIZE * 33 / 10)) "$TMP/corpus.txt" >"$TMP/long.txt"
 printf '\n\nSummarize the text above in one sentence.' >>"$TMP/long.txt"
 
 "$BUILD/specd" generate --server "127.0.0.1:$DPORT" --insecure --chat \
-  -p "Write a long story about a lighthouse keeper." -n 200 --ignore-eos \
+  -p "Write a long story about a lighthouse keeper." -n 600 --ignore-eos \
   >"$TMP/a.out" 2>"$TMP/a.err" &
 APID=$!
 EXTRA_PIDS+=("$APID")
