@@ -935,6 +935,7 @@ int cmd_bench_e2e(int argc, char **argv) {
     specd_rpc_channel *ch = NULL;
     cell *cells = NULL;
     char *shared_text = NULL, *shared_cell = NULL; /* --shared-prefix: the text; + a cell's salt */
+    size_t shared_cap = 0;
     int shared_tokens = 0;
     const char *draft_addr = o.draft;
     if (!draft_addr) {
@@ -968,8 +969,8 @@ int cmd_bench_e2e(int argc, char **argv) {
                                                 ip ? cli_inproc_tokenizer(ip) : NULL,
                                                 &shared_tokens, &err)))
             goto fail;
-        size_t cap = strlen(shared_text) + 64;
-        if (!(shared_cell = malloc(cap))) {
+        shared_cap = strlen(shared_text) + 64; /* + the salt line */
+        if (!(shared_cell = malloc(shared_cap))) {
             specd_seterr(&err, "out of memory");
             goto fail;
         }
@@ -1036,7 +1037,7 @@ int cmd_bench_e2e(int argc, char **argv) {
          * drafter's per-session state. With a shared prefix it runs set 0,
          * which no cell uses, so it caches nothing a cell can hit. */
         if (shared_cell) {
-            sprintf(shared_cell, "Reference notes, set 0.\n\n%s", shared_text);
+            snprintf(shared_cell, shared_cap, "Reference notes, set 0.\n\n%s", shared_text);
             rc.shared = shared_cell;
         }
         req_rec warm;
@@ -1047,7 +1048,8 @@ int cmd_bench_e2e(int argc, char **argv) {
         for (int k = 0; k < o.n_levels; k++) {
             cell *c = &cells[n_cells];
             if (shared_cell) /* a first line of its own: no page of it is cached yet */
-                sprintf(shared_cell, "Reference notes, set %d.\n\n%s", n_cells + 1, shared_text);
+                snprintf(shared_cell, shared_cap, "Reference notes, set %d.\n\n%s", n_cells + 1,
+                         shared_text);
             if (run_cell(&rc, o.levels[k], classes, n_classes, c, &err)) {
                 ok = 0;
                 break;
