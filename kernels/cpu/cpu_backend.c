@@ -267,11 +267,11 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
                : (const void *)((const float *)pool + base);
 }
 
-/* Query block: up to ATTN_QB consecutive new tokens of one sequence. They
- * all see the sequence's committed rows, so the paged kernels read each K
+/* Query block: up to ATTN_QB (quant_impl.h's CPU_ATTN_QB) consecutive new
+ * tokens of one sequence. They all see the sequence's committed rows, so the paged kernels read each K
  * and V row once for the block instead of once per token: a prompt chunk
  * or a tree reads its context ATTN_QB times less. */
-#define ATTN_QB 8
+#define ATTN_QB CPU_ATTN_QB
 
 /* One task = one (query block, head): for each token t of the block,
  * softmax(q_t . K^T / sqrt(d)) . V over the rows t sees: the n_past

@@ -173,6 +173,10 @@ static inline const float *cpu_kv_paged_row(const float *pool, const int32_t *pa
                    (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
 }
 
+/* Query block: up to CPU_ATTN_QB consecutive new tokens of one sequence
+ * (cpu_backend.c); the block kernels below take at most this many. */
+#define CPU_ATTN_QB 16
+
 typedef struct cpu_kernel_set {
     const char *name;
     int nt_max; /* token group size of the packed x (0: rows use x only) */
@@ -199,7 +203,7 @@ typedef struct cpu_kernel_set {
                      size_t stride, size_t off, int n, float scale, float *scores);
     void (*kv_axpys)(float *o, const float *scores, float inv, const float *pool,
                      const int32_t *pages, int n_rows, size_t stride, size_t off, int n);
-    /* kv_dots for nq queries of one sequence at once (attention's query
+    /* kv_dots for nq (<= CPU_ATTN_QB) queries of one sequence at once (attention's query
      * blocks): each K row is read once for all of them, each query's
      * arithmetic exactly kv_dots'; maxs start at -inf. NULL = per query. */
     void (*kv_dots_block)(const float *const *q, int nq, const float *pool, const int32_t *pages,

@@ -157,12 +157,63 @@ static TAVX2 double softmax_exp_avx2(float *s, int n, float max) {
     return sum;
 }
 
-/* kv_dot_avx2 over a sequence's paged rows (quant_impl.h's kv_dots). */
+/* q . K_r for 4 rows at once, each bitwise hsum8(a0 + a1) of kv_dot_avx2's
+ * two FMA chains: the 4 horizontal sums share their shuffles. hsum8 pairs
+ * lane j with j+4 (t_j), then t_0 with t_2 and t_1 with t_3, then those two;
+ * the steps below make the same pairs in the same order, 4 rows per
+ * vector (IEEE addition is commutative, so only the pairing matters). n is a
+ * multiple of 16. Returns [row 0, row 1, row 2, row 3]. */
+static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, int n) {
+    /* the 4 rows' 8 FMA chains interleaved: independent, so they overlap */
+    const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    for (int d = 0; d < n; d += 16) {
+        const __m256 q0 = _mm256_loadu_ps(q + d), q1 = _mm256_loadu_ps(q + d + 8);
+        a00 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(r0 + d), a00);
+        a01 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(r0 + d + 8), a01);
+        a10 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(r1 + d), a10);
+        a11 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(r1 + d + 8), a11);
+        a20 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(r2 + d), a20);
+        a21 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(r2 + d + 8), a21);
+        a30 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(r3 + d), a30);
+        a31 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(r3 + d + 8), a31);
+    }
+    const __m256 v[4] = {_mm256_add_ps(a00, a01), _mm256_add_ps(a10, a11),
+                         _mm256_add_ps(a20, a21), _mm256_add_ps(a30, a31)};
+    /* t: [t(row0) | t(row1)] and [t(row2) | t(row3)], t_j = lane j + lane j+4 */
+    const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20),
+                                     _mm256_permute2f128_ps(v[0], v[1], 0x31));
+    const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20),
+                                     _mm256_permute2f128_ps(v[2], v[3], 0x31));
+    /* [t0+t2, t1+t3] of rows 0, 2 | rows 1, 3 */
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_hadd_ps(w, w); /* [row0, row2, ., . | row1, row3, ., .] */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* kv_dot_avx2 over a sequence's paged rows (quant_impl.h's kv_dots), four
+ * rows at a time where the head is a multiple of 16 wide. */
 static TAVX2 float kv_dots_avx2(const float *q, const float *pool, const int32_t *pages,
                                 int n_rows, size_t stride, size_t off, int n, float scale,
                                 float *scores) {
-    float maxs = -INFINITY;
-    for (int r = 0; r < n_rows; r++) {
+    __m128 mv = _mm_set1_ps(-INFINITY);
+    const __m128 sv = _mm_set1_ps(scale);
+    int r = 0;
+    if (n % 16 == 0)
+        for (; r + 4 <= n_rows; r += 4) {
+            const float *rows[4];
+            for (int i = 0; i < 4; i++) rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
+            const __m128 sc = _mm_mul_ps(dots4_avx2(q, rows, n), sv);
+            _mm_storeu_ps(scores + r, sc);
+            mv = _mm_max_ps(sc, mv); /* a NaN score never becomes the max */
+        }
+    float m4[4], maxs = -INFINITY;
+    _mm_storeu_ps(m4, mv);
+    for (int i = 0; i < 4; i++)
+        if (m4[i] > maxs) maxs = m4[i];
+    for (; r < n_rows; r++) {
         const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int d = 0;
@@ -217,42 +268,124 @@ static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const 
     _mm256_storeu_ps(o + 56, o7);
 }
 
-/* kv_dots_avx2 for nq queries: each row's K is loaded once (a head of 64
- * in 8 registers) and every query's two accumulators take it in the order
- * kv_dot_avx2 does, so each score is bitwise the per-query one. */
+/* kv_dots_avx2 for nq queries: every query takes each group of 4 K rows
+ * while it is in L1 (the group is 1 KB for a head of 64), each score
+ * bitwise the per-query one. */
 static TAVX2 void kv_dots_block_avx2(const float *const *q, int nq, const float *pool,
                                      const int32_t *pages, int n_rows, size_t stride, size_t off,
                                      int n, float scale, float *const *scores, float *maxs) {
-    if (n != 64) {
-        for (int k = 0; k < nq; k++)
-            maxs[k] = kv_dots_avx2(q[k], pool, pages, n_rows, stride, off, n, scale, scores[k]);
-        return;
-    }
-    for (int r = 0; r < n_rows; r++) {
-        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
-        const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8),
-                     k2 = _mm256_loadu_ps(row + 16), k3 = _mm256_loadu_ps(row + 24),
-                     k4 = _mm256_loadu_ps(row + 32), k5 = _mm256_loadu_ps(row + 40),
-                     k6 = _mm256_loadu_ps(row + 48), k7 = _mm256_loadu_ps(row + 56);
+    int r = 0;
+    if (n % 16 == 0) {
+        const __m128 sv = _mm_set1_ps(scale);
+        __m128 mv[CPU_ATTN_QB];
+        for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
+        for (; r + 4 <= n_rows; r += 4) {
+            const float *rows[4];
+            for (int i = 0; i < 4; i++) rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
+            for (int k = 0; k < nq; k++) {
+                const __m128 sc = _mm_mul_ps(dots4_avx2(q[k], rows, n), sv);
+                _mm_storeu_ps(scores[k] + r, sc);
+                mv[k] = _mm_max_ps(sc, mv[k]);
+            }
+        }
         for (int k = 0; k < nq; k++) {
-            const float *qk = q[k];
-            __m256 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk), k0, _mm256_setzero_ps());
-            __m256 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 8), k1, _mm256_setzero_ps());
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 16), k2, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 24), k3, a1);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 32), k4, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 40), k5, a1);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 48), k6, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qk + 56), k7, a1);
-            float sc = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            float m4[4];
+            _mm_storeu_ps(m4, mv[k]);
+            for (int i = 0; i < 4; i++)
+                if (m4[i] > maxs[k]) maxs[k] = m4[i];
+        }
+    }
+    for (; r < n_rows; r++) {
+        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
+        for (int k = 0; k < nq; k++) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int d = 0;
+            for (; d + 16 <= n; d += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[k] + d), _mm256_loadu_ps(row + d), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[k] + d + 8), _mm256_loadu_ps(row + d + 8),
+                                     a1);
+            }
+            float s = hsum8(_mm256_add_ps(a0, a1));
+            for (; d < n; d++) s += q[k][d] * row[d];
+            float sc = s * scale;
             scores[k][r] = sc;
             if (sc > maxs[k]) maxs[k] = sc; /* the caller starts it at -inf */
         }
     }
 }
 
+/* kv_axpys_avx2 for nq queries. The rows go by in tiles of AXPY_TILE (16 KB
+ * of V for a head of 64: it stays in L1), and within a tile a group of up
+ * to 4 queries takes 16 output elements at a time (8 accumulators), so each
+ * V row is read from memory once per tile for the whole block instead of
+ * once per query (per query, a 3,000-token prefill streamed every query's
+ * V from L3). Each output element still takes one fma per row, in row
+ * order, with weight scores[r] * inv, zero scores skipped: bitwise
+ * kv_axpys_avx2's. */
+#define AXPY_TILE 64
+
+static inline TAVX2 __attribute__((always_inline)) void
+axpys_tile_group(float *const *o, const float (*w)[AXPY_TILE], int g, int any_zero,
+                 const float *const *rows, int n_tile, int n) {
+    for (int d = 0; d < n; d += 16) {
+        __m256 acc[4][2];
+        for (int k = 0; k < g; k++) {
+            acc[k][0] = _mm256_loadu_ps(o[k] + d);
+            acc[k][1] = _mm256_loadu_ps(o[k] + d + 8);
+        }
+        for (int r = 0; r < n_tile; r++) {
+            const __m256 v0 = _mm256_loadu_ps(rows[r] + d), v1 = _mm256_loadu_ps(rows[r] + d + 8);
+            for (int k = 0; k < g; k++) {
+                if (any_zero && w[k][r] == 0.0f) continue;
+                const __m256 wv = _mm256_broadcast_ss(&w[k][r]);
+                acc[k][0] = _mm256_fmadd_ps(wv, v0, acc[k][0]);
+                acc[k][1] = _mm256_fmadd_ps(wv, v1, acc[k][1]);
+            }
+        }
+        for (int k = 0; k < g; k++) {
+            _mm256_storeu_ps(o[k] + d, acc[k][0]);
+            _mm256_storeu_ps(o[k] + d + 8, acc[k][1]);
+        }
+    }
+}
+
+static TAVX2 void kv_axpys_block_avx2(float *const *o, const float *const *scores,
+                                      const float *inv, int nq, const float *pool,
+                                      const int32_t *pages, int n_rows, size_t stride, size_t off,
+                                      int n) {
+    if (n % 16 != 0) {
+        for (int k = 0; k < nq; k++)
+            kv_axpys_avx2(o[k], scores[k], inv[k], pool, pages, n_rows, stride, off, n);
+        return;
+    }
+    const float *rows[AXPY_TILE];
+    float w[4][AXPY_TILE];
+    for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
+        int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
+        for (int r = 0; r < nt; r++) rows[r] = cpu_kv_paged_row(pool, pages, t0 + r, stride, off);
+        for (int k0 = 0; k0 < nq; k0 += 4) {
+            int g = nq - k0 < 4 ? nq - k0 : 4, any_zero = 0;
+            /* the weights as kv_axpys_avx2 forms them; a zero score is skipped there */
+            for (int k = 0; k < g; k++)
+                for (int r = 0; r < nt; r++) {
+                    float sc = scores[k0 + k][t0 + r];
+                    any_zero |= sc == 0.0f;
+                    w[k][r] = sc == 0.0f ? 0.0f : sc * inv[k0 + k];
+                }
+            /* a constant group size lets the compiler keep acc in registers */
+            switch (g) {
+            case 4: axpys_tile_group(o + k0, w, 4, any_zero, rows, nt, n); break;
+            case 3: axpys_tile_group(o + k0, w, 3, any_zero, rows, nt, n); break;
+            case 2: axpys_tile_group(o + k0, w, 2, any_zero, rows, nt, n); break;
+            default: axpys_tile_group(o + k0, w, 1, any_zero, rows, nt, n); break;
+            }
+        }
+    }
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
     ks->kv_dots_block = kv_dots_block_avx2;
+    ks->kv_axpys_block = kv_axpys_block_avx2;
     ks->kv_dots = kv_dots_avx2;
     ks->kv_axpys = kv_axpys_avx2;
     ks->softmax_exp = softmax_exp_avx2;

@@ -5,13 +5,16 @@
 # draft-svc is healthy, and stops both (and anything in EXTRA_PIDS) on exit.
 #
 #   . scripts/lib/services.sh
+#   DRAFT_ARGS=(...)                # optional: extra draft-svc flags
 #   services_start BUILD_DIR [target-svc flags...]
 #   # now: $TMP (a scratch directory), $TPORT, $DPORT, $TPID, $DPID
+#   services_kill                   # stop both early (the trap still cleans up)
 #
 # The caller owns `set -euo pipefail`. MODEL may be set before sourcing.
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TMP=$(mktemp -d)
 EXTRA_PIDS=()
+DRAFT_ARGS=()
 services_stop() {
   for p in "${EXTRA_PIDS[@]}" "${DPID:-}" "${TPID:-}"; do
     [ -n "$p" ] && kill "$p" 2>/dev/null || true
@@ -20,6 +23,12 @@ services_stop() {
   rm -rf "$TMP"
 }
 trap services_stop EXIT
+
+services_kill() {
+  kill ${DPID:-} ${TPID:-} 2>/dev/null || true
+  wait ${DPID:-} ${TPID:-} 2>/dev/null || true
+  DPID= TPID=
+}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -32,7 +41,8 @@ services_start() {
     >"$TMP/target.log" 2>&1 &
   TPID=$!
   "$build/draft-svc" --tokenizer "$MODEL" --targets "127.0.0.1:$TPORT" \
-    --listen "127.0.0.1:$DPORT" --tls.insecure --target.tls.insecure >"$TMP/draft.log" 2>&1 &
+    --listen "127.0.0.1:$DPORT" --tls.insecure --target.tls.insecure \
+    ${DRAFT_ARGS[@]+"${DRAFT_ARGS[@]}"} >"$TMP/draft.log" 2>&1 &
   DPID=$!
   for _ in $(seq 1 600); do
     "$build/specd" health "127.0.0.1:$DPORT" >/dev/null 2>&1 && return 0

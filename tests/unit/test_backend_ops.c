@@ -99,6 +99,7 @@
 #include "common/util/dtype.h"
 #include "common/model/model_file.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/matmul.h"
 #include "tests/harness/test_util.h"
 
 #define U_BF16 (1.0 / 256.0)
@@ -1016,6 +1017,71 @@ static void test_attention(void **state) {
     free(s);
 }
 
+/* Attention's query blocks are bitwise the per-token kernels: every token of
+ * a long causal chunk (blocks of 8 queries over hundreds of committed rows,
+ * past the V tiles' and the 4-row dot groups' edges) gets the same bits as
+ * the same token decoded alone over the same rows, on every SIMD path this
+ * CPU has, for head sizes the block kernels take (64, 128) and one they
+ * leave to the per-query loop (16). Batch invariance of a whole model
+ * (test_batch_invariance) rests on this. */
+static void test_attention_blocks_bitwise(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { P = 171, N = 90 };
+    int32_t pages[ATT_PAGES];
+    for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES; /* out of order */
+    const int hds[] = {64, 128, 16};
+    tstep *big = malloc(sizeof *big), *one = malloc(sizeof *one);
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+            int nh = 6, nkv = 2, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
+            uint64_t seed = 900 + 10 * hi + pi;
+            kvcache c;
+            kv_init(&c, SPECD_F32, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
+            const seq_spec sp = {P, N, NULL, pages};
+            tstep_init(big, 1, &sp, 16, 7, 100);
+            float *q = malloc(sizeof(float) * N * qw), *k = malloc(sizeof(float) * N * kvd);
+            float *v = malloc(sizeof(float) * N * kvd), *out = malloc(sizeof(float) * N * qw);
+            float *row = malloc(sizeof(float) * qw);
+            void *after = malloc(c.bytes), *after1 = malloc(c.bytes);
+            test_fill_random(q, (size_t)N * qw, seed + 1, 2.0f);
+            test_fill_random(k, (size_t)N * kvd, seed + 2, 1.0f);
+            test_fill_random(v, (size_t)N * kvd, seed + 3, 1.0f);
+            run_attention(g_cpu, big, &c, q, k, v, nh, nkv, hd, out, after);
+            /* each token alone, over the cache the chunk left (its own row
+             * stored again with the same values) */
+            memcpy(c.host, after, c.bytes);
+            for (int i = 0; i < N; i++) {
+                const seq_spec s1 = {P + i, 1, NULL, pages};
+                tstep_init(one, 1, &s1, 16, 7, 100);
+                run_attention(g_cpu, one, &c, q + (size_t)i * qw, k + (size_t)i * kvd,
+                              v + (size_t)i * kvd, nh, nkv, hd, row, after1);
+                for (int e = 0; e < qw; e++)
+                    if (memcmp(&row[e], &out[(size_t)i * qw + e], sizeof(float)))
+                        fail_msg("%s hd %d: token %d (row %d) element %d: in the chunk %.9g, "
+                                 "alone %.9g",
+                                 paths[pi], hd, i, P + i, e, (double)out[(size_t)i * qw + e],
+                                 (double)row[e]);
+            }
+            free(c.host);
+            free(q);
+            free(k);
+            free(v);
+            free(out);
+            free(row);
+            free(after);
+            free(after1);
+        }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+    free(big);
+    free(one);
+}
+
 /* --- swiglu / axpy / scale ------------------------------------------------- */
 
 enum { EW_N = 1001 };
@@ -1852,6 +1918,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_blocks_bitwise),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_gather_out),
         cmocka_unit_test(test_argmax),
