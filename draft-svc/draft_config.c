@@ -113,7 +113,7 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       .max = 3600000),
     F("target.open_timeout", SPECD_CFG_DURATION, target.open_timeout, "120s",
       "longest wait for any one answer from a live target (for Open, the prefill: this much per "
-      "started 2048 tokens of history)", .min = 1,
+      "started 2048 tokens of history, plus the target's queue_wait from GetInfo)", .min = 1,
       .max = 3600000),
     F("target.max_failovers", SPECD_CFG_INT64, target.max_failovers, "3",
       "times one request may move to another target", .min = 0, .max = 1000),

@@ -689,10 +689,14 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         goto out;
     }
     if ((rc = send_open(g, s, code, err)) != STEP_DONE) goto out;
-    /* Open's answer comes after the whole prefill: a live target gets
-     * open_timeout per started 2048 tokens of history (a CPU prefills an
-     * 8k prompt in about a minute, slower under load). */
-    int open_cap = g->env->open_timeout_ms * (1 + (g->n_hist - 1) / 2048);
+    /* Open's answer comes after the queue and the whole prefill: a live
+     * target gets the time it may keep the session queued (its
+     * limits.queue_wait, from GetInfo) plus open_timeout per started 2048
+     * tokens of history (a CPU prefills an 8k prompt in about a minute,
+     * slower under load). A busy target's queue is not a failure. */
+    int64_t cap64 = (int64_t)info->queue_wait_ms +
+                    (int64_t)g->env->open_timeout_ms * (1 + (g->n_hist - 1) / 2048);
+    int open_cap = cap64 > INT32_MAX ? INT32_MAX : (int)cap64;
     rc = recv_resp(g, s, m, g->env->open_timeout_ms, open_cap, &r, code, err);
     for (uint32_t step = 0; rc == STEP_DONE; step++) {
         if (check_answer(g, r, step, info, err)) {

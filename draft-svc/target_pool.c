@@ -205,6 +205,7 @@ static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info
     info->context_length = r->context_length;
     info->max_tree_tokens = r->max_tree_tokens;
     info->max_sessions = r->max_sessions;
+    info->queue_wait_ms = r->queue_wait_ms > INT32_MAX ? INT32_MAX : (int)r->queue_wait_ms;
     info->eos_token_id = r->eos_token_id;
     info->bos_token_id = r->bos_token_id;
     snprintf(info->tokenizer_sha256, sizeof info->tokenizer_sha256, "%s",

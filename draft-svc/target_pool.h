@@ -41,6 +41,7 @@ typedef struct specd_tpool_member specd_tpool_member;
 /* What the pool learned from a member's GetInfo. */
 typedef struct specd_target_info {
     int vocab_size, hidden_size, context_length, max_tree_tokens, max_sessions;
+    int queue_wait_ms; /* how long it may queue a new session before RESOURCE_EXHAUSTED */
     int eos_token_id, bos_token_id;
     char tokenizer_sha256[65];
     char model_id[256];

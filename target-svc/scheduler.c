@@ -199,22 +199,43 @@ static int needs_logits(const specd_work *w) {
            w->logprobs != NULL;
 }
 
-/* Fails an item that could not get KV pages (see the policy in scheduler.h).
+/* Whether the item is past its first pass: a new prompt (a new session's or
+ * a re-open's) is not, and waits in the admission queue (queue_wait_ms);
+ * everything else is a running session's step (kv_wait_ms). */
+static int started(const specd_work *w) {
+    return w->kind != SPECD_WORK_PREFILL || w->admitted == 2;
+}
+
+static int64_t wait_bound_us(const specd_sched *s, const specd_work *w) {
+    return (int64_t)(started(w) ? s->o.kv_wait_ms : s->o.queue_wait_ms) * 1000;
+}
+
+/* Fails an item that could not get KV pages (see the policy in scheduler.h):
+ * a new prompt whose queue wait ran out (queued), or a session preempted.
  * Holds mu. */
-static void fail_no_pages(specd_sched *s, specd_work *w, int need, int avail, int64_t now) {
+static void fail_no_pages(specd_sched *s, specd_work *w, int need, int avail, int64_t now,
+                          int queued) {
     specd_kv_pool_stats st;
     specd_transformer_kv_stats(s->t, &st);
-    specd_seterr(&w->err, "KV pool full: waited %lld ms for %d pages of %d rows (%d of %d "
-                          "available, %d sessions active); the session was preempted and can be "
-                          "re-opened from its tokens (limits.kv_memory, limits.kv_wait)",
-                 (long long)((now - w->t_blocked_us) / 1000), need, SPECD_KV_PAGE_ROWS, avail,
-                 st.n_pages, s->n_slots - s->n_free);
+    if (queued)
+        specd_seterr(&w->err, "KV pool busy: a prompt of %d tokens waited %lld ms in the queue "
+                              "for %d pages of %d rows to start (%d of %d available, %d sessions "
+                              "active); nothing was started (limits.queue_wait, limits.kv_memory)",
+                     w->n_tokens, (long long)((now - w->t_blocked_us) / 1000), need,
+                     SPECD_KV_PAGE_ROWS, avail, st.n_pages, s->n_slots - s->n_free);
+    else
+        specd_seterr(&w->err, "KV pool full: waited %lld ms for %d pages of %d rows (%d of %d "
+                              "available, %d sessions active); the session was preempted and can "
+                              "be re-opened from its tokens (limits.kv_memory, limits.kv_wait)",
+                     (long long)((now - w->t_blocked_us) / 1000), need, SPECD_KV_PAGE_ROWS,
+                     avail, st.n_pages, s->n_slots - s->n_free);
     unlink_item(s, w);
     complete(w, SPECD_WORK_NO_PAGES);
 }
 
 typedef struct gather_state {
     int n_tok, n_items, n_out, prefill_left, blocked;
+    int prompt_waiting; /* a new prompt is waiting for pages: younger ones queue behind it */
     int used; /* pages the items gathered so far will take from the pool */
     size_t mask_off;
 } gather_state;
@@ -258,6 +279,12 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     int room = s->o.max_batch_tokens - g->n_tok;
     int n = remaining(w);
     if (prefill_round) {
+        if (!started(w) && g->prompt_waiting) {
+            /* first come, first served: behind an older prompt that waits */
+            if (!w->t_blocked_us) w->t_blocked_us = now;
+            g->blocked++;
+            return 0;
+        }
         if (!w->admitted && w->n_past == 0) {
             /* First look: share the cached pages of its prefix. The slot is
              * fresh (its previous owner's pages went back at gather start). */
@@ -270,6 +297,7 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
                 specd_transformer_release_slot(s->t, w->slot);
                 if (!w->t_blocked_us) w->t_blocked_us = now;
                 g->blocked++;
+                g->prompt_waiting = 1;
                 return 0;
             }
             w->n_done += rows;
@@ -301,6 +329,7 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     if (need + reserve > avail) {
         if (!w->t_blocked_us) w->t_blocked_us = now;
         g->blocked++;
+        if (!started(w)) g->prompt_waiting = 1;
         return 0;
     }
     g->used += specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
@@ -350,11 +379,11 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
                 complete(w, SPECD_WORK_CANCELLED);
             } else if (admit(s, &g, w, round, &take, now)) {
                 if (add_item(s, &g, w, take)) break;
-            } else if (w->t_blocked_us && now - w->t_blocked_us > (int64_t)s->o.kv_wait_ms * 1000) {
+            } else if (w->t_blocked_us && now - w->t_blocked_us > wait_bound_us(s, w)) {
                 specd_transformer_kv_pages(s->t, &avail, NULL);
                 fail_no_pages(s, w, specd_transformer_pages_needed(
                                         s->t, w->slot, w->n_past + w->n_done, remaining(w)),
-                              avail - g.used, now);
+                              avail - g.used, now, !started(w));
             }
             w = next;
         }
@@ -372,7 +401,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
             fail_no_pages(s, young, specd_transformer_pages_needed(
                                         s->t, young->slot, young->n_past + young->n_done,
                                         remaining(young)),
-                          avail, now);
+                          avail, now, 0);
     }
     *n_tokens_out = g.n_tok;
     *n_out_out = g.n_out;
@@ -570,7 +599,8 @@ void specd_sched_step_cost(specd_sched *s, specd_step_cost *out) {
 specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
                                 specd_error *err) {
     if (!t || !o || o->max_batch_tokens < 1 || o->max_wait_ms < 0 || o->n_slots < 1 ||
-        o->prefill_chunk < 0 || o->prefill_chunk_ms < 0 || o->kv_wait_ms < 0) {
+        o->prefill_chunk < 0 || o->prefill_chunk_ms < 0 || o->kv_wait_ms < 0 ||
+        o->queue_wait_ms < 0) {
         specd_seterr(err, "scheduler: bad options");
         return NULL;
     }
@@ -585,6 +615,7 @@ specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
     if (!s->o.prefill_chunk || s->o.prefill_chunk > s->o.max_batch_tokens)
         s->o.prefill_chunk = s->o.max_batch_tokens;
     if (!s->o.kv_wait_ms) s->o.kv_wait_ms = 30000;
+    if (!s->o.queue_wait_ms) s->o.queue_wait_ms = 600000;
     specd_transformer_kv_stats(t, &s->kv_stats);
     s->vocab = hp->vocab_size;
     s->dim = hp->dim;
@@ -759,3 +790,5 @@ int specd_sched_check_pages(specd_sched *s, specd_error *err) {
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
+
+int specd_sched_queue_wait_ms(const specd_sched *s) { return s->o.queue_wait_ms; }

@@ -36,6 +36,14 @@
  * page per other active session is left over, so running sessions can keep
  * growing. A new prompt first shares every cached page of its prefix.
  *
+ * New prompts (a new session's, or a failover's re-open) are started first
+ * come, first served: while the oldest one waits for pages, younger ones
+ * wait behind it (a stream of small prompts cannot starve a large one),
+ * and steps of running sessions go on. A prompt not started after
+ * queue_wait_ms fails with SPECD_WORK_NO_PAGES (RESOURCE_EXHAUSTED saying
+ * so); it held nothing, so nothing is lost. A busy target thus queues: 64
+ * prompts of 4,000 tokens on a 2-core CPU wait minutes, not a failure.
+ *
  * When the pool runs dry mid-generation (policy): the item waits in the
  * queue, other items go on, and pages come back as sessions end. An item
  * that has waited kv_wait_ms, or the youngest waiting one when every
@@ -77,7 +85,8 @@ typedef struct specd_sched_opts {
     int prefill_chunk_ms; /* while other sessions decode, prompt tokens per pass are also cut
                            * to what fits this many ms at the last prompt pass's measured
                            * cost per token (at least SPECD_MIN_PREFILL_CHUNK); 0 = off */
-    int kv_wait_ms;       /* longest wait for KV pages; 0 = 30 s */
+    int kv_wait_ms;       /* longest wait of a started session for KV pages; 0 = 30 s */
+    int queue_wait_ms;    /* longest wait of a new prompt to be started; 0 = 10 min */
     /* Start-up timing of passes of 1..calibrate_tokens tokens for the cost
      * curve (common/spec/step_cost.h); 0 = none (the curve then starts empty and
      * fills from real passes). */
@@ -175,6 +184,8 @@ void specd_sched_kv_stats(specd_sched *s, specd_kv_pool_stats *st);
 /* The forward-pass cost curve: the start-up timings, folded with every
  * pass since (thread-safe copy). */
 void specd_sched_step_cost(specd_sched *s, specd_step_cost *out);
+/* The admission queue's bound (opts.queue_wait_ms, defaulted). */
+int specd_sched_queue_wait_ms(const specd_sched *s);
 
 /* Checks the KV page accounting (specd_transformer_check_pages) between
  * passes. For tests: 0 or -1 + err. */

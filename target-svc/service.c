@@ -624,6 +624,7 @@ static void h_info(specd_rpc_call *c, void *user) {
     r.backend = (char *)specd_transformer_backend_name(svc->t);
     r.max_tree_tokens = svc->o.max_tree_tokens;
     r.max_sessions = svc->o.max_sessions;
+    r.queue_wait_ms = (uint32_t)specd_sched_queue_wait_ms(svc->sched);
     Specd__V1__KvPoolInfo kv = SPECD__V1__KV_POOL_INFO__INIT;
     specd_kv_pool_stats st;
     specd_sched_kv_stats(svc->sched, &st);
@@ -707,7 +708,8 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
     specd_sched_opts so = {.n_slots = o->max_sessions, .max_batch_tokens = o->max_batch_tokens,
                            .max_wait_ms = o->max_wait_ms, .prefill_chunk = o->prefill_chunk,
                            .prefill_chunk_ms = o->prefill_chunk_ms,
-                           .kv_wait_ms = o->kv_wait_ms, .calibrate_tokens = o->calibrate_tokens};
+                           .kv_wait_ms = o->kv_wait_ms, .queue_wait_ms = o->queue_wait_ms,
+                           .calibrate_tokens = o->calibrate_tokens};
     svc->sched = specd_sched_create(t, &so, err);
     if (!svc->sched) {
         free(svc);

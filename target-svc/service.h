@@ -38,7 +38,8 @@ typedef struct specd_target_opts {
     int max_new_tokens, default_max_new_tokens;
     int prefill_chunk;     /* prompt tokens per forward pass (scheduler.h) */
     int prefill_chunk_ms;  /* time budget of a pass's prompt work beside decoding streams */
-    int kv_wait_ms;        /* longest wait for KV pages before RESOURCE_EXHAUSTED */
+    int kv_wait_ms;        /* longest wait of a running session's step for KV pages */
+    int queue_wait_ms;     /* longest wait of a new session for pages to start (0 = 10 min) */
     int prefix_cache;      /* reported in GetInfo (the transformer does the caching) */
     int calibrate_tokens;  /* start-up timing of the cost curve up to this pass size (0 = none) */
 } specd_target_opts;

@@ -48,8 +48,13 @@ const specd_cfg_field specd_target_cfg_fields[] = {
     SPECD_CFG_FIELD("limits.prefix_cache", SPECD_CFG_BOOL, specd_target_cfg, limits.prefix_cache,
                     "true", "share the KV pages of common prompt prefixes between sessions"),
     SPECD_CFG_FIELD("limits.kv_wait", SPECD_CFG_DURATION, specd_target_cfg, limits.kv_wait, "30s",
-                    "longest a step waits for KV pages before RESOURCE_EXHAUSTED", .min = 1,
-                    .max = 3600000),
+                    "longest a running session's step waits for KV pages before "
+                    "RESOURCE_EXHAUSTED (the session is preempted; draft-svc re-opens it)",
+                    .min = 1, .max = 3600000),
+    SPECD_CFG_FIELD("limits.queue_wait", SPECD_CFG_DURATION, specd_target_cfg, limits.queue_wait,
+                    "10m", "longest a new session waits in the queue (first come, first "
+                    "served) for KV pages to start its prompt before RESOURCE_EXHAUSTED",
+                    .min = 1, .max = 86400000),
     SPECD_CFG_FIELD("batching.max_batch_tokens", SPECD_CFG_INT64, specd_target_cfg,
                     batching.max_batch_tokens, "2048", "most tokens in one forward pass",
                     .min = 2, .max = 1 << 20),

@@ -21,7 +21,7 @@ typedef struct specd_target_cfg {
     int64_t threads;
     int precision; /* specd_precision, named by specd_precision_names */
     struct {
-        int64_t max_sessions, max_prompt_tokens, max_tree_tokens, max_context, kv_wait;
+        int64_t max_sessions, max_prompt_tokens, max_tree_tokens, max_context, kv_wait, queue_wait;
         int64_t max_new_tokens, default_max_new_tokens;
         uint64_t kv_memory;
         bool prefix_cache;

@@ -36,6 +36,7 @@ void specd_target_opts_from_config(const specd_target_cfg *c, specd_target_opts 
         .prefill_chunk = (int)c->batching.prefill_chunk,
         .prefill_chunk_ms = (int)c->batching.prefill_chunk_time,
         .kv_wait_ms = (int)c->limits.kv_wait,
+        .queue_wait_ms = (int)c->limits.queue_wait,
         .prefix_cache = c->limits.prefix_cache,
         .calibrate_tokens = (int)c->batching.calibrate_tokens,
     };

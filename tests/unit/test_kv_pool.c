@@ -14,16 +14,20 @@
  *     runs dry (re-opened from their tokens, as draft-svc does); the page
  *     accounting is checked after every step, and every finished session's
  *     greedy tokens equal its tokens when run alone;
+ *   - the admission queue: new prompts start first come, first served and
+ *     wait up to queue_wait (not kv_wait), then get NO_PAGES saying so;
  *   - the start-up error for a pool smaller than one whole context.
  *
  * Model: the tiny golden Llama (tests/golden/data/tiny-gqa). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -512,12 +516,108 @@ static void test_sched_churn(void **state) {
     assert_int_equal(hits, 0);
 }
 
+/* --- the admission queue ---------------------------------------------------------- */
+
+typedef struct queued {
+    specd_sched *sched;
+    int32_t tokens[CTX];
+    int n, slot, rc;
+    _Atomic int done;
+    char err[sizeof(((specd_error *)0)->msg)];
+} queued;
+
+static void *queued_main(void *arg) {
+    queued *q = arg;
+    specd_sampling greedy;
+    memset(&greedy, 0, sizeof greedy);
+    specd_work w;
+    memset(&w, 0, sizeof w);
+    w.kind = SPECD_WORK_PREFILL;
+    w.slot = q->slot;
+    w.tokens = q->tokens;
+    w.n_tokens = q->n;
+    w.sampling = &greedy;
+    q->rc = specd_sched_run(q->sched, &w);
+    snprintf(q->err, sizeof q->err, "%s", w.err.msg);
+    atomic_store(&q->done, 1);
+    return NULL;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A holder keeps 8 of 12 pages. Prompt A (7 pages) waits; prompt B (2
+ * pages) would fit but arrived later, so it waits behind A (first come,
+ * first served), both well past kv_wait (a running session's bound, not a
+ * new prompt's); once the holder leaves both start. With a short
+ * queue_wait, A instead gets NO_PAGES naming limits.queue_wait. */
+static void test_sched_admission_queue(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    int vocab = m->hp.vocab_size;
+    for (int round = 0; round < 2; round++) {
+        specd_transformer *t = make_t(m, 3, 12, 0);
+        specd_error err = {{0}};
+        specd_sched_opts so = {.n_slots = 3, .max_batch_tokens = MAX_BATCH, .max_wait_ms = 0,
+                               .kv_wait_ms = 50, .queue_wait_ms = round ? 150 : 0};
+        specd_sched *sched = specd_sched_create(t, &so, &err);
+        assert_non_null(sched);
+        assert_int_equal(specd_sched_queue_wait_ms(sched), round ? 150 : 600000);
+        queued *h = calloc(1, sizeof *h), *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        queued *qs[3] = {h, a, b};
+        const int lens[3] = {120, 100, 20};
+        for (int i = 0; i < 3; i++) {
+            qs[i]->sched = sched;
+            qs[i]->n = lens[i];
+            for (int j = 0; j < lens[i]; j++) qs[i]->tokens[j] = (i * 37 + j * 11 + 3) % vocab;
+            qs[i]->slot = specd_sched_acquire_slot(sched);
+            assert_true(qs[i]->slot >= 0);
+        }
+        queued_main(h); /* the holder's prompt: 8 pages, kept (its slot stays) */
+        assert_int_equal(h->rc, SPECD_WORK_OK);
+        pthread_t ta, tb;
+        pthread_create(&ta, NULL, queued_main, a);
+        sleep_ms(30);
+        pthread_create(&tb, NULL, queued_main, b);
+        if (round == 0) {
+            sleep_ms(300); /* 6 x kv_wait */
+            assert_int_equal(atomic_load(&a->done), 0);
+            assert_int_equal(atomic_load(&b->done), 0); /* it fits, but A came first */
+            specd_sched_release_slot(sched, h->slot);
+            pthread_join(ta, NULL);
+            pthread_join(tb, NULL);
+            if (a->rc != SPECD_WORK_OK) fail_msg("A: %s", a->err);
+            if (b->rc != SPECD_WORK_OK) fail_msg("B: %s", b->err);
+        } else {
+            pthread_join(ta, NULL);
+            assert_int_equal(a->rc, SPECD_WORK_NO_PAGES);
+            assert_non_null(strstr(a->err, "limits.queue_wait"));
+            assert_non_null(strstr(a->err, "100 tokens"));
+            specd_sched_release_slot(sched, a->slot);
+            pthread_join(tb, NULL); /* B, no longer behind A, fits beside the holder */
+            if (b->rc != SPECD_WORK_OK) fail_msg("B: %s", b->err);
+            specd_sched_release_slot(sched, h->slot);
+            a->slot = -1;
+        }
+        if (check_sched(sched)) fail_msg("%s", g_fail);
+        if (a->slot >= 0) specd_sched_release_slot(sched, a->slot);
+        specd_sched_release_slot(sched, b->slot);
+        specd_sched_free(sched);
+        for (int i = 0; i < 3; i++) free(qs[i]);
+        specd_transformer_free(t);
+    }
+    specd_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),
         cmocka_unit_test(test_pool_lru_and_keys),
         cmocka_unit_test(test_copy_on_write),
         cmocka_unit_test(test_compact_copy_on_write),
+        cmocka_unit_test(test_sched_admission_queue),
         cmocka_unit_test(test_pool_too_small),
         cmocka_unit_test(test_sched_churn),
     };
