@@ -62,10 +62,10 @@ grep -m1 -i "sessions" "$TMP/target.log" || true
 [ ${#DFLAGS[@]} -gt 0 ] && echo "draft-svc flags beyond the defaults: ${DFLAGS[*]}"
 
 # The prompts: N files of random lengths. Without a tokenizer here the text
-# is cut by characters: this Markdown runs 2.25 to 3.85 characters a token
-# (measured per prompt), so a draw of T tokens in 1.7*LO..HI cut at 2.25
-# characters a token lands in about LO..HI tokens; the exact counts are the
-# local runs' and are printed.
+# is cut by characters: this Markdown runs 3.7 characters a token on
+# average (2.25 to 3.85 per prompt), so a draw of T tokens in LO..HI is cut
+# at 3.6 characters a token and lands near T tokens; the exact counts are
+# the local runs' and are printed.
 for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md; done >"$TMP/corpus.txt"
 python3 - "$TMP" "$N" "$LO" "$HI" "$SEED" <<'EOF'
 import random, sys
@@ -73,7 +73,7 @@ tmp, n, lo, hi, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.
 text = open(tmp + "/corpus.txt", encoding="utf-8", errors="replace").read()
 rng = random.Random(seed)
 for i in range(n):
-    chars = rng.randint(lo * 17 // 10, hi) * 225 // 100
+    chars = rng.randint(lo, hi) * 36 // 10
     start = 0 if i % 2 == 0 else rng.randrange(0, len(text) - chars)
     body = text[start:start + chars]
     with open("%s/p%d.txt" % (tmp, i), "w", encoding="utf-8") as f:
