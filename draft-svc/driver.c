@@ -744,7 +744,8 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
     specd_accept_state_init(&g.acc);
     grpc_status_code code = GRPC_STATUS_OK;
     specd_tpool_member *m = NULL, *failed = NULL;
-    int full_waits = 0; /* RESOURCE_EXHAUSTED answers so far */
+    int full_waits = 0;    /* RESOURCE_EXHAUSTED answers so far */
+    double full_slept = 0; /* ms slept between them */
     int vocab = 0;
     /* Room for the prompt, every token, and one step's overshoot. */
     g.cap_hist = req->n_prompt + req->max_new_tokens + env->max_tree_tokens + 2;
@@ -821,20 +822,27 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
         if (rc == STEP_RETRY && scode == GRPC_STATUS_RESOURCE_EXHAUSTED) {
             /* The target is healthy but has no free session slot (it is
              * full, or a session that just ended has not given its slot
-             * back yet). Not a failure: wait a little and ask again (the
-             * pool may pick a less loaded target), for at most
-             * open_timeout in all, like a request queued for admission. */
+             * back yet), or it preempted this session to free KV pages, or
+             * its queue wait ran out. Not a failure: wait a little and ask
+             * again (the pool may pick a less loaded target; a re-open
+             * queues on the target, first come, first served, with the
+             * history as its prompt). What bounds it: the time slept here,
+             * at most open_timeout in all; the time a target held the
+             * session (queued, prefilling, running) is its own business
+             * (limits.queue_wait, limits.kv_wait), and every token the
+             * session produced is kept. */
             specd_tpool_release(env->pool, m, 0);
             m = NULL;
-            double waited = now_ms() - g.t_start;
-            if (waited >= env->open_timeout_ms) {
+            if (full_slept >= env->open_timeout_ms) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
                 specd_seterr(err, "%s", serr.msg);
-                specd_preferr(err, "no target had a free session for %.0f ms", waited);
+                specd_preferr(err, "no target had room after %d tries over %.0f ms of waiting",
+                              full_waits, full_slept);
                 break;
             }
             full_waits++;
             int ms = full_waits < 5 ? 5 << full_waits : 200; /* 10, 20, 40, 80, then 200 ms */
+            full_slept += ms;
             struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
             continue;

@@ -236,6 +236,11 @@ static void fail_no_pages(specd_sched *s, specd_work *w, int need, int avail, in
 typedef struct gather_state {
     int n_tok, n_items, n_out, prefill_left, blocked;
     int prompt_waiting; /* a new prompt is waiting for pages: younger ones queue behind it */
+    /* Pages that started prompts still need for the rest of their prompt,
+     * beyond what this pass gives them: promised, so a new prompt is
+     * started only if it fits beside them (else two prompts started
+     * together could run the pool dry halfway and be preempted). */
+    int pending;
     int used; /* pages the items gathered so far will take from the pool */
     size_t mask_off;
 } gather_state;
@@ -316,11 +321,14 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     }
     int need = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
     int reserve = 0;
+    int whole = 0;
     if (prefill_round && w->admitted == 1) {
-        /* A prompt not yet started: its whole remainder, and a page for each
-         * other running session to grow into. */
-        need = specd_transformer_pages_needed(s->t, w->slot, w->n_past, remaining(w));
-        reserve = s->n_slots - s->n_free - 1;
+        /* A prompt not yet started: its whole remainder, a page for each
+         * other running session to grow into, and what started prompts
+         * still need. */
+        whole = need = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done,
+                                                      remaining(w));
+        reserve = s->n_slots - s->n_free - 1 + g->pending;
     }
     /* available now: a prefix attach above may just have taken cached pages */
     int avail;
@@ -332,7 +340,11 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
         if (!started(w)) g->prompt_waiting = 1;
         return 0;
     }
-    g->used += specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
+    int chunk = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
+    g->used += chunk;
+    /* a started prompt's chunk comes out of its promise; a new one promises the rest */
+    if (prefill_round)
+        g->pending += w->admitted == 2 ? -chunk : whole - chunk;
     w->t_blocked_us = 0;
     if (prefill_round) w->admitted = 2; /* started: later chunks need no reserve */
     *take = n;
@@ -366,6 +378,10 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     s->pass_ids = 1;
     int64_t now = now_us();
     gather_state g = {.prefill_left = s->o.prefill_chunk};
+    for (const specd_work *w = s->head; w; w = w->next)
+        if (w->kind == SPECD_WORK_PREFILL && w->admitted == 2)
+            g.pending += specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done,
+                                                        remaining(w));
     int avail;
     for (int round = 0; round < 2; round++) {
         if (round == 1) g.prefill_left = prefill_budget(s, &g);

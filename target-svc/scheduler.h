@@ -32,8 +32,10 @@
  * takes its pages from the transformer's one pool as it grows (kv_pool.h).
  * Admission goes by available pages at each pass: an item is gathered only
  * when the pages its rows need are available after the items before it; a
- * new prompt (its first chunk) only when its whole remainder fits and one
- * page per other active session is left over, so running sessions can keep
+ * new prompt (its first chunk) only when its whole remainder fits beside
+ * what the prompts already started still need (promised to them: two
+ * prompts started together must not run the pool dry halfway) with one
+ * page per other active session left over, so running sessions can keep
  * growing. A new prompt first shares every cached page of its prefix.
  *
  * New prompts (a new session's, or a failover's re-open) are started first

@@ -15,7 +15,9 @@
  *     accounting is checked after every step, and every finished session's
  *     greedy tokens equal its tokens when run alone;
  *   - the admission queue: new prompts start first come, first served and
- *     wait up to queue_wait (not kv_wait), then get NO_PAGES saying so;
+ *     wait up to queue_wait (not kv_wait), then get NO_PAGES saying so; a
+ *     started prompt's remaining pages are promised to it, so two prompts
+ *     that do not fit side by side run one after the other, unpreempted;
  *   - the start-up error for a pool smaller than one whole context.
  *
  * Model: the tiny golden Llama (tests/golden/data/tiny-gqa). */
@@ -611,6 +613,52 @@ static void test_sched_admission_queue(void **state) {
     specd_model_close(m);
 }
 
+/* Two prompts waiting together that fit the pool one after the other but
+ * not side by side (7 + 6 pages of 12), freed at once when a holder leaves:
+ * the second starts only once the first's whole prompt is accounted for
+ * (started prompts' outstanding pages are promised to them), so neither is
+ * preempted halfway. */
+static void test_sched_prompts_promised(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    int vocab = m->hp.vocab_size;
+    specd_transformer *t = make_t(m, 3, 12, 0);
+    specd_error err = {{0}};
+    specd_sched_opts so = {.n_slots = 3, .max_batch_tokens = MAX_BATCH, .max_wait_ms = 0,
+                           .prefill_chunk = 16, .kv_wait_ms = 50};
+    specd_sched *sched = specd_sched_create(t, &so, &err);
+    assert_non_null(sched);
+    queued *h = calloc(1, sizeof *h), *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    queued *qs[3] = {h, a, b};
+    const int lens[3] = {120, 100, 96};
+    for (int i = 0; i < 3; i++) {
+        qs[i]->sched = sched;
+        qs[i]->n = lens[i];
+        for (int j = 0; j < lens[i]; j++) qs[i]->tokens[j] = (i * 53 + j * 7 + 1) % vocab;
+        qs[i]->slot = specd_sched_acquire_slot(sched);
+        assert_true(qs[i]->slot >= 0);
+    }
+    queued_main(h); /* 8 pages held: neither A nor B can start */
+    assert_int_equal(h->rc, SPECD_WORK_OK);
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, queued_main, a);
+    sleep_ms(20);
+    pthread_create(&tb, NULL, queued_main, b);
+    sleep_ms(50);
+    specd_sched_release_slot(sched, h->slot); /* both could start now, one at a time fit */
+    pthread_join(ta, NULL);
+    if (a->rc != SPECD_WORK_OK) fail_msg("A: %s", a->err);
+    specd_sched_release_slot(sched, a->slot); /* A's session ends: B's pages are there */
+    pthread_join(tb, NULL);
+    if (b->rc != SPECD_WORK_OK) fail_msg("B: %s", b->err);
+    if (check_sched(sched)) fail_msg("%s", g_fail);
+    specd_sched_release_slot(sched, b->slot);
+    specd_sched_free(sched);
+    for (int i = 0; i < 3; i++) free(qs[i]);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),
@@ -618,6 +666,7 @@ int main(void) {
         cmocka_unit_test(test_copy_on_write),
         cmocka_unit_test(test_compact_copy_on_write),
         cmocka_unit_test(test_sched_admission_queue),
+        cmocka_unit_test(test_sched_prompts_promised),
         cmocka_unit_test(test_pool_too_small),
         cmocka_unit_test(test_sched_churn),
     };
