@@ -229,6 +229,7 @@ static void fail_no_pages(specd_sched *s, specd_work *w, int need, int avail, in
                               "be re-opened from its tokens (limits.kv_memory, limits.kv_wait)",
                      (long long)((now - w->t_blocked_us) / 1000), need, SPECD_KV_PAGE_ROWS,
                      avail, st.n_pages, s->n_slots - s->n_free);
+    specd_target_metrics_no_pages(queued);
     unlink_item(s, w);
     complete(w, SPECD_WORK_NO_PAGES);
 }

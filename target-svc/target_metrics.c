@@ -12,6 +12,7 @@ static struct {
     specd_metric *batch_tokens, *forward_s, *forward_errors, *kv_used, *kv_free;
     specd_metric *steps, *accepted, *generated;
     specd_metric *kv_cached, *prefix_lookup, *prefix_hit, *kv_evictions;
+    specd_metric *preemptions, *queue_timeouts;
 } M;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -51,6 +52,13 @@ static void init(void) {
     M.kv_evictions = specd_metrics_counter(r, "specd_target_kv_evictions_total",
                                            "Cached prefix pages evicted (LRU) for new rows",
                                            NULL);
+    M.preemptions = specd_metrics_counter(r, "specd_target_kv_preemptions_total",
+                                          "Sessions ended with RESOURCE_EXHAUSTED to free KV "
+                                          "pages (draft-svc re-opens them from their tokens)",
+                                          NULL);
+    M.queue_timeouts = specd_metrics_counter(r, "specd_target_queue_timeouts_total",
+                                             "New prompts refused after waiting "
+                                             "limits.queue_wait for KV pages", NULL);
     M.steps = specd_metrics_counter(r, "specd_target_verify_steps_total",
                                     "Candidate trees verified", NULL);
     M.accepted = specd_metrics_counter(r, "specd_target_accepted_tokens_total",
@@ -137,3 +145,8 @@ void specd_target_metrics_unwatch(specd_target_watch *w) {
     free(w);
 }
 
+
+void specd_target_metrics_no_pages(int queued) {
+    pthread_once(&once, init);
+    specd_metric_add(queued ? M.queue_timeouts : M.preemptions, NULL, 1);
+}

@@ -40,6 +40,9 @@ void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t 
 /* A tree verified: n_accepted draft tokens kept, n_emitted tokens sent. Also
  * counted into the request log of the calling handler thread. */
 void specd_target_metrics_verify(int n_accepted, int n_emitted);
+/* One item failed for want of KV pages: a new prompt past limits.queue_wait
+ * (queued), or a session preempted. */
+void specd_target_metrics_no_pages(int queued);
 
 /* Registers the scrape hook that reads the scheduler's load; unwatch
  * before the scheduler goes (it waits for a scrape in progress). NULL on out
