@@ -242,6 +242,12 @@ typedef struct gather_state {
      * started only if it fits beside them (else two prompts started
      * together could run the pool dry halfway and be preempted). */
     int pending;
+    /* Sessions holding pages (they may grow by a page while a new prompt
+     * prefills: each gets one in reserve). Sessions that only hold a slot,
+     * new prompts waiting in the queue among them, need no reserve: with
+     * 64 queued prompts a pool of one whole context could otherwise never
+     * start a long one. */
+    int growing;
     int used; /* pages the items gathered so far will take from the pool */
     size_t mask_off;
 } gather_state;
@@ -329,7 +335,7 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
          * still need. */
         whole = need = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done,
                                                       remaining(w));
-        reserve = s->n_slots - s->n_free - 1 + g->pending;
+        reserve = g->growing - (specd_transformer_slot_pages(s->t, w->slot) > 0) + g->pending;
     }
     /* available now: a prefix attach above may just have taken cached pages */
     int avail;
@@ -344,8 +350,10 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     int chunk = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done, n);
     g->used += chunk;
     /* a started prompt's chunk comes out of its promise; a new one promises the rest */
-    if (prefill_round)
+    if (prefill_round) {
+        if (w->admitted == 1 && specd_transformer_slot_pages(s->t, w->slot) == 0) g->growing++;
         g->pending += w->admitted == 2 ? -chunk : whole - chunk;
+    }
     w->t_blocked_us = 0;
     if (prefill_round) w->admitted = 2; /* started: later chunks need no reserve */
     *take = n;
@@ -379,6 +387,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     s->pass_ids = 1;
     int64_t now = now_us();
     gather_state g = {.prefill_left = s->o.prefill_chunk};
+    for (int i = 0; i < s->n_slots; i++) g.growing += specd_transformer_slot_pages(s->t, i) > 0;
     for (const specd_work *w = s->head; w; w = w->next)
         if (w->kind == SPECD_WORK_PREFILL && w->admitted == 2)
             g.pending += specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done,

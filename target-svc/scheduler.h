@@ -35,8 +35,8 @@
  * new prompt (its first chunk) only when its whole remainder fits beside
  * what the prompts already started still need (promised to them: two
  * prompts started together must not run the pool dry halfway) with one
- * page per other active session left over, so running sessions can keep
- * growing. A new prompt first shares every cached page of its prefix.
+ * page per other session holding pages left over, so running sessions can
+ * keep growing. A new prompt first shares every cached page of its prefix.
  *
  * New prompts (a new session's, or a failover's re-open) are started first
  * come, first served: while the oldest one waits for pages, younger ones

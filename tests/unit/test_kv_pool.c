@@ -659,6 +659,47 @@ static void test_sched_prompts_promised(void **state) {
     specd_model_close(m);
 }
 
+/* A pool of exactly one whole context (10 pages) and four more sessions
+ * queued behind a full-context prompt: the queued ones hold no pages, so
+ * they need no reserve, and the long prompt starts at once (counting them
+ * as growing sessions kept it out until its queue wait ran out). */
+static void test_sched_queued_need_no_reserve(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    int vocab = m->hp.vocab_size;
+    specd_transformer *t = make_t(m, 5, 10, 0);
+    specd_error err = {{0}};
+    specd_sched_opts so = {.n_slots = 5, .max_batch_tokens = MAX_BATCH, .max_wait_ms = 0,
+                           .kv_wait_ms = 50, .queue_wait_ms = 2000};
+    specd_sched *sched = specd_sched_create(t, &so, &err);
+    assert_non_null(sched);
+    queued *qs[5];
+    pthread_t th[5];
+    for (int i = 0; i < 5; i++) {
+        qs[i] = calloc(1, sizeof *qs[i]);
+        qs[i]->sched = sched;
+        qs[i]->n = i == 0 ? 150 : 16; /* a page each: all four fit with their reserve */
+        for (int j = 0; j < qs[i]->n; j++) qs[i]->tokens[j] = (i * 29 + j * 13 + 2) % vocab;
+        qs[i]->slot = specd_sched_acquire_slot(sched);
+        assert_true(qs[i]->slot >= 0);
+    }
+    pthread_create(&th[0], NULL, queued_main, qs[0]);
+    for (int i = 1; i < 5; i++) pthread_create(&th[i], NULL, queued_main, qs[i]);
+    pthread_join(th[0], NULL);
+    if (qs[0]->rc != SPECD_WORK_OK) fail_msg("the full-context prompt: %s", qs[0]->err);
+    specd_sched_release_slot(sched, qs[0]->slot);
+    for (int i = 1; i < 5; i++) {
+        pthread_join(th[i], NULL);
+        if (qs[i]->rc != SPECD_WORK_OK) fail_msg("prompt %d: %s", i, qs[i]->err);
+    }
+    if (check_sched(sched)) fail_msg("%s", g_fail);
+    for (int i = 1; i < 5; i++) specd_sched_release_slot(sched, qs[i]->slot);
+    specd_sched_free(sched);
+    for (int i = 0; i < 5; i++) free(qs[i]);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),
@@ -667,6 +708,7 @@ int main(void) {
         cmocka_unit_test(test_compact_copy_on_write),
         cmocka_unit_test(test_sched_admission_queue),
         cmocka_unit_test(test_sched_prompts_promised),
+        cmocka_unit_test(test_sched_queued_need_no_reserve),
         cmocka_unit_test(test_pool_too_small),
         cmocka_unit_test(test_sched_churn),
     };
