@@ -290,6 +290,9 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     if ((w->kind == SPECD_WORK_PREFILL) != prefill_round) return 0;
     int room = s->o.max_batch_tokens - g->n_tok;
     int n = remaining(w);
+    /* in g->growing already: it held pages when the pass began (a prefix
+     * attached on an earlier look) */
+    int counted = w->admitted && specd_transformer_slot_pages(s->t, w->slot) > 0;
     if (prefill_round) {
         if (!started(w) && g->prompt_waiting) {
             /* first come, first served: behind an older prompt that waits */
@@ -335,7 +338,7 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
          * still need. */
         whole = need = specd_transformer_pages_needed(s->t, w->slot, w->n_past + w->n_done,
                                                       remaining(w));
-        reserve = g->growing - (specd_transformer_slot_pages(s->t, w->slot) > 0) + g->pending;
+        reserve = g->growing - counted + g->pending;
     }
     /* available now: a prefix attach above may just have taken cached pages */
     int avail;
@@ -351,7 +354,7 @@ static int admit(specd_sched *s, gather_state *g, specd_work *w, int prefill_rou
     g->used += chunk;
     /* a started prompt's chunk comes out of its promise; a new one promises the rest */
     if (prefill_round) {
-        if (w->admitted == 1 && specd_transformer_slot_pages(s->t, w->slot) == 0) g->growing++;
+        if (w->admitted == 1 && !counted) g->growing++;
         g->pending += w->admitted == 2 ? -chunk : whole - chunk;
     }
     w->t_blocked_us = 0;
