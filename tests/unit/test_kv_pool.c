@@ -550,11 +550,24 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* Waits (up to 10 s) until n work items are queued: the order of arrival
+ * these tests depend on, without trusting a sleep on a loaded machine. */
+static void wait_queued(specd_sched *s, int n) {
+    for (int i = 0; i < 10000; i++) {
+        int items, tokens;
+        specd_sched_queue(s, &items, &tokens);
+        if (items >= n) return;
+        sleep_ms(1);
+    }
+    fail_msg("fewer than %d items queued after 10 s", n);
+}
+
 /* A holder keeps 8 of 12 pages. Prompt A (7 pages) waits; prompt B (2
  * pages) would fit but arrived later, so it waits behind A (first come,
  * first served), both well past kv_wait (a running session's bound, not a
  * new prompt's); once the holder leaves both start. With a short
- * queue_wait, A instead gets NO_PAGES naming limits.queue_wait. */
+ * queue_wait, A instead gets NO_PAGES naming limits.queue_wait (and B too,
+ * or it starts). */
 static void test_sched_admission_queue(void **state) {
     (void)state;
     specd_model_file *m = open_model();
@@ -581,8 +594,9 @@ static void test_sched_admission_queue(void **state) {
         assert_int_equal(h->rc, SPECD_WORK_OK);
         pthread_t ta, tb;
         pthread_create(&ta, NULL, queued_main, a);
-        sleep_ms(30);
+        wait_queued(sched, 1);
         pthread_create(&tb, NULL, queued_main, b);
+        wait_queued(sched, 2);
         if (round == 0) {
             sleep_ms(300); /* 6 x kv_wait */
             assert_int_equal(atomic_load(&a->done), 0);
@@ -598,8 +612,11 @@ static void test_sched_admission_queue(void **state) {
             assert_non_null(strstr(a->err, "limits.queue_wait"));
             assert_non_null(strstr(a->err, "100 tokens"));
             specd_sched_release_slot(sched, a->slot);
-            pthread_join(tb, NULL); /* B, no longer behind A, fits beside the holder */
-            if (b->rc != SPECD_WORK_OK) fail_msg("B: %s", b->err);
+            /* B waited behind A as long (so its own queue wait may have run
+             * out too); if it has not, it fits beside the holder now */
+            pthread_join(tb, NULL);
+            if (b->rc != SPECD_WORK_OK && !strstr(b->err, "limits.queue_wait"))
+                fail_msg("B: %s", b->err);
             specd_sched_release_slot(sched, h->slot);
             a->slot = -1;
         }
@@ -642,9 +659,9 @@ static void test_sched_prompts_promised(void **state) {
     assert_int_equal(h->rc, SPECD_WORK_OK);
     pthread_t ta, tb;
     pthread_create(&ta, NULL, queued_main, a);
-    sleep_ms(20);
+    wait_queued(sched, 1);
     pthread_create(&tb, NULL, queued_main, b);
-    sleep_ms(50);
+    wait_queued(sched, 2);
     specd_sched_release_slot(sched, h->slot); /* both could start now, one at a time fit */
     pthread_join(ta, NULL);
     if (a->rc != SPECD_WORK_OK) fail_msg("A: %s", a->err);
@@ -659,8 +676,9 @@ static void test_sched_prompts_promised(void **state) {
     specd_model_close(m);
 }
 
-/* A pool of exactly one whole context (10 pages) and four more sessions
- * queued behind a full-context prompt: the queued ones hold no pages, so
+/* A pool of exactly one whole context (10 pages): a holder keeps one page,
+ * a full-context prompt waits for it, and three more sessions queue behind
+ * that prompt. When the holder leaves, the queued ones hold no pages, so
  * they need no reserve, and the long prompt starts at once (counting them
  * as growing sessions kept it out until its queue wait ran out). */
 static void test_sched_queued_need_no_reserve(void **state) {
@@ -678,22 +696,29 @@ static void test_sched_queued_need_no_reserve(void **state) {
     for (int i = 0; i < 5; i++) {
         qs[i] = calloc(1, sizeof *qs[i]);
         qs[i]->sched = sched;
-        qs[i]->n = i == 0 ? 150 : 16; /* a page each: all four fit with their reserve */
+        qs[i]->n = i == 1 ? 150 : 16; /* [0] the holder, [1] the long prompt */
         for (int j = 0; j < qs[i]->n; j++) qs[i]->tokens[j] = (i * 29 + j * 13 + 2) % vocab;
         qs[i]->slot = specd_sched_acquire_slot(sched);
         assert_true(qs[i]->slot >= 0);
     }
-    pthread_create(&th[0], NULL, queued_main, qs[0]);
-    for (int i = 1; i < 5; i++) pthread_create(&th[i], NULL, queued_main, qs[i]);
-    pthread_join(th[0], NULL);
-    if (qs[0]->rc != SPECD_WORK_OK) fail_msg("the full-context prompt: %s", qs[0]->err);
+    queued_main(qs[0]); /* one page held: the long prompt cannot start */
+    assert_int_equal(qs[0]->rc, SPECD_WORK_OK);
+    pthread_create(&th[1], NULL, queued_main, qs[1]);
+    wait_queued(sched, 1);
+    for (int i = 2; i < 5; i++) {
+        pthread_create(&th[i], NULL, queued_main, qs[i]);
+        wait_queued(sched, i);
+    }
     specd_sched_release_slot(sched, qs[0]->slot);
-    for (int i = 1; i < 5; i++) {
+    pthread_join(th[1], NULL);
+    if (qs[1]->rc != SPECD_WORK_OK) fail_msg("the full-context prompt: %s", qs[1]->err);
+    specd_sched_release_slot(sched, qs[1]->slot);
+    for (int i = 2; i < 5; i++) {
         pthread_join(th[i], NULL);
         if (qs[i]->rc != SPECD_WORK_OK) fail_msg("prompt %d: %s", i, qs[i]->err);
     }
     if (check_sched(sched)) fail_msg("%s", g_fail);
-    for (int i = 1; i < 5; i++) specd_sched_release_slot(sched, qs[i]->slot);
+    for (int i = 2; i < 5; i++) specd_sched_release_slot(sched, qs[i]->slot);
     specd_sched_free(sched);
     for (int i = 0; i < 5; i++) free(qs[i]);
     specd_transformer_free(t);
