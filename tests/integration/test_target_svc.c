@@ -589,6 +589,7 @@ static void test_get_info(void **state) {
     assert_string_equal(info->backend, "cpu");
     assert_int_equal(info->max_tree_tokens, MAX_TREE);
     assert_int_equal(info->max_sessions, 4);
+    assert_int_equal(info->queue_wait_ms, 600000); /* the default limits.queue_wait */
     /* No tokenizer in the tiny model: no fingerprint to compare. */
     assert_int_equal(strlen(info->tokenizer_sha256), S.tok ? 64 : 0);
     specd__v1__info__free_unpacked(info, NULL);
