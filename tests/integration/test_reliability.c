@@ -865,6 +865,13 @@ static void test_prefix_cache_failover(void **state) {
  * either request (a busy target is not a dead one). */
 static void test_long_prompt_beside_stream(void **state) {
     (void)state;
+#ifdef SPECD_SANITIZE_BUILD
+    /* A timing test on the real model: under ASan/UBSan the target alone
+     * takes longer than 20 s to start, and gaps mean nothing. The plain
+     * build's run of this suite checks it. */
+    printf("  a timing test: skipped in the sanitizer build\n");
+    skip();
+#endif
     if (access(test_path(SMOL), R_OK)) {
         printf("  %s is missing: skipped\n", SMOL);
         skip();
