@@ -100,7 +100,8 @@ printf '  %d of %d finished in %.1f s wall; failovers (re-opens after preemption
 grep -ohE 'failed \(DEADLINE_EXCEEDED[^;]*|failed \((RESOURCE_EXHAUSTED|UNAVAILABLE)[^;]*' \
   "$TMP/draft.log" | sort | uniq -c | sed 's/^/  draft-svc: /' || true
 echo "  target-svc counters:"
-scrape specd_target_kv_pages specd_target_prefix_cache specd_target_kv_evictions || true
+scrape specd_target_kv_pages specd_target_prefix_cache specd_target_kv_evictions \
+  specd_target_kv_preemptions specd_target_queue_timeouts || true
 services_kill
 
 echo "phase 2: each prompt alone, local greedy decoding (no services)"
