@@ -545,6 +545,18 @@ static void *queued_main(void *arg) {
     return NULL;
 }
 
+/* A prompt of n tokens (base + j * step, mod vocab) with its own slot. */
+static queued *queued_new(specd_sched *s, int n, int base, int step, int vocab) {
+    queued *q = calloc(1, sizeof *q);
+    assert_non_null(q);
+    q->sched = s;
+    q->n = n;
+    for (int j = 0; j < n; j++) q->tokens[j] = (base + j * step) % vocab;
+    q->slot = specd_sched_acquire_slot(s);
+    assert_true(q->slot >= 0);
+    return q;
+}
+
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -580,16 +592,10 @@ static void test_sched_admission_queue(void **state) {
         specd_sched *sched = specd_sched_create(t, &so, &err);
         assert_non_null(sched);
         assert_int_equal(specd_sched_queue_wait_ms(sched), round ? 150 : 600000);
-        queued *h = calloc(1, sizeof *h), *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
-        queued *qs[3] = {h, a, b};
         const int lens[3] = {120, 100, 20};
-        for (int i = 0; i < 3; i++) {
-            qs[i]->sched = sched;
-            qs[i]->n = lens[i];
-            for (int j = 0; j < lens[i]; j++) qs[i]->tokens[j] = (i * 37 + j * 11 + 3) % vocab;
-            qs[i]->slot = specd_sched_acquire_slot(sched);
-            assert_true(qs[i]->slot >= 0);
-        }
+        queued *qs[3];
+        for (int i = 0; i < 3; i++) qs[i] = queued_new(sched, lens[i], i * 37 + 3, 11, vocab);
+        queued *h = qs[0], *a = qs[1], *b = qs[2];
         queued_main(h); /* the holder's prompt: 8 pages, kept (its slot stays) */
         assert_int_equal(h->rc, SPECD_WORK_OK);
         pthread_t ta, tb;
@@ -645,16 +651,10 @@ static void test_sched_prompts_promised(void **state) {
                            .prefill_chunk = 16, .kv_wait_ms = 50};
     specd_sched *sched = specd_sched_create(t, &so, &err);
     assert_non_null(sched);
-    queued *h = calloc(1, sizeof *h), *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
-    queued *qs[3] = {h, a, b};
     const int lens[3] = {120, 100, 96};
-    for (int i = 0; i < 3; i++) {
-        qs[i]->sched = sched;
-        qs[i]->n = lens[i];
-        for (int j = 0; j < lens[i]; j++) qs[i]->tokens[j] = (i * 53 + j * 7 + 1) % vocab;
-        qs[i]->slot = specd_sched_acquire_slot(sched);
-        assert_true(qs[i]->slot >= 0);
-    }
+    queued *qs[3];
+    for (int i = 0; i < 3; i++) qs[i] = queued_new(sched, lens[i], i * 53 + 1, 7, vocab);
+    queued *h = qs[0], *a = qs[1], *b = qs[2];
     queued_main(h); /* 8 pages held: neither A nor B can start */
     assert_int_equal(h->rc, SPECD_WORK_OK);
     pthread_t ta, tb;
@@ -693,14 +693,8 @@ static void test_sched_queued_need_no_reserve(void **state) {
     assert_non_null(sched);
     queued *qs[5];
     pthread_t th[5];
-    for (int i = 0; i < 5; i++) {
-        qs[i] = calloc(1, sizeof *qs[i]);
-        qs[i]->sched = sched;
-        qs[i]->n = i == 1 ? 150 : 16; /* [0] the holder, [1] the long prompt */
-        for (int j = 0; j < qs[i]->n; j++) qs[i]->tokens[j] = (i * 29 + j * 13 + 2) % vocab;
-        qs[i]->slot = specd_sched_acquire_slot(sched);
-        assert_true(qs[i]->slot >= 0);
-    }
+    for (int i = 0; i < 5; i++) /* [0] the holder, [1] the long prompt */
+        qs[i] = queued_new(sched, i == 1 ? 150 : 16, i * 29 + 2, 13, vocab);
     queued_main(qs[0]); /* one page held: the long prompt cannot start */
     assert_int_equal(qs[0]->rc, SPECD_WORK_OK);
     pthread_create(&th[1], NULL, queued_main, qs[1]);
