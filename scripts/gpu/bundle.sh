@@ -165,6 +165,12 @@ while IFS= read -r -d '' pc; do
   { echo "bundle_usr=\${pcfiledir}/$rel"; sed -e 's#=/usr\([/ ]\|$\)#=${bundle_usr}\1#g' \
       -e 's#\([ =]-[IL]\)/usr/#\1${bundle_usr}/#g' "$pc"; } > "$pc.new"
   mv "$pc.new" "$pc"
+  # Debian's grpc.pc and gpr.pc say libdir=/usr/lib, but their libraries
+  # are in the multiarch folder: the linker of an installed system finds
+  # them anyway, the GPU image's has no /usr/lib/x86_64-linux-gnu copy. A
+  # .pc under lib/.../pkgconfig describes the libraries of the folder above.
+  case "$pc" in */lib/*/pkgconfig/*.pc)
+    sed -i 's#^libdir=.*#libdir=${pcfiledir}/..#' "$pc" ;; esac
 done < <(find "$R" -name '*.pc' -type f -print0)
 # openblas.pc is an alternatives link on an installed system; here the
 # pthread flavour's file is found through PKG_CONFIG_LIBDIR (bundle.env).
@@ -198,15 +204,19 @@ sort "$WORK/manifest" > "$WORK/root/MANIFEST"
     flags=$("$PKG_CONFIG" --cflags --libs "$m") || { echo "bundle: pkg-config cannot resolve $m" >&2; exit 1; }
     case "$flags" in *" -I/usr/"*|*" -L/usr/"*|-I/usr/*|-L/usr/*)
       echo "bundle: $m still points at /usr: $flags" >&2; exit 1 ;; esac
-    for lib in $(printf '%s\n' $flags | sed -n 's/^-l//p'); do
-      found=0
-      for dir in $(printf '%s\n' $flags | sed -n 's/^-L//p') "$SPECD_PREFIX/usr/lib/$ARCH_TRIPLET"; do
-        [ -e "$dir/lib$lib.so" ] && found=1
-      done
-      # the toolchain's own (libatomic, librt, libm) come with gcc and libc
-      [ $found = 1 ] || ! echo 'int main(void){return 0;}' |
-        cc -x c - -l"$lib" -o /dev/null 2>/dev/null || found=1
-      [ $found = 1 ] || { echo "bundle: $m links -l$lib, which the bundle lacks" >&2; exit 1; }
+    # as CMake's pkg_check_modules resolves them: each -lNAME in a -L folder
+    # given BEFORE it (a library found only later, or only in this
+    # machine's /usr, stays a bare -lNAME that the GPU image cannot link)
+    dirs=()
+    for f in $flags; do
+      case "$f" in
+        -L*) dirs+=("${f#-L}") ;;
+        -l*) lib=${f#-l}; found=0
+             for dir in "${dirs[@]}"; do [ -e "$dir/lib$lib.so" ] && found=1; done
+             # the toolchain's own libraries come with gcc and libc everywhere
+             case "$lib" in m|rt|dl|pthread|atomic|stdc++|gcc_s) found=1 ;; esac
+             [ $found = 1 ] || { echo "bundle: $m links -l$lib, not in a -L folder before it: $flags" >&2; exit 1; } ;;
+      esac
     done
   done
   protoc-c --version >/dev/null || { echo "bundle: bundled protoc-c does not run" >&2; exit 1; }

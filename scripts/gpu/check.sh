@@ -212,7 +212,9 @@ if ! "${PY[@]}" -c 'import torch, transformers' >/dev/null 2>&1; then
   row torch SKIP 0 "PyTorch/transformers not installed here (CI does not install them)"
 elif run torch-make "$(cap 180)" "${PY[@]}" scripts/gpu/torch_xcheck.py xcheck "$WORK/xcheck"; then
   XSET=$WORK/xcheck
-  if [ $BUILT = 1 ] && run torch "$(cap 180)" env SPECD_GOLDEN_EXTRA="$XSET" SPECD_SOURCE_DIR="$ROOT" \
+  if [ $BUILT = 0 ]; then
+    row torch SKIP "$(since $t)" "PyTorch references made ($WORK/xcheck); not built, so nothing to compare"
+  elif run torch "$(cap 180)" env SPECD_GOLDEN_EXTRA="$XSET" SPECD_SOURCE_DIR="$ROOT" \
        "$BUILD/test_golden"; then
     cuda=$(grep -o 'golden on cuda: [0-9]* cases' "$STEP_OUT" || true)
     if [ $DRY = 0 ] && [ -z "$cuda" ]; then
