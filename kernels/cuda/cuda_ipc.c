@@ -87,6 +87,11 @@ int specd_ipc_export_put(specd_ipc_export *e, const float *hidden, specd_error *
     if (ce == cudaSuccess)
         ce = cudaMemcpy(e->dev, e->host, sizeof(uint16_t) * (size_t)e->hidden_size,
                         cudaMemcpyHostToDevice);
+    /* cudaMemcpy from pageable memory returns once the bytes are staged, not
+     * when they have landed: another process reading the buffer right after
+     * our answer could see the previous step's values (test_hidden_ipc did,
+     * on the first GPU run). Wait for the copy on the legacy stream. */
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(0);
     return ce == cudaSuccess ? 0 : cuda_err(err, "writing the hidden state", ce);
 }
 

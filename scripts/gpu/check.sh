@@ -31,12 +31,15 @@
 #              default model on the CPU, a small grid.
 #   e2e        both services in this process, mlp drafter (the shipped
 #              speculator) on the same backend: specd bench --e2e plain vs
-#              mlp, and specd generate speculative vs plain, which must give
-#              identical tokens (greedy).
+#              mlp vs ngram, and specd generate speculative vs plain, which
+#              must give identical tokens (greedy).
 #   ipc        co-location: target-svc as a separate process, draft-svc's
 #              mlp speculator on the same GPU: hidden states through CUDA
 #              IPC (common/rpc/ipc_caps.h); any fallback to bytes fails it.
 #              Dry run: the CPU target refuses, the bytes path must work.
+#   profile    GPU only: the batch-1 verify bench with CUDA graphs off, and
+#              each kernel's GPU time (ncu) over a 16-token generation,
+#              summed by kernel name into $OUT/kernels.txt.
 # Writes $OUT/report.md (machine, summary table, bench tables) and
 # $OUT/check.log (every command's raw output), and prints the summary table
 # last. Exit 0 when no step failed.
@@ -311,17 +314,18 @@ else
   if run e2e-plain "$(cap 90)" "${gen[@]}"; then cp "$STEP_OUT" "$WORK/plain.txt"; else ok=0; detail="plain generate failed"; fi
   if [ $ok = 1 ] && run e2e-spec "$(cap 90)" "${gen[@]}" --speculator "$SPEC"; then
     cp "$STEP_OUT" "$WORK/spec.txt"
-    # the text, without the [specd] stats lines (which differ by design)
+    # the text, without the [specd] stats lines (which differ by design), the
+    # services' log lines (an in-process CUDA run logs its IPC fallback)
     # and blank lines (the speculative client ends with one more newline)
-    if [ "$(grep -v -e '^\[specd\]' -e '^$' "$WORK/plain.txt")" = \
-         "$(grep -v -e '^\[specd\]' -e '^$' "$WORK/spec.txt")" ]; then
+    if [ "$(grep -v -E -e '^(\[specd\]|draft-svc:|target-svc:)' -e '^$' "$WORK/plain.txt")" = \
+         "$(grep -v -E -e '^(\[specd\]|draft-svc:|target-svc:)' -e '^$' "$WORK/spec.txt")" ]; then
       detail="speculative text == plain ($n tokens)"
     else
       ok=0; detail="speculative text differs from plain (check.log: e2e-plain vs e2e-spec)"
     fi
   elif [ $ok = 1 ]; then ok=0; detail="speculative generate failed"; fi
   ecmd=("$S" bench --e2e "${thr[@]}" --backend "$BACKEND" -m "$E2E_MODEL" --speculator "$SPEC"
-        --drafters none,mlp --streams "$streams" -n "$n" --requests 1)
+        --drafters none,mlp,ngram --streams "$streams" -n "$n" --requests 1)
   if [ $ok = 1 ] && run e2e "$(cap 200)" "${ecmd[@]}"; then
     bench_block "specd ${ecmd[*]:1}"
     # the mlp row at one stream: tok/s total, tau, speed-up over plain
@@ -376,6 +380,47 @@ else
   fi
   kill $tpid 2>/dev/null; wait $tpid 2>/dev/null
   { echo; echo "===== [target-svc process]"; cat "$WORK/target-svc.log"; } >> "$LOG"
+fi
+
+# --- profile ---------------------------------------------------------------
+# Where a decode step's time goes (GPU only): the batch-1 verify bench with
+# CUDA graphs off (against bench-smol's, graphs on), and each kernel's GPU
+# time over a short greedy generation from Nsight Compute (ncu, one metric,
+# clocks left alone), summed by kernel name into $OUT/kernels.txt.
+t=$(date +%s)
+if [ $DRY = 1 ] || [ $BUILT = 0 ] || [ $HAVE_GGUF = 0 ]; then
+  row profile SKIP 0 "GPU, a build and the real model only"
+else
+  pdetail=""
+  pargs=(bench --verify --backend cuda -m "$GGUF" --batches 1 --ks 1,4 --reps 5)
+  if run profile-nographs "$(cap 60)" env SPECD_CUDA_GRAPHS=0 "$S" "${pargs[@]}"; then
+    bench_block "SPECD_CUDA_GRAPHS=0 specd ${pargs[*]}"
+    pdetail="graphs off: $(grep -m1 'plain decode at batch 1' "$STEP_OUT" | cut -c1-80)"
+  fi
+  if command -v ncu >/dev/null &&
+     run profile-ncu "$(cap 120)" ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+       --launch-count 4000 "$S" generate --backend cuda -m "$GGUF" -p "Name three colours." -n 16 --ignore-eos; then
+    "${PY[@]}" - "$STEP_OUT" > "$OUT/kernels.txt" <<'PY' 2>> "$LOG"
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+head, body = rows[0], rows[1:]
+ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+tot, cnt = collections.Counter(), collections.Counter()
+for r in body:
+    if len(r) <= max(ki, vi, ui): continue
+    us = float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0)
+    name = r[ki].split("(")[0][:60]
+    tot[name] += us; cnt[name] += 1
+all_us = sum(tot.values())
+print(f"{sum(cnt.values())} kernel launches, {all_us:.0f} us of GPU time in all")
+print(f"{'kernel':60s} {'launches':>8s} {'total us':>10s} {'avg us':>8s} {'share':>6s}")
+for name, us in tot.most_common():
+    print(f"{name:60s} {cnt[name]:8d} {us:10.1f} {us / cnt[name]:8.2f} {100 * us / all_us:5.1f}%")
+PY
+    pdetail="$pdetail; ncu: $(head -1 "$OUT/kernels.txt")"
+  fi
+  row profile PASS "$(since $t)" "${pdetail:-nothing measured (check.log)}"
 fi
 
 # --- report ----------------------------------------------------------------
