@@ -240,6 +240,11 @@ specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *er
      * graphs in or out when a step misbehaves on a new driver or GPU. */
     const char *graphs = getenv("SPECD_CUDA_GRAPHS");
     cb->graphs_off = graphs && !strcmp(graphs, "0");
+    /* SPECD_CUDA_GRAPH_SLOTS=N: a smaller graph cache (for measuring what
+     * the cache size buys; cuda_internal.h) */
+    const char *slots = getenv("SPECD_CUDA_GRAPH_SLOTS");
+    cb->graph_slots = slots ? atoi(slots) : CUDA_GRAPH_SLOTS;
+    if (cb->graph_slots < 1 || cb->graph_slots > CUDA_GRAPH_SLOTS) cb->graph_slots = CUDA_GRAPH_SLOTS;
     if ((e = cudaSetDevice(device)) != cudaSuccess) return create_failed(cb, err, "cudaSetDevice", e);
     if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess)
         return create_failed(cb, err, "cudaStreamCreateWithFlags", e);

@@ -8,14 +8,15 @@
  * step buffer (cuda_step.c). So a graph recorded once replays every later
  * step of that shape.
  *
- * Policy, per (key, n_tokens, n_seqs, n_out), for n_tokens <= 64:
+ * Policy, per (key, n_tokens, n_seqs, n_out), for n_tokens <= 128:
  *   1st time: eager (and scratch buffers grow to this shape's size);
  *   2nd time: recorded (stream capture; nothing runs while capturing), then
  *             instantiated and launched once - this step's work;
  *   later:    replayed with one cudaGraphLaunch (graph_begin returns 1).
  * If recording fails, that shape stays eager until graph_reset. Entries
- * live in a 32-slot table, least recently used evicted. graph_reset (and
- * any reallocation of a buffer graphs use: step buffer, op scratch) drops
+ * live in a 256-slot table (cuda_internal.h), least recently used
+ * evicted. graph_reset (and any reallocation of a buffer graphs use: step
+ * buffer, op scratch) drops
  * the recorded graphs but remembers which shapes ran before: scratch only
  * grows, so a shape that ran once still fits, and its next step records.
  *
@@ -56,7 +57,7 @@ int cuda_graph_begin(specd_backend *be, uint32_t key) {
         return 0;
     uint64_t now = ++cb->graph_clock;
     int found = -1, empty = -1, lru = -1;
-    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
+    for (int i = 0; i < cb->graph_slots; i++) {
         cuda_graph_entry *e = &cb->graphs[i];
         if (e->state == CG_FREE) {
             if (empty < 0) empty = i;
@@ -151,7 +152,7 @@ void cuda_capture_abort(cuda_backend *cb, int retry) {
 void cuda_graph_reset(specd_backend *be) {
     cuda_backend *cb = cuda_of(be);
     cuda_capture_abort(cb, 1);
-    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
+    for (int i = 0; i < cb->graph_slots; i++) {
         cuda_graph_entry *e = &cb->graphs[i];
         drop_exec(cb, e);
         if (e->state == CG_RECORDED) e->state = CG_SEEN;

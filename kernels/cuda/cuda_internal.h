@@ -17,9 +17,14 @@
 /* Graph cache: at most this many (key, shape) entries, least recently used
  * evicted; graphs only for steps of at most CUDA_GRAPH_MAX_TOKENS tokens
  * (decode and tree verification, where launch overhead dominates; a long
- * prefill's kernels run long enough that launching them costs nothing). */
-#define CUDA_GRAPH_SLOTS 32
-#define CUDA_GRAPH_MAX_TOKENS 64
+ * prefill's kernels run long enough that launching them costs nothing).
+ * Speculative steps under load come in many shapes (every session's tree
+ * size adds up to the step's token count): on an H100, 32 entries and 64
+ * tokens left such steps eager at 2.5x a replayed one. An entry costs host
+ * memory and a graph's device-side launch state, not activations.
+ * SPECD_CUDA_GRAPH_SLOTS (1..CUDA_GRAPH_SLOTS) sets a smaller table. */
+#define CUDA_GRAPH_SLOTS 256
+#define CUDA_GRAPH_MAX_TOKENS 128
 
 typedef enum cuda_graph_state {
     CG_FREE = 0, /* slot unused */
@@ -92,6 +97,7 @@ typedef struct cuda_backend {
     uint64_t graph_clock;
     int capturing;          /* index of the entry being recorded, -1 = none */
     int graphs_off;         /* SPECD_CUDA_GRAPHS=0 in the environment */
+    int graph_slots;        /* entries in use: SPECD_CUDA_GRAPH_SLOTS, default all */
     int capture_nest;       /* graph_begin calls nested inside a recording */
 } cuda_backend;
 
