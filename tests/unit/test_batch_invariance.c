@@ -9,6 +9,8 @@
  *   - when a is decoded in a batch beside other sequences (a long prefill
  *     and a candidate tree of another session) at shifted slots,
  *   - when a is the root of a verified tree of candidates,
+ *   - and a tree node behind a masked sibling equals its path decoded
+ *     plainly, one token at a time,
  * on both precisions, on a quantized model of each integer tile kind (the
  * default SmolLM2 Q4_1 + Q8_0 model when present, the tiny Q8_0 GGUF) and
  * the tiny F32 model (fp32 kernels), and on every SIMD path this CPU has. */
@@ -131,6 +133,22 @@ static void check_model(const char *path, specd_precision prec) {
                          .out_rows = &row, .logits = got.logits, .hidden = got.hidden};
         forward(t, &b);
         expect_equal(&got, &ref, vocab, dim, "root of a verified tree", path);
+        /* the grandchild (a, o1, o2) has a masked sibling (o0) among its
+         * rows and its parent in the tree's rows; decoded plainly the same
+         * path has no gap there and its rows are committed: positions,
+         * masks and the softmax (whose sum skips masked rows) must give the
+         * same bits */
+        row = 3;
+        run_seq(t, 0, 0, p, NP, -1, NULL);
+        forward(t, &b);
+        rowout plain = {malloc(sizeof(float) * vocab), malloc(sizeof(float) * dim)};
+        run_seq(t, 1, 0, p, NP, -1, NULL);
+        run_seq(t, 1, NP, &a, 1, -1, NULL);
+        run_seq(t, 1, NP + 1, &tok[2], 1, -1, NULL);
+        run_seq(t, 1, NP + 2, &tok[3], 1, 0, &plain);
+        expect_equal(&got, &plain, vocab, dim, "grandchild of a verified tree, plain path", path);
+        free(plain.logits);
+        free(plain.hidden);
     }
     specd_transformer_free(t);
     free(ref.logits);
