@@ -296,7 +296,10 @@ fi
 
 # --- e2e -------------------------------------------------------------------
 t=$(date +%s)
-if [ $DRY = 1 ]; then n=16; streams=1; thr=(-t 2); else n=64; streams=1,4,16; thr=(); fi
+# four requests a stream on the GPU: every stream count then runs both
+# prompt classes, not only the first (one request a stream made the
+# 1-stream row the repeat prompt alone on the first H100 run)
+if [ $DRY = 1 ]; then n=16; streams=1; thr=(-t 2); reqs=1; else n=64; streams=1,4,16; thr=(); reqs=4; fi
 E2E_MODEL=""
 if [ $HAVE_GGUF = 1 ]; then
   E2E_MODEL=$GGUF
@@ -325,7 +328,7 @@ else
     fi
   elif [ $ok = 1 ]; then ok=0; detail="speculative generate failed"; fi
   ecmd=("$S" bench --e2e "${thr[@]}" --backend "$BACKEND" -m "$E2E_MODEL" --speculator "$SPEC"
-        --drafters none,mlp,ngram --streams "$streams" -n "$n" --requests 1)
+        --drafters none,mlp,ngram --streams "$streams" -n "$n" --requests "$reqs")
   if [ $ok = 1 ] && run e2e "$(cap 200)" "${ecmd[@]}"; then
     bench_block "specd ${ecmd[*]:1}"
     # the mlp row at one stream: tok/s total, tau, speed-up over plain
