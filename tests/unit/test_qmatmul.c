@@ -41,9 +41,19 @@ typedef struct qfixture {
     cpu_qweight w;
 } qfixture;
 
-static void qfix_make(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed) {
+/* fill_nibbles: every 4-bit weight of a Q4 type set to 15, the largest */
+static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
+                         int fill_nibbles) {
     memset(f, 0, sizeof *f);
     f->raw = test_random_weights(type, rows, cols, seed, &f->row_bytes);
+    if (fill_nibbles) {
+        /* GGUF blocks of 32: Q4_0 = fp16 d + 16 nibble bytes, Q4_1 = fp16 d,
+         * fp16 m + 16 nibble bytes */
+        size_t head = type == SPECD_Q4_1 ? 4 : 2, blk = head + 16;
+        assert_true(type == SPECD_Q4_0 || type == SPECD_Q4_1);
+        for (size_t o = 0; o + blk <= f->row_bytes * (size_t)rows; o += blk)
+            memset(f->raw + o + head, 0xFF, 16);
+    }
     snprintf(f->t.name, sizeof f->t.name, "test.weight");
     f->t.type = type;
     f->t.n_dims = 2;
@@ -53,6 +63,10 @@ static void qfix_make(qfixture *f, specd_dtype type, int64_t rows, int64_t cols,
     f->t.data = f->raw;
     f->t.nbytes = f->row_bytes * (size_t)rows;
     assert_int_equal(cpu_qweight_make(&f->t, &f->w), 1);
+}
+
+static void qfix_make(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed) {
+    qfix_make_ex(f, type, rows, cols, seed, 0);
 }
 
 static void qfix_free(qfixture *f) {
@@ -120,6 +134,41 @@ static void test_paths_equal_scalar_twin(void **state) {
     assert_true(tested >= 1);
     cpu_simd_force("auto");
     for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
+}
+
+/* The largest products the Q4 kernels meet: every weight 15 and every
+ * activation +-127 (a block of equal values quantizes to 127), where an
+ * int16 intermediate (vpmaddubsw's pairs, 3,810 here) or a too-narrow
+ * partial sum would show. Every path against the scalar twin, bit for
+ * bit. */
+static void test_q4_extremes(void **state) {
+    (void)state;
+    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1};
+    enum { ROWS = 48, COLS = 128, NTOK = 5 };
+    float x[NTOK * COLS];
+    for (int t = 0; t < NTOK; t++)
+        for (int c = 0; c < COLS; c++) {
+            int blk = c / 32;
+            float v = t == 0 ? 1.0f : t == 1 ? -1.0f : t == 2 ? (blk % 2 ? -3.0f : 3.0f)
+                                                     : (float)((c * 7 + t) % 5) - 2.0f;
+            x[t * COLS + c] = v;
+        }
+    int tested = 0;
+    for (size_t p = 0; p < N_PATHS; p++) {
+        if (!cpu_simd_force(k_paths[p])) continue;
+        tested++;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            qfixture f;
+            qfix_make_ex(&f, types[ti], ROWS, COLS, 500 + ti, 1);
+            float ref[NTOK * ROWS], y[NTOK * ROWS];
+            cpu_qmatmul_ref(ref, &f.w, x, NTOK);
+            cpu_qmatmul(NULL, y, &f.w, x, NTOK);
+            expect_same_bits(y, ref, NTOK, ROWS, "extremes", k_paths[p], types[ti], 1);
+            qfix_free(&f);
+        }
+    }
+    assert_true(tested >= 1);
+    cpu_simd_force("auto");
 }
 
 /* A row's result does not depend on its batch: every row of batches of
@@ -316,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_which_types),
         cmocka_unit_test(test_quantizers_equal),
         cmocka_unit_test(test_paths_equal_scalar_twin),
+        cmocka_unit_test(test_q4_extremes),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_accuracy_bound),
     };
