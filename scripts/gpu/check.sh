@@ -408,11 +408,14 @@ import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 head, body = rows[0], rows[1:]
 ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# ncu names the unit "ns" (the first H100 run; longer names in other
+# versions); an unknown unit is an error, not a silent 1.0
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "s": 1e6, "second": 1e6}
 tot, cnt = collections.Counter(), collections.Counter()
 for r in body:
     if len(r) <= max(ki, vi, ui): continue
-    us = float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0)
+    us = float(r[vi].replace(",", "")) * scale[r[ui]]
     name = r[ki].split("(")[0][:60]
     tot[name] += us; cnt[name] += 1
 all_us = sum(tot.values())
