@@ -193,6 +193,11 @@ struct specd_backend {
      * test may set F16 on it, before allocating a cache, to get the twin of
      * the GPU's layout. */
     specd_dtype kv_type;
+    /* Untimed passes a step shape needs before its time is what later steps
+     * of that shape take: CPU 0; CUDA 2 (a shape runs eagerly the first time
+     * and is recorded as a graph the second, kernels/cuda/cuda_graph.c).
+     * target-svc's start-up cost probe skips them. */
+    int warm_passes;
 };
 
 /* How a CPU matmul treats activations. FAST (the default) quantizes each

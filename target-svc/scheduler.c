@@ -601,13 +601,15 @@ static void calibrate(specd_sched *s, int max_n) {
                          .out_rows = s->out_rows, .argmax = s->argmax};
         double us[CALIBRATE_REPS];
         int ok = 0;
-        /* Two untimed passes of every size first: the very first pass pays
-         * for page faults and cold caches, and the CUDA backend runs a
-         * shape eagerly the first time and records its graph the second
-         * (kernels/cuda/cuda_graph.c). Timing those priced a 2-token pass
-         * at 3.5x a 1-token one on an H100, where the bench measured 1.0x,
-         * and draft-svc then never drafted. */
-        for (int r = -2; r < CALIBRATE_REPS; r++) {
+        /* Untimed passes first: the backend's warm_passes for every size
+         * (CUDA runs a shape eagerly the first time and records its graph
+         * the second: timing those priced a 2-token pass at 3.5x a 1-token
+         * one on an H100, where the bench measured 1.0x, and draft-svc then
+         * never drafted), and at least one before the very first timing,
+         * which pays for page faults and cold caches. */
+        int warm = specd_transformer_backend(s->t)->warm_passes;
+        if (p == 0 && warm < 1) warm = 1;
+        for (int r = -warm; r < CALIBRATE_REPS; r++) {
             int64_t t0 = now_us();
             int rc = specd_transformer_forward(s->t, &b, &err);
             int64_t dt = now_us() - t0;

@@ -482,6 +482,7 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
     }
     c->base.ops = &k_cpu_ops;
     c->base.kv_type = SPECD_F32;
+    c->base.warm_passes = 0;
     c->precision = precision;
     c->pool = specd_pool_create(n_threads);
     if (!c->pool) {

@@ -234,6 +234,7 @@ specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *er
     }
     cb->base.ops = &k_cuda_ops;
     cb->base.kv_type = kv_f32 ? SPECD_F32 : SPECD_F16;
+    cb->base.warm_passes = 2;
     cb->device = device;
     cb->capturing = -1;
     /* SPECD_CUDA_GRAPHS=0: every step eager. An operator's switch for ruling
