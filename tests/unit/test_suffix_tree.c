@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -318,6 +319,17 @@ static void test_cache_threads(void **state) {
     worker ws[W + R];
     for (int i = 0; i < W + R; i++) {
         ws[i] = (worker){.c = c, .id = i};
+        /* readers start once a writer has inserted something: otherwise a
+         * slow writer (the sanitizer build, a loaded machine) can leave
+         * every read on an empty cache, and "drafted > 0" below fails
+         * without anything being wrong */
+        for (int waited = 0; i == W && waited < 10000; waited++) {
+            int64_t tokens, nodes, evicted;
+            int docs;
+            specd_suffix_cache_stats(c, &tokens, &docs, &nodes, &evicted);
+            if (docs + evicted > 0) break;
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
         assert_int_equal(pthread_create(&th[i], NULL, i < W ? writer_main : reader_main, &ws[i]),
                          0);
     }
