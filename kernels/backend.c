@@ -4,13 +4,16 @@
 #include <string.h>
 
 const char *const specd_precision_names[] = {"fast", "exact", NULL};
+const char *const specd_kv_dtype_names[] = {"auto", "f32", "f16", NULL};
 
 specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error *err) {
     const char *name = opts && opts->name ? opts->name : "cpu";
-    if (!strcmp(name, "cpu")) return specd_cpu_backend_create(opts ? opts->n_threads : 0,
-                                        opts ? opts->precision : SPECD_PRECISION_FAST, err);
+    if (!strcmp(name, "cpu"))
+        return specd_cpu_backend_create(opts ? opts->n_threads : 0,
+                                        opts ? opts->precision : SPECD_PRECISION_FAST,
+                                        opts ? opts->kv_dtype : SPECD_KV_AUTO, err);
     if (!strcmp(name, "cuda"))
-        return specd_cuda_backend_create(opts->device, opts->kv_f32, err);
+        return specd_cuda_backend_create(opts->device, opts->kv_dtype == SPECD_KV_F32, err);
     specd_seterr(err, "backend: unknown backend '%s' (expected 'cpu' or 'cuda')", name);
     return NULL;
 }

@@ -188,10 +188,10 @@ typedef struct specd_backend_ops {
 
 struct specd_backend {
     const specd_backend_ops *ops;
-    /* SPECD_F32 or SPECD_F16: what the KV pools hold. Set at creation (CPU:
-     * F32; CUDA: F16 unless kv_f32). The CPU backend implements both, so a
-     * test may set F16 on it, before allocating a cache, to get the twin of
-     * the GPU's layout. */
+    /* SPECD_F32 or SPECD_F16: what the KV pools hold. Set at creation from
+     * specd_backend_opts.kv_dtype (CPU: F32 unless F16; CUDA: F16 unless
+     * F32). A test may also set it on a CPU backend, before allocating a
+     * cache, to get the twin of the GPU's layout. */
     specd_dtype kv_type;
     /* Untimed passes a step shape needs before its time is what later steps
      * of that shape take: CPU 0; CUDA 2 (a shape runs eagerly the first time
@@ -211,13 +211,23 @@ typedef enum specd_precision { SPECD_PRECISION_FAST = 0, SPECD_PRECISION_EXACT =
 /* Names as config and CLI spell them, indexed by specd_precision. */
 extern const char *const specd_precision_names[];
 
+/* What the KV cache stores. AUTO is the backend's own choice: fp32 on the
+ * CPU, fp16 on CUDA. F16 on the CPU halves the cache (twice the tokens in
+ * the same limits.kv_memory, half the bytes a long-context decode step
+ * reads); K and V are rounded to fp16 as they are written, as llama.cpp's
+ * default cache does, and every attention product is still fp32. F32 on
+ * CUDA is its fp32 reference mode: KV and the model's F32 matrices stay
+ * fp32 (the small reference models of the golden tests). */
+typedef enum specd_kv_dtype { SPECD_KV_AUTO = 0, SPECD_KV_F32 = 1, SPECD_KV_F16 = 2 } specd_kv_dtype;
+
+/* Names as config and CLI spell them, indexed by specd_kv_dtype. */
+extern const char *const specd_kv_dtype_names[];
+
 typedef struct specd_backend_opts {
     const char *name; /* "cpu" (default) or "cuda" */
     int n_threads;    /* CPU: 0 = all online CPUs */
     int device;       /* CUDA device id */
-    /* CUDA: keep KV and the matrices' own precision in fp32 (models stored
-     * in F32: the small reference models the golden tests use). */
-    int kv_f32;
+    specd_kv_dtype kv_dtype;   /* see specd_kv_dtype */
     specd_precision precision; /* CPU: see specd_precision */
 } specd_backend_opts;
 
@@ -225,7 +235,7 @@ typedef struct specd_backend_opts {
  * device is present. */
 specd_backend *specd_backend_create(const specd_backend_opts *opts, specd_error *err);
 specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision,
-                                        specd_error *err);
+                                        specd_kv_dtype kv_dtype, specd_error *err);
 /* NULL + "not built" message when the build had no nvcc. */
 specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err);
 

@@ -20,6 +20,7 @@ typedef struct specd_target_cfg {
     int64_t device;
     int64_t threads;
     int precision; /* specd_precision, named by specd_precision_names */
+    int kv_cache_dtype; /* specd_kv_dtype, named by specd_kv_dtype_names */
     struct {
         int64_t max_sessions, max_prompt_tokens, max_tree_tokens, max_context, kv_wait, queue_wait;
         int64_t max_new_tokens, default_max_new_tokens;

@@ -6,13 +6,14 @@
 void specd_transformer_opts_from_config(const specd_target_cfg *c, int model_ctx,
                                         specd_transformer_opts *to) {
     /* KV budget: limits.kv_memory buys one pool of pages that every
-     * session draws from as it grows (fp16 rows on the GPU, fp32 on the
-     * CPU; the transformer does the arithmetic because it knows the KV
-     * format). Any session may grow to the model's context, or
+     * session draws from as it grows (rows of kv_cache_dtype: by default
+     * fp16 on the GPU, fp32 on the CPU; the transformer does the arithmetic
+     * because it knows the KV format). Any session may grow to the model's context, or
      * limits.max_context; a pool smaller than one such context is an error. */
     *to = (specd_transformer_opts){
         .backend = {.name = specd_target_backends[c->backend], .n_threads = (int)c->threads,
-                    .device = (int)c->device, .precision = (specd_precision)c->precision},
+                    .device = (int)c->device, .precision = (specd_precision)c->precision,
+                    .kv_dtype = (specd_kv_dtype)c->kv_cache_dtype},
         .n_slots = (int)c->limits.max_sessions,
         .max_ctx = c->limits.max_context > 0 && c->limits.max_context < model_ctx
                        ? (int)c->limits.max_context

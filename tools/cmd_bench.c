@@ -47,6 +47,7 @@ static void bench_usage(void) {
            "  --no-bandwidth       skip the memory-bandwidth measurement\n"
            "  --precision P        CPU matmul: fast (int8 activations, default) or exact\n"
            "                       (fp32 activations); also applies to --verify\n"
+           "  --kv-cache-dtype T   auto (cpu f32, cuda f16), f32 or f16; also --verify\n"
            "  --e2e                instead: tokens/s and tau through draft-svc + target-svc,\n"
            "                       plain vs each drafter at 1..32 streams (specd bench --e2e -h)\n"
            "  --verify             instead: ms per greedy verification step of a chain of k\n"
@@ -146,6 +147,7 @@ static double measure_bandwidth(int n_threads) {
 typedef struct verify_opts {
     const char *backend; /* "cpu" or "cuda" */
     specd_precision precision;
+    specd_kv_dtype kv_dtype;
     int device, threads;
     int reps, warmup;    /* reps 0 = the backend's default */
     int measure_bw;      /* cpu: measure read bandwidth for the bound */
@@ -236,7 +238,7 @@ static void fill_random(verify_run *r, int n) {
  * of once per batch size in create_fitting's retries. */
 static int probe_backend(const verify_opts *o, specd_error *err) {
     specd_backend_opts bo = {.name = o->backend, .n_threads = o->threads, .device = o->device,
-                             .precision = o->precision};
+                             .precision = o->precision, .kv_dtype = o->kv_dtype};
     specd_backend *be = specd_backend_create(&bo, err);
     if (!be) return -1;
     be->ops->destroy(be);
@@ -273,7 +275,7 @@ static int create_fitting(verify_run *r, const specd_model_file *m, verify_opts 
         r->n_slots = max_b;
         specd_transformer_opts to = {
             .backend = {.name = o->backend, .n_threads = o->threads, .device = o->device,
-                        .precision = o->precision},
+                        .precision = o->precision, .kv_dtype = o->kv_dtype},
             .n_slots = max_b, .max_ctx = r->max_ctx, .max_batch = r->max_batch};
         r->t = specd_transformer_create(m, &to, &err);
         if (r->t) return 0;
@@ -664,6 +666,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *shape = NULL, *verify_only = NULL;
     int threads = 0, prompt_len = 128, gen = 128, reps = 0, bandwidth = 1, verify = 0;
     specd_precision precision = SPECD_PRECISION_FAST;
+    specd_kv_dtype kv_dtype = SPECD_KV_AUTO;
     verify_opts v;
     verify_defaults(&v);
     for (int i = 1; i < argc; i++) {
@@ -678,6 +681,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-bandwidth")) bandwidth = 0;
         else if (!strcmp(a, "--precision"))
             precision = (specd_precision)cli_precision(a, cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--kv-cache-dtype"))
+            kv_dtype = (specd_kv_dtype)cli_kv_dtype(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--verify")) verify = 1;
         else if (verify_option(argc, argv, &i, &v, &shape)) {
             if (!verify_only) verify_only = a;
@@ -704,6 +709,7 @@ int cmd_bench(int argc, char **argv) {
         v.reps = reps;
         v.measure_bw = bandwidth;
         v.precision = precision;
+        v.kv_dtype = kv_dtype;
         return run_verify(model, shape, &v);
     }
     if (!reps) reps = 3;
@@ -722,7 +728,7 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = threads,
-                                            .precision = precision},
+                                            .precision = precision, .kv_dtype = kv_dtype},
                                 .n_slots = 1, .max_ctx = ctx, .max_batch = prompt_len};
     specd_transformer *t = specd_transformer_create(m, &o, &err);
     if (!t) {
@@ -774,9 +780,10 @@ int cmd_bench(int argc, char **argv) {
         double achieved = wbytes * gen / dec / 1e9;
         printf("model    %s (%d layers, dim %d, vocab %d)\n", model, hp->n_layers, hp->dim,
                hp->vocab_size);
-        printf("backend  %s (%s, precision %s), %d threads, median of %d runs\n\n",
+        printf("backend  %s (%s, precision %s, KV cache %s), %d threads, median of %d runs\n\n",
                specd_transformer_backend_name(t), cpu_simd_name(),
-               specd_precision_names[precision], n_threads, reps);
+               specd_precision_names[precision], kv_dtype == SPECD_KV_F16 ? "f16" : "f32",
+               n_threads, reps);
         printf("| phase   | tokens | time (ms) | tokens/s |\n");
         printf("|---------|-------:|----------:|---------:|\n");
         printf("| prefill | %6d | %9.1f | %8.1f |\n", prompt_len, pre * 1e3, prompt_len / pre);

@@ -49,6 +49,8 @@ static void generate_usage(void) {
            "  --device N           CUDA device id (default 0)\n"
            "  --precision P        CPU matmul: fast (int8 activations, as llama.cpp; default)\n"
            "                       or exact (fp32 activations)\n"
+           "  --kv-cache-dtype T   auto (cpu f32, cuda f16), f32 or f16 (half the KV memory;\n"
+           "                       K and V rounded to fp16)\n"
            "  --speculator DIR     speculative decoding with this MLP speculator: target-svc\n"
            "                       and draft-svc run in this process and the server-mode\n"
            "                       flags below apply to them\n"
@@ -172,6 +174,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         } else if (!strcmp(a, "--precision")) {
             o->precision = cli_precision(a, cli_value(argc, argv, &i));
             mark(&o->local_only_flag, a);
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            o->kv_dtype = cli_kv_dtype(a, cli_value(argc, argv, &i));
+            mark(&o->local_only_flag, a);
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             generate_usage();
             return 1;
@@ -293,7 +298,7 @@ static int generate_speculative(gen_opts *o) {
     }
     specd_error err = {{0}};
     cli_inproc_opts io = {.model = o->model, .threads = o->threads, .backend = o->backend,
-                          .device = o->device, .precision = o->precision, .max_sessions = 1, .speculator = o->speculator};
+                          .device = o->device, .precision = o->precision, .kv_dtype = o->kv_dtype, .max_sessions = 1, .speculator = o->speculator};
     cli_inproc *p = cli_inproc_start(&io, &err);
     if (!p) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
@@ -370,7 +375,8 @@ int cmd_generate(int argc, char **argv) {
     }
     specd_transformer_opts topts = {.backend = {.name = o.backend ? o.backend : "cpu",
                                                 .n_threads = o.threads, .device = o.device,
-                                                .precision = (specd_precision)o.precision},
+                                                .precision = (specd_precision)o.precision,
+                                                .kv_dtype = (specd_kv_dtype)o.kv_dtype},
                                     .n_slots = 1, .max_ctx = ctx, .max_batch = PREFILL_CHUNK};
     t = specd_transformer_create(m, &topts, &err);
     if (!t) goto done;

@@ -53,7 +53,8 @@ static int start_target(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_
     specd_transformer_opts_from_config(&p->tcfg, ctx, &to);
     to.backend = (specd_backend_opts){.name = o->backend ? o->backend : "cpu",
                                       .n_threads = o->threads, .device = o->device,
-                                      .precision = (specd_precision)o->precision};
+                                      .precision = (specd_precision)o->precision,
+                                      .kv_dtype = (specd_kv_dtype)o->kv_dtype};
     to.n_slots = o->max_sessions;
     to.max_ctx = ctx;
     to.kv_memory = 0;

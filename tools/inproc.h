@@ -23,6 +23,7 @@ typedef struct cli_inproc_opts {
     const char *backend;     /* the target's and the speculator's backend; NULL = cpu */
     int device;              /* CUDA device id */
     int precision;           /* the target's CPU matmul precision (specd_precision) */
+    int kv_dtype;            /* the target's KV cache type (specd_kv_dtype) */
     int max_sessions;        /* concurrent sessions on the target and the draft LM */
     int ctx;                 /* context rows per session; 0 = the model's */
     int ngram;               /* offer the n-gram drafter */

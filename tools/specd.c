@@ -59,6 +59,13 @@ int cli_precision(const char *opt, const char *val) {
     exit(2);
 }
 
+int cli_kv_dtype(const char *opt, const char *val) {
+    for (int i = 0; specd_kv_dtype_names[i]; i++)
+        if (!strcmp(val, specd_kv_dtype_names[i])) return i;
+    fprintf(stderr, "specd: %s expects auto, f32 or f16, got '%s'\n", opt, val);
+    exit(2);
+}
+
 double cli_float(const char *opt, const char *val, double lo, double hi) {
     char *end;
     errno = 0;

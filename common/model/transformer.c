@@ -207,7 +207,9 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
 
     specd_backend_opts bo = {0};
     if (opts) bo = opts->backend;
-    if (model_is_f32(m)) bo.kv_f32 = 1;
+    /* a model stored in F32 (the golden tests' reference models) runs in
+     * fp32 throughout unless a KV type was asked for */
+    if (model_is_f32(m) && bo.kv_dtype == SPECD_KV_AUTO) bo.kv_dtype = SPECD_KV_F32;
     t->be = specd_backend_create(&bo, err);
     if (!t->be) {
         free(t);

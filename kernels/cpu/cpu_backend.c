@@ -305,15 +305,24 @@ static void attn_task(void *ctx, int task, int thread) {
      * paged kernels: the committed rows, and with a causal mask the new
      * rows up to the block's first token too (a prompt chunk's own rows). */
     int r0 = s->n_past + (s->mask ? 0 : i0 + 1);
-    if (j->f16 || !ks->kv_dots) r0 = 0;
-    if (r0 > 0) {
-        if (nq > 1 && ks->kv_dots_block)
-            ks->kv_dots_block(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, (size_t)kvh * hd, hd,
-                              scale, ss, maxs);
+    size_t off = (size_t)kvh * hd;
+    if (!(j->f16 ? ks->kv_dots_f16 && hd <= CPU_KV_F16_MAX_HEAD : ks->kv_dots != NULL)) r0 = 0;
+    if (r0 > 0 && j->f16) {
+        if (nq > 1 && ks->kv_dots_block_f16)
+            ks->kv_dots_block_f16(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale, ss,
+                                  maxs);
         else
             for (int k = 0; k < nq; k++)
-                maxs[k] = ks->kv_dots(qs[k], j->k_pool, s->pages, r0, (size_t)kvw,
-                                      (size_t)kvh * hd, hd, scale, ss[k]);
+                maxs[k] = ks->kv_dots_f16(qs[k], j->k_pool, s->pages, r0, (size_t)kvw, off, hd,
+                                          scale, ss[k]);
+    } else if (r0 > 0) {
+        if (nq > 1 && ks->kv_dots_block)
+            ks->kv_dots_block(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale, ss,
+                              maxs);
+        else
+            for (int k = 0; k < nq; k++)
+                maxs[k] = ks->kv_dots(qs[k], j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale,
+                                      ss[k]);
     }
     for (int k = 0; k < nq; k++) {
         int i = i0 + k, n_rows = s->n_past + i + 1;
@@ -333,13 +342,21 @@ static void attn_task(void *ctx, int task, int thread) {
         invs[k] = (float)(1.0 / sum);
         memset(os[k], 0, sizeof(float) * hd);
     }
-    if (r0 && nq > 1 && ks->kv_axpys_block)
-        ks->kv_axpys_block(os, (const float *const *)ss, invs, nq, j->v_pool, s->pages, r0,
-                           (size_t)kvw, (size_t)kvh * hd, hd);
-    else if (r0)
-        for (int k = 0; k < nq; k++)
-            ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw,
-                         (size_t)kvh * hd, hd);
+    const float *const *sc = (const float *const *)ss;
+    if (r0 && j->f16) {
+        if (nq > 1 && ks->kv_axpys_block_f16)
+            ks->kv_axpys_block_f16(os, sc, invs, nq, j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
+        else
+            for (int k = 0; k < nq; k++)
+                ks->kv_axpys_f16(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw, off,
+                                 hd);
+    } else if (r0) {
+        if (nq > 1 && ks->kv_axpys_block)
+            ks->kv_axpys_block(os, sc, invs, nq, j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
+        else
+            for (int k = 0; k < nq; k++)
+                ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
+    }
     for (int k = 0; k < nq; k++) {
         int n_rows = s->n_past + i0 + k + 1;
         for (int r = r0; r < n_rows; r++) {
@@ -474,14 +491,14 @@ static const specd_backend_ops k_cpu_ops = {
 };
 
 specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision,
-                                        specd_error *err) {
+                                        specd_kv_dtype kv_dtype, specd_error *err) {
     cpu_backend *c = calloc(1, sizeof *c);
     if (!c) {
         specd_seterr(err, "cpu backend: out of memory");
         return NULL;
     }
     c->base.ops = &k_cpu_ops;
-    c->base.kv_type = SPECD_F32;
+    c->base.kv_type = kv_dtype == SPECD_KV_F16 ? SPECD_F16 : SPECD_F32;
     c->base.warm_passes = 0;
     c->precision = precision;
     c->pool = specd_pool_create(n_threads);

@@ -173,6 +173,17 @@ static inline const float *cpu_kv_paged_row(const float *pool, const int32_t *pa
                    (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
 }
 
+/* The same rule for an fp16 pool. */
+static inline const uint16_t *cpu_kv_paged_row_f16(const uint16_t *pool, const int32_t *pages,
+                                                   int r, size_t stride, size_t off) {
+    return pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+}
+
+/* Widest head the fp16 paged kernels convert into their stack buffers;
+ * wider heads take the per-row kernels. */
+#define CPU_KV_F16_MAX_HEAD 256
+
 /* Query block: up to CPU_ATTN_QB consecutive new tokens of one sequence
  * (cpu_backend.c); the block kernels below take at most this many. */
 #define CPU_ATTN_QB 16
@@ -219,6 +230,21 @@ typedef struct cpu_kernel_set {
     void (*kv_axpys_block)(float *const *o, const float *const *scores, const float *inv,
                            int nq, const float *pool, const int32_t *pages, int n_rows,
                            size_t stride, size_t off, int n);
+    /* The four paged kernels above for fp16 pools (backend kv_type F16):
+     * each row is converted to fp32 (exact) and then takes exactly the fp32
+     * kernels' arithmetic, so results are bitwise kv_dot's / kv_axpy's on
+     * the fp16 row (whose f16 paths convert the same way). A block kernel
+     * converts a row once for all its queries. NULL = per row. */
+    float (*kv_dots_f16)(const float *q, const uint16_t *pool, const int32_t *pages, int n_rows,
+                         size_t stride, size_t off, int n, float scale, float *scores);
+    void (*kv_axpys_f16)(float *o, const float *scores, float inv, const uint16_t *pool,
+                         const int32_t *pages, int n_rows, size_t stride, size_t off, int n);
+    void (*kv_dots_block_f16)(const float *const *q, int nq, const uint16_t *pool,
+                              const int32_t *pages, int n_rows, size_t stride, size_t off, int n,
+                              float scale, float *const *scores, float *maxs);
+    void (*kv_axpys_block_f16)(float *const *o, const float *const *scores, const float *inv,
+                               int nq, const uint16_t *pool, const int32_t *pages, int n_rows,
+                               size_t stride, size_t off, int n);
     /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
     int (*argmax)(const float *x, int n);
     /* out[i] = silu(gate[i]) * up[i] (cpu_swiglu_scalar or vec_avx2.c) */

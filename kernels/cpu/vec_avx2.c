@@ -444,11 +444,154 @@ static TAVX2 void kv_axpys_block_avx2(float *const *o, const float *const *score
     }
 }
 
+/* ---- fp16 pools (quant_impl.h's kv_*_f16) ----------------------------------
+ * Rows are widened to fp32 (exact) into a stack buffer, then the fp32 code
+ * above runs on the buffer, so every score and output is bitwise what the
+ * fp32 kernels give on the widened rows, which is what kv_dot_avx2 /
+ * kv_axpy_avx2 give on the fp16 row itself. */
+
+static inline TAVX2F16 void widen_row(float *dst, const uint16_t *src, int n) {
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
+    for (; d < n; d++) dst[d] = _cvtsh_ss(src[d]);
+}
+
+static TAVX2F16 float kv_dots_f16_avx2(const float *q, const uint16_t *pool, const int32_t *pages,
+                                       int n_rows, size_t stride, size_t off, int n, float scale,
+                                       float *scores) {
+    float buf[4][CPU_KV_F16_MAX_HEAD];
+    const float *rows[4] = {buf[0], buf[1], buf[2], buf[3]};
+    __m128 mv = _mm_set1_ps(-INFINITY);
+    const __m128 sv = _mm_set1_ps(scale);
+    int r = 0;
+    if (n % 16 == 0)
+        for (; r + 4 <= n_rows; r += 4) {
+            for (int i = 0; i < 4; i++)
+                widen_row(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
+            const __m128 sc = _mm_mul_ps(dots4_avx2(q, rows, n), sv);
+            _mm_storeu_ps(scores + r, sc);
+            mv = _mm_max_ps(sc, mv);
+        }
+    float m4[4], maxs = -INFINITY;
+    _mm_storeu_ps(m4, mv);
+    for (int i = 0; i < 4; i++)
+        if (m4[i] > maxs) maxs = m4[i];
+    for (; r < n_rows; r++) {
+        widen_row(buf[0], cpu_kv_paged_row_f16(pool, pages, r, stride, off), n);
+        scores[r] = kv_dot_avx2(q, buf[0], 0, n) * scale;
+        if (scores[r] > maxs) maxs = scores[r];
+    }
+    return maxs;
+}
+
+static TAVX2F16 void kv_axpys_f16_avx2(float *o, const float *scores, float inv,
+                                       const uint16_t *pool, const int32_t *pages, int n_rows,
+                                       size_t stride, size_t off, int n) {
+    if (n != 64) {
+        for (int r = 0; r < n_rows; r++)
+            if (scores[r] != 0.0f)
+                kv_axpy_avx2(o, scores[r] * inv, cpu_kv_paged_row_f16(pool, pages, r, stride, off),
+                             1, n);
+        return;
+    }
+    /* kv_axpys_avx2's register loop, widening each row as it is loaded */
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);
+    for (int r = 0; r < n_rows; r++) {
+        if (scores[r] == 0.0f) continue;
+        const uint16_t *row = cpu_kv_paged_row_f16(pool, pages, r, stride, off);
+        const __m256 wv = _mm256_set1_ps(scores[r] * inv);
+        for (int i = 0; i < 8; i++)
+            acc[i] = _mm256_fmadd_ps(
+                wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * i))), acc[i]);
+    }
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+}
+
+static TAVX2F16 void kv_dots_block_f16_avx2(const float *const *q, int nq, const uint16_t *pool,
+                                            const int32_t *pages, int n_rows, size_t stride,
+                                            size_t off, int n, float scale,
+                                            float *const *scores, float *maxs) {
+    float buf[4][CPU_KV_F16_MAX_HEAD];
+    const float *rows[4] = {buf[0], buf[1], buf[2], buf[3]};
+    int r = 0;
+    if (n % 16 == 0) {
+        const __m128 sv = _mm_set1_ps(scale);
+        __m128 mv[CPU_ATTN_QB];
+        for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
+        for (; r + 4 <= n_rows; r += 4) {
+            for (int i = 0; i < 4; i++)
+                widen_row(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
+            for (int k = 0; k < nq; k++) {
+                const __m128 sc = _mm_mul_ps(dots4_avx2(q[k], rows, n), sv);
+                _mm_storeu_ps(scores[k] + r, sc);
+                mv[k] = _mm_max_ps(sc, mv[k]);
+            }
+        }
+        for (int k = 0; k < nq; k++) {
+            float m4[4];
+            _mm_storeu_ps(m4, mv[k]);
+            for (int i = 0; i < 4; i++)
+                if (m4[i] > maxs[k]) maxs[k] = m4[i];
+        }
+    }
+    for (; r < n_rows; r++) {
+        widen_row(buf[0], cpu_kv_paged_row_f16(pool, pages, r, stride, off), n);
+        for (int k = 0; k < nq; k++) {
+            float sc = kv_dot_avx2(q[k], buf[0], 0, n) * scale;
+            scores[k][r] = sc;
+            if (sc > maxs[k]) maxs[k] = sc;
+        }
+    }
+}
+
+static TAVX2F16 void kv_axpys_block_f16_avx2(float *const *o, const float *const *scores,
+                                             const float *inv, int nq, const uint16_t *pool,
+                                             const int32_t *pages, int n_rows, size_t stride,
+                                             size_t off, int n) {
+    if (n % 16 != 0 || n > 64) {
+        for (int k = 0; k < nq; k++)
+            kv_axpys_f16_avx2(o[k], scores[k], inv[k], pool, pages, n_rows, stride, off, n);
+        return;
+    }
+    /* kv_axpys_block_avx2 on a tile widened once for the whole block */
+    float tile[AXPY_TILE][64];
+    const float *rows[AXPY_TILE];
+    float w[4][AXPY_TILE];
+    for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
+        int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
+        for (int r = 0; r < nt; r++) {
+            widen_row(tile[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), n);
+            rows[r] = tile[r];
+        }
+        for (int k0 = 0; k0 < nq; k0 += 4) {
+            int g = nq - k0 < 4 ? nq - k0 : 4, any_zero = 0;
+            for (int k = 0; k < g; k++)
+                for (int r = 0; r < nt; r++) {
+                    float sc = scores[k0 + k][t0 + r];
+                    any_zero |= sc == 0.0f;
+                    w[k][r] = sc == 0.0f ? 0.0f : sc * inv[k0 + k];
+                }
+            switch (g) {
+            case 4: axpys_tile_group(o + k0, w, 4, any_zero, rows, nt, n); break;
+            case 3: axpys_tile_group(o + k0, w, 3, any_zero, rows, nt, n); break;
+            case 2: axpys_tile_group(o + k0, w, 2, any_zero, rows, nt, n); break;
+            default: axpys_tile_group(o + k0, w, 1, any_zero, rows, nt, n); break;
+            }
+        }
+    }
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
     ks->kv_dots_block = kv_dots_block_avx2;
     ks->kv_axpys_block = kv_axpys_block_avx2;
     ks->kv_dots = kv_dots_avx2;
     ks->kv_axpys = kv_axpys_avx2;
+    ks->kv_dots_f16 = kv_dots_f16_avx2;
+    ks->kv_axpys_f16 = kv_axpys_f16_avx2;
+    ks->kv_dots_block_f16 = kv_dots_block_f16_avx2;
+    ks->kv_axpys_block_f16 = kv_axpys_block_f16_avx2;
     squeeze_lut_init();
     ks->softmax_exp = softmax_exp_avx2;
     ks->kv_dot = kv_dot_avx2;

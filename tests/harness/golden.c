@@ -578,11 +578,16 @@ int golden_greedy_first_diff(const golden_case *c, const int32_t *got, int n) {
 
 void golden_plain_greedy(const char *model, int ctx, const int32_t *prompt, int n_prompt,
                          int n_gen, int32_t *out) {
+    golden_plain_greedy_kv(model, ctx, prompt, n_prompt, n_gen, SPECD_KV_AUTO, out);
+}
+
+void golden_plain_greedy_kv(const char *model, int ctx, const int32_t *prompt, int n_prompt,
+                            int n_gen, specd_kv_dtype kv, int32_t *out) {
     specd_error err = {{0}};
     specd_model_file *m = specd_model_open(model, &err);
     if (!m) fail_msg("%s", err.msg);
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1}, .n_slots = 1,
-                                 .max_ctx = ctx, .max_batch = 64};
+    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1, .kv_dtype = kv},
+                                 .n_slots = 1, .max_ctx = ctx, .max_batch = 64};
     specd_transformer *t = specd_transformer_create(m, &to, &err);
     if (!t) fail_msg("%s", err.msg);
     int vocab = m->hp.vocab_size;

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "common/util/error.h"
+#include "kernels/backend.h"
 
 typedef enum golden_positions {
     GOLDEN_POS_ALL = 0,  /* one row per prompt position */
@@ -123,8 +124,11 @@ int golden_greedy_first_diff(const golden_case *c, const int32_t *got, int n);
 
 /* The reference a service must match: plain greedy decoding of n_gen tokens
  * after prompt[n_prompt] on a transformer of its own (CPU, one thread, one
- * slot of ctx rows). Fails the test on any error. */
+ * slot of ctx rows; _kv: with that KV cache type). Fails the test on any
+ * error. */
 void golden_plain_greedy(const char *model, int ctx, const int32_t *prompt, int n_prompt,
                          int n_gen, int32_t *out);
+void golden_plain_greedy_kv(const char *model, int ctx, const int32_t *prompt, int n_prompt,
+                            int n_gen, specd_kv_dtype kv, int32_t *out);
 
 #endif

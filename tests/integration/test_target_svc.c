@@ -58,13 +58,13 @@ typedef struct served {
     specd_rpc_channel *ch;
 } served;
 
-static void serve(served *s, int max_sessions) {
+static void serve_kv(served *s, int max_sessions, specd_kv_dtype kv) {
     specd_error err = {{0}};
     memset(s, 0, sizeof *s);
     s->m = specd_model_open(test_path(MODEL), &err);
     if (!s->m) fail_msg("%s", err.msg);
     s->tok = specd_tokenizer_from_model(s->m, &err); /* the tiny model has none: NULL */
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1},
+    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = 1, .kv_dtype = kv},
                                  .n_slots = max_sessions, .max_ctx = CTX, .max_batch = 64};
     s->t = specd_transformer_create(s->m, &to, &err);
     if (!s->t) fail_msg("%s", err.msg);
@@ -84,6 +84,8 @@ static void serve(served *s, int max_sessions) {
     s->ch = specd_rpc_channel_create(&co, &err);
     if (!s->ch) fail_msg("%s", err.msg);
 }
+
+static void serve(served *s, int max_sessions) { serve_kv(s, max_sessions, SPECD_KV_AUTO); }
 
 static void unserve(served *s) {
     specd_rpc_channel_free(s->ch);
@@ -335,6 +337,32 @@ static void test_greedy_lossless(void **state) {
                 fail_msg("tree kind %d: token %d is %d, plain greedy gave %d", kind, i, out[i],
                          ref[i]);
     }
+}
+
+/* The same with an fp16 KV cache (kv_cache_dtype f16): verification against
+ * plain greedy decoding on an fp16 cache, every tree kind. The fp16 rows
+ * change the numbers, not the rule: speculation must still give exactly
+ * what the target alone gives. */
+static void test_greedy_lossless_kv_f16(void **state) {
+    (void)state;
+    served f;
+    serve_kv(&f, 1, SPECD_KV_F16);
+    int32_t prompt[32], ref[N_GEN + MAX_TREE], out[N_GEN];
+    int n;
+    prompt_for(1, prompt, &n);
+    golden_plain_greedy_kv(test_path(MODEL), CTX, prompt, n, N_GEN + MAX_TREE, SPECD_KV_F16, ref);
+    for (int kind = 0; kind <= 3; kind++) {
+        char msg[256] = "";
+        memset(out, 0xff, sizeof out);
+        if (verify_session(f.ch, prompt, n, N_GEN, ref, N_GEN + MAX_TREE, kind, VOCAB, out, msg,
+                           sizeof msg))
+            fail_msg("f16 KV, tree kind %d: %s", kind, msg);
+        for (int i = 0; i < N_GEN; i++)
+            if (out[i] != ref[i])
+                fail_msg("f16 KV, tree kind %d: token %d is %d, plain greedy gave %d", kind, i,
+                         out[i], ref[i]);
+    }
+    unserve(&f);
 }
 
 typedef struct job {
@@ -598,6 +626,7 @@ static void test_get_info(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_lossless),
+        cmocka_unit_test(test_greedy_lossless_kv_f16),
         cmocka_unit_test(test_concurrent_sessions),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_limit_and_cancel),

@@ -122,7 +122,7 @@ static int group_setup(void **state) {
         return -1;
     }
     for (int i = 0; i < N_GPU; i++) {
-        specd_backend_opts c = {.name = "cuda", .device = 0, .kv_f32 = i};
+        specd_backend_opts c = {.name = "cuda", .device = 0, .kv_dtype = i ? SPECD_KV_F32 : SPECD_KV_AUTO};
         g_gpu[i] = specd_backend_create(&c, &err);
         if (g_gpu[i]) continue;
         if (i > 0) { /* the default one came up: a kv_f32 failure is a bug */
@@ -1022,8 +1022,10 @@ static void test_attention(void **state) {
  * past the V tiles' and the 4-row dot groups' edges) gets the same bits as
  * the same token decoded alone over the same rows, on every SIMD path this
  * CPU has, for head sizes the block kernels take (64, 128) and one they
- * leave to the per-query loop (16). Batch invariance of a whole model
- * (test_batch_invariance) rests on this. */
+ * leave to the per-query loop (16), with fp32 and with fp16 KV rows (whose
+ * paged kernels widen rows into buffers: a chunk token mixes them with the
+ * per-row kernels, a lone token uses them alone). Batch invariance of a
+ * whole model (test_batch_invariance) rests on this. */
 static void test_attention_blocks_bitwise(void **state) {
     (void)state;
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
@@ -1033,14 +1035,18 @@ static void test_attention_blocks_bitwise(void **state) {
     const int hds[] = {64, 128, 16};
     tstep *big = malloc(sizeof *big), *one = malloc(sizeof *one);
     int tested = 0;
+    const specd_dtype kvts[] = {SPECD_F32, SPECD_F16};
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         if (!cpu_simd_force(paths[pi])) continue;
         tested++;
-        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+        for (size_t ci = 0; ci < 2 * sizeof hds / sizeof hds[0]; ci++) {
+            size_t hi = ci / 2;
+            specd_dtype kvt = kvts[ci % 2];
             int nh = 6, nkv = 2, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
             uint64_t seed = 900 + 10 * hi + pi;
             kvcache c;
-            kv_init(&c, SPECD_F32, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
+            cpu_kv(kvt);
+            kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
             const seq_spec sp = {P, N, NULL, pages};
             tstep_init(big, 1, &sp, 16, 7, 100);
             float *q = malloc(sizeof(float) * N * qw), *k = malloc(sizeof(float) * N * kvd);
@@ -1061,10 +1067,10 @@ static void test_attention_blocks_bitwise(void **state) {
                               v + (size_t)i * kvd, nh, nkv, hd, row, after1);
                 for (int e = 0; e < qw; e++)
                     if (memcmp(&row[e], &out[(size_t)i * qw + e], sizeof(float)))
-                        fail_msg("%s hd %d: token %d (row %d) element %d: in the chunk %.9g, "
-                                 "alone %.9g",
-                                 paths[pi], hd, i, P + i, e, (double)out[(size_t)i * qw + e],
-                                 (double)row[e]);
+                        fail_msg("%s hd %d KV %s: token %d (row %d) element %d: in the chunk "
+                                 "%.9g, alone %.9g",
+                                 paths[pi], hd, kvt == SPECD_F16 ? "f16" : "f32", i, P + i, e,
+                                 (double)out[(size_t)i * qw + e], (double)row[e]);
             }
             free(c.host);
             free(q);
@@ -1077,6 +1083,7 @@ static void test_attention_blocks_bitwise(void **state) {
         }
     }
     cpu_simd_force("auto");
+    cpu_kv(SPECD_F32);
     assert_true(tested >= 1);
     free(big);
     free(one);
@@ -1453,7 +1460,7 @@ static void test_prepare_weight_random(void **state) {
             }
         }
         /* a fresh backend preparing the same tensors gives the same values */
-        specd_backend_opts o = {.name = "cuda", .device = 0, .kv_f32 = gi};
+        specd_backend_opts o = {.name = "cuda", .device = 0, .kv_dtype = gi ? SPECD_KV_F32 : SPECD_KV_AUTO};
         specd_backend *again = specd_backend_create(&o, &err);
         if (!again) fail_msg("second %s backend: %s", k_gpu_name[gi], err.msg);
         for (int i = 0; i < NT; i++) {

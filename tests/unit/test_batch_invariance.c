@@ -11,7 +11,7 @@
  *   - when a is the root of a verified tree of candidates,
  *   - and a tree node behind a masked sibling equals its path decoded
  *     plainly, one token at a time,
- * on both precisions, on a quantized model of each integer tile kind (the
+ * on both precisions and with an fp16 KV cache, on a quantized model of each integer tile kind (the
  * default SmolLM2 Q4_1 + Q8_0 model when present, the tiny Q8_0 GGUF) and
  * the tiny F32 model (fp32 kernels), and on every SIMD path this CPU has. */
 #include <setjmp.h>
@@ -33,9 +33,11 @@ typedef struct rowout {
     float *logits, *hidden;
 } rowout;
 
-static specd_transformer *make(const specd_model_file *m, specd_precision prec) {
+static specd_transformer *make(const specd_model_file *m, specd_precision prec,
+                                specd_kv_dtype kv) {
     specd_error err = {0};
-    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2, .precision = prec},
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2, .precision = prec,
+                                            .kv_dtype = kv},
                                 .n_slots = 3, .max_ctx = 128, .max_batch = 128};
     specd_transformer *t = specd_transformer_create(m, &o, &err);
     if (!t) fail_msg("transformer: %s", err.msg);
@@ -68,7 +70,7 @@ static void expect_equal(const rowout *a, const rowout *b, int vocab, int dim, c
                  cpu_simd_name());
 }
 
-static void check_model(const char *path, specd_precision prec) {
+static void check_model(const char *path, specd_precision prec, specd_kv_dtype kv) {
     specd_error err = {0};
     specd_model_file *m = specd_model_open(path, &err);
     if (!m) fail_msg("%s: %s", path, err.msg);
@@ -81,7 +83,7 @@ static void check_model(const char *path, specd_precision prec) {
     rowout got = {malloc(sizeof(float) * vocab), malloc(sizeof(float) * dim)};
 
     /* the reference: P in one pass, then a alone (slot 0) */
-    specd_transformer *t = make(m, prec);
+    specd_transformer *t = make(m, prec, kv);
     run_seq(t, 0, 0, p, NP, -1, NULL);
     run_seq(t, 0, NP, &a, 1, 0, &ref);
 
@@ -93,7 +95,7 @@ static void check_model(const char *path, specd_precision prec) {
 
     /* a in a batch: another session's 37-token prefill first, then a, then
      * a 4-node tree of a third session; P sits in slot 2 this time */
-    t = make(m, prec);
+    t = make(m, prec, kv);
     run_seq(t, 2, 0, p, NP, -1, NULL);
     run_seq(t, 1, 0, other, 5, -1, NULL);
     {
@@ -121,7 +123,7 @@ static void check_model(const char *path, specd_precision prec) {
     specd_transformer_free(t);
 
     /* a as the root of a verified tree: a, two children, a grandchild */
-    t = make(m, prec);
+    t = make(m, prec, kv);
     run_seq(t, 0, 0, p, NP, -1, NULL);
     {
         int32_t tok[4] = {a, other[0], other[1], other[2]};
@@ -165,8 +167,9 @@ static void check_all_paths(const char *path) {
         /* the scalar twin is slow on the 135M model; it is checked against
          * the SIMD paths bit for bit in test_qmatmul already */
         if (!strcmp(paths[i], "scalar") && strstr(path, "SmolLM2")) continue;
-        check_model(path, SPECD_PRECISION_FAST);
-        check_model(path, SPECD_PRECISION_EXACT);
+        check_model(path, SPECD_PRECISION_FAST, SPECD_KV_AUTO);
+        check_model(path, SPECD_PRECISION_EXACT, SPECD_KV_AUTO);
+        check_model(path, SPECD_PRECISION_FAST, SPECD_KV_F16);
     }
     cpu_simd_force("auto");
 }

@@ -22,6 +22,7 @@
 #include "common/util/config.h"
 #include "draft-svc/draft_config.h"
 #include "target-svc/target_config.h"
+#include "target-svc/target_opts.h"
 #include "tests/harness/test_util.h"
 
 /* ---- the test schema ---------------------------------------------------- */
@@ -956,6 +957,31 @@ static void test_target_example_parses(void **state) {
     specd_config_free(TARGET_FIELDS, N_TARGET, &c);
 }
 
+/* kv_cache_dtype: the example's auto, the flag's f16 reaching the backend
+ * options (target_opts.c), and a misspelt value refused by name. */
+static void test_target_kv_cache_dtype(void **state) {
+    (void)state;
+    specd_target_cfg c;
+    specd_error err = {{0}};
+    char *argv[] = {"target-svc", "--config",
+                    (char *)test_path("deploy/config/target-svc.example.yaml"),
+                    "--kv_cache_dtype", "f16"};
+    assert_int_equal(specd_config_load(TARGET_FIELDS, N_TARGET, 3, argv, &c, &err), 0);
+    assert_int_equal(c.kv_cache_dtype, SPECD_KV_AUTO);
+    specd_config_free(TARGET_FIELDS, N_TARGET, &c);
+    assert_int_equal(specd_config_load(TARGET_FIELDS, N_TARGET, 5, argv, &c, &err), 0);
+    assert_int_equal(c.kv_cache_dtype, SPECD_KV_F16);
+    specd_transformer_opts to;
+    specd_transformer_opts_from_config(&c, 8192, &to);
+    assert_int_equal(to.backend.kv_dtype, SPECD_KV_F16);
+    specd_config_free(TARGET_FIELDS, N_TARGET, &c);
+    char *bad[] = {"target-svc", "--config",
+                   (char *)test_path("deploy/config/target-svc.example.yaml"),
+                   "--kv_cache_dtype", "fp8"};
+    assert_int_not_equal(specd_config_load(TARGET_FIELDS, N_TARGET, 5, bad, &c, &err), 0);
+    if (!strstr(err.msg, "kv_cache_dtype")) fail_msg("error does not name the key: %s", err.msg);
+}
+
 /* The example documents every setting of its schema: each field's key
  * appears in the file (nested keys indented under their section). */
 static void test_target_example_is_complete(void **state) {
@@ -1105,6 +1131,7 @@ int main(void) {
         cmocka_unit_test(test_schema_checks),
         cmocka_unit_test(test_target_example_parses),
         cmocka_unit_test(test_target_example_is_complete),
+        cmocka_unit_test(test_target_kv_cache_dtype),
         cmocka_unit_test(test_draft_example_parses),
         cmocka_unit_test(test_draft_example_is_complete),
         cmocka_unit_test(test_k8s_configs_parse),
