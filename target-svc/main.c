@@ -93,9 +93,11 @@ int main(int argc, char **argv) {
                     specd_step_cost_at(&c, 16) / 1e3, specd_step_cost_at(&c, 64) / 1e3);
     }
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
-                    "KV pool %d pages of %d tokens, prefix cache %s)\n",
+                    "KV pool %d pages of %d tokens, %s at %.1f KB a token, prefix cache %s)\n",
             cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],
             (int)cfg.limits.max_sessions, ctx, kv_pages, SPECD_KV_PAGE_ROWS,
+            specd_transformer_kv_dtype(t) == SPECD_F16 ? "f16" : "f32",
+            (double)specd_transformer_kv_bytes_per_token(t) / 1024.0,
             cfg.limits.prefix_cache ? "on" : "off");
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
     if (sig < 0) {

@@ -312,6 +312,10 @@ const char *specd_transformer_backend_name(const specd_transformer *t) {
     return t->be->ops->name;
 }
 specd_backend *specd_transformer_backend(const specd_transformer *t) { return t->be; }
+specd_dtype specd_transformer_kv_dtype(const specd_transformer *t) { return t->be->kv_type; }
+size_t specd_transformer_kv_bytes_per_token(const specd_transformer *t) {
+    return 2 * (size_t)t->hp.n_layers * (size_t)t->kv_dim * specd_kv_elem_bytes(t->be->kv_type);
+}
 
 double specd_transformer_decode_weight_bytes(const specd_transformer *t) {
     double total = (double)t->output_norm.bytes + (double)t->lm_head.bytes;

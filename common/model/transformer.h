@@ -72,6 +72,10 @@ void specd_transformer_free(specd_transformer *t);
 const specd_llama_hparams *specd_transformer_hparams(const specd_transformer *t);
 int specd_transformer_max_ctx(const specd_transformer *t);
 const char *specd_transformer_backend_name(const specd_transformer *t);
+/* What the KV cache stores (SPECD_F32 or SPECD_F16) and the bytes of one
+ * token's K and V over every layer. */
+specd_dtype specd_transformer_kv_dtype(const specd_transformer *t);
+size_t specd_transformer_kv_bytes_per_token(const specd_transformer *t);
 
 /* Runs the batch. Writes the new tokens' K/V at rows n_past.. of each slot
  * (rows past n_past + n_new that the slot held are dropped). Errors (bad

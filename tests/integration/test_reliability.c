@@ -739,6 +739,61 @@ static kv_info get_kv_info(const char *addr) {
     return k;
 }
 
+/* kv_cache_dtype through the whole service: a target started with
+ * --kv_cache_dtype=f16 reports it in GetInfo, stores half the bytes a token
+ * and so holds twice the pages in the same limits.kv_memory (2 MiB: below
+ * the sessions x context cap on pages), and serves. */
+static void test_kv_cache_dtype_info(void **state) {
+    (void)state;
+    char model[PATH_MAX];
+    snprintf(model, sizeof model, "%s", test_path(TINY_GGUF));
+    const char *f32[] = {"--threads=1", "--limits.kv_memory=2MiB", NULL};
+    const char *f16[] = {"--threads=1", "--limits.kv_memory=2MiB", "--kv_cache_dtype=f16", NULL};
+    int port[2] = {svc_free_port(), 0};
+    do port[1] = svc_free_port(); while (port[1] == port[0]);
+    if (!svc_start_target(port[0], model, f32)) {
+        printf("  target-svc is not built: kv_cache_dtype test skipped\n");
+        skip();
+    }
+    if (!svc_start_target(port[1], model, f16)) fail_msg("target-svc with f16 KV did not start");
+    Specd__V1__KvPoolInfo kv[2];
+    for (int i = 0; i < 2; i++) {
+        char addr[32];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", port[i]);
+        specd_rpc_channel *ch = svc_channel_to(addr);
+        Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
+        ProtobufCMessage *resp = NULL;
+        specd_error err = {{0}};
+        grpc_status_code code = specd_rpc_unary(ch, "/specd.v1.Target/GetInfo", &q.base,
+                                                &specd__v1__info__descriptor, &resp, 10000, &err);
+        if (code != GRPC_STATUS_OK) fail_msg("GetInfo on %s: %s", addr, err.msg);
+        const Specd__V1__Info *info = (const Specd__V1__Info *)resp;
+        if (!info->kv_pool) fail_msg("GetInfo on %s: no kv_pool", addr);
+        kv[i] = *info->kv_pool;
+        assert_string_equal(info->kv_pool->dtype, i ? "f16" : "f32");
+        kv[i].dtype = NULL;
+        protobuf_c_message_free_unpacked(resp, NULL);
+        if (i == 1) { /* and it serves */
+            req r;
+            req_ids(&r, 12, 8);
+            r.r.ignore_eos = 1;
+            svc_gen *g = calloc(1, sizeof *g);
+            svc_generate(ch, TARGET_M, &r.r, g);
+            if (g->code != GRPC_STATUS_OK || g->n_ids != 8)
+                fail_msg("Generate on the f16 target: code %d, %d tokens: %s", g->code, g->n_ids,
+                         g->detail);
+            free(g);
+        }
+        specd_rpc_channel_free(ch);
+    }
+    printf("  f32: %llu bytes a token, %d pages; f16: %llu bytes a token, %d pages\n",
+           (unsigned long long)kv[0].bytes_per_token, kv[0].pages_total,
+           (unsigned long long)kv[1].bytes_per_token, kv[1].pages_total);
+    assert_true(kv[0].bytes_per_token > 0);
+    assert_true(kv[0].bytes_per_token == 2 * kv[1].bytes_per_token);
+    assert_true(kv[1].pages_total >= 2 * kv[0].pages_total - 1);
+}
+
 /* Prompt i: the shared PC_SHARED tokens, then 5 + 3i tokens of its own (so
  * no prompt ends on a page boundary). */
 static void req_shared(req *q, int i, int max_new) {
@@ -936,6 +991,7 @@ int main(void) {
         cmocka_unit_test(test_seed_under_load),
         cmocka_unit_test_setup_teardown(test_failover_kill_and_hang, NULL, failover_teardown),
         cmocka_unit_test_setup_teardown(test_prefix_cache_failover, NULL, failover_teardown),
+        cmocka_unit_test_setup_teardown(test_kv_cache_dtype_info, NULL, failover_teardown),
         cmocka_unit_test_setup_teardown(test_long_prompt_beside_stream, NULL, failover_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
