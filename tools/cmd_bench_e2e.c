@@ -58,6 +58,7 @@
 
 #include "cli.h"
 #include "common/util/small_file.h"
+#include "kernels/backend.h"
 #include "tools/client.h"
 #include "tools/inproc.h"
 
@@ -111,6 +112,7 @@ typedef struct bench_opts {
     int shared_prefix;              /* --shared-prefix N tokens (0 = off) */
     const char *shared_prefix_file; /* the text it is cut from */
     int no_prefix_cache;            /* --no-prefix-cache: in-process target without it */
+    int kv_dtype;                   /* --kv-cache-dtype: the in-process target's KV cache */
     int per_class; /* --per-class: keep the first N prompts of each class (0 = all) */
     int levels[MAX_LEVELS], n_levels;
     int max_new, threads, requests, ctx, candidates, depth;
@@ -194,6 +196,7 @@ static void usage(void) {
            "                       (the prefix cache); its text: whole lines of\n"
            "  --shared-prefix-file PATH  (default docs/ARCHITECTURE.md, repeated if short)\n"
            "  --no-prefix-cache    the in-process target without its prefix cache\n"
+           "  --kv-cache-dtype T   the in-process target's KV cache: auto (default), f32 or f16\n"
            "  -n, --max-new-tokens N  tokens per request (default 128)\n"
            "  --requests N         requests per stream per cell (default: one per prompt)\n"
            "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
@@ -807,6 +810,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--shared-prefix-file"))
             o->shared_prefix_file = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--no-prefix-cache")) o->no_prefix_cache = 1;
+        else if (!strcmp(a, "--kv-cache-dtype")) o->kv_dtype = cli_kv_dtype(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--per-class"))
             o->per_class = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
@@ -861,6 +865,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
     }
     if (o->shared_prefix_file && !o->shared_prefix) {
         fprintf(stderr, "specd bench --e2e: --shared-prefix-file needs --shared-prefix N\n");
+        return 2;
+    }
+    if (o->kv_dtype && (o->draft || o->target)) {
+        fprintf(stderr, "specd bench --e2e: --kv-cache-dtype configures the in-process target; "
+                        "against --draft or --target, start that target with --kv_cache_dtype\n");
         return 2;
     }
     if (o->no_prefix_cache && (o->draft || o->target)) {
@@ -953,6 +962,7 @@ int cmd_bench_e2e(int argc, char **argv) {
              * prefix) plus the output and a tree */
             .ctx = o.ctx ? o.ctx : 1024 + o.shared_prefix + o.max_new,
             .no_prefix_cache = o.no_prefix_cache,
+            .kv_dtype = o.kv_dtype,
             .ngram = 1,
             .draft_model = o.draft_model,
             .speculator = o.speculator,
@@ -1016,8 +1026,10 @@ int cmd_bench_e2e(int argc, char **argv) {
                                                                 : "on"));
     char threads_s[16] = "all";
     if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
-    printf("machine: %s, %ld CPUs online, %s threads, backend %s, %s\n\n", hostname,
-           sysconf(_SC_NPROCESSORS_ONLN), threads_s, o.backend ? o.backend : "cpu", date);
+    printf("machine: %s, %ld CPUs online, %s threads, backend %s%s, %s\n\n", hostname,
+           sysconf(_SC_NPROCESSORS_ONLN), threads_s, o.backend ? o.backend : "cpu",
+           o.kv_dtype ? (o.kv_dtype == SPECD_KV_F16 ? ", KV cache f16" : ", KV cache f32") : "",
+           date);
     fflush(stdout);
 
     run_ctx rc = {.ch = ch, .o = &o, .prompts = prompts, .n_prompts = n_prompts,
