@@ -329,24 +329,43 @@ static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const 
     _mm256_storeu_ps(o + 56, o7);
 }
 
+/* An fp16 row widened to fp32 (exact). */
+static inline TAVX2F16 void widen_row(float *dst, const uint16_t *src, int n) {
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
+    for (; d < n; d++) dst[d] = _cvtsh_ss(src[d]);
+}
+
 /* kv_dots_avx2 for nq queries: every query takes each group of 4 K rows
  * while it is in L1 (the group is 1 KB for a head of 64), each score
- * bitwise the per-query one. */
-static TAVX2 void kv_dots_block_avx2(const float *const *q, int nq, const float *pool,
-                                     const int32_t *pages, int n_rows, size_t stride, size_t off,
-                                     int n, float scale, float *const *scores, float *maxs) {
+ * bitwise the per-query one. With f16 the pool holds fp16 rows, widened
+ * (exactly) into buf once for all the queries; the arithmetic is then the
+ * fp32 one. always_inline: each caller gets its own copy with f16 fixed. */
+static inline __attribute__((always_inline)) TAVX2F16 void
+dots_paged(const float *const *q, int nq, const void *pool, int f16, const int32_t *pages,
+           int n_rows, size_t stride, size_t off, int n, float scale, float *const *scores,
+           float *maxs) {
+    float buf[4][CPU_KV_F16_MAX_HEAD];
+    const float *rows[4];
     int r = 0;
     if (n % 16 == 0) {
         const __m128 sv = _mm_set1_ps(scale);
         __m128 mv[CPU_ATTN_QB];
         for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
         for (; r + 4 <= n_rows; r += 4) {
-            const float *rows[4];
-            for (int i = 0; i < 4; i++) rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
+            for (int i = 0; i < 4; i++) {
+                if (f16) {
+                    widen_row(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
+                    rows[i] = buf[i];
+                } else {
+                    rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
+                }
+            }
             for (int k = 0; k < nq; k++) {
                 const __m128 sc = _mm_mul_ps(dots4_avx2(q[k], rows, n), sv);
                 _mm_storeu_ps(scores[k] + r, sc);
-                mv[k] = _mm_max_ps(sc, mv[k]);
+                mv[k] = _mm_max_ps(sc, mv[k]); /* a NaN score never becomes the max */
             }
         }
         for (int k = 0; k < nq; k++) {
@@ -357,22 +376,26 @@ static TAVX2 void kv_dots_block_avx2(const float *const *q, int nq, const float 
         }
     }
     for (; r < n_rows; r++) {
-        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
+        const float *row;
+        if (f16) {
+            widen_row(buf[0], cpu_kv_paged_row_f16(pool, pages, r, stride, off), n);
+            row = buf[0];
+        } else {
+            row = cpu_kv_paged_row(pool, pages, r, stride, off);
+        }
         for (int k = 0; k < nq; k++) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int d = 0;
-            for (; d + 16 <= n; d += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[k] + d), _mm256_loadu_ps(row + d), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[k] + d + 8), _mm256_loadu_ps(row + d + 8),
-                                     a1);
-            }
-            float s = hsum8(_mm256_add_ps(a0, a1));
-            for (; d < n; d++) s += q[k][d] * row[d];
-            float sc = s * scale;
+            float sc = kv_dot_avx2(q[k], row, 0, n) * scale;
             scores[k][r] = sc;
             if (sc > maxs[k]) maxs[k] = sc; /* the caller starts it at -inf */
         }
     }
+}
+
+static TAVX2F16 void kv_dots_block_avx2(const float *const *q, int nq, const float *pool,
+                                        const int32_t *pages, int n_rows, size_t stride,
+                                        size_t off, int n, float scale, float *const *scores,
+                                        float *maxs) {
+    dots_paged(q, nq, pool, 0, pages, n_rows, stride, off, n, scale, scores, maxs);
 }
 
 /* kv_axpys_avx2 for nq queries. The rows go by in tiles of AXPY_TILE (16 KB
@@ -410,6 +433,30 @@ axpys_tile_group(float *const *o, const float (*w)[AXPY_TILE], int g, int any_ze
     }
 }
 
+/* One tile of rows rows[0..nt) (the block's rows t0..t0+nt) for all nq
+ * queries, 4 at a time. */
+static inline TAVX2 void axpys_tile(float *const *o, const float *const *scores, const float *inv,
+                                    int nq, const float *const *rows, int t0, int nt, int n) {
+    float w[4][AXPY_TILE];
+    for (int k0 = 0; k0 < nq; k0 += 4) {
+        int g = nq - k0 < 4 ? nq - k0 : 4, any_zero = 0;
+        /* the weights as kv_axpys_avx2 forms them; a zero score is skipped there */
+        for (int k = 0; k < g; k++)
+            for (int r = 0; r < nt; r++) {
+                float sc = scores[k0 + k][t0 + r];
+                any_zero |= sc == 0.0f;
+                w[k][r] = sc == 0.0f ? 0.0f : sc * inv[k0 + k];
+            }
+        /* a constant group size lets the compiler keep acc in registers */
+        switch (g) {
+        case 4: axpys_tile_group(o + k0, w, 4, any_zero, rows, nt, n); break;
+        case 3: axpys_tile_group(o + k0, w, 3, any_zero, rows, nt, n); break;
+        case 2: axpys_tile_group(o + k0, w, 2, any_zero, rows, nt, n); break;
+        default: axpys_tile_group(o + k0, w, 1, any_zero, rows, nt, n); break;
+        }
+    }
+}
+
 static TAVX2 void kv_axpys_block_avx2(float *const *o, const float *const *scores,
                                       const float *inv, int nq, const float *pool,
                                       const int32_t *pages, int n_rows, size_t stride, size_t off,
@@ -420,27 +467,10 @@ static TAVX2 void kv_axpys_block_avx2(float *const *o, const float *const *score
         return;
     }
     const float *rows[AXPY_TILE];
-    float w[4][AXPY_TILE];
     for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
         int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
         for (int r = 0; r < nt; r++) rows[r] = cpu_kv_paged_row(pool, pages, t0 + r, stride, off);
-        for (int k0 = 0; k0 < nq; k0 += 4) {
-            int g = nq - k0 < 4 ? nq - k0 : 4, any_zero = 0;
-            /* the weights as kv_axpys_avx2 forms them; a zero score is skipped there */
-            for (int k = 0; k < g; k++)
-                for (int r = 0; r < nt; r++) {
-                    float sc = scores[k0 + k][t0 + r];
-                    any_zero |= sc == 0.0f;
-                    w[k][r] = sc == 0.0f ? 0.0f : sc * inv[k0 + k];
-                }
-            /* a constant group size lets the compiler keep acc in registers */
-            switch (g) {
-            case 4: axpys_tile_group(o + k0, w, 4, any_zero, rows, nt, n); break;
-            case 3: axpys_tile_group(o + k0, w, 3, any_zero, rows, nt, n); break;
-            case 2: axpys_tile_group(o + k0, w, 2, any_zero, rows, nt, n); break;
-            default: axpys_tile_group(o + k0, w, 1, any_zero, rows, nt, n); break;
-            }
-        }
+        axpys_tile(o, scores, inv, nq, rows, t0, nt, n);
     }
 }
 
@@ -450,38 +480,12 @@ static TAVX2 void kv_axpys_block_avx2(float *const *o, const float *const *score
  * fp32 kernels give on the widened rows, which is what kv_dot_avx2 /
  * kv_axpy_avx2 give on the fp16 row itself. */
 
-static inline TAVX2F16 void widen_row(float *dst, const uint16_t *src, int n) {
-    int d = 0;
-    for (; d + 8 <= n; d += 8)
-        _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
-    for (; d < n; d++) dst[d] = _cvtsh_ss(src[d]);
-}
 
 static TAVX2F16 float kv_dots_f16_avx2(const float *q, const uint16_t *pool, const int32_t *pages,
                                        int n_rows, size_t stride, size_t off, int n, float scale,
                                        float *scores) {
-    float buf[4][CPU_KV_F16_MAX_HEAD];
-    const float *rows[4] = {buf[0], buf[1], buf[2], buf[3]};
-    __m128 mv = _mm_set1_ps(-INFINITY);
-    const __m128 sv = _mm_set1_ps(scale);
-    int r = 0;
-    if (n % 16 == 0)
-        for (; r + 4 <= n_rows; r += 4) {
-            for (int i = 0; i < 4; i++)
-                widen_row(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
-            const __m128 sc = _mm_mul_ps(dots4_avx2(q, rows, n), sv);
-            _mm_storeu_ps(scores + r, sc);
-            mv = _mm_max_ps(sc, mv);
-        }
-    float m4[4], maxs = -INFINITY;
-    _mm_storeu_ps(m4, mv);
-    for (int i = 0; i < 4; i++)
-        if (m4[i] > maxs) maxs = m4[i];
-    for (; r < n_rows; r++) {
-        widen_row(buf[0], cpu_kv_paged_row_f16(pool, pages, r, stride, off), n);
-        scores[r] = kv_dot_avx2(q, buf[0], 0, n) * scale;
-        if (scores[r] > maxs) maxs = scores[r];
-    }
+    float maxs = -INFINITY;
+    dots_paged(&q, 1, pool, 1, pages, n_rows, stride, off, n, scale, &scores, &maxs);
     return maxs;
 }
 
@@ -513,37 +517,7 @@ static TAVX2F16 void kv_dots_block_f16_avx2(const float *const *q, int nq, const
                                             const int32_t *pages, int n_rows, size_t stride,
                                             size_t off, int n, float scale,
                                             float *const *scores, float *maxs) {
-    float buf[4][CPU_KV_F16_MAX_HEAD];
-    const float *rows[4] = {buf[0], buf[1], buf[2], buf[3]};
-    int r = 0;
-    if (n % 16 == 0) {
-        const __m128 sv = _mm_set1_ps(scale);
-        __m128 mv[CPU_ATTN_QB];
-        for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
-        for (; r + 4 <= n_rows; r += 4) {
-            for (int i = 0; i < 4; i++)
-                widen_row(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
-            for (int k = 0; k < nq; k++) {
-                const __m128 sc = _mm_mul_ps(dots4_avx2(q[k], rows, n), sv);
-                _mm_storeu_ps(scores[k] + r, sc);
-                mv[k] = _mm_max_ps(sc, mv[k]);
-            }
-        }
-        for (int k = 0; k < nq; k++) {
-            float m4[4];
-            _mm_storeu_ps(m4, mv[k]);
-            for (int i = 0; i < 4; i++)
-                if (m4[i] > maxs[k]) maxs[k] = m4[i];
-        }
-    }
-    for (; r < n_rows; r++) {
-        widen_row(buf[0], cpu_kv_paged_row_f16(pool, pages, r, stride, off), n);
-        for (int k = 0; k < nq; k++) {
-            float sc = kv_dot_avx2(q[k], buf[0], 0, n) * scale;
-            scores[k][r] = sc;
-            if (sc > maxs[k]) maxs[k] = sc;
-        }
-    }
+    dots_paged(q, nq, pool, 1, pages, n_rows, stride, off, n, scale, scores, maxs);
 }
 
 static TAVX2F16 void kv_axpys_block_f16_avx2(float *const *o, const float *const *scores,
@@ -558,28 +532,13 @@ static TAVX2F16 void kv_axpys_block_f16_avx2(float *const *o, const float *const
     /* kv_axpys_block_avx2 on a tile widened once for the whole block */
     float tile[AXPY_TILE][64];
     const float *rows[AXPY_TILE];
-    float w[4][AXPY_TILE];
     for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
         int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
         for (int r = 0; r < nt; r++) {
             widen_row(tile[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), n);
             rows[r] = tile[r];
         }
-        for (int k0 = 0; k0 < nq; k0 += 4) {
-            int g = nq - k0 < 4 ? nq - k0 : 4, any_zero = 0;
-            for (int k = 0; k < g; k++)
-                for (int r = 0; r < nt; r++) {
-                    float sc = scores[k0 + k][t0 + r];
-                    any_zero |= sc == 0.0f;
-                    w[k][r] = sc == 0.0f ? 0.0f : sc * inv[k0 + k];
-                }
-            switch (g) {
-            case 4: axpys_tile_group(o + k0, w, 4, any_zero, rows, nt, n); break;
-            case 3: axpys_tile_group(o + k0, w, 3, any_zero, rows, nt, n); break;
-            case 2: axpys_tile_group(o + k0, w, 2, any_zero, rows, nt, n); break;
-            default: axpys_tile_group(o + k0, w, 1, any_zero, rows, nt, n); break;
-            }
-        }
+        axpys_tile(o, scores, inv, nq, rows, t0, nt, n);
     }
 }
 

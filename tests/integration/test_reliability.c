@@ -716,10 +716,14 @@ static void test_failover_kill_and_hang(void **state) {
 #define PC_PROMPTS 4
 #define PC_PAGE 16
 
-/* A target's prefix-cache counters, from GetInfo's kv_pool. */
+/* A target's KV pool as GetInfo's kv_pool reports it: the prefix-cache
+ * counters, the element type, bytes a token and pages. */
 typedef struct kv_info {
     int on;
     uint64_t lookup, hit;
+    char dtype[8];
+    uint64_t bytes_per_token;
+    int pages_total;
 } kv_info;
 
 static kv_info get_kv_info(const char *addr) {
@@ -732,9 +736,11 @@ static kv_info get_kv_info(const char *addr) {
     specd_rpc_channel_free(ch);
     if (code != GRPC_STATUS_OK) fail_msg("GetInfo on %s: %s", addr, err.msg);
     const Specd__V1__Info *info = (const Specd__V1__Info *)resp;
-    if (!info->kv_pool) fail_msg("GetInfo on %s: no kv_pool", addr);
-    kv_info k = {info->kv_pool->prefix_cache, info->kv_pool->prefix_lookup_pages,
-                 info->kv_pool->prefix_hit_pages};
+    const Specd__V1__KvPoolInfo *kv = info->kv_pool;
+    if (!kv) fail_msg("GetInfo on %s: no kv_pool", addr);
+    kv_info k = {kv->prefix_cache, kv->prefix_lookup_pages, kv->prefix_hit_pages, "",
+                 kv->bytes_per_token, kv->pages_total};
+    snprintf(k.dtype, sizeof k.dtype, "%s", kv->dtype ? kv->dtype : "");
     protobuf_c_message_free_unpacked(resp, NULL);
     return k;
 }
@@ -756,36 +762,27 @@ static void test_kv_cache_dtype_info(void **state) {
         skip();
     }
     if (!svc_start_target(port[1], model, f16)) fail_msg("target-svc with f16 KV did not start");
-    Specd__V1__KvPoolInfo kv[2];
+    kv_info kv[2];
     for (int i = 0; i < 2; i++) {
         char addr[32];
         snprintf(addr, sizeof addr, "127.0.0.1:%d", port[i]);
-        specd_rpc_channel *ch = svc_channel_to(addr);
-        Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
-        ProtobufCMessage *resp = NULL;
-        specd_error err = {{0}};
-        grpc_status_code code = specd_rpc_unary(ch, "/specd.v1.Target/GetInfo", &q.base,
-                                                &specd__v1__info__descriptor, &resp, 10000, &err);
-        if (code != GRPC_STATUS_OK) fail_msg("GetInfo on %s: %s", addr, err.msg);
-        const Specd__V1__Info *info = (const Specd__V1__Info *)resp;
-        if (!info->kv_pool) fail_msg("GetInfo on %s: no kv_pool", addr);
-        kv[i] = *info->kv_pool;
-        assert_string_equal(info->kv_pool->dtype, i ? "f16" : "f32");
-        kv[i].dtype = NULL;
-        protobuf_c_message_free_unpacked(resp, NULL);
-        if (i == 1) { /* and it serves */
-            req r;
-            req_ids(&r, 12, 8);
-            r.r.ignore_eos = 1;
-            svc_gen *g = calloc(1, sizeof *g);
-            svc_generate(ch, TARGET_M, &r.r, g);
-            if (g->code != GRPC_STATUS_OK || g->n_ids != 8)
-                fail_msg("Generate on the f16 target: code %d, %d tokens: %s", g->code, g->n_ids,
-                         g->detail);
-            free(g);
-        }
-        specd_rpc_channel_free(ch);
+        kv[i] = get_kv_info(addr);
+        assert_string_equal(kv[i].dtype, i ? "f16" : "f32");
     }
+    /* and the f16 one serves */
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port[1]);
+    specd_rpc_channel *ch = svc_channel_to(addr);
+    req r;
+    req_ids(&r, 12, 8);
+    r.r.ignore_eos = 1;
+    svc_gen *g = calloc(1, sizeof *g);
+    svc_generate(ch, TARGET_M, &r.r, g);
+    if (g->code != GRPC_STATUS_OK || g->n_ids != 8)
+        fail_msg("Generate on the f16 target: code %d, %d tokens: %s", g->code, g->n_ids,
+                 g->detail);
+    free(g);
+    specd_rpc_channel_free(ch);
     printf("  f32: %llu bytes a token, %d pages; f16: %llu bytes a token, %d pages\n",
            (unsigned long long)kv[0].bytes_per_token, kv[0].pages_total,
            (unsigned long long)kv[1].bytes_per_token, kv[1].pages_total);

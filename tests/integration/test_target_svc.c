@@ -320,23 +320,30 @@ static int teardown(void **state) {
     return 0;
 }
 
-static void test_greedy_lossless(void **state) {
-    (void)state;
-    int32_t prompt[32], ref[N_GEN + MAX_TREE], out[N_GEN];
-    int n;
-    prompt_for(0, prompt, &n);
-    golden_plain_greedy(test_path(MODEL), CTX, prompt, n, N_GEN + MAX_TREE, ref);
+/* Every tree kind through ch gives exactly ref, the plain greedy tokens. */
+static void expect_lossless(specd_rpc_channel *ch, const int32_t *prompt, int n,
+                            const int32_t *ref, const char *what) {
+    int32_t out[N_GEN];
     for (int kind = 0; kind <= 3; kind++) {
         char msg[256] = "";
         memset(out, 0xff, sizeof out);
-        if (verify_session(S.ch, prompt, n, N_GEN, ref, N_GEN + MAX_TREE, kind, VOCAB, out, msg,
+        if (verify_session(ch, prompt, n, N_GEN, ref, N_GEN + MAX_TREE, kind, VOCAB, out, msg,
                            sizeof msg))
-            fail_msg("tree kind %d: %s", kind, msg);
+            fail_msg("%s, tree kind %d: %s", what, kind, msg);
         for (int i = 0; i < N_GEN; i++)
             if (out[i] != ref[i])
-                fail_msg("tree kind %d: token %d is %d, plain greedy gave %d", kind, i, out[i],
-                         ref[i]);
+                fail_msg("%s, tree kind %d: token %d is %d, plain greedy gave %d", what, kind, i,
+                         out[i], ref[i]);
     }
+}
+
+static void test_greedy_lossless(void **state) {
+    (void)state;
+    int32_t prompt[32], ref[N_GEN + MAX_TREE];
+    int n;
+    prompt_for(0, prompt, &n);
+    golden_plain_greedy(test_path(MODEL), CTX, prompt, n, N_GEN + MAX_TREE, ref);
+    expect_lossless(S.ch, prompt, n, ref, "fp32 KV");
 }
 
 /* The same with an fp16 KV cache (kv_cache_dtype f16): verification against
@@ -347,21 +354,11 @@ static void test_greedy_lossless_kv_f16(void **state) {
     (void)state;
     served f;
     serve_kv(&f, 1, SPECD_KV_F16);
-    int32_t prompt[32], ref[N_GEN + MAX_TREE], out[N_GEN];
+    int32_t prompt[32], ref[N_GEN + MAX_TREE];
     int n;
     prompt_for(1, prompt, &n);
     golden_plain_greedy_kv(test_path(MODEL), CTX, prompt, n, N_GEN + MAX_TREE, SPECD_KV_F16, ref);
-    for (int kind = 0; kind <= 3; kind++) {
-        char msg[256] = "";
-        memset(out, 0xff, sizeof out);
-        if (verify_session(f.ch, prompt, n, N_GEN, ref, N_GEN + MAX_TREE, kind, VOCAB, out, msg,
-                           sizeof msg))
-            fail_msg("f16 KV, tree kind %d: %s", kind, msg);
-        for (int i = 0; i < N_GEN; i++)
-            if (out[i] != ref[i])
-                fail_msg("f16 KV, tree kind %d: token %d is %d, plain greedy gave %d", kind, i,
-                         out[i], ref[i]);
-    }
+    expect_lossless(f.ch, prompt, n, ref, "fp16 KV");
     unserve(&f);
 }
 
