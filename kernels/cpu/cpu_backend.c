@@ -252,6 +252,10 @@ void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n) {
     }
 }
 
+void cpu_f32_to_f16_row_scalar(uint16_t *dst, const float *x, int n) {
+    for (int d = 0; d < n; d++) dst[d] = specd_f32_to_fp16(x[d]);
+}
+
 double cpu_softmax_exp_scalar(float *s, int n, float max) {
     double sum = 0;
     for (int r = 0; r < n; r++) {
@@ -371,7 +375,7 @@ static void attn_task(void *ctx, int task, int thread) {
 /* Stores one fp32 row into a pool row of the backend's KV type. */
 static void kv_store(void *pool, int f16, size_t idx, const float *src, int n) {
     if (f16)
-        for (int d = 0; d < n; d++) ((uint16_t *)pool)[idx + d] = specd_f32_to_fp16(src[d]);
+        cpu_active_kernels()->f32_to_f16_row((uint16_t *)pool + idx, src, n);
     else
         memcpy((float *)pool + idx, src, sizeof(float) * n);
 }

@@ -247,6 +247,10 @@ typedef struct cpu_kernel_set {
                                size_t stride, size_t off, int n);
     /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
     int (*argmax)(const float *x, int n);
+    /* dst[i] = x[i] rounded to fp16 (to nearest, ties to even; overflow to
+     * inf), bitwise specd_f32_to_fp16 for every non-NaN value: an fp16 KV
+     * row as it is stored (cpu_f32_to_f16_row_scalar or vec_avx2.c's F16C) */
+    void (*f32_to_f16_row)(uint16_t *dst, const float *x, int n);
     /* out[i] = silu(gate[i]) * up[i] (cpu_swiglu_scalar or vec_avx2.c) */
     void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     /* the activation quantizer (cpu_quantize_act or a SIMD twin) */
@@ -272,6 +276,7 @@ void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n)
 float cpu_kv_dot_scalar(const float *q, const void *row, int f16, int n);
 double cpu_softmax_exp_scalar(float *s, int n, float max);
 void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n);
+void cpu_f32_to_f16_row_scalar(uint16_t *dst, const float *x, int n);
 /* The kernel set chosen at run time (matmul.c). */
 const cpu_kernel_set *cpu_active_kernels(void);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);

@@ -329,6 +329,16 @@ static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const 
     _mm256_storeu_ps(o + 56, o7);
 }
 
+/* x rounded to fp16 (F16C, to nearest even: specd_f32_to_fp16's rounding,
+ * subnormals and overflow included). */
+static TAVX2F16 void f32_to_f16_row_avx2(uint16_t *dst, const float *x, int n) {
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        _mm_storeu_si128((__m128i *)(dst + d),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT));
+    for (; d < n; d++) dst[d] = _cvtss_sh(x[d], _MM_FROUND_TO_NEAREST_INT);
+}
+
 /* An fp16 row widened to fp32 (exact). */
 static inline TAVX2F16 void widen_row(float *dst, const uint16_t *src, int n) {
     int d = 0;
@@ -548,6 +558,7 @@ int cpu_vec_avx2(cpu_kernel_set *ks) {
     ks->kv_dots = kv_dots_avx2;
     ks->kv_axpys = kv_axpys_avx2;
     ks->kv_dots_f16 = kv_dots_f16_avx2;
+    ks->f32_to_f16_row = f32_to_f16_row_avx2;
     ks->kv_axpys_f16 = kv_axpys_f16_avx2;
     ks->kv_dots_block_f16 = kv_dots_block_f16_avx2;
     ks->kv_axpys_block_f16 = kv_axpys_block_f16_avx2;

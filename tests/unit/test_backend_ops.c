@@ -1089,6 +1089,56 @@ static void test_attention_blocks_bitwise(void **state) {
     free(one);
 }
 
+/* An fp16 cache stores each new K/V element exactly as specd_f32_to_fp16
+ * rounds it (to nearest, ties to even, subnormals, overflow to inf) on
+ * every SIMD path (the AVX2 set stores with F16C): the new row of a
+ * 1-token step holding those cases, against the cache built with the
+ * scalar rounding. */
+static void test_kv_f16_store(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    const float edge[] = {0.0f,          -0.0f,          1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
+                          -(1.0f + 0x1p-11f), 0x1p-24f,  0x1p-25f,        0x1.8p-25f,
+                          3 * 0x1p-25f,  6.1e-5f,        6.2e-5f,         65504.0f,
+                          65519.0f,      65520.0f,       -70000.0f,       INFINITY,
+                          -INFINITY,     1e-30f,         -3.3333333f,     0.1f};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    enum { P = 21, NH = 2, NKV = 1, HD = 64 };
+    int32_t pages[ATT_PAGES];
+    for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES;
+    tstep *one = malloc(sizeof *one);
+    float q[NH * HD], k[NKV * HD], v[NKV * HD], out[NH * HD];
+    test_fill_random(q, NH * HD, 41, 1.0f);
+    for (int e = 0; e < NKV * HD; e++) {
+        k[e] = edge[e % ne] * (e / ne % 2 ? -1.0f : 1.0f);
+        v[e] = edge[(e + 7) % ne];
+    }
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        kvcache c;
+        cpu_kv(SPECD_F16);
+        kv_init(&c, SPECD_F16, ATT_LAYERS, NKV * HD, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, 7);
+        const seq_spec sp = {P, 1, NULL, pages};
+        tstep_init(one, 1, &sp, 16, 7, 100);
+        void *after = malloc(c.bytes), *exp = malloc(c.bytes);
+        run_attention(g_cpu, one, &c, q, k, v, NH, NKV, HD, out, after);
+        attention_expected_cache(one, &c, k, v, exp);
+        for (size_t i = 0; i < c.bytes / 2; i++)
+            if (((uint16_t *)after)[i] != ((uint16_t *)exp)[i])
+                fail_msg("%s: fp16 cache element %zu is 0x%04x, specd_f32_to_fp16 gives 0x%04x",
+                         paths[pi], i, ((uint16_t *)after)[i], ((uint16_t *)exp)[i]);
+        free(after);
+        free(exp);
+        free(c.host);
+    }
+    cpu_simd_force("auto");
+    cpu_kv(SPECD_F32);
+    assert_true(tested >= 1);
+    free(one);
+}
+
 /* --- swiglu / axpy / scale ------------------------------------------------- */
 
 enum { EW_N = 1001 };
@@ -1926,6 +1976,7 @@ int main(void) {
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_blocks_bitwise),
+        cmocka_unit_test(test_kv_f16_store),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_gather_out),
         cmocka_unit_test(test_argmax),
