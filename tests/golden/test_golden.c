@@ -17,7 +17,7 @@
  *     tolerance set by the precision the GPU computes in (the rule is the
  *     fixtures': max |diff| <= tol * max(1, max |ref|)):
  *       F32 models          2e-4: the transformer keeps fp32 weights and KV
- *                           on the GPU (kv_f32) and cuBLAS runs fp32 without
+ *                           on the GPU (kv_dtype F32) and cuBLAS runs fp32 without
  *                           TF32, so only summation order differs (~1e-5
  *                           measured on the CPU); 2x the fixtures' 1e-4;
  *       F16 and quantized   1.5e-2: the GPU keeps fp16 weights (quantized ones

@@ -5,7 +5,7 @@
  *   (b) the CUDA backend against the CPU backend on the same inputs, when
  *       specd_backend_create({.name = "cuda"}) succeeds. Two CUDA backends
  *       are made: the default one (fp16 KV, fp16/bf16 GEMM inputs) and one
- *       with kv_f32 = 1 (fp32 KV, matrices kept in their own type). Each is
+ *       with kv_dtype F32 ("kv_f32": fp32 KV, matrices in their own type). Each is
  *       compared with the CPU backend set to the same kv_type (the CPU
  *       implements both KV layouts; see backend.h).
  *   (c) CUDA only: a small two-layer forward pass issued between graph_begin
