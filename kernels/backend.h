@@ -239,6 +239,9 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
 /* NULL + "not built" message when the build had no nvcc. */
 specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err);
 
+/* A KV type as config, GetInfo and logs spell it ("f32", "f16"). */
+static inline const char *specd_kv_type_name(specd_dtype t) { return t == SPECD_F16 ? "f16" : "f32"; }
+
 /* Bytes of one KV element of the given type. */
 static inline size_t specd_kv_elem_bytes(specd_dtype t) { return t == SPECD_F16 ? 2 : 4; }
 

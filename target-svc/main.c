@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
                     "KV pool %d pages of %d tokens, %s at %.1f KB a token, prefix cache %s)\n",
             cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],
             (int)cfg.limits.max_sessions, ctx, kv_pages, SPECD_KV_PAGE_ROWS,
-            specd_transformer_kv_dtype(t) == SPECD_F16 ? "f16" : "f32",
+            specd_kv_type_name(specd_transformer_kv_dtype(t)),
             (double)specd_transformer_kv_bytes_per_token(t) / 1024.0,
             cfg.limits.prefix_cache ? "on" : "off");
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);

@@ -638,7 +638,7 @@ static void h_info(specd_rpc_call *c, void *user) {
     kv.prefix_hit_pages = st.hit_pages;
     kv.prefix_hit_rate = st.lookup_pages ? (float)st.hit_pages / (float)st.lookup_pages : 0.0f;
     kv.evictions = st.evictions;
-    kv.dtype = specd_transformer_kv_dtype(svc->t) == SPECD_F16 ? "f16" : "f32";
+    kv.dtype = (char *)specd_kv_type_name(specd_transformer_kv_dtype(svc->t));
     kv.bytes_per_token = specd_transformer_kv_bytes_per_token(svc->t);
     r.kv_pool = &kv;
     /* the measured points of the cost curve (unmeasured ones are left out) */

@@ -782,7 +782,7 @@ int cmd_bench(int argc, char **argv) {
                hp->vocab_size);
         printf("backend  %s (%s, precision %s, KV cache %s), %d threads, median of %d runs\n\n",
                specd_transformer_backend_name(t), cpu_simd_name(),
-               specd_precision_names[precision], kv_dtype == SPECD_KV_F16 ? "f16" : "f32",
+               specd_precision_names[precision], specd_kv_type_name(specd_transformer_kv_dtype(t)),
                n_threads, reps);
         printf("| phase   | tokens | time (ms) | tokens/s |\n");
         printf("|---------|-------:|----------:|---------:|\n");

@@ -1026,9 +1026,9 @@ int cmd_bench_e2e(int argc, char **argv) {
                                                                 : "on"));
     char threads_s[16] = "all";
     if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
-    printf("machine: %s, %ld CPUs online, %s threads, backend %s%s, %s\n\n", hostname,
+    printf("machine: %s, %ld CPUs online, %s threads, backend %s%s%s, %s\n\n", hostname,
            sysconf(_SC_NPROCESSORS_ONLN), threads_s, o.backend ? o.backend : "cpu",
-           o.kv_dtype ? (o.kv_dtype == SPECD_KV_F16 ? ", KV cache f16" : ", KV cache f32") : "",
+           o.kv_dtype ? ", KV cache " : "", o.kv_dtype ? specd_kv_dtype_names[o.kv_dtype] : "",
            date);
     fflush(stdout);
 

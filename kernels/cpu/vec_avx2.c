@@ -254,42 +254,6 @@ static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, 
     return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* kv_dot_avx2 over a sequence's paged rows (quant_impl.h's kv_dots), four
- * rows at a time where the head is a multiple of 16 wide. */
-static TAVX2 float kv_dots_avx2(const float *q, const float *pool, const int32_t *pages,
-                                int n_rows, size_t stride, size_t off, int n, float scale,
-                                float *scores) {
-    __m128 mv = _mm_set1_ps(-INFINITY);
-    const __m128 sv = _mm_set1_ps(scale);
-    int r = 0;
-    if (n % 16 == 0)
-        for (; r + 4 <= n_rows; r += 4) {
-            const float *rows[4];
-            for (int i = 0; i < 4; i++) rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
-            const __m128 sc = _mm_mul_ps(dots4_avx2(q, rows, n), sv);
-            _mm_storeu_ps(scores + r, sc);
-            mv = _mm_max_ps(sc, mv); /* a NaN score never becomes the max */
-        }
-    float m4[4], maxs = -INFINITY;
-    _mm_storeu_ps(m4, mv);
-    for (int i = 0; i < 4; i++)
-        if (m4[i] > maxs) maxs = m4[i];
-    for (; r < n_rows; r++) {
-        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int d = 0;
-        for (; d + 16 <= n; d += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(row + d), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(row + d + 8), a1);
-        }
-        float s = hsum8(_mm256_add_ps(a0, a1));
-        for (; d < n; d++) s += q[d] * row[d];
-        scores[r] = s * scale;
-        if (scores[r] > maxs) maxs = scores[r];
-    }
-    return maxs;
-}
-
 /* kv_axpy_avx2 over a sequence's paged rows (quant_impl.h's kv_axpys); a
  * head of 64 keeps o in 8 registers across the rows. */
 static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const float *pool,
@@ -406,6 +370,16 @@ static TAVX2F16 void kv_dots_block_avx2(const float *const *q, int nq, const flo
                                         size_t off, int n, float scale, float *const *scores,
                                         float *maxs) {
     dots_paged(q, nq, pool, 0, pages, n_rows, stride, off, n, scale, scores, maxs);
+}
+
+/* kv_dot_avx2 over a sequence's paged rows (quant_impl.h's kv_dots): the
+ * block routine with one query. */
+static TAVX2F16 float kv_dots_avx2(const float *q, const float *pool, const int32_t *pages,
+                                   int n_rows, size_t stride, size_t off, int n, float scale,
+                                   float *scores) {
+    float maxs = -INFINITY;
+    dots_paged(&q, 1, pool, 0, pages, n_rows, stride, off, n, scale, &scores, &maxs);
+    return maxs;
 }
 
 /* kv_axpys_avx2 for nq queries. The rows go by in tiles of AXPY_TILE (16 KB
