@@ -13,6 +13,8 @@
 # of slipping into the data.
 #
 # SPECD_DATA_DIR overrides the output directory (default data/train).
+# SPECD_TRAIN_PROMPTS_PER_KIND sets how many chat, code and math prompts
+# each (default 1000; the GPU recipe in README "Training" uses 6000).
 # Idempotent: a stamp holds the hashes of the inputs (these scripts and
 # bench/eval-prompts.jsonl) and of the outputs; when all match, nothing is
 # fetched. SPECD_DATA_FORCE=1 rebuilds anyway.
@@ -29,7 +31,8 @@ done
 
 # The stamp's first lines: one hash over every input, then one per output.
 stamp_lines() {
-  (cd "$root" && cat scripts/fetch_train_data.sh scripts/train_data/*.py bench/eval-prompts.jsonl) |
+  { (cd "$root" && cat scripts/fetch_train_data.sh scripts/train_data/*.py bench/eval-prompts.jsonl)
+    echo "prompts per kind ${SPECD_TRAIN_PROMPTS_PER_KIND:-1000}"; } |
     sha256sum | sed 's/ .*/  inputs/'
   for f in corpus.jsonl prompts.jsonl SOURCES.md; do
     if [ -f "$out/$f" ]; then sha256sum "$out/$f" | sed "s| .*|  $f|"; else echo "missing  $f"; fi
