@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
         specd_step_cost c;
         specd_target_service_step_cost(svc, &c);
         if (specd_step_cost_at(&c, 1) > 0)
-            fprintf(stderr, "target-svc: forward pass (256 cached tokens): 1 token %.1f ms, 2: %.1f, "
+            fprintf(stderr, "target-svc: forward pass (64 cached tokens): 1 token %.1f ms, 2: %.1f, "
                             "4: %.1f, 8: %.1f, 16: %.1f, 64: %.1f\n",
                     specd_step_cost_at(&c, 1) / 1e3, specd_step_cost_at(&c, 2) / 1e3,
                     specd_step_cost_at(&c, 4) / 1e3, specd_step_cost_at(&c, 8) / 1e3,

@@ -553,23 +553,49 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-#define CALIBRATE_REPS 3
-/* cached tokens before the timed rows: a typical chat turn's context */
-#define CALIBRATE_CONTEXT 256
+#define CALIBRATE_ROUNDS 5
+/* Cached tokens before the timed rows. Short on purpose: a pass of n > 1
+ * rows costs more per row as the context grows (on a 2-core AMD EPYC, 2
+ * rows cost 1.18x one row at 100 cached tokens and 1.5x at 256), and the
+ * curve must err on the cheap side. A curve that prices trees too high is
+ * never corrected: the session stops drafting, so no multi-row pass is
+ * ever observed. One that prices them too low is: the trees it sends are
+ * timed and folded in (specd_step_cost_observe) on both services. */
+#define CALIBRATE_CONTEXT 64
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* Times one sequence of n tokens (every row's argmax out: the shape of a
- * tree step) at each grid point up to max_n, after a context of
- * CALIBRATE_CONTEXT tokens, the median of CALIBRATE_REPS passes, before the
- * worker starts. The context matters: each row attends to it, so on an
- * empty cache extra rows look cheaper than they are in a running session.
+/* One pass of n tokens of one sequence after ctx cached ones, every row's
+ * argmax out (the shape of a tree step); microseconds, or -1 on failure. */
+static double calibrate_pass(specd_sched *s, int slot, int ctx, const int32_t *toks, int n,
+                             specd_error *err) {
+    specd_seq_input seq = {.slot = slot, .n_past = ctx, .n_new = n};
+    specd_batch b = {.n_tokens = n, .tokens = toks, .n_seqs = 1, .seqs = &seq, .n_out = n,
+                     .out_rows = s->out_rows, .argmax = s->argmax};
+    int64_t t0 = now_us();
+    if (specd_transformer_forward(s->t, &b, err)) return -1;
+    return (double)(now_us() - t0);
+}
+
+/* Times one sequence of n tokens at each grid point up to max_n, after a
+ * context of CALIBRATE_CONTEXT tokens, before the worker starts. The
+ * context matters: each row attends to it, so on an empty cache extra rows
+ * look cheaper than they are in a running session.
+ *
+ * The sizes are timed in CALIBRATE_ROUNDS interleaved rounds (1, 2, ...,
+ * max_n, then again) and each point keeps its median. Draft-svc prices a
+ * tree by the RATIO of these points, and a shared machine slows down in
+ * bursts: timed one size after another, a burst lands on some sizes only.
+ * On a 2-core VM, timed one after the other at 256 cached tokens, a
+ * 2-token pass was priced at 1.44x a 1-token one, where the served 2-token
+ * steps of a session took 1.08x: the mlp drafter stopped drafting.
+ *
  * Every pass rewrites the rows after the context; the slot is emptied at
- * the end and nothing is published to the prefix cache. A pass that fails
- * leaves its point unmeasured (the curve then fills from real passes). */
+ * the end and nothing is published to the prefix cache. A point whose
+ * passes fail stays unmeasured (the curve then fills from real passes). */
 static void calibrate(specd_sched *s, int max_n) {
     if (max_n > s->o.max_batch_tokens) max_n = s->o.max_batch_tokens;
     int slot = s->free_slots[s->n_free - 1];
@@ -578,7 +604,9 @@ static void calibrate(specd_sched *s, int max_n) {
     if (ctx < 0) ctx = 0;
     int n_tok = ctx > max_n ? ctx : max_n;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_tok);
-    if (!toks) return;
+    double(*us)[CALIBRATE_ROUNDS] = calloc((size_t)s->cost.n, sizeof *us);
+    int *ok = calloc((size_t)s->cost.n, sizeof(int));
+    if (!toks || !us || !ok) goto out;
     for (int i = 0; i < n_tok; i++) toks[i] = (int32_t)((1 + 7 * i) % s->vocab);
     specd_error err = {{0}};
     /* the context, in passes the batch holds */
@@ -592,37 +620,34 @@ static void calibrate(specd_sched *s, int max_n) {
         if (specd_transformer_forward(s->t, &b, &err)) goto out;
         done += n;
     }
+    int n_pts = 0;
+    while (n_pts < s->cost.n && s->cost.tokens[n_pts] <= max_n) n_pts++;
+    if (n_pts == 0 || grow_out(s, (size_t)s->cost.tokens[n_pts - 1])) goto out;
     for (int i = 0; i < max_n; i++) s->out_rows[i] = i;
-    for (int p = 0; p < s->cost.n && s->cost.tokens[p] <= max_n; p++) {
-        int n = s->cost.tokens[p];
-        if (grow_out(s, (size_t)n)) break;
-        specd_seq_input seq = {.slot = slot, .n_past = ctx, .n_new = n};
-        specd_batch b = {.n_tokens = n, .tokens = toks, .n_seqs = 1, .seqs = &seq, .n_out = n,
-                         .out_rows = s->out_rows, .argmax = s->argmax};
-        double us[CALIBRATE_REPS];
-        int ok = 0;
-        /* Untimed passes first: the backend's warm_passes for every size
-         * (CUDA runs a shape eagerly the first time and records its graph
-         * the second: timing those priced a 2-token pass at 3.5x a 1-token
-         * one on an H100, where the bench measured 1.0x, and draft-svc then
-         * never drafted), and at least one before the very first timing,
-         * which pays for page faults and cold caches. */
-        int warm = specd_transformer_backend(s->t)->warm_passes;
-        if (p == 0 && warm < 1) warm = 1;
-        for (int r = -warm; r < CALIBRATE_REPS; r++) {
-            int64_t t0 = now_us();
-            int rc = specd_transformer_forward(s->t, &b, &err);
-            int64_t dt = now_us() - t0;
-            if (rc) break;
-            if (r >= 0) us[ok++] = (double)dt;
+    /* Untimed passes first: the backend's warm_passes for every size (CUDA
+     * runs a shape eagerly the first time and records its graph the second:
+     * timing those priced a 2-token pass at 3.5x a 1-token one on an H100,
+     * where the bench measured 1.0x), and at least one before the very first
+     * timing, which pays for page faults and cold caches. */
+    int warm = specd_transformer_backend(s->t)->warm_passes;
+    for (int p = 0; p < n_pts; p++)
+        for (int r = 0; r < (p == 0 && warm < 1 ? 1 : warm); r++)
+            calibrate_pass(s, slot, ctx, toks, s->cost.tokens[p], &err);
+    for (int r = 0; r < CALIBRATE_ROUNDS; r++)
+        for (int p = 0; p < n_pts; p++) {
+            double t = calibrate_pass(s, slot, ctx, toks, s->cost.tokens[p], &err);
+            if (t >= 0) us[p][ok[p]++] = t;
         }
-        if (ok < CALIBRATE_REPS) continue;
-        qsort(us, CALIBRATE_REPS, sizeof us[0], cmp_double);
-        s->cost.us[p] = us[CALIBRATE_REPS / 2];
+    for (int p = 0; p < n_pts; p++) {
+        if (ok[p] < CALIBRATE_ROUNDS) continue;
+        qsort(us[p], CALIBRATE_ROUNDS, sizeof us[p][0], cmp_double);
+        s->cost.us[p] = us[p][CALIBRATE_ROUNDS / 2];
     }
 out:
     specd_transformer_release_slot(s->t, slot);
     free(toks);
+    free(us);
+    free(ok);
 }
 
 void specd_sched_step_cost(specd_sched *s, specd_step_cost *out) {
