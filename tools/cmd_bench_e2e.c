@@ -119,6 +119,7 @@ typedef struct bench_opts {
     const char *only_drafters;
     const char *accept_head;
     const char *json; /* --json FILE: the rows as JSON too (bench/plot_e2e.py draws them) */
+    int rounds;       /* --rounds N: the whole grid N times, drafter order alternated */
     const char *backend; /* in-process target's and speculator's backend (NULL = cpu) */
     int device;
     float stop_thresholds[MAX_THRESHOLDS];
@@ -208,6 +209,11 @@ static void usage(void) {
            "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n"
            "  --stop-thresholds LIST  add a row \"mlp adaptive t=X\" per threshold X (0 < X < 1):\n"
            "                       SpecDec++ adaptive draft length, beside the fixed mlp row\n"
+           "  --rounds N           run the grid N times, the drafters in alternating order\n"
+           "                       (forward, then reversed): each cell reports its median\n"
+           "                       round and the median of its per-round speed-ups over the\n"
+           "                       plain cell of the same round (default 1; use 3+ on a noisy\n"
+           "                       machine)\n"
            "  --json FILE          also write the rows (and the machine, command) as JSON, for\n"
            "                       bench/plot_e2e.py\n"
            "  --accept-head DIR    the mlp drafter's acceptance head (default: SPECULATOR/\n"
@@ -647,7 +653,7 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
 
 /* The command line as typed (shell-quoted where needed), so the table can
  * be reproduced exactly. */
-/* The table as JSON: {"command", "machine", "threads", "max_new_tokens",
+/* The table as JSON: {"command", "machine", "threads", "max_new_tokens", "rounds",
  * "rows": [{drafter, streams, tok_s, tok_s_per_stream, tau, accept,
  * ttft_ms, speedup, tau_by_class: {class: tau}}]}; with --shared-prefix also
  * "shared_prefix_tokens", "prefix_cache", and per row first_prompt_tokens,
@@ -669,6 +675,7 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
     cJSON_AddStringToObject(root, "cpu", cpu_name);
     cJSON_AddNumberToObject(root, "threads", o->threads);
     cJSON_AddNumberToObject(root, "max_new_tokens", o->max_new);
+    cJSON_AddNumberToObject(root, "rounds", o->rounds);
     if (o->shared_prefix) {
         cJSON_AddNumberToObject(root, "shared_prefix_tokens", shared_tokens);
         cJSON_AddBoolToObject(root, "prefix_cache", !o->no_prefix_cache);
@@ -789,6 +796,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
     o->model = SPECD_DEFAULT_MODEL;
     o->max_new = 128;
+    o->rounds = 1;
     static const int default_levels[] = {1, 2, 4, 8, 16, 32};
     o->n_levels = 6;
     memcpy(o->levels, default_levels, sizeof default_levels);
@@ -812,6 +820,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--no-prefix-cache")) o->no_prefix_cache = 1;
         else if (!strcmp(a, "--kv-cache-dtype")) o->kv_dtype = cli_kv_dtype(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--rounds")) o->rounds = (int)cli_int(a, cli_value(argc, argv, &i), 1, 50);
         else if (!strcmp(a, "--per-class"))
             o->per_class = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--drafters")) o->only_drafters = cli_value(argc, argv, &i);
@@ -1017,6 +1026,9 @@ int cmd_bench_e2e(int argc, char **argv) {
     printf("), %d requests per stream, %d new tokens each, %s, tree %s\n", requests, o.max_new,
            o.samp.s.temperature > 0 ? "sampling" : "greedy",
            o.candidates || o.depth ? "fixed by --candidates/--depth" : "server policy");
+    if (o.rounds > 1)
+        printf("rounds:  %d, drafter order alternated; each cell: its median round, and the "
+               "median of its per-round speed-ups\n", o.rounds);
     if (o.shared_prefix)
         printf("shared:  a %d-token system prompt (%s; %s) before every prompt, a new one per "
                "cell; prefix cache %s\n", shared_tokens,
@@ -1035,53 +1047,85 @@ int cmd_bench_e2e(int argc, char **argv) {
     run_ctx rc = {.ch = ch, .o = &o, .prompts = prompts, .n_prompts = n_prompts,
                   .requests = requests};
     pthread_mutex_init(&rc.mu, NULL);
-    cells = calloc((size_t)(n_rows * o.n_levels), sizeof *cells);
-    if (!cells) {
+    /* runs[(r * n_rows + d) * n_levels + k]: round r, row d, stream level k */
+    int n_grid = n_rows * o.n_levels;
+    cell *runs = calloc((size_t)(n_grid * o.rounds), sizeof *runs);
+    cells = calloc((size_t)n_grid, sizeof *cells);
+    if (!cells || !runs) {
+        free(runs);
         specd_seterr(&err, "out of memory");
         pthread_mutex_destroy(&rc.mu);
         goto fail;
     }
-    int n_cells = 0, ok = 1;
-    for (int d = 0; d < n_rows && ok; d++) {
-        rc.drafter = rows[d].drafter;
-        rc.stop_threshold = rows[d].stop_threshold;
-        /* Warm-up, not measured: connections, first-touch of weights and the
-         * drafter's per-session state. With a shared prefix it runs set 0,
-         * which no cell uses, so it caches nothing a cell can hit. */
-        if (shared_cell) {
-            snprintf(shared_cell, shared_cap, "Reference notes, set 0.\n\n%s", shared_text);
-            rc.shared = shared_cell;
-        }
-        req_rec warm;
-        if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) != GRPC_STATUS_OK) {
-            ok = 0;
-            break;
-        }
-        for (int k = 0; k < o.n_levels; k++) {
-            cell *c = &cells[n_cells];
-            if (shared_cell) /* a first line of its own: no page of it is cached yet */
-                snprintf(shared_cell, shared_cap, "Reference notes, set %d.\n\n%s", n_cells + 1,
-                         shared_text);
-            if (run_cell(&rc, o.levels[k], classes, n_classes, c, &err)) {
+    int n_cells = n_grid, n_run = 0, ok = 1;
+    for (int r = 0; r < o.rounds && ok; r++)
+        for (int i = 0; i < n_rows && ok; i++) {
+            /* odd rounds go backwards: a machine that speeds up or slows
+             * down during the run favours no drafter over the others */
+            int d = r % 2 ? n_rows - 1 - i : i;
+            rc.drafter = rows[d].drafter;
+            rc.stop_threshold = rows[d].stop_threshold;
+            /* Warm-up, not measured: connections, first-touch of weights and
+             * the drafter's per-session state. With a shared prefix it runs
+             * set 0, which no cell uses, so it caches nothing a cell can hit. */
+            if (shared_cell) {
+                snprintf(shared_cell, shared_cap, "Reference notes, set 0.\n\n%s", shared_text);
+                rc.shared = shared_cell;
+            }
+            req_rec warm;
+            if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) !=
+                GRPC_STATUS_OK) {
                 ok = 0;
                 break;
             }
-            c->drafter = rows[d].label;
-            c->speedup = 0;
-            /* j == n_cells is this cell: plain's own row reads 1.00x */
-            for (int j = 0; j <= n_cells; j++)
-                if (!strcmp(cells[j].drafter, "none") && cells[j].streams == c->streams &&
-                    cells[j].tok_s > 0)
-                    c->speedup = c->tok_s / cells[j].tok_s;
-            n_cells++;
-            fprintf(stderr, "specd bench: %-*s x%-3d %8.1f tok/s, tau %.2f\n", label_w,
-                    c->drafter, c->streams, c->tok_s, c->tau);
-            if (shared_cell)
-                fprintf(stderr, "specd bench:   TTFT first %.1f ms (%d prompt tokens), later "
-                                "%.1f ms (median of %d)\n", c->ttft_first_ms,
-                        c->first_prompt_tokens, c->ttft_later_ms, c->n_later);
+            for (int k = 0; k < o.n_levels; k++) {
+                cell *c = &runs[(r * n_rows + d) * o.n_levels + k];
+                if (shared_cell) /* a first line of its own: no page of it is cached yet */
+                    snprintf(shared_cell, shared_cap, "Reference notes, set %d.\n\n%s",
+                             ++n_run, shared_text);
+                if (run_cell(&rc, o.levels[k], classes, n_classes, c, &err)) {
+                    ok = 0;
+                    break;
+                }
+                c->drafter = rows[d].label;
+                fprintf(stderr, "specd bench: %s%-*s x%-3d %8.1f tok/s, tau %.2f\n",
+                        o.rounds > 1 ? (r % 2 ? "(round back) " : "(round fwd)  ") : "",
+                        label_w, c->drafter, c->streams, c->tok_s, c->tau);
+                if (shared_cell)
+                    fprintf(stderr, "specd bench:   TTFT first %.1f ms (%d prompt tokens), later "
+                                    "%.1f ms (median of %d)\n", c->ttft_first_ms,
+                            c->first_prompt_tokens, c->ttft_later_ms, c->n_later);
+            }
         }
-    }
+    /* Each cell: its median round by tok/s (tau, TTFT... of that round), and
+     * the median over rounds of its speed-up over the plain cell of the same
+     * round and stream level (0 when there is no plain row). */
+    int plain_row = -1;
+    for (int d = 0; d < n_rows; d++)
+        if (!strcmp(rows[d].label, "none")) plain_row = d;
+    for (int d = 0; ok && d < n_rows; d++)
+        for (int k = 0; k < o.n_levels; k++) {
+            double tok[64], sp[64];
+            int n_sp = 0;
+            for (int r = 0; r < o.rounds; r++) {
+                const cell *c = &runs[(r * n_rows + d) * o.n_levels + k];
+                tok[r] = c->tok_s;
+                if (plain_row >= 0) {
+                    double base = runs[(r * n_rows + plain_row) * o.n_levels + k].tok_s;
+                    if (base > 0) sp[n_sp++] = c->tok_s / base;
+                }
+            }
+            qsort(tok, (size_t)o.rounds, sizeof tok[0], cmp_double);
+            double med = tok[(o.rounds - 1) / 2];
+            for (int r = 0; r < o.rounds; r++)
+                if (runs[(r * n_rows + d) * o.n_levels + k].tok_s == med) {
+                    cells[d * o.n_levels + k] = runs[(r * n_rows + d) * o.n_levels + k];
+                    break;
+                }
+            qsort(sp, (size_t)n_sp, sizeof sp[0], cmp_double);
+            cells[d * o.n_levels + k].speedup = n_sp ? sp[(n_sp - 1) / 2] : 0;
+        }
+    free(runs);
     pthread_mutex_destroy(&rc.mu);
     if (!ok) goto fail;
 
