@@ -168,7 +168,7 @@ static void price_tree(gen *g, double draft_us) {
         gain = (pr.sessions + pick.expected) / (t_pick + ps->draft_us) / pick.plain_rate;
     }
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
-    specd_accept_calib_note_gain(g->req->calib, gain);
+    specd_accept_calib_note_gain(g->req->calib, pr.sessions, gain);
     if (ps->gain < 1.0) {
         ps->skip = ps->backoff;
         ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
@@ -675,7 +675,8 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
     g->member = m;
     g->price.active = 0; /* nothing priced is in flight on a new session */
-    if (g->n_gen == 0 && q_priced(g) && specd_accept_calib_gain(g->req->calib) < 1.0) {
+    if (g->n_gen == 0 && q_priced(g) &&
+        specd_accept_calib_gain(g->req->calib, g->target_load) < 1.0) {
         /* drafting has not been paying for this drafter lately: start
          * plainly and look again after a few steps */
         g->price.skip = 16;

@@ -15,21 +15,29 @@
 
 void specd_accept_calib_init(specd_accept_calib *c) {
     memset(c, 0, sizeof *c);
-    c->gain = 1.0;
+    for (int i = 0; i < SPECD_CALIB_LOADS; i++) c->gain[i] = 1.0;
     pthread_mutex_init(&c->mu, NULL);
 }
 
-double specd_accept_calib_gain(specd_accept_calib *c) {
+/* 1 -> 0, 2-3 -> 1, 4-7 -> 2, 8-15 -> 3, 16+ -> 4 */
+static int load_bucket(int sessions) {
+    int b = 0;
+    while (b < SPECD_CALIB_LOADS - 1 && sessions >= 2 << b) b++;
+    return b;
+}
+
+double specd_accept_calib_gain(specd_accept_calib *c, int sessions) {
     pthread_mutex_lock(&c->mu);
-    double g = c->gain;
+    double g = c->gain[load_bucket(sessions)];
     pthread_mutex_unlock(&c->mu);
     return g;
 }
 
-void specd_accept_calib_note_gain(specd_accept_calib *c, double gain) {
+void specd_accept_calib_note_gain(specd_accept_calib *c, int sessions, double gain) {
     if (!(gain >= 0)) return;
     pthread_mutex_lock(&c->mu);
-    c->gain = 0.95 * c->gain + 0.05 * gain;
+    double *g = &c->gain[load_bucket(sessions)];
+    *g = 0.95 * *g + 0.05 * gain;
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -54,6 +54,8 @@
  * its sessions (internally locked). Counts are halved once a cell holds
  * SPECD_CALIB_WINDOW tries, so the table follows drift. */
 #define SPECD_CALIB_WINDOW 4096
+/* Load buckets of the drafter-wide gain: 1, 2-3, 4-7, 8-15, 16+ sessions. */
+#define SPECD_CALIB_LOADS 5
 typedef struct specd_accept_calib {
     pthread_mutex_t mu;
     float tried[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
@@ -61,13 +63,18 @@ typedef struct specd_accept_calib {
     /* The drafter's recent gain over plain steps, smoothed over every
      * session's drafted steps (the driver's): a new session starts out
      * decoding plainly for a few steps when drafting has not been paying,
-     * instead of paying a draft to find that out again. 1 = no verdict. */
-    double gain;
+     * instead of paying a draft to find that out again. 1 = no verdict.
+     * One per load bucket: whether a tree pays depends on the batch it
+     * rides in, and one shared verdict learned under 16 streams kept a
+     * lone stream that came later from drafting (tau 1.03 where the same
+     * stream alone drafted at tau 1.39). */
+    double gain[SPECD_CALIB_LOADS];
 } specd_accept_calib;
 
-/* Reads / folds in the drafter-wide gain (thread-safe). */
-double specd_accept_calib_gain(specd_accept_calib *c);
-void specd_accept_calib_note_gain(specd_accept_calib *c, double gain);
+/* Reads / folds in the drafter-wide gain at a target load of `sessions`
+ * (thread-safe). */
+double specd_accept_calib_gain(specd_accept_calib *c, int sessions);
+void specd_accept_calib_note_gain(specd_accept_calib *c, int sessions, double gain);
 
 void specd_accept_calib_init(specd_accept_calib *c);
 void specd_accept_calib_destroy(specd_accept_calib *c);

@@ -329,6 +329,8 @@ else
   elif [ $ok = 1 ]; then ok=0; detail="speculative generate failed"; fi
   ecmd=("$S" bench --e2e "${thr[@]}" --backend "$BACKEND" -m "$E2E_MODEL" --speculator "$SPEC"
         --drafters none,mlp,ngram --streams "$streams" -n "$n" --requests "$reqs")
+  # the dry run (CI) also exercises --rounds: two rounds, the second in reverse
+  [ $DRY = 1 ] && ecmd+=(--rounds 2)
   if [ $ok = 1 ] && run e2e "$(cap 200)" "${ecmd[@]}"; then
     bench_block "specd ${ecmd[*]:1}"
     # the mlp row at one stream: tok/s total, tau, speed-up over plain

@@ -298,6 +298,28 @@ static void test_ranks_and_tries(void **state) {
 
 /* Pruning keeps the chosen nodes in order with parents remapped, and drops
  * a chosen node whose parent was not chosen. */
+/* The drafter-wide gain is kept per load bucket: a verdict learned under
+ * 16 sessions (drafting does not pay) leaves a lone session's bucket alone,
+ * and sizes map to 1 | 2-3 | 4-7 | 8-15 | 16+. */
+static void test_gain_by_load(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    for (int s = 0; s <= 64; s++) assert_true(specd_accept_calib_gain(&c, s) == 1.0);
+    for (int i = 0; i < 200; i++) specd_accept_calib_note_gain(&c, 16, 0.5);
+    assert_true(specd_accept_calib_gain(&c, 16) < 0.6);
+    assert_true(specd_accept_calib_gain(&c, 40) < 0.6);
+    for (int s = 0; s <= 15; s++) assert_true(specd_accept_calib_gain(&c, s) == 1.0);
+    specd_accept_calib_note_gain(&c, 3, 2.0);
+    assert_true(specd_accept_calib_gain(&c, 2) > 1.0);
+    assert_true(specd_accept_calib_gain(&c, 3) > 1.0);
+    assert_true(specd_accept_calib_gain(&c, 1) == 1.0);
+    assert_true(specd_accept_calib_gain(&c, 4) == 1.0);
+    specd_accept_calib_note_gain(&c, 8, -1.0); /* not a gain: ignored */
+    assert_true(specd_accept_calib_gain(&c, 8) == 1.0);
+    specd_accept_calib_destroy(&c);
+}
+
 static void test_prune(void **state) {
     (void)state;
     specd_tree_buf t;
@@ -346,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_choose_cases),
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_ranks_and_tries),
+        cmocka_unit_test(test_gain_by_load),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
