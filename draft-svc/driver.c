@@ -135,8 +135,8 @@ static void price_free(price_state *ps) {
  * overhead. */
 static void price_of_step(const gen *g, specd_tree_price *pr) {
     const price_state *ps = &g->price;
-    specd_tpool_member_cost(g->member, &pr->cost);
     pr->sessions = g->target_load > 0 ? g->target_load : 1;
+    specd_tpool_member_cost(g->member, pr->sessions > 1, &pr->cost);
     pr->other_tokens = pr->sessions > 1 ? ps->batch_tokens - ps->sent_rows : 0;
     if (pr->other_tokens < 0) pr->other_tokens = 0;
     pr->overhead_us = ps->overhead_us;
@@ -230,8 +230,10 @@ static void price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_r
     const Specd__V1__StepTimings *tm = r->timings;
     if (!tm || !g->member) return;
     ps->batch_tokens = (int)tm->batch_tokens;
+    /* alone in the pass when it held exactly the rows this session sent */
+    int shared = ps->sent_rows <= 0 || (int)tm->batch_tokens != ps->sent_rows;
     if (tm->forward_us > 0 && tm->batch_tokens > 0)
-        specd_tpool_member_cost_observe(g->member, (int)tm->batch_tokens, tm->forward_us);
+        specd_tpool_member_cost_observe(g->member, shared, (int)tm->batch_tokens, tm->forward_us);
     if (r->step > 0 && ps->t_send > 0) {
         double over = (t_recv - ps->t_send) * 1e3 - tm->forward_us;
         if (over < 0) over = 0;

@@ -36,9 +36,10 @@ struct specd_tpool_member {
     int64_t down_until_ms;
     _Atomic int64_t last_alive_ms; /* last SERVING health answer; read without mu */
     specd_target_info info;
-    /* the live cost curve, under cost_mu (sessions update it per step) */
+    /* the live cost curves, under cost_mu (sessions update them per step):
+     * [0] passes that held one session alone, [1] passes shared with others */
     pthread_mutex_t cost_mu;
-    specd_step_cost cost;
+    specd_step_cost cost[2];
 };
 
 /* Members' weight of each new step time in their cost curve: a few dozen
@@ -51,7 +52,7 @@ struct specd_tpool_member {
 static void set_info(specd_tpool_member *m, const specd_target_info *info) {
     m->info = *info;
     pthread_mutex_lock(&m->cost_mu);
-    m->cost = info->step_cost;
+    m->cost[0] = m->cost[1] = info->step_cost;
     pthread_mutex_unlock(&m->cost_mu);
 }
 
@@ -397,15 +398,16 @@ const char *specd_tpool_member_addr(const specd_tpool_member *m) { return m->add
 const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m) { return &m->info; }
 int specd_tpool_member_sessions(const specd_tpool_member *m) { return m->sessions; }
 
-void specd_tpool_member_cost(specd_tpool_member *m, specd_step_cost *out) {
+void specd_tpool_member_cost(specd_tpool_member *m, int shared, specd_step_cost *out) {
     pthread_mutex_lock(&m->cost_mu);
-    *out = m->cost;
+    *out = m->cost[shared != 0];
     pthread_mutex_unlock(&m->cost_mu);
 }
 
-void specd_tpool_member_cost_observe(specd_tpool_member *m, int batch_tokens, double forward_us) {
+void specd_tpool_member_cost_observe(specd_tpool_member *m, int shared, int batch_tokens,
+                                     double forward_us) {
     pthread_mutex_lock(&m->cost_mu);
-    specd_step_cost_observe(&m->cost, batch_tokens, forward_us, COST_ALPHA);
+    specd_step_cost_observe(&m->cost[shared != 0], batch_tokens, forward_us, COST_ALPHA);
     pthread_mutex_unlock(&m->cost_mu);
 }
 

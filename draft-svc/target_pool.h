@@ -80,11 +80,21 @@ void specd_tpool_release(specd_tpool *p, specd_tpool_member *m, int failed);
 specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m);
 const char *specd_tpool_member_addr(const specd_tpool_member *m);
 const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m);
-/* The member's forward-pass cost curve (common/spec/step_cost.h): GetInfo's,
- * kept up to date by specd_tpool_member_cost_observe from the timings of
- * every step any session runs there. Thread-safe. */
-void specd_tpool_member_cost(specd_tpool_member *m, specd_step_cost *out);
-void specd_tpool_member_cost_observe(specd_tpool_member *m, int batch_tokens, double forward_us);
+/* The member's forward-pass cost curves (common/spec/step_cost.h): both
+ * start as GetInfo's and are kept up to date by
+ * specd_tpool_member_cost_observe from the timings of every step any
+ * session runs there. Two, because the curve is keyed by the tokens in a
+ * pass and a pass of n tokens from one session costs less than n tokens
+ * from several (each sequence reads its own context): shared = 0 is the
+ * curve of passes that held one session alone, shared = 1 of passes it
+ * shared with others. With one curve, the 4- and 16-stream passes of a
+ * bench taught it that 2-4 tokens cost what 2-4 sessions at long contexts
+ * cost, and a lone session that came later priced its trees at that and
+ * declined them (mlp tau 1.02 where alone it drafted at 1.39).
+ * Thread-safe. */
+void specd_tpool_member_cost(specd_tpool_member *m, int shared, specd_step_cost *out);
+void specd_tpool_member_cost_observe(specd_tpool_member *m, int shared, int batch_tokens,
+                                     double forward_us);
 /* Sessions this draft-svc has open on the member right now. */
 int specd_tpool_member_sessions(const specd_tpool_member *m);
 

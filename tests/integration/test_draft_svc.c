@@ -997,6 +997,35 @@ static void test_get_info(void **state) {
     specd__v1__info__free_unpacked(info, NULL);
 }
 
+/* A member keeps two cost curves: passes a session had alone and passes it
+ * shared. A shared pass's time moves only the shared curve (and the other
+ * way round), so what 16 sessions cost never prices a lone session's
+ * tree. Observed at 4096 tokens, a size no test here runs, so the other
+ * tests' pricing is untouched. */
+static void test_cost_curves_alone_and_shared(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_tpool_member *m = specd_tpool_acquire(T.pool, NULL, &err);
+    if (!m) fail_msg("acquire: %s", err.msg);
+    specd_step_cost alone, shared;
+    specd_tpool_member_cost(m, 0, &alone);
+    specd_tpool_member_cost(m, 1, &shared);
+    double a0 = specd_step_cost_at(&alone, 4096), s0 = specd_step_cost_at(&shared, 4096);
+    assert_true(a0 > 0 && s0 > 0);
+    for (int i = 0; i < 40; i++) specd_tpool_member_cost_observe(m, 1, 4096, 100.0 * s0);
+    specd_tpool_member_cost(m, 0, &alone);
+    specd_tpool_member_cost(m, 1, &shared);
+    assert_true(specd_step_cost_at(&alone, 4096) == a0);
+    double s1 = specd_step_cost_at(&shared, 4096);
+    assert_true(s1 > 10.0 * s0);
+    for (int i = 0; i < 40; i++) specd_tpool_member_cost_observe(m, 0, 4096, 50.0 * a0);
+    specd_tpool_member_cost(m, 0, &alone);
+    specd_tpool_member_cost(m, 1, &shared);
+    assert_true(specd_step_cost_at(&alone, 4096) > 10.0 * a0);
+    assert_true(specd_step_cost_at(&shared, 4096) == s1);
+    specd_tpool_release(T.pool, m, 0);
+}
+
 /* ---- 8. penalties, logit bias, logprobs ------------------------------------------------ */
 
 static void set_penalties(reqb *b) {
@@ -1577,6 +1606,7 @@ int main(void) {
         cmocka_unit_test(test_penalties_and_logprobs),
         cmocka_unit_test(test_sampling_lossless),
         cmocka_unit_test(test_smol_text),
+        cmocka_unit_test(test_cost_curves_alone_and_shared),
         cmocka_unit_test_setup_teardown(test_failover, NULL, failover_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
