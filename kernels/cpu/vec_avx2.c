@@ -372,14 +372,21 @@ static TAVX2F16 void kv_dots_block_avx2(const float *const *q, int nq, const flo
     dots_paged(q, nq, pool, 0, pages, n_rows, stride, off, n, scale, scores, maxs);
 }
 
+/* dots_paged with one query: its scores, and their maximum returned. */
+static inline TAVX2F16 __attribute__((always_inline)) float
+dots_paged_one(const float *q, const void *pool, int f16, const int32_t *pages, int n_rows,
+               size_t stride, size_t off, int n, float scale, float *scores) {
+    float maxs = -INFINITY;
+    dots_paged(&q, 1, pool, f16, pages, n_rows, stride, off, n, scale, &scores, &maxs);
+    return maxs;
+}
+
 /* kv_dot_avx2 over a sequence's paged rows (quant_impl.h's kv_dots): the
  * block routine with one query. */
 static TAVX2F16 float kv_dots_avx2(const float *q, const float *pool, const int32_t *pages,
                                    int n_rows, size_t stride, size_t off, int n, float scale,
                                    float *scores) {
-    float maxs = -INFINITY;
-    dots_paged(&q, 1, pool, 0, pages, n_rows, stride, off, n, scale, &scores, &maxs);
-    return maxs;
+    return dots_paged_one(q, pool, 0, pages, n_rows, stride, off, n, scale, scores);
 }
 
 /* kv_axpys_avx2 for nq queries. The rows go by in tiles of AXPY_TILE (16 KB
@@ -468,9 +475,7 @@ static TAVX2 void kv_axpys_block_avx2(float *const *o, const float *const *score
 static TAVX2F16 float kv_dots_f16_avx2(const float *q, const uint16_t *pool, const int32_t *pages,
                                        int n_rows, size_t stride, size_t off, int n, float scale,
                                        float *scores) {
-    float maxs = -INFINITY;
-    dots_paged(&q, 1, pool, 1, pages, n_rows, stride, off, n, scale, &scores, &maxs);
-    return maxs;
+    return dots_paged_one(q, pool, 1, pages, n_rows, stride, off, n, scale, scores);
 }
 
 static TAVX2F16 void kv_axpys_f16_avx2(float *o, const float *scores, float inv,
