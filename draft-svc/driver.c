@@ -68,9 +68,12 @@ typedef struct price_state {
     int sent_rows;       /* ... and ours in it (1 + tree nodes) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
     double draft_us;     /* time to draft a tree, smoothed */
+    double draft_one_us; /* ... per stage (a one-node tree's), smoothed */
     double gain;         /* smoothed priced gain of drafting, draft time included */
     int skip, backoff;   /* plain steps left before drafting again; the next skip */
+    int look;            /* the next draft is a look after a skip: not pre-checked */
     int want_cand, want_depth; /* the shape to draft next */
+    int priced_steps;    /* trees priced so far (for the exploring ones) */
     double t_send;       /* when the last tree went out */
 } price_state;
 
@@ -108,6 +111,9 @@ typedef struct gen {
 /* Most plain steps in a row before drafting again to see whether a tree
  * pays now (text changes: a table, a quote, code). */
 #define MAX_SKIP 64
+/* Every this many priced steps the draft goes one level and one column
+ * past what was kept (price_tree). */
+#define EXPLORE_EVERY 4
 
 static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     memset(ps, 0, sizeof *ps);
@@ -118,8 +124,9 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->scale = 1.0f;
     ps->gain = 1.0;
     ps->backoff = 1;
-    ps->want_cand = pol->max_candidates > 0 ? pol->max_candidates : 1;
-    ps->want_depth = pol->max_depth > 0 ? pol->max_depth : 1;
+    /* start small: the shape grows by exploring (price_tree) */
+    ps->want_cand = pol->max_candidates > 2 ? 2 : pol->max_candidates > 0 ? pol->max_candidates : 1;
+    ps->want_depth = pol->max_depth > 2 ? 2 : pol->max_depth > 0 ? pol->max_depth : 1;
     return ps->score && ps->p_path && ps->rank && ps->keep ? 0 : -1;
 }
 
@@ -139,7 +146,21 @@ static void price_of_step(const gen *g, specd_tree_price *pr) {
     specd_tpool_member_cost(g->member, pr->sessions > 1, &pr->cost);
     pr->other_tokens = pr->sessions > 1 ? ps->batch_tokens - ps->sent_rows : 0;
     if (pr->other_tokens < 0) pr->other_tokens = 0;
-    pr->overhead_us = ps->overhead_us;
+    /* A lone session's step time outside the pass (the round trip, the
+     * draft side's work) leaves the target idle, so a bigger tree spreads
+     * it over more tokens. With others in the pass the target spends that
+     * time on their passes, and our overhead was mostly waiting for one of
+     * them: counting it priced trees as cheap under load (at 4 and 16
+     * sessions tau rose to 1.1-1.2 while throughput fell 20%). */
+    pr->overhead_us = pr->sessions > 1 ? 0 : ps->overhead_us;
+}
+
+/* Decodes plainly for the next `backoff` steps (1, 2, 4 ... MAX_SKIP while
+ * drafting keeps not paying), then drafts once to look. */
+static void skip_drafting(price_state *ps) {
+    ps->skip = ps->backoff;
+    ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
+    ps->look = 1;
 }
 
 /* Cuts g->tb to the tree worth its verification time (maybe nothing) and
@@ -152,6 +173,16 @@ static void price_tree(gen *g, double draft_us) {
     specd_tree_buf *tb = &g->tb;
     ps->draft_us = ps->draft_us > 0 ? (1 - PRICE_ALPHA) * ps->draft_us + PRICE_ALPHA * draft_us
                                     : draft_us;
+    /* per stage: the pre-draft check prices a one-node tree, one stage */
+    int stages = 0;
+    for (int i = 0; i < tb->n_nodes; i++)
+        if (tb->depth[i] > stages) stages = tb->depth[i];
+    if (stages > 0) {
+        double one = draft_us / stages;
+        ps->draft_one_us = ps->draft_one_us > 0
+                               ? (1 - PRICE_ALPHA) * ps->draft_one_us + PRICE_ALPHA * one
+                               : one;
+    }
     int n = tb->n_nodes;
     specd_tree_scores(tb, ps->score, ps->rank);
     specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
@@ -170,14 +201,17 @@ static void price_tree(gen *g, double draft_us) {
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
     specd_accept_calib_note_gain(g->req->calib, pr.sessions, gain);
     if (ps->gain < 1.0) {
-        ps->skip = ps->backoff;
-        ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
+        skip_drafting(ps);
         ps->gain = 1.0; /* the next look starts without the old verdict */
     } else if (gain >= 1.0) {
         ps->backoff = 1;
     }
-    /* draft next time one wider and one deeper than what was kept, within
-     * max_shape: the drafter's time follows what pays */
+    /* draft next time the shape that was kept, and on every EXPLORE_EVERY-th
+     * priced step one wider and one deeper (within max_shape), so the
+     * calibration keeps learning what the next node would earn. Drafting
+     * one more level and column every step (what this did first) cost the
+     * drafter twice the nodes that were kept: on two shared cores 1.3-1.8
+     * ms of a 7-10 ms step, most of what a kept node earned. */
     int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, deepest = 0;
     for (int i = 0; i < tb->n_nodes; i++) {
         int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
@@ -188,8 +222,9 @@ static void price_tree(gen *g, double draft_us) {
     for (int d = 1; d <= deepest; d++)
         if (width[d] > widest) widest = width[d];
     const specd_policy *pol = g->env->policy;
-    ps->want_cand = widest + 1 < pol->max_candidates ? widest + 1 : pol->max_candidates;
-    ps->want_depth = deepest + 1 < pol->max_depth ? deepest + 1 : pol->max_depth;
+    int more = ++ps->priced_steps % EXPLORE_EVERY == 0 || deepest == 0;
+    ps->want_cand = widest + more < pol->max_candidates ? widest + more : pol->max_candidates;
+    ps->want_depth = deepest + more < pol->max_depth ? deepest + more : pol->max_depth;
     if (ps->want_cand < 1) ps->want_cand = 1;
     if (ps->want_depth < 1) ps->want_depth = 1;
     /* what the answer will be checked against: the kept tree's scores */
@@ -342,6 +377,19 @@ static void draft(gen *g, const specd_target_info *info) {
     if (priced) {
         if (g->price.skip > 0) {
             g->price.skip--;
+            g->st->plain_by_cost++;
+            specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
+            return;
+        }
+        /* a look after a skip drafts whatever the estimate says: only a
+         * tree sent shows how this session's text accepts now */
+        int look = g->price.look;
+        g->price.look = 0;
+        specd_tree_price pr;
+        price_of_step(g, &pr);
+        float p1 = specd_accept_calib_first(g->req->calib, g->price.scale);
+        if (!look && !specd_tree_could_pay(p1, g->price.draft_one_us, &pr)) {
+            skip_drafting(&g->price);
             g->st->plain_by_cost++;
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
             return;
@@ -683,6 +731,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
          * plainly and look again after a few steps */
         g->price.skip = 16;
         g->price.backoff = 32;
+        g->price.look = 1;
     }
     Specd__V1__VerifyResponse *r = NULL;
     if (set_stream(g->cancel, s)) {

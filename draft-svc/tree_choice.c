@@ -89,6 +89,28 @@ void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const
     pthread_mutex_unlock(&c->mu);
 }
 
+float specd_accept_calib_first(specd_accept_calib *c, float scale) {
+    float acc = 0, tried = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int b = 0; b < SPECD_CALIB_BINS; b++) {
+        acc += c->accepted[0][0][b];
+        tried += c->tried[0][0][b];
+    }
+    pthread_mutex_unlock(&c->mu);
+    float p = (acc + CALIB_PRIOR_WEIGHT * 0.5f) / (tried + CALIB_PRIOR_WEIGHT) * scale;
+    return p > P_MAX ? P_MAX : p;
+}
+
+int specd_tree_could_pay(float p, double draft_us, const specd_tree_price *pr) {
+    int L = pr->sessions > 0 ? pr->sessions : 1;
+    int base = pr->other_tokens + 1;
+    double plain = specd_step_cost_at(&pr->cost, base), one = specd_step_cost_at(&pr->cost, base + 1);
+    if (plain <= 0 || one <= 0) return 1;
+    plain += pr->overhead_us;
+    one += pr->overhead_us + (draft_us > 0 ? draft_us : 0);
+    return (L + p) / one > L / plain;
+}
+
 void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
                                const float *score, const uint8_t *rank,
                                const int32_t *accepted_nodes, int n_acc) {

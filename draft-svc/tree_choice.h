@@ -98,6 +98,14 @@ void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
                                const float *score, const uint8_t *rank,
                                const int32_t *accepted_nodes, int n_acc);
 
+/* What a first-level node (depth 1, rank 0) has been accepted at, over
+ * every score bin (the trees sent, so after pruning), times `scale`,
+ * capped like every estimate; 0.5 before anything was tried. Before
+ * drafting, it says what a tree is likely to earn (specd_tree_could_pay).
+ * Not the best bin: a node lands there only now and then, and drafting
+ * every step in the hope of one cost more than it earned under load. */
+float specd_accept_calib_first(specd_accept_calib *c, float scale);
+
 typedef struct specd_tree_price {
     specd_step_cost cost;  /* the target's forward-pass curve */
     int sessions;          /* L: sessions in the pass, this one included (>= 1) */
@@ -111,6 +119,17 @@ typedef struct specd_tree_pick {
     double rate;      /* (L + expected) / time of the chosen step, tokens/us */
     double plain_rate;/* L / time of a plain step */
 } specd_tree_pick;
+
+/* Whether a one-node tree accepted with chance p, drafted in draft_us,
+ * could beat a plain step at this price. Path chances only fall with depth
+ * and the curve's extra rows cost about the same each, so when the likely
+ * first node does not pay, a tree is unlikely to, and the session skips the
+ * drafter for the step instead of drafting a tree only to discard it. On a
+ * CPU under load a row costs nearly what a plain one does (at 4 sessions
+ * one more row adds 19% to a pass of 4), and drafting there to find that
+ * out again cost 10-20% of throughput. The draft time counts as target
+ * time: on shared cores it is. Nothing measured yet: 1. */
+int specd_tree_could_pay(float p, double draft_us, const specd_tree_price *pr);
 
 /* Marks the chosen nodes in keep[0..n). With no cost curve yet (nothing
  * measured) every node is kept: the first steps cannot be priced. */

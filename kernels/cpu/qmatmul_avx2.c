@@ -24,6 +24,38 @@
 #define DOT_AVX2(acc, w, x) \
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((w), (x)), ones))
 
+/* A 4-bit block's int32 sums for one token: `q` the 8 decoded chunks, `xq`
+ * the token's 32 activation bytes. With VNNI, two vpdpbusd chains. Without
+ * it, vpmaddubsw's int16 pair sums of 4-bit weights are at most
+ * 2 * 15 * 127 = 3810 in magnitude (the quantizer never makes -128), so all
+ * eight chunks add up in int16 (at most 30480 < 32767) and ONE vpmaddwd
+ * widens them, instead of one per chunk: vpmaddubsw and vpmaddwd share the
+ * vector multiplier, which bounds this loop once the weights are in cache
+ * (verification, batches, prefill). Integer sums are exact either way, so
+ * this changes no bit. */
+#define ISUM4_VNNI(is, q, xq)                                                       \
+    do {                                                                            \
+        __m256i s0_ = _mm256_setzero_si256(), s1_ = _mm256_setzero_si256();         \
+        for (int c_ = 0; c_ < 8; c_ += 2) {                                         \
+            s0_ = DOT_VNNI(s0_, (q)[c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)));   \
+            s1_ = DOT_VNNI(s1_, (q)[c_ + 1], _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4))); \
+        }                                                                           \
+        (is) = _mm256_add_epi32(s0_, s1_);                                          \
+    } while (0)
+#define ISUM4_AVX2(is, q, xq)                                                       \
+    do {                                                                            \
+        __m256i p0_ = _mm256_maddubs_epi16((q)[0], _mm256_set1_epi32(ld32(xq)));    \
+        __m256i p1_ = _mm256_maddubs_epi16((q)[1], _mm256_set1_epi32(ld32((xq) + 4))); \
+        for (int c_ = 2; c_ < 8; c_ += 2) {                                         \
+            p0_ = _mm256_add_epi16(                                                 \
+                p0_, _mm256_maddubs_epi16((q)[c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
+            p1_ = _mm256_add_epi16(p1_, _mm256_maddubs_epi16(                        \
+                                            (q)[c_ + 1],                            \
+                                            _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
+        }                                                                           \
+        (is) = _mm256_madd_epi16(_mm256_add_epi16(p0_, p1_), ones);                 \
+    } while (0)
+
 /* Stores 8 outputs, or the first n of them. */
 #define STORE8(p, v, n)                                                     \
     do {                                                                    \
@@ -36,7 +68,7 @@
         }                                                                   \
     } while (0)
 
-#define DEF_Q4(NAME, TARGET, DOT)                                                              \
+#define DEF_Q4(NAME, TARGET, ISUM)                                                             \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
         const cpu_qweight *W = a->w;                                                          \
@@ -60,12 +92,9 @@
             for (int t = 0; t < nt; t++) {                                                    \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
-                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
-                for (int c = 0; c < 8; c += 2) {                                              \
-                    s0 = DOT(s0, q[c], _mm256_set1_epi32(ld32(xq + 4 * c)));                  \
-                    s1 = DOT(s1, q[c + 1], _mm256_set1_epi32(ld32(xq + 4 * c + 4)));          \
-                }                                                                             \
-                const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));                \
+                __m256i is;                                                                   \
+                ISUM(is, q, xq);                                                              \
+                const __m256 f = _mm256_cvtepi32_ps(is);                                      \
                 acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(wd, _mm256_set1_ps(a->a.d[xb])),    \
                                          acc[t]);                                             \
                 acc[t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(a->a.s[xb]), acc[t]);             \
@@ -194,8 +223,8 @@ static __attribute__((target(TAVX2))) void quantize_avx2(const float *x, int n_t
     }
 }
 
-DEF_Q4(q4_avx2, TAVX2, DOT_AVX2)
-DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI)
+DEF_Q4(q4_avx2, TAVX2, ISUM4_AVX2)
+DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI)
 DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
 DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
 

@@ -320,6 +320,52 @@ static void test_gain_by_load(void **state) {
     specd_accept_calib_destroy(&c);
 }
 
+/* Before drafting: the first-level acceptance seen so far, and whether a
+ * one-node tree at that chance, with its draft time, beats a plain step.
+ * The numbers are this CPU's (bench --verify, AVX2, 2 threads): alone a
+ * node adds ~30% to a ~5.6 ms pass, under 4 sessions ~19% to a pass of 4. */
+static void test_could_pay(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    /* nothing tried: even odds */
+    assert_true(fabsf(specd_accept_calib_first(&c, 1.0f) - 0.5f) < 1e-6f);
+    specd_tree_buf t;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&t, 8, 0, &err), 0);
+    float q[1] = {0.9f}, score[8];
+    uint8_t rank[8];
+    chain_tree(&t, q, 1);
+    specd_tree_scores(&t, score, rank);
+    for (int step = 0; step < 1000; step++) {
+        int32_t acc[1] = {0};
+        specd_accept_calib_update(&c, &t, score, rank, acc, step % 10 < 6); /* 60% */
+    }
+    float p1 = specd_accept_calib_first(&c, 1.0f);
+    assert_true(fabsf(p1 - 0.6f) < 0.01f);
+    assert_true(specd_accept_calib_first(&c, 0.5f) < 0.31f); /* the session's scale */
+    assert_true(specd_accept_calib_first(&c, 10.0f) <= 0.99f);
+    /* alone: 5600 us + 1700 per extra row, 1000 us of round trip, 600 us to
+     * draft: a 60% node pays, a 20% one does not */
+    specd_tree_price alone = linear_price(3900, 1700, 1000);
+    assert_true(specd_tree_could_pay(p1, 600, &alone));
+    assert_false(specd_tree_could_pay(0.2f, 600, &alone));
+    /* the draft time counts: a slow drafter does not pay even at 60% */
+    assert_false(specd_tree_could_pay(p1, 4000, &alone));
+    /* 4 sessions, 3 rows of others: the same node does not pay */
+    specd_tree_price load = linear_price(5100, 2300, 0);
+    load.sessions = 4;
+    load.other_tokens = 3;
+    assert_false(specd_tree_could_pay(p1, 600, &load));
+    /* nothing measured: no price, so it may */
+    specd_tree_price none;
+    memset(&none, 0, sizeof none);
+    specd_step_cost_init(&none.cost, 64);
+    assert_true(specd_tree_could_pay(0.01f, 600, &none));
+    specd_tree_buf_free(&t);
+    specd_accept_calib_destroy(&c);
+}
+
 static void test_prune(void **state) {
     (void)state;
     specd_tree_buf t;
@@ -369,6 +415,7 @@ int main(void) {
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_ranks_and_tries),
         cmocka_unit_test(test_gain_by_load),
+        cmocka_unit_test(test_could_pay),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
