@@ -71,7 +71,8 @@ typedef struct price_state {
     double draft_one_us; /* ... per stage (a one-node tree's), smoothed */
     double gain;         /* smoothed priced gain of drafting, draft time included */
     int skip, backoff;   /* plain steps left before drafting again; the next skip */
-    int look;            /* the next draft is a look after a skip: not pre-checked */
+    int look;            /* the next draft is a look after a skip: checked as a sure node */
+    float p1;            /* the first node's estimated chance, smoothed; < 0: none yet */
     int want_cand, want_depth; /* the shape to draft next */
     int priced_steps;    /* trees priced so far (for the exploring ones) */
     double t_send;       /* when the last tree went out */
@@ -122,6 +123,7 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->rank = malloc((size_t)cap);
     ps->keep = malloc((size_t)cap);
     ps->scale = 1.0f;
+    ps->p1 = -1.0f;
     ps->gain = 1.0;
     ps->backoff = 1;
     /* start small: the shape grows by exploring (price_tree) */
@@ -186,6 +188,17 @@ static void price_tree(gen *g, double draft_us) {
     int n = tb->n_nodes;
     specd_tree_scores(tb, ps->score, ps->rank);
     specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
+    /* the drafted shape, and the session's first-node chance for the next
+     * pre-draft check: the favourite child of the root, as estimated here
+     * (score, calibration and this session's scale) */
+    int drafted_width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, drafted_deep = 0, drafted_wide = 0;
+    for (int i = 0; i < n; i++) {
+        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
+        if (++drafted_width[d] > drafted_wide) drafted_wide = drafted_width[d];
+        if (d > drafted_deep) drafted_deep = d;
+        if (tb->parents[i] < 0 && ps->rank[i] == 0)
+            ps->p1 = ps->p1 >= 0 ? 0.5f * ps->p1 + 0.5f * ps->p_path[i] : ps->p_path[i];
+    }
     specd_tree_price pr;
     price_of_step(g, &pr);
     specd_tree_pick pick;
@@ -222,9 +235,12 @@ static void price_tree(gen *g, double draft_us) {
     for (int d = 1; d <= deepest; d++)
         if (width[d] > widest) widest = width[d];
     const specd_policy *pol = g->env->policy;
-    int more = ++ps->priced_steps % EXPLORE_EVERY == 0 || deepest == 0;
-    ps->want_cand = widest + more < pol->max_candidates ? widest + more : pol->max_candidates;
-    ps->want_depth = deepest + more < pol->max_depth ? deepest + more : pol->max_depth;
+    /* a dimension kept whole (every drafted level, or the widest level's
+     * every node) grows at once: the next node there is likely worth it */
+    int explore = ++ps->priced_steps % EXPLORE_EVERY == 0 || deepest == 0;
+    int deeper = explore || deepest >= drafted_deep, wider = explore || widest >= drafted_wide;
+    ps->want_cand = widest + wider < pol->max_candidates ? widest + wider : pol->max_candidates;
+    ps->want_depth = deepest + deeper < pol->max_depth ? deepest + deeper : pol->max_depth;
     if (ps->want_cand < 1) ps->want_cand = 1;
     if (ps->want_depth < 1) ps->want_depth = 1;
     /* what the answer will be checked against: the kept tree's scores */
@@ -381,14 +397,17 @@ static void draft(gen *g, const specd_target_info *info) {
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
             return;
         }
-        /* a look after a skip drafts whatever the estimate says: only a
-         * tree sent shows how this session's text accepts now */
+        /* a look after a skip drafts whatever the estimate says (only a
+         * tree sent shows how this session's text accepts now), unless
+         * even a sure node would not pay */
         int look = g->price.look;
         g->price.look = 0;
         specd_tree_price pr;
         price_of_step(g, &pr);
-        float p1 = specd_accept_calib_first(g->req->calib, g->price.scale);
-        if (!look && !specd_tree_could_pay(p1, g->price.draft_one_us, &pr)) {
+        float p1 = g->price.p1 >= 0 ? g->price.p1
+                                    : specd_accept_calib_first(g->req->calib, g->price.scale);
+        /* a look too, if not even a sure node could pay at this load */
+        if (!specd_tree_could_pay(look ? SPECD_P_MAX : p1, g->price.draft_one_us, &pr)) {
             skip_drafting(&g->price);
             g->st->plain_by_cost++;
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);

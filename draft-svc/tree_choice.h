@@ -49,6 +49,9 @@
 #define SPECD_CALIB_DEPTHS 8 /* deeper nodes share the last row */
 #define SPECD_CALIB_RANKS 3  /* first, second, any later sibling */
 #define SPECD_CALIB_BINS 10  /* score bins of width 0.1 */
+/* No node is ever certain: a calibrated chance stops here, so a long
+ * confident chain still costs something per node. */
+#define SPECD_P_MAX 0.99f
 
 /* Observed acceptance by (depth, rank, score bin), one per drafter, shared by
  * its sessions (internally locked). Counts are halved once a cell holds

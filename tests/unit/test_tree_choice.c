@@ -357,6 +357,23 @@ static void test_could_pay(void **state) {
     load.sessions = 4;
     load.other_tokens = 3;
     assert_false(specd_tree_could_pay(p1, 600, &load));
+    /* a curve left flat past 16 tokens (coarse grid, noisy passes): the
+     * extra row still costs the curve's average slope, so at 16 sessions
+     * a 90% node does not pay, and no tree is kept (a flat curve would
+     * keep the whole chain) */
+    specd_tree_price flat = linear_price(2600, 2600, 0);
+    for (int i = 0; i < flat.cost.n; i++)
+        if (flat.cost.tokens[i] > 16) flat.cost.us[i] = flat.cost.us[specd_step_cost_point(&flat.cost, 16)];
+    flat.sessions = 16;
+    flat.other_tokens = 15;
+    assert_true(specd_step_cost_at(&flat.cost, 17) == specd_step_cost_at(&flat.cost, 16));
+    assert_false(specd_tree_could_pay(0.9f, 0, &flat));
+    float chain[3] = {0.9f, 0.8f, 0.7f};
+    int32_t chain_depth[3] = {1, 2, 3};
+    uint8_t keep[3];
+    specd_tree_pick pick;
+    specd_tree_choose(chain, chain_depth, 3, &flat, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
     /* nothing measured: no price, so it may */
     specd_tree_price none;
     memset(&none, 0, sizeof none);
