@@ -155,6 +155,7 @@ static void price_of_step(const gen *g, specd_tree_price *pr) {
      * them: counting it priced trees as cheap under load (at 4 and 16
      * sessions tau rose to 1.1-1.2 while throughput fell 20%). */
     pr->overhead_us = pr->sessions > 1 ? 0 : ps->overhead_us;
+    pr->stage_us = ps->draft_one_us;
 }
 
 /* Decodes plainly for the next `backoff` steps (1, 2, 4 ... MAX_SKIP while

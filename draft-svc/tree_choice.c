@@ -190,11 +190,13 @@ void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
     }
     for (int i = 0; i < n; i++) r[i] = (ranked){p_path[i], depth[i], i};
     qsort(r, (size_t)n, sizeof *r, by_p_desc);
-    int best_n = 0;
+    int best_n = 0, deepest = 0;
     double best_rate = L / plain, best_e = 0, e = 0;
     for (int k = 1; k <= n; k++) {
         e += r[k - 1].p;
-        double rate = (L + e) / (pr->overhead_us + pass_cost(pr, base, base + k));
+        if (r[k - 1].depth > deepest) deepest = r[k - 1].depth;
+        double rate = (L + e) / (pr->overhead_us + pass_cost(pr, base, base + k) +
+                                 deepest * (pr->stage_us > 0 ? pr->stage_us : 0));
         if (rate > best_rate) {
             best_rate = rate;
             best_n = k;

@@ -12,12 +12,16 @@
  * to the shallower node, then the lower index), which is closed under
  * parents. The choice is the n that maximizes
  *
- *         (L + sum of the top n p)  /  (overhead + cost(R + 1 + n))
+ *         (L + sum of the top n p)  /  (overhead + cost(R + 1 + n) + D * stage)
  *
  * where cost is the target's measured forward-pass curve (common/
  * step_cost.h), L the sessions in the pass (the other L - 1 each yield at
  * least one token), R the rows the other sessions bring, and overhead the
- * step's time outside the forward pass. That is the pass's tokens per
+ * step's time outside the forward pass, D the depth of the n nodes and
+ * stage the drafter's time per level (the shape kept is the shape drafted
+ * next; with it the n best by p are a close, not an exact, optimum: a
+ * shallower node of slightly lower p can be worth more). That is the pass's
+ * tokens per
  * microsecond: at one session it is this stream's speed, under load the
  * whole target's, so a tree that slows everyone else down for a small gain
  * here is not sent. n = 0 is a plain step, so a step is never priced worse
@@ -114,6 +118,10 @@ typedef struct specd_tree_price {
     int sessions;          /* L: sessions in the pass, this one included (>= 1) */
     int other_tokens;      /* R: rows the other sessions bring */
     double overhead_us;    /* per-step time outside the forward pass */
+    /* draft time per tree level: a kept tree of depth D is drafted again
+     * next step (the driver drafts the kept shape), so its D levels are
+     * charged D * stage_us. 0 = drafting is free (tests, nothing seen) */
+    double stage_us;
 } specd_tree_price;
 
 typedef struct specd_tree_pick {

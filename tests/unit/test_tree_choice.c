@@ -187,6 +187,16 @@ static void test_choose_cases(void **state) {
     assert_true(pick.n_keep < alone);
     /* the chosen set is closed under parents: a prefix of the chain */
     for (int i = 1; i < 4; i++) assert_true(!keep[i] || keep[i - 1]);
+    /* the drafter's time per level counts: on the curve where the whole
+     * chain paid, a slow drafter keeps a shorter chain, never a longer */
+    mid.sessions = 1;
+    mid.other_tokens = 0;
+    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    int free_draft = pick.n_keep;
+    mid.stage_us = 3000;
+    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    assert_true(pick.n_keep < free_draft);
+    mid.stage_us = 0;
     /* nothing measured: the first steps keep the tree (no prices) */
     specd_tree_price none;
     memset(&none, 0, sizeof none);
