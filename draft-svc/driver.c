@@ -166,6 +166,18 @@ static void skip_drafting(price_state *ps) {
     ps->look = 1;
 }
 
+/* A tree's depth (its levels, SPECD_MAX_DRAFT_DEPTH at most) and the node
+ * count of its widest level; 0 and 0 when empty. */
+static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
+    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0};
+    *deepest = *widest = 0;
+    for (int i = 0; i < tb->n_nodes; i++) {
+        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
+        if (++width[d] > *widest) *widest = width[d];
+        if (d > *deepest) *deepest = d;
+    }
+}
+
 /* Cuts g->tb to the tree worth its verification time (maybe nothing) and
  * decides whether the next steps should draft at all: drafting itself takes
  * time, so when the smoothed gain of the best tree, counting the draft
@@ -176,12 +188,11 @@ static void price_tree(gen *g, double draft_us) {
     specd_tree_buf *tb = &g->tb;
     ps->draft_us = ps->draft_us > 0 ? (1 - PRICE_ALPHA) * ps->draft_us + PRICE_ALPHA * draft_us
                                     : draft_us;
-    /* per stage: the pre-draft check prices a one-node tree, one stage */
-    int stages = 0;
-    for (int i = 0; i < tb->n_nodes; i++)
-        if (tb->depth[i] > stages) stages = tb->depth[i];
-    if (stages > 0) {
-        double one = draft_us / stages;
+    /* per stage (one per level): the pre-draft check prices one stage */
+    int drafted_deep, drafted_wide;
+    tree_shape(tb, &drafted_deep, &drafted_wide);
+    if (drafted_deep > 0) {
+        double one = draft_us / drafted_deep;
         ps->draft_one_us = ps->draft_one_us > 0
                                ? (1 - PRICE_ALPHA) * ps->draft_one_us + PRICE_ALPHA * one
                                : one;
@@ -189,17 +200,12 @@ static void price_tree(gen *g, double draft_us) {
     int n = tb->n_nodes;
     specd_tree_scores(tb, ps->score, ps->rank);
     specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
-    /* the drafted shape, and the session's first-node chance for the next
-     * pre-draft check: the favourite child of the root, as estimated here
-     * (score, calibration and this session's scale) */
-    int drafted_width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, drafted_deep = 0, drafted_wide = 0;
-    for (int i = 0; i < n; i++) {
-        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
-        if (++drafted_width[d] > drafted_wide) drafted_wide = drafted_width[d];
-        if (d > drafted_deep) drafted_deep = d;
+    /* the session's first-node chance for the next pre-draft check: the
+     * favourite child of the root, as estimated here (score, calibration
+     * and this session's scale) */
+    for (int i = 0; i < n; i++)
         if (tb->parents[i] < 0 && ps->rank[i] == 0)
             ps->p1 = ps->p1 >= 0 ? 0.5f * ps->p1 + 0.5f * ps->p_path[i] : ps->p_path[i];
-    }
     specd_tree_price pr;
     price_of_step(g, &pr);
     specd_tree_pick pick;
@@ -226,15 +232,8 @@ static void price_tree(gen *g, double draft_us) {
      * one more level and column every step (what this did first) cost the
      * drafter twice the nodes that were kept: on two shared cores 1.3-1.8
      * ms of a 7-10 ms step, most of what a kept node earned. */
-    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, deepest = 0;
-    for (int i = 0; i < tb->n_nodes; i++) {
-        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
-        width[d]++;
-        if (d > deepest) deepest = d;
-    }
-    int widest = 0;
-    for (int d = 1; d <= deepest; d++)
-        if (width[d] > widest) widest = width[d];
+    int deepest, widest;
+    tree_shape(tb, &deepest, &widest);
     const specd_policy *pol = g->env->policy;
     /* a dimension kept whole (every drafted level, or the widest level's
      * every node) grows at once: the next node there is likely worth it */
@@ -408,7 +407,7 @@ static void draft(gen *g, const specd_target_info *info) {
         float p1 = g->price.p1 >= 0 ? g->price.p1
                                     : specd_accept_calib_first(g->req->calib, g->price.scale);
         /* a look too, if not even a sure node could pay at this load */
-        if (!specd_tree_could_pay(look ? SPECD_P_MAX : p1, g->price.draft_one_us, &pr)) {
+        if (!specd_tree_could_pay(look ? SPECD_P_MAX : p1, &pr)) {
             skip_drafting(&g->price);
             g->st->plain_by_cost++;
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);

@@ -9,7 +9,6 @@
 /* Pseudo-tries of the prior (the score itself) in every cell: a cell needs
  * a few dozen observations before its own rate dominates. */
 #define CALIB_PRIOR_WEIGHT 8.0f
-#define P_MAX SPECD_P_MAX
 
 void specd_accept_calib_init(specd_accept_calib *c) {
     memset(c, 0, sizeof *c);
@@ -80,7 +79,7 @@ void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const
         float pc = (c->accepted[d][r][b] + CALIB_PRIOR_WEIGHT * score[i]) /
                    (c->tried[d][r][b] + CALIB_PRIOR_WEIGHT);
         pc *= scale;
-        if (pc > P_MAX) pc = P_MAX;
+        if (pc > SPECD_P_MAX) pc = SPECD_P_MAX;
         if (pc < 0) pc = 0;
         p_path[i] = (t->parents[i] >= 0 ? p_path[t->parents[i]] : 1.0f) * pc;
     }
@@ -96,9 +95,8 @@ float specd_accept_calib_first(specd_accept_calib *c, float scale) {
     }
     pthread_mutex_unlock(&c->mu);
     float p = (acc + CALIB_PRIOR_WEIGHT * 0.5f) / (tried + CALIB_PRIOR_WEIGHT) * scale;
-    return p > P_MAX ? P_MAX : p;
+    return p > SPECD_P_MAX ? SPECD_P_MAX : p;
 }
-
 
 void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
                                const float *score, const uint8_t *rank,
@@ -142,13 +140,18 @@ static double pass_cost(const specd_tree_price *pr, int base, int tokens) {
     return t;
 }
 
-int specd_tree_could_pay(float p, double draft_us, const specd_tree_price *pr) {
+/* Drafting `levels` levels of a tree (the drafter runs one stage per level). */
+static double stage_cost(const specd_tree_price *pr, int levels) {
+    return pr->stage_us > 0 ? levels * pr->stage_us : 0;
+}
+
+int specd_tree_could_pay(float p, const specd_tree_price *pr) {
     int L = pr->sessions > 0 ? pr->sessions : 1;
     int base = pr->other_tokens + 1;
     double plain = specd_step_cost_at(&pr->cost, base), one = pass_cost(pr, base, base + 1);
     if (plain <= 0 || one <= 0) return 1;
     plain += pr->overhead_us;
-    one += pr->overhead_us + (draft_us > 0 ? draft_us : 0);
+    one += pr->overhead_us + stage_cost(pr, 1);
     return (L + p) / one > L / plain;
 }
 
@@ -195,8 +198,8 @@ void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
     for (int k = 1; k <= n; k++) {
         e += r[k - 1].p;
         if (r[k - 1].depth > deepest) deepest = r[k - 1].depth;
-        double rate = (L + e) / (pr->overhead_us + pass_cost(pr, base, base + k) +
-                                 deepest * (pr->stage_us > 0 ? pr->stage_us : 0));
+        double rate =
+            (L + e) / (pr->overhead_us + pass_cost(pr, base, base + k) + stage_cost(pr, deepest));
         if (rate > best_rate) {
             best_rate = rate;
             best_n = k;

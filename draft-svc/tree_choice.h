@@ -131,8 +131,8 @@ typedef struct specd_tree_pick {
     double plain_rate;/* L / time of a plain step */
 } specd_tree_pick;
 
-/* Whether a one-node tree accepted with chance p, drafted in draft_us,
- * could beat a plain step at this price. Path chances only fall with depth
+/* Whether a one-node tree accepted with chance p, drafted in one stage
+ * (pr->stage_us), could beat a plain step at this price. Path chances only fall with depth
  * and the curve's extra rows cost about the same each, so when the likely
  * first node does not pay, a tree is unlikely to, and the session skips the
  * drafter for the step instead of drafting a tree only to discard it. On a
@@ -140,7 +140,7 @@ typedef struct specd_tree_pick {
  * one more row adds 19% to a pass of 4), and drafting there to find that
  * out again cost 10-20% of throughput. The draft time counts as target
  * time: on shared cores it is. Nothing measured yet: 1. */
-int specd_tree_could_pay(float p, double draft_us, const specd_tree_price *pr);
+int specd_tree_could_pay(float p, const specd_tree_price *pr);
 
 /* Marks the chosen nodes in keep[0..n). With no cost curve yet (nothing
  * measured) every node is kept: the first steps cannot be priced. */

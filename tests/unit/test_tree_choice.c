@@ -330,6 +330,12 @@ static void test_gain_by_load(void **state) {
     specd_accept_calib_destroy(&c);
 }
 
+/* specd_tree_could_pay with a drafter taking stage_us per level. */
+static int could_pay(float p, double stage_us, specd_tree_price *pr) {
+    pr->stage_us = stage_us;
+    return specd_tree_could_pay(p, pr);
+}
+
 /* Before drafting: the first-level acceptance seen so far, and whether a
  * one-node tree at that chance, with its draft time, beats a plain step.
  * The numbers are this CPU's (bench --verify, AVX2, 2 threads): alone a
@@ -358,15 +364,15 @@ static void test_could_pay(void **state) {
     /* alone: 5600 us + 1700 per extra row, 1000 us of round trip, 600 us to
      * draft: a 60% node pays, a 20% one does not */
     specd_tree_price alone = linear_price(3900, 1700, 1000);
-    assert_true(specd_tree_could_pay(p1, 600, &alone));
-    assert_false(specd_tree_could_pay(0.2f, 600, &alone));
+    assert_true(could_pay(p1, 600, &alone));
+    assert_false(could_pay(0.2f, 600, &alone));
     /* the draft time counts: a slow drafter does not pay even at 60% */
-    assert_false(specd_tree_could_pay(p1, 4000, &alone));
+    assert_false(could_pay(p1, 4000, &alone));
     /* 4 sessions, 3 rows of others: the same node does not pay */
     specd_tree_price load = linear_price(5100, 2300, 0);
     load.sessions = 4;
     load.other_tokens = 3;
-    assert_false(specd_tree_could_pay(p1, 600, &load));
+    assert_false(could_pay(p1, 600, &load));
     /* a curve left flat past 16 tokens (coarse grid, noisy passes): the
      * extra row still costs the curve's average slope, so at 16 sessions
      * a 90% node does not pay, and no tree is kept (a flat curve would
@@ -377,7 +383,7 @@ static void test_could_pay(void **state) {
     flat.sessions = 16;
     flat.other_tokens = 15;
     assert_true(specd_step_cost_at(&flat.cost, 17) == specd_step_cost_at(&flat.cost, 16));
-    assert_false(specd_tree_could_pay(0.9f, 0, &flat));
+    assert_false(could_pay(0.9f, 0, &flat));
     float chain[3] = {0.9f, 0.8f, 0.7f};
     int32_t chain_depth[3] = {1, 2, 3};
     uint8_t keep[3];
@@ -388,7 +394,7 @@ static void test_could_pay(void **state) {
     specd_tree_price none;
     memset(&none, 0, sizeof none);
     specd_step_cost_init(&none.cost, 64);
-    assert_true(specd_tree_could_pay(0.01f, 600, &none));
+    assert_true(could_pay(0.01f, 600, &none));
     specd_tree_buf_free(&t);
     specd_accept_calib_destroy(&c);
 }
