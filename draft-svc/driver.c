@@ -748,8 +748,9 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         specd_accept_calib_gain(g->req->calib, g->target_load) < 1.0) {
         /* drafting has not been paying for this drafter lately: start
          * plainly and look again after a few steps */
-        g->price.skip = 16;
-        g->price.backoff = 32;
+        g->price.skip = 4; /* short: a 24-token request on a repetitive
+                            * text drafted nothing after 16 (tau 1.00) */
+        g->price.backoff = 8;
         g->price.look = 1;
     }
     Specd__V1__VerifyResponse *r = NULL;
