@@ -67,11 +67,12 @@ typedef struct price_state {
     int batch_tokens;    /* the last pass: all its tokens */
     int sent_rows;       /* ... and ours in it (1 + tree nodes) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
-    double draft_us;     /* time to draft a tree, smoothed */
-    double draft_one_us; /* ... per stage (a one-node tree's), smoothed */
+    double draft_one_us; /* the drafter's time per tree level, smoothed (note_draft_time) */
     double gain;         /* smoothed priced gain of drafting, draft time included */
     int skip, backoff;   /* plain steps left before drafting again; the next skip */
     int look;            /* the next draft is a look after a skip: checked as a sure node */
+    int looking;         /* this step's tree is a look: it sends at least one node */
+    int sent_look;       /* the tree in flight is a look's forced node */
     float p1;            /* the first node's estimated chance, smoothed; < 0: none yet */
     int want_cand, want_depth; /* the shape to draft next */
     int priced_steps;    /* trees priced so far (for the exploring ones) */
@@ -155,7 +156,8 @@ static void price_of_step(const gen *g, specd_tree_price *pr) {
      * them: counting it priced trees as cheap under load (at 4 and 16
      * sessions tau rose to 1.1-1.2 while throughput fell 20%). */
     pr->overhead_us = pr->sessions > 1 ? 0 : ps->overhead_us;
-    pr->stage_us = ps->draft_one_us;
+    pr->stage_us = ps->draft_one_us > 0 ? ps->draft_one_us
+                                        : specd_accept_calib_stage(g->req->calib);
 }
 
 /* Decodes plainly for the next `backoff` steps (1, 2, 4 ... MAX_SKIP while
@@ -178,6 +180,31 @@ static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
     }
 }
 
+/* A draft time counts as at most this many times the estimate. */
+#define DRAFT_OUTLIER_X 4.0
+
+/* Learns the drafter's time per tree level from a draft of `levels` levels
+ * that took draft_us. Not from a session's first draft: that one also
+ * builds the drafter's state for the request (a suffix structure over the
+ * prompt, the first hidden state) and once took 42 ms where the next ones
+ * took 0.05 ms; that single sample priced every tree, and every look,
+ * out of the session (tau 1.00 on a text that drafts at tau 4.8). A later
+ * draft preempted on a busy core counts as at most DRAFT_OUTLIER_X times
+ * the estimate. Until its own second draft a session prices with the
+ * drafter-wide estimate, every session's drafts smoothed. */
+static void note_draft_time(gen *g, double draft_us, int levels) {
+    price_state *ps = &g->price;
+    if (levels <= 0 || ps->priced_steps == 0) return;
+    double one = draft_us / levels;
+    if (ps->draft_one_us <= 0) {
+        ps->draft_one_us = one;
+    } else {
+        if (one > DRAFT_OUTLIER_X * ps->draft_one_us) one = DRAFT_OUTLIER_X * ps->draft_one_us;
+        ps->draft_one_us = (1 - PRICE_ALPHA) * ps->draft_one_us + PRICE_ALPHA * one;
+    }
+    specd_accept_calib_note_stage(g->req->calib, one);
+}
+
 /* Cuts g->tb to the tree worth its verification time (maybe nothing) and
  * decides whether the next steps should draft at all: drafting itself takes
  * time, so when the smoothed gain of the best tree, counting the draft
@@ -186,17 +213,9 @@ static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
 static void price_tree(gen *g, double draft_us) {
     price_state *ps = &g->price;
     specd_tree_buf *tb = &g->tb;
-    ps->draft_us = ps->draft_us > 0 ? (1 - PRICE_ALPHA) * ps->draft_us + PRICE_ALPHA * draft_us
-                                    : draft_us;
-    /* per stage (one per level): the pre-draft check prices one stage */
     int drafted_deep, drafted_wide;
     tree_shape(tb, &drafted_deep, &drafted_wide);
-    if (drafted_deep > 0) {
-        double one = draft_us / drafted_deep;
-        ps->draft_one_us = ps->draft_one_us > 0
-                               ? (1 - PRICE_ALPHA) * ps->draft_one_us + PRICE_ALPHA * one
-                               : one;
-    }
+    note_draft_time(g, draft_us, drafted_deep);
     int n = tb->n_nodes;
     specd_tree_scores(tb, ps->score, ps->rank);
     specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
@@ -210,13 +229,51 @@ static void price_tree(gen *g, double draft_us) {
     price_of_step(g, &pr);
     specd_tree_pick pick;
     specd_tree_choose(ps->p_path, tb->depth, n, &pr, ps->keep, &pick);
-    if (pick.n_keep < n) specd_tree_buf_prune(tb, ps->keep);
+    /* A look that the estimate would prune to nothing still sends the
+     * drafter's favourite first node: only a node sent shows how this
+     * session's text accepts (the scale learns from answers, and a
+     * session whose calibration comes from other text would otherwise
+     * never find out that its own text drafts well: a 24-token repetitive
+     * text stayed at tau 1.00). One extra row per look, and looks come
+     * after 1, 2, 4 ... 64 plain steps. */
+    ps->sent_look = 0;
+    if (ps->looking && pick.n_keep == 0) {
+        for (int i = 0; i < n; i++)
+            if (tb->parents[i] < 0 && ps->rank[i] == 0 && !ps->sent_look) {
+                ps->keep[i] = 1;
+                ps->sent_look = 1;
+            }
+    }
+    ps->looking = 0;
+    /* Every EXPLORE_EVERY-th priced step also sends the best node that the
+     * price left out. The cost curve and the calibration learn only from
+     * steps sent, so a point of either measured high once would never be
+     * measured again and would hold the tree at the size below it: with a
+     * pass that shared its cores, 3 rows were priced at 1.5x 2 rows, and a
+     * chain of 0.98-likely nodes was cut to one node for the rest of the
+     * request. The best left-out node has its parent kept (path chances
+     * only fall with depth, ties go to the shallower node). */
+    int explore_step = (ps->priced_steps + 1) % EXPLORE_EVERY == 0;
+    if (explore_step && pick.n_keep > 0 && pick.n_keep < n) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (!ps->keep[i] && (best < 0 || ps->p_path[i] > ps->p_path[best] ||
+                                 (ps->p_path[i] == ps->p_path[best] &&
+                                  tb->depth[i] < tb->depth[best])))
+                best = i;
+        if (best >= 0 && (tb->parents[best] < 0 || ps->keep[tb->parents[best]]))
+            ps->keep[best] = 1;
+    }
+    int n_kept = 0;
+    for (int i = 0; i < n; i++) n_kept += ps->keep[i] != 0;
+    if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
     /* the gain of having drafted: the chosen step against a plain one, the
      * draft's own time counted */
     double gain = 1.0;
     if (pick.plain_rate > 0 && pick.rate > 0) {
         double t_pick = (pr.sessions + pick.expected) / pick.rate;
-        gain = (pr.sessions + pick.expected) / (t_pick + ps->draft_us) / pick.plain_rate;
+        gain = (pr.sessions + pick.expected) / (t_pick + pr.stage_us * drafted_deep) /
+               pick.plain_rate;
     }
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
     specd_accept_calib_note_gain(g->req->calib, pr.sessions, gain);
@@ -273,6 +330,14 @@ static void price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
     double ratio = ((double)r->n_accepted + 0.5) / (ps->predicted_raw + 0.5);
     double sc = (1 - PRICE_ALPHA) * ps->scale + PRICE_ALPHA * ratio;
     ps->scale = (float)(sc < 0.25 ? 0.25 : sc > 2.0 ? 2.0 : sc);
+    if (ps->sent_look && r->n_accepted > 0) {
+        /* the look's node was accepted although priced as not worth it:
+         * this text may draft well now, so price the very next step again
+         * (with the raised scale) instead of waiting out the backoff */
+        ps->skip = 0;
+        ps->backoff = 1;
+    }
+    ps->sent_look = 0;
 }
 
 /* Folds a step's timings into the member's cost curve and our overhead. */
@@ -402,6 +467,7 @@ static void draft(gen *g, const specd_target_info *info) {
          * even a sure node would not pay */
         int look = g->price.look;
         g->price.look = 0;
+        g->price.looking = 0;
         specd_tree_price pr;
         price_of_step(g, &pr);
         float p1 = g->price.p1 >= 0 ? g->price.p1
@@ -413,6 +479,7 @@ static void draft(gen *g, const specd_target_info *info) {
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
             return;
         }
+        g->price.looking = look;
         cand = g->price.want_cand;
         depth = g->price.want_depth;
     } else if (!cand || !depth) {

@@ -38,6 +38,25 @@ void specd_accept_calib_note_gain(specd_accept_calib *c, int sessions, double ga
     pthread_mutex_unlock(&c->mu);
 }
 
+double specd_accept_calib_stage(specd_accept_calib *c) {
+    pthread_mutex_lock(&c->mu);
+    double us = c->stage_us;
+    pthread_mutex_unlock(&c->mu);
+    return us;
+}
+
+void specd_accept_calib_note_stage(specd_accept_calib *c, double us) {
+    if (!(us >= 0)) return;
+    pthread_mutex_lock(&c->mu);
+    if (c->stage_us <= 0) {
+        c->stage_us = us;
+    } else {
+        if (us > 4.0 * c->stage_us) us = 4.0 * c->stage_us;
+        c->stage_us = 0.95 * c->stage_us + 0.05 * us;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 void specd_accept_calib_destroy(specd_accept_calib *c) { pthread_mutex_destroy(&c->mu); }
 
 static int depth_row(int depth) {

@@ -76,7 +76,17 @@ typedef struct specd_accept_calib {
      * lone stream that came later from drafting (tau 1.03 where the same
      * stream alone drafted at tau 1.39). */
     double gain[SPECD_CALIB_LOADS];
+    /* The drafter's time per tree level in microseconds, smoothed over
+     * every session's drafts (0 = none yet): what a new session prices its
+     * first trees with, before it has timed drafts of its own. */
+    double stage_us;
 } specd_accept_calib;
+
+/* Reads / folds in the drafter-wide time per level (thread-safe). A
+ * sample counts as at most 4 times the estimate (a draft preempted on a
+ * busy core). */
+double specd_accept_calib_stage(specd_accept_calib *c);
+void specd_accept_calib_note_stage(specd_accept_calib *c, double us);
 
 /* Reads / folds in the drafter-wide gain at a target load of `sessions`
  * (thread-safe). */

@@ -402,7 +402,11 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
         while (w && g.n_tok < s->o.max_batch_tokens) {
             specd_work *next = w->next;
             int take = 0;
-            if (w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
+            if (w->in_flight) {
+                /* already in this pass (taken in round 0): the worker will
+                 * use it, so neither a cancel nor a page wait may complete
+                 * it now (its owner would return and free it mid-pass) */
+            } else if (w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
                 /* Dropped before it costs model time; the session returns at once. */
                 unlink_item(s, w);
                 complete(w, SPECD_WORK_CANCELLED);

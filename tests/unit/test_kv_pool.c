@@ -719,6 +719,58 @@ static void test_sched_queued_need_no_reserve(void **state) {
     specd_model_close(m);
 }
 
+/* Cancelled once in a pass: an item's call is cancelled while the worker
+ * runs the pass that holds it (the probe answers "cancelled" exactly while
+ * the item is in flight). The pass's result stands: the item completes OK
+ * with its token. gather() used to walk the queue a second time for
+ * prompts and complete such an item as CANCELLED mid-pass; its owner then
+ * returned and freed it while the worker still wrote its outputs (a
+ * sanitizer CI run caught a logprob written through a stale pointer). */
+static int cancelled_in_flight(void *arg) {
+    const specd_work *w = arg;
+    return w->in_flight > 0; /* called under the scheduler's lock */
+}
+
+static void test_sched_cancel_in_pass(void **state) {
+    (void)state;
+    specd_model_file *m = open_model();
+    int vocab = m->hp.vocab_size;
+    specd_transformer *t = make_t(m, 2, 0, 0);
+    specd_error err = {{0}};
+    specd_sched_opts so = {.n_slots = 2, .max_batch_tokens = MAX_BATCH, .max_wait_ms = 0};
+    specd_sched *sched = specd_sched_create(t, &so, &err);
+    assert_non_null(sched);
+    queued *q = queued_new(sched, 20, 11, 7, vocab);
+    queued_main(q);
+    assert_int_equal(q->rc, SPECD_WORK_OK);
+    int32_t want[2];
+    greedy_alone(m, q->tokens, q->n, 2, want);
+    specd_sampling greedy;
+    memset(&greedy, 0, sizeof greedy);
+    /* one decode step: gather() takes it in its first round (steps), and
+     * its second round (prompts) walks the queue again */
+    int32_t tok = want[0];
+    specd_work w;
+    memset(&w, 0, sizeof w);
+    w.kind = SPECD_WORK_DECODE;
+    w.slot = q->slot;
+    w.n_past = q->n;
+    w.tokens = &tok;
+    w.n_tokens = 1;
+    w.sampling = &greedy;
+    w.is_cancelled = cancelled_in_flight;
+    w.cancel_arg = &w;
+    int rc = specd_sched_run(sched, &w);
+    if (rc != SPECD_WORK_OK) fail_msg("rc %d (%s): completed while in a pass", rc, w.err.msg);
+    assert_int_equal(w.next_token, want[1]);
+    if (check_sched(sched)) fail_msg("%s", g_fail);
+    specd_sched_release_slot(sched, q->slot);
+    specd_sched_free(sched);
+    free(q);
+    specd_transformer_free(t);
+    specd_model_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),
@@ -728,6 +780,7 @@ int main(void) {
         cmocka_unit_test(test_sched_admission_queue),
         cmocka_unit_test(test_sched_prompts_promised),
         cmocka_unit_test(test_sched_queued_need_no_reserve),
+        cmocka_unit_test(test_sched_cancel_in_pass),
         cmocka_unit_test(test_pool_too_small),
         cmocka_unit_test(test_sched_churn),
     };

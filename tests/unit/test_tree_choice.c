@@ -330,6 +330,25 @@ static void test_gain_by_load(void **state) {
     specd_accept_calib_destroy(&c);
 }
 
+/* The drafter-wide time per level: the first sample sets it, later ones
+ * are smoothed, and a preempted draft counts as at most 4 times the
+ * estimate, so one slow draft cannot price every tree out. */
+static void test_stage_time(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    assert_true(specd_accept_calib_stage(&c) == 0.0);
+    specd_accept_calib_note_stage(&c, 50.0);
+    assert_true(specd_accept_calib_stage(&c) == 50.0);
+    specd_accept_calib_note_stage(&c, 42000.0); /* counts as 200 */
+    assert_float_equal(specd_accept_calib_stage(&c), 0.95 * 50.0 + 0.05 * 200.0, 1e-9);
+    for (int i = 0; i < 200; i++) specd_accept_calib_note_stage(&c, 40.0);
+    assert_float_equal(specd_accept_calib_stage(&c), 40.0, 0.1);
+    specd_accept_calib_note_stage(&c, -1.0); /* not a time: ignored */
+    assert_float_equal(specd_accept_calib_stage(&c), 40.0, 0.1);
+    specd_accept_calib_destroy(&c);
+}
+
 /* specd_tree_could_pay with a drafter taking stage_us per level. */
 static int could_pay(float p, double stage_us, specd_tree_price *pr) {
     pr->stage_us = stage_us;
@@ -448,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_ranks_and_tries),
         cmocka_unit_test(test_gain_by_load),
+        cmocka_unit_test(test_stage_time),
         cmocka_unit_test(test_could_pay),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
