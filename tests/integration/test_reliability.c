@@ -614,6 +614,29 @@ static void expect_ref(const svc_gen *got, const svc_gen *ref, const char *what)
             fail_msg("%s: token %d is %d, undisturbed %d", what, i, got->ids[i], ref->ids[i]);
 }
 
+/* Monotonic ms of the last SERVING health answer draft-svc saw from addr (0:
+ * none yet, or not listed). */
+static int64_t last_alive(draft_side *d, const char *addr) {
+    specd_tpool_member *ms[8];
+    int n = specd_tpool_members(d->pool, ms, 8);
+    int64_t t = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(specd_tpool_member_addr(ms[i]), addr))
+            t = specd_tpool_member_last_alive(ms[i]);
+        specd_tpool_member_put(d->pool, ms[i]);
+    }
+    return t;
+}
+
+/* Waits (up to 20 s) until draft-svc's health probes have seen addr alive
+ * after `since` (its last_alive before the target was started). A fixed
+ * 700 ms was too short for a sanitizer-built target-svc to start on a
+ * loaded CI machine: A was killed before B was up. */
+static void wait_seen_alive(draft_side *d, const char *addr, int64_t since) {
+    for (int i = 0; i < 2000 && last_alive(d, addr) <= since; i++) svc_sleep_ms(10);
+    if (last_alive(d, addr) <= since) fail_msg("draft-svc never saw %s alive", addr);
+}
+
 #define STEP_TIMEOUT_MS 5000
 
 static void test_failover_kill_and_hang(void **state) {
@@ -654,8 +677,9 @@ static void test_failover_kill_and_hang(void **state) {
     svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
     svc_sleep_ms(200);
     assert_int_equal(atomic_load(&got->progress), 0);
+    int64_t seen = last_alive(&d, addr[1]);
     pid[1] = svc_start_target(port[1], model, flags);
-    svc_sleep_ms(700); /* a probe round or two: B is seen alive */
+    wait_seen_alive(&d, addr[1], seen); /* B is seen alive */
     assert_int_equal(atomic_load(&got->progress), 0); /* still waiting for A's prefill */
     svc_kill(pid[0]);
     svc_gen_join(got);
@@ -665,8 +689,9 @@ static void test_failover_kill_and_hang(void **state) {
 
     /* (b) SIGKILL during decode: A back; the target holding the session
      * dies mid-stream. */
+    seen = last_alive(&d, addr[0]);
     pid[0] = svc_start_target(port[0], model, flags);
-    svc_sleep_ms(700);
+    wait_seen_alive(&d, addr[0], seen);
     svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
     while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(2);
     const char *h = holder(&d);
@@ -680,8 +705,9 @@ static void test_failover_kill_and_hang(void **state) {
 
     /* (c) A hung target (SIGSTOP: it answers neither steps nor health
      * checks) is given up within step_timeout. */
+    seen = last_alive(&d, addr[k]);
     pid[k] = svc_start_target(port[k], model, flags);
-    svc_sleep_ms(700);
+    wait_seen_alive(&d, addr[k], seen);
     svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
     while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(2);
     if (!(h = holder(&d))) fail_msg("hang: the request ended before the freeze");
@@ -869,7 +895,7 @@ static void test_prefix_cache_failover(void **state) {
     draft_side d;
     draft_up(&d, targets, 2, STEP_TIMEOUT_MS);
     assert_true(svc_wait_health(d.ch, "specd.v1.Draft", 1, 5000) >= 0);
-    svc_sleep_ms(700); /* a probe round or two: both targets are known */
+    for (int i = 0; i < 2; i++) wait_seen_alive(&d, addr[i], 0); /* both targets are known */
     kv_info before[2] = {get_kv_info(addr[0]), get_kv_info(addr[1])};
     q.r.drafter = "ngram";
     svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
