@@ -235,9 +235,13 @@ static void price_tree(gen *g, double draft_us) {
      * session whose calibration comes from other text would otherwise
      * never find out that its own text drafts well: a 24-token repetitive
      * text stayed at tau 1.00). One extra row per look, and looks come
-     * after 1, 2, 4 ... 64 plain steps. */
+     * after 1, 2, 4 ... 64 plain steps. Only while the session is alone in
+     * the pass: with others there the row delays every one of them (on
+     * this CPU one more row adds ~19% to a pass of 4), and the shared
+     * calibration already learns from all their trees. */
     ps->sent_look = 0;
-    if (ps->looking && pick.n_keep == 0) {
+    int alone = pr.sessions == 1;
+    if (ps->looking && alone && pick.n_keep == 0) {
         for (int i = 0; i < n; i++)
             if (tb->parents[i] < 0 && ps->rank[i] == 0 && !ps->sent_look) {
                 ps->keep[i] = 1;
@@ -252,9 +256,11 @@ static void price_tree(gen *g, double draft_us) {
      * pass that shared its cores, 3 rows were priced at 1.5x 2 rows, and a
      * chain of 0.98-likely nodes was cut to one node for the rest of the
      * request. The best left-out node has its parent kept (path chances
-     * only fall with depth, ties go to the shallower node). */
+     * only fall with depth, ties go to the shallower node). Alone only, as
+     * above: a shared pass's size varies with the others' trees, so its
+     * curve points are measured anyway. */
     int explore_step = (ps->priced_steps + 1) % EXPLORE_EVERY == 0;
-    if (explore_step && pick.n_keep > 0 && pick.n_keep < n) {
+    if (explore_step && alone && pick.n_keep > 0 && pick.n_keep < n) {
         int best = -1;
         for (int i = 0; i < n; i++)
             if (!ps->keep[i] && (best < 0 || ps->p_path[i] > ps->p_path[best] ||
@@ -472,8 +478,14 @@ static void draft(gen *g, const specd_target_info *info) {
         price_of_step(g, &pr);
         float p1 = g->price.p1 >= 0 ? g->price.p1
                                     : specd_accept_calib_first(g->req->calib, g->price.scale);
-        /* a look too, if not even a sure node could pay at this load */
-        if (!specd_tree_could_pay(look ? SPECD_P_MAX : p1, &pr)) {
+        /* a look too, if not even a sure node could pay at this load;
+         * but a look of a session alone in the pass always drafts (and
+         * sends a node, price_tree): the price itself may be what is
+         * wrong, a cost point measured high during a burst on shared
+         * cores, and only a pass of that size measures it again (a CI run
+         * under parallel tests drafted nothing on a text that drafts at
+         * tau 4.8). Looks come after 1, 2, 4 ... 64 plain steps. */
+        if (!(look && pr.sessions == 1) && !specd_tree_could_pay(look ? SPECD_P_MAX : p1, &pr)) {
             skip_drafting(&g->price);
             g->st->plain_by_cost++;
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
