@@ -180,28 +180,20 @@ static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
     }
 }
 
-/* A draft time counts as at most this many times the estimate. */
-#define DRAFT_OUTLIER_X 4.0
-
 /* Learns the drafter's time per tree level from a draft of `levels` levels
  * that took draft_us. Not from a session's first draft: that one also
  * builds the drafter's state for the request (a suffix structure over the
  * prompt, the first hidden state) and once took 42 ms where the next ones
  * took 0.05 ms; that single sample priced every tree, and every look,
  * out of the session (tau 1.00 on a text that drafts at tau 4.8). A later
- * draft preempted on a busy core counts as at most DRAFT_OUTLIER_X times
- * the estimate. Until its own second draft a session prices with the
+ * draft preempted on a busy core counts as at most SPECD_DRAFT_OUTLIER_X
+ * times the estimate. Until its own second draft a session prices with the
  * drafter-wide estimate, every session's drafts smoothed. */
 static void note_draft_time(gen *g, double draft_us, int levels) {
     price_state *ps = &g->price;
     if (levels <= 0 || ps->priced_steps == 0) return;
     double one = draft_us / levels;
-    if (ps->draft_one_us <= 0) {
-        ps->draft_one_us = one;
-    } else {
-        if (one > DRAFT_OUTLIER_X * ps->draft_one_us) one = DRAFT_OUTLIER_X * ps->draft_one_us;
-        ps->draft_one_us = (1 - PRICE_ALPHA) * ps->draft_one_us + PRICE_ALPHA * one;
-    }
+    ps->draft_one_us = specd_draft_time_smooth(ps->draft_one_us, one, PRICE_ALPHA);
     specd_accept_calib_note_stage(g->req->calib, one);
 }
 
@@ -242,11 +234,8 @@ static void price_tree(gen *g, double draft_us) {
     ps->sent_look = 0;
     int alone = pr.sessions == 1;
     if (ps->looking && alone && pick.n_keep == 0) {
-        for (int i = 0; i < n; i++)
-            if (tb->parents[i] < 0 && ps->rank[i] == 0 && !ps->sent_look) {
-                ps->keep[i] = 1;
-                ps->sent_look = 1;
-            }
+        for (int i = 0; i < n && !ps->sent_look; i++)
+            if (tb->parents[i] < 0 && ps->rank[i] == 0) ps->keep[i] = ps->sent_look = 1;
     }
     ps->looking = 0;
     /* Every EXPLORE_EVERY-th priced step also sends the best node that the

@@ -45,15 +45,16 @@ double specd_accept_calib_stage(specd_accept_calib *c) {
     return us;
 }
 
+double specd_draft_time_smooth(double est, double sample, double alpha) {
+    if (est <= 0) return sample;
+    if (sample > SPECD_DRAFT_OUTLIER_X * est) sample = SPECD_DRAFT_OUTLIER_X * est;
+    return (1 - alpha) * est + alpha * sample;
+}
+
 void specd_accept_calib_note_stage(specd_accept_calib *c, double us) {
     if (!(us >= 0)) return;
     pthread_mutex_lock(&c->mu);
-    if (c->stage_us <= 0) {
-        c->stage_us = us;
-    } else {
-        if (us > 4.0 * c->stage_us) us = 4.0 * c->stage_us;
-        c->stage_us = 0.95 * c->stage_us + 0.05 * us;
-    }
+    c->stage_us = specd_draft_time_smooth(c->stage_us, us, 0.05);
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -82,11 +82,19 @@ typedef struct specd_accept_calib {
     double stage_us;
 } specd_accept_calib;
 
-/* Reads / folds in the drafter-wide time per level (thread-safe). A
- * sample counts as at most 4 times the estimate (a draft preempted on a
- * busy core). */
+/* Reads / folds in the drafter-wide time per level (thread-safe), with
+ * specd_draft_time_smooth. */
 double specd_accept_calib_stage(specd_accept_calib *c);
 void specd_accept_calib_note_stage(specd_accept_calib *c, double us);
+
+/* A draft time counts as at most this many times the estimate. */
+#define SPECD_DRAFT_OUTLIER_X 4.0
+
+/* A smoothed draft time with one more sample: the sample itself when there
+ * is no estimate yet (est <= 0), else the moving average with weight
+ * alpha, the sample capped at SPECD_DRAFT_OUTLIER_X times the estimate (a
+ * draft preempted on a busy core must not price every tree out). */
+double specd_draft_time_smooth(double est, double sample, double alpha);
 
 /* Reads / folds in the drafter-wide gain at a target load of `sessions`
  * (thread-safe). */
