@@ -424,6 +424,25 @@ axpys_tile_group(float *const *o, const float (*w)[AXPY_TILE], int g, int any_ze
     }
 }
 
+/* One query over a tile, for a head of 64: o in 8 registers, 8 fma chains.
+ * axpys_tile uses it for a group of fewer than 4 queries, whose 2
+ * registers a query would leave the fma units waiting on their chains
+ * (a 3-query group: the V pass of a decode step's 3 GQA heads took 1.5x
+ * longer, measured). Each element still takes one fma per row, in row
+ * order, with kv_axpys_avx2's weight: the same bits. The tile's rows come
+ * from L1 after the group's first query. */
+static inline TAVX2 __attribute__((always_inline)) void
+axpys_tile_one64(float *o, const float *sc, float inv, const float *const *rows, int nt) {
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
+    for (int r = 0; r < nt; r++) {
+        if (sc[r] == 0.0f) continue;
+        const __m256 wv = _mm256_set1_ps(sc[r] * inv);
+        for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(rows[r] + 8 * i), a[i]);
+    }
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
+}
+
 /* One tile of rows rows[0..nt) (the block's rows t0..t0+nt) for all nq
  * queries, 4 at a time. */
 static inline TAVX2 void axpys_tile(float *const *o, const float *const *scores, const float *inv,
@@ -431,6 +450,10 @@ static inline TAVX2 void axpys_tile(float *const *o, const float *const *scores,
     float w[4][AXPY_TILE];
     for (int k0 = 0; k0 < nq; k0 += 4) {
         int g = nq - k0 < 4 ? nq - k0 : 4, any_zero = 0;
+        if (g < 4 && n == 64) {
+            for (int k = k0; k < nq; k++) axpys_tile_one64(o[k], scores[k] + t0, inv[k], rows, nt);
+            break;
+        }
         /* the weights as kv_axpys_avx2 forms them; a zero score is skipped there */
         for (int k = 0; k < g; k++)
             for (int r = 0; r < nt; r++) {

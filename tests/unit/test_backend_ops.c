@@ -1029,7 +1029,13 @@ static void test_attention(void **state) {
 static void test_attention_blocks_bitwise(void **state) {
     (void)state;
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
-    enum { P = 171, N = 90 };
+    /* N = 90: 5 blocks of 16 tokens and one of 10, one head a task. N = 85:
+     * the last block's 5 tokens take their KV head's 3 query heads in one
+     * task (cpu_backend.c's heads_per_task), 15 queries whose V pass ends
+     * with a group of 3 (vec_avx2.c's axpys_tile_one64). Alone, a token is
+     * a decode step: one head a task. */
+    enum { P = 171 };
+    static const int n_chunk[] = {90, 85};
     int32_t pages[ATT_PAGES];
     for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES; /* out of order */
     const int hds[] = {64, 128, 16};
@@ -1039,11 +1045,12 @@ static void test_attention_blocks_bitwise(void **state) {
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         if (!cpu_simd_force(paths[pi])) continue;
         tested++;
-        for (size_t ci = 0; ci < 2 * sizeof hds / sizeof hds[0]; ci++) {
-            size_t hi = ci / 2;
+        for (size_t ci = 0; ci < 4 * sizeof hds / sizeof hds[0]; ci++) {
+            size_t hi = ci / 4;
             specd_dtype kvt = kvts[ci % 2];
+            const int N = n_chunk[(ci / 2) % 2];
             int nh = 6, nkv = 2, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
-            uint64_t seed = 900 + 10 * hi + pi;
+            uint64_t seed = 900 + 10 * hi + pi + (uint64_t)N;
             kvcache c;
             cpu_kv(kvt);
             kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
@@ -1067,9 +1074,9 @@ static void test_attention_blocks_bitwise(void **state) {
                               v + (size_t)i * kvd, nh, nkv, hd, row, after1);
                 for (int e = 0; e < qw; e++)
                     if (memcmp(&row[e], &out[(size_t)i * qw + e], sizeof(float)))
-                        fail_msg("%s hd %d KV %s: token %d (row %d) element %d: in the chunk "
-                                 "%.9g, alone %.9g",
-                                 paths[pi], hd, kvt == SPECD_F16 ? "f16" : "f32", i, P + i, e,
+                        fail_msg("%s hd %d KV %s chunk %d: token %d (row %d) element %d: in the "
+                                 "chunk %.9g, alone %.9g",
+                                 paths[pi], hd, kvt == SPECD_F16 ? "f16" : "f32", N, i, P + i, e,
                                  (double)out[(size_t)i * qw + e], (double)row[e]);
             }
             free(c.host);
