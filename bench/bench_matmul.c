@@ -2,7 +2,9 @@
  * shapes, against this machine's memory bandwidth.
  *
  * Built by CMake as build/bench_matmul.
- * Run: build/bench_matmul [--quick] [path ...]   (paths: scalar avx2 avx512)
+ * Run: build/bench_matmul [--quick] [--precision fast|exact] [path ...]
+ *      (paths: scalar avx2 avx512; precision: fast, the default, is the
+ *      server's integer-activation matmul (qmatmul.h), exact the fp32 one)
  *
  * Prints:
  *   1. memory bandwidth: a streaming read of a 512 MB buffer (DRAM) and of a
@@ -30,6 +32,7 @@
 
 #include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/threadpool.h"
 
 static double now_s(void) {
@@ -153,8 +156,17 @@ static const int k_toks[] = {1, 2, 4, 8, 16, 32};
 
 typedef struct mat_set {
     specd_tensor *copies;
+    cpu_qweight *qcopies; /* the same, repacked for the fast path */
     int n;
 } mat_set;
+
+static int g_fast = 1; /* --precision: 1 fast (default), 0 exact */
+
+static void matmul_copy(specd_pool *pool, float *y, const mat_set *s, int i, const float *x,
+                        int n_tok) {
+    if (g_fast) cpu_qmatmul(pool, y, &s->qcopies[i], x, n_tok);
+    else cpu_matmul(pool, y, &s->copies[i], x, n_tok);
+}
 
 static mat_set g_sets[N_MATS];
 
@@ -164,11 +176,11 @@ static mat_set g_sets[N_MATS];
 static double time_matmul(specd_pool *pool, int m, const float *x, float *y, int n_tok,
                           double min_time) {
     mat_set *s = &g_sets[m];
-    for (int i = 0; i < s->n; i++) cpu_matmul(pool, y, &s->copies[i], x, n_tok); /* warm-up */
+    for (int i = 0; i < s->n; i++) matmul_copy(pool, y, s, i, x, n_tok); /* warm-up */
     double best = 1e30, t_start = now_s();
     do {
         double t0 = now_s();
-        for (int i = 0; i < s->n; i++) cpu_matmul(pool, y, &s->copies[i], x, n_tok);
+        for (int i = 0; i < s->n; i++) matmul_copy(pool, y, s, i, x, n_tok);
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     } while (now_s() - t_start < min_time);
@@ -209,8 +221,18 @@ int main(int argc, char **argv) {
     const char *paths[3];
     int n_paths = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (n_paths < 3) paths[n_paths++] = argv[i];
+        if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            const char *p = argv[++i];
+            if (strcmp(p, "fast") && strcmp(p, "exact")) {
+                fprintf(stderr, "--precision: fast or exact, not %s\n", p);
+                return 2;
+            }
+            g_fast = !strcmp(p, "fast");
+        } else if (n_paths < 3) {
+            paths[n_paths++] = argv[i];
+        }
     }
     if (!n_paths) {
         paths[0] = "avx512";
@@ -246,8 +268,14 @@ int main(int argc, char **argv) {
         int n = (int)((WORKSET + bytes - 1) / bytes);
         g_sets[m].n = n;
         g_sets[m].copies = malloc(sizeof(specd_tensor) * (size_t)n);
-        for (int i = 0; i < n; i++)
+        g_sets[m].qcopies = calloc((size_t)n, sizeof(cpu_qweight));
+        for (int i = 0; i < n; i++) {
             g_sets[m].copies[i] = make_tensor(k_mats[m].type, k_mats[m].rows, k_mats[m].cols);
+            if (g_fast && cpu_qweight_make(&g_sets[m].copies[i], &g_sets[m].qcopies[i]) != 1) {
+                fprintf(stderr, "%s: no integer-activation path\n", k_mats[m].name);
+                return 1;
+            }
+        }
     }
     const int64_t max_cols = 1536, max_rows = 49152, max_tok = 32;
     float *x = malloc(sizeof(float) * (size_t)(max_tok * max_cols));
@@ -261,8 +289,9 @@ int main(int argc, char **argv) {
         }
         for (int threads = 1; threads <= 2; threads++) {
             specd_pool *pool = specd_pool_create(threads);
-            printf("\n== %s, %d thread%s: us per call (GB/s of weights at n_tok=1) ==\n",
-                   cpu_simd_name(), threads, threads > 1 ? "s" : "");
+            printf("\n== %s, precision %s, %d thread%s: us per call (GB/s of weights at "
+                   "n_tok=1) ==\n",
+                   cpu_simd_name(), g_fast ? "fast" : "exact", threads, threads > 1 ? "s" : "");
             printf("  %-24s %15s", "matrix", "n_tok=1");
             for (int k = 1; k < N_TOKS; k++) printf("  %7d", k_toks[k]);
             printf("\n");
