@@ -427,8 +427,9 @@ axpys_tile_group(float *const *o, const float (*w)[AXPY_TILE], int g, int any_ze
 /* One query over a tile, for a head of 64: o in 8 registers, 8 fma chains.
  * axpys_tile uses it for a group of fewer than 4 queries, whose 2
  * registers a query would leave the fma units waiting on their chains
- * (a 3-query group: the V pass of a decode step's 3 GQA heads took 1.5x
- * longer, measured). Each element still takes one fma per row, in row
+ * (3 queries, one token's GQA group, over 3,000 rows: 1.2x longer from
+ * cache and 1.5x from memory, in a one-thread kernel microbenchmark, not
+ * committed). Each element still takes one fma per row, in row
  * order, with kv_axpys_avx2's weight: the same bits. The tile's rows come
  * from L1 after the group's first query. */
 static inline TAVX2 __attribute__((always_inline)) void
