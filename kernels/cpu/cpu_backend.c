@@ -282,18 +282,16 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
 #define ATTN_QB CPU_ATTN_QB
 
 /* Heads one task takes of a block of nq tokens when `group` query heads
- * share each KV head (GQA). A tree or a small block of a prompt (2 to
- * ATTN_QB / group tokens) takes its KV head's whole group, so each K and V
- * row is read once for all of the group's queries instead of once per
- * query head: 4 sequences with 2,048 cached tokens each verified chains
- * of 1-4 candidates in 14-16% less time on the 2-core AVX2 VM (README,
- * "Long contexts"). A decode step's lone token keeps one head a task:
- * grouped, its 3 tasks a layer left one of 2 threads idle a third of the
- * time and measured no faster. A block of ATTN_QB tokens reads each row
- * once for its tokens already. */
-static int heads_per_task(int nq, int group) {
-    return nq > 1 && nq * group <= ATTN_QB ? group : 1;
-}
+ * share each KV head (GQA). A block of up to ATTN_QB / group tokens (a
+ * decode step's token, a tree, a prompt chunk's last few tokens) takes its
+ * KV head's whole group, so each K and V row is read once for the group's
+ * queries instead of once per query head: at a long context a decode
+ * step's attention is that read (README, "Long contexts": with the K
+ * prefetch of vec_avx2.c, decode after 1,000-3,000 tokens 10-11% faster,
+ * a batch-4 step at 2,048 tokens 22% faster; without the prefetch, the 3
+ * tasks a layer of a lone decode step measured no faster than 9). A block
+ * of ATTN_QB tokens reads each row once for its tokens already. */
+static int heads_per_task(int nq, int group) { return nq * group <= ATTN_QB ? group : 1; }
 
 /* The block whose tasks include `task` (blk_task ascending). */
 static int task_block(const cpu_backend *c, int task) {

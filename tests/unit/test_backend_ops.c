@@ -1033,7 +1033,7 @@ static void test_attention_blocks_bitwise(void **state) {
      * the last block's 5 tokens take their KV head's 3 query heads in one
      * task (cpu_backend.c's heads_per_task), 15 queries whose V pass ends
      * with a group of 3 (vec_avx2.c's axpys_tile_one64). Alone, a token is
-     * a decode step: one head a task. */
+     * a decode step, and its KV head's 3 heads are one task too. */
     enum { P = 171 };
     static const int n_chunk[] = {90, 85};
     int32_t pages[ATT_PAGES];
