@@ -447,6 +447,19 @@ axpys_tile_group(float *const *o, const float (*w)[AXPY_TILE], int g, int any_ze
     }
 }
 
+/* axpys_tile_group with g as a constant, so the compiler keeps acc in
+ * registers (any_zero is a constant at each call site too). */
+static inline TAVX2 __attribute__((always_inline)) void
+axpys_tile_groups(float *const *o, const float (*w)[AXPY_TILE], int g, int any_zero,
+                  const float *const *rows, int n_tile, int n) {
+    switch (g) {
+    case 4: axpys_tile_group(o, w, 4, any_zero, rows, n_tile, n); break;
+    case 3: axpys_tile_group(o, w, 3, any_zero, rows, n_tile, n); break;
+    case 2: axpys_tile_group(o, w, 2, any_zero, rows, n_tile, n); break;
+    default: axpys_tile_group(o, w, 1, any_zero, rows, n_tile, n); break;
+    }
+}
+
 /* One query over a tile, for a head of 64: o in 8 registers, 8 fma chains.
  * axpys_tile uses it for a group of fewer than 4 queries, whose 2
  * registers a query would leave the fma units waiting on their chains
@@ -498,23 +511,9 @@ static inline TAVX2 void axpys_tile(float *const *o, const float *const *scores,
                 w[k][r] = sc[r] == 0.0f ? 0.0f : sc[r] * inv[k0 + k];
             }
         }
-        /* a constant group size (and zero check) lets the compiler keep acc
-         * in registers and drop the check from the loop where no weight is 0 */
-        if (any_zero) {
-            switch (g) {
-            case 4: axpys_tile_group(o + k0, w, 4, 1, rows, nt, n); break;
-            case 3: axpys_tile_group(o + k0, w, 3, 1, rows, nt, n); break;
-            case 2: axpys_tile_group(o + k0, w, 2, 1, rows, nt, n); break;
-            default: axpys_tile_group(o + k0, w, 1, 1, rows, nt, n); break;
-            }
-        } else {
-            switch (g) {
-            case 4: axpys_tile_group(o + k0, w, 4, 0, rows, nt, n); break;
-            case 3: axpys_tile_group(o + k0, w, 3, 0, rows, nt, n); break;
-            case 2: axpys_tile_group(o + k0, w, 2, 0, rows, nt, n); break;
-            default: axpys_tile_group(o + k0, w, 1, 0, rows, nt, n); break;
-            }
-        }
+        /* a constant zero check drops it from the loop where no weight is 0 */
+        if (any_zero) axpys_tile_groups(o + k0, w, g, 1, rows, nt, n);
+        else axpys_tile_groups(o + k0, w, g, 0, rows, nt, n);
     }
 }
 
