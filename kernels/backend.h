@@ -52,6 +52,9 @@ typedef struct specd_bweight {
  * so one kernel can move rows of every layer at once (kv_move). */
 #define SPECD_KV_PAGE_ROWS 16
 
+/* The most matrices one matmuls call takes (specd_backend_ops). */
+#define SPECD_MATMULS_MAX 4
+
 typedef struct specd_kv_layout {
     void *base;            /* device buffer */
     int n_layers;
@@ -152,6 +155,12 @@ typedef struct specd_backend_ops {
                       const specd_bweight *b, int n_rows, int dim, float eps);
     /* y[n][W.rows] = x[n][W.cols] . W^T */
     void (*matmul)(specd_backend *be, float *y, const specd_bweight *W, const float *x, int n);
+    /* y[i] = matmul(W[i], x) for i < n_mats (1..SPECD_MATMULS_MAX), every
+     * W[i] of the same cols: a layer's q, k and v, or gate and up, on one
+     * input. Each y[i] is exactly what matmul gives; a backend may share
+     * the input's preparation and launch them as one parallel run. */
+    void (*matmuls)(specd_backend *be, int n_mats, float *const *y,
+                    const specd_bweight *const *W, const float *x, int n);
     /* rotates q [n_tok][n_heads*head_dim] and k [n_tok][n_kv_heads*head_dim]
      * in place with the step's cos_sin */
     void (*rope)(specd_backend *be, float *q, float *k, int n_heads, int n_kv_heads,

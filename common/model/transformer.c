@@ -596,9 +596,8 @@ static void run_layers(specd_transformer *t, const specd_batch *b, int head) {
         const layer_weights *L = &t->layers[l];
         /* attention block */
         op->rmsnorm(be, t->xb, t->x, &L->attn_norm, n, dim, hp->norm_eps);
-        op->matmul(be, t->q, &L->wq, t->xb, n);
-        op->matmul(be, t->k, &L->wk, t->xb, n);
-        op->matmul(be, t->v, &L->wv, t->xb, n);
+        op->matmuls(be, 3, (float *const[]){t->q, t->k, t->v},
+                    (const specd_bweight *const[]){&L->wq, &L->wk, &L->wv}, t->xb, n);
         op->rope(be, t->q, t->k, hp->n_heads, hp->n_kv_heads, &t->rope);
         op->attention(be, t->att, t->q, t->k, t->v, &t->kv, l, hp->n_heads, hp->n_kv_heads,
                       hp->head_dim);
@@ -606,8 +605,8 @@ static void run_layers(specd_transformer *t, const specd_batch *b, int head) {
         op->axpy(be, t->x, 1.0f, t->xb2, (size_t)n * dim);
         /* feed-forward block */
         op->rmsnorm(be, t->xb, t->x, &L->ffn_norm, n, dim, hp->norm_eps);
-        op->matmul(be, t->hb, &L->w_gate, t->xb, n);
-        op->matmul(be, t->hb2, &L->w_up, t->xb, n);
+        op->matmuls(be, 2, (float *const[]){t->hb, t->hb2},
+                    (const specd_bweight *const[]){&L->w_gate, &L->w_up}, t->xb, n);
         op->swiglu(be, t->hb, t->hb, t->hb2, (size_t)n * hp->hidden_dim);
         op->matmul(be, t->xb, &L->w_down, t->hb, n);
         op->axpy(be, t->x, 1.0f, t->xb, (size_t)n * dim);

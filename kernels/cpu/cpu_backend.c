@@ -189,6 +189,19 @@ static void cpu_matmul_op(specd_backend *be, float *y, const specd_bweight *W, c
     else cpu_matmul(cpu(be)->pool, y, W->src, x, n_tok);
 }
 
+_Static_assert(SPECD_MATMULS_MAX <= CPU_QMATMULS_MAX, "a matmuls call fits one cpu_qmatmuls");
+
+/* One quantization of x and one pool run for all of them when every matrix
+ * has the integer path (matmul.c's cpu_qmatmuls); otherwise one by one. */
+static void cpu_matmuls_op(specd_backend *be, int n_mats, float *const *y,
+                           const specd_bweight *const *W, const float *x, int n_tok) {
+    const cpu_qweight *qw[CPU_QMATMULS_MAX];
+    int all_q = n_mats <= CPU_QMATMULS_MAX;
+    for (int i = 0; all_q && i < n_mats; i++) all_q = (qw[i] = W[i]->impl) != NULL;
+    if (all_q && !cpu_qmatmuls(cpu(be)->pool, n_mats, y, qw, x, n_tok)) return;
+    for (int i = 0; i < n_mats; i++) cpu_matmul_op(be, y[i], W[i], x, n_tok);
+}
+
 /* Rotates pairs of one head vector. Interleaved pairs are (2i, 2i+1) (GGUF
  * weights), otherwise (i, i + rot/2) (Hugging Face weights). */
 static void rope_head(float *v, const float *cos_sin, const specd_rope_cfg *cfg) {
@@ -527,6 +540,7 @@ static const specd_backend_ops k_cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .norm_gelu = cpu_norm_gelu,
     .matmul = cpu_matmul_op,
+    .matmuls = cpu_matmuls_op,
     .rope = cpu_rope,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu_op,

@@ -319,30 +319,73 @@ void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up
     specd_pool_run(pool, (int)((n + j.chunk - 1) / j.chunk), swiglu_task, &j);
 }
 
-void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
-    if (n_tok <= 0) return;
-    const cpu_kernel_set *ks = active();
-    /* One buffer: per-block scales, scaled sums and sums, then the int8
-     * values (n_tok * cols bytes), all from the caller's thread buffer. The
-     * quantization is a pass over x, small next to rows * cols * n_tok
-     * multiply-adds, and done once for all tasks. */
-    const size_t nbt = (size_t)n_tok * (size_t)W->nb;
-    const size_t qfloats = ((size_t)n_tok * (size_t)W->cols + 3) / 4;
+/* The activation buffer of one quantized input, from the caller's thread
+ * buffer: per-block scales, scaled sums and sums, then the int8 values
+ * (n_tok * cols bytes). The quantization is a pass over x, small next to
+ * rows * cols * n_tok multiply-adds, and done once for all tasks. */
+static cpu_qact quantize_input(const float *x, int n_tok, int64_t cols, int64_t nb) {
+    const size_t nbt = (size_t)n_tok * (size_t)nb;
+    const size_t qfloats = ((size_t)n_tok * (size_t)cols + 3) / 4;
     float *buf = pack_buffer(3 * nbt + qfloats);
     float *d = buf, *s = buf + nbt;
     int32_t *sq = (int32_t *)(buf + 2 * nbt);
     int8_t *q = (int8_t *)(buf + 3 * nbt);
-    ks->quantize(x, n_tok, W->cols, q, d, s, sq);
-    qmm_job j = {
-        .fn = ks->qrows[W->kind],
-        .args = {.w = W,
-                 .a = {.n_tok = n_tok, .cols = W->cols, .nb = W->nb, .q = q, .d = d, .s = s,
-                       .sq = sq},
-                 .y = y,
-                 .ldy = W->rows},
-        .groups = W->n_groups,
-    };
+    active()->quantize(x, n_tok, cols, q, d, s, sq);
+    cpu_qact a = {.n_tok = n_tok, .cols = cols, .nb = nb, .q = q, .d = d, .s = s, .sq = sq};
+    return a;
+}
+
+static qmm_job qmm_job_of(const cpu_qweight *W, const cpu_qact *a, float *y) {
+    return (qmm_job){.fn = active()->qrows[W->kind],
+                     .args = {.w = W, .a = *a, .y = y, .ldy = W->rows},
+                     .groups = W->n_groups};
+}
+
+void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
+    if (n_tok <= 0) return;
+    cpu_qact a = quantize_input(x, n_tok, W->cols, W->nb);
+    qmm_job j = qmm_job_of(W, &a, y);
     j.chunk = chunk_rows(W->n_groups * QT_ROWS, specd_pool_size(pool)) / QT_ROWS;
     int n_tasks = (int)((j.groups + j.chunk - 1) / j.chunk);
     specd_pool_run(pool, n_tasks, qmm_task, &j);
+}
+
+/* Several matrices on one input, as one pool run: task t belongs to the
+ * first part whose tasks end after it. */
+typedef struct qmms_job {
+    int n_parts;
+    qmm_job part[CPU_QMATMULS_MAX];
+    int end_task[CPU_QMATMULS_MAX]; /* tasks of parts 0..i */
+} qmms_job;
+
+static void qmms_task(void *ctx, int task, int thread) {
+    const qmms_job *j = ctx;
+    int i = 0;
+    while (task >= j->end_task[i]) i++;
+    qmm_task((void *)&j->part[i], task - (i ? j->end_task[i - 1] : 0), thread);
+}
+
+int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweight *const *W,
+                 const float *x, int n_tok) {
+    if (n_mats < 1 || n_mats > CPU_QMATMULS_MAX) return -1;
+    int64_t rows = 0;
+    for (int i = 0; i < n_mats; i++) {
+        if (W[i]->cols != W[0]->cols) return -1;
+        rows += W[i]->n_groups * QT_ROWS;
+    }
+    if (n_tok <= 0) return 0;
+    cpu_qact a = quantize_input(x, n_tok, W[0]->cols, W[0]->nb);
+    /* one task size for all parts, from all their rows: the parts' tasks
+     * are alike, and the pool balances them as one run */
+    const int64_t chunk = chunk_rows(rows, specd_pool_size(pool)) / QT_ROWS;
+    qmms_job j = {.n_parts = n_mats};
+    int tasks = 0;
+    for (int i = 0; i < n_mats; i++) {
+        j.part[i] = qmm_job_of(W[i], &a, y[i]);
+        j.part[i].chunk = chunk;
+        tasks += (int)((j.part[i].groups + chunk - 1) / chunk);
+        j.end_task[i] = tasks;
+    }
+    specd_pool_run(pool, tasks, qmms_task, &j);
+    return 0;
 }

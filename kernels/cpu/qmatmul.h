@@ -103,6 +103,16 @@ void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q,
                              float *s, int32_t *sq);
 
 void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok);
+
+/* y[i] = cpu_qmatmul(W[i], x) for i < n_mats, bit for bit, with x
+ * quantized once and every matrix's row groups in one pool run: a layer's
+ * q, k and v (and gate and up) read one input, and at decode each pool run
+ * costs a hand-off and a wait for the slower thread comparable to a small
+ * matrix's work. Every W[i] must have the same cols; -1 if not, or if
+ * n_mats is not 1..CPU_QMATMULS_MAX. */
+#define CPU_QMATMULS_MAX 4
+int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweight *const *W,
+                 const float *x, int n_tok);
 /* The scalar twin: the same result, bit for bit, one element at a time. */
 void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok);
 

@@ -193,6 +193,7 @@ static const specd_backend_ops k_cuda_ops = {
     .rmsnorm = cuda_op_rmsnorm,
     .norm_gelu = cuda_op_norm_gelu,
     .matmul = cuda_op_matmul,
+    .matmuls = cuda_op_matmuls,
     .rope = cuda_op_rope,
     .attention = cuda_op_attention,
     .swiglu = cuda_op_swiglu,

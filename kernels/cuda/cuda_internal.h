@@ -143,6 +143,8 @@ void cuda_op_rmsnorm(specd_backend *be, float *out, const float *x, const specd_
 void cuda_op_norm_gelu(specd_backend *be, float *out, const float *x, const specd_bweight *w,
                        const specd_bweight *b, int n_rows, int dim, float eps);
 void cuda_op_matmul(specd_backend *be, float *y, const specd_bweight *W, const float *x, int n);
+void cuda_op_matmuls(specd_backend *be, int n_mats, float *const *y, const specd_bweight *const *W,
+                     const float *x, int n);
 void cuda_op_rope(specd_backend *be, float *q, float *k, int n_heads, int n_kv_heads,
                   const specd_rope_cfg *cfg);
 void cuda_op_attention(specd_backend *be, float *out, const float *q, const float *k,

@@ -158,6 +158,14 @@ void cuda_op_matmul(specd_backend *be, float *y, const specd_bweight *W, const f
               "matmul: cublasGemmEx");
 }
 
+/* One GEMM each: cuBLAS reads x from device memory every time, so there
+ * is no preparation to share (a grouped GEMM would save launches, which a
+ * captured graph already makes cheap). */
+void cuda_op_matmuls(specd_backend *be, int n_mats, float *const *y, const specd_bweight *const *W,
+                     const float *x, int n) {
+    for (int i = 0; i < n_mats; i++) cuda_op_matmul(be, y[i], W[i], x, n);
+}
+
 void cuda_op_rope(specd_backend *be, float *q, float *k, int n_heads, int n_kv_heads,
                   const specd_rope_cfg *cfg) {
     cuda_backend *cb = cuda_of(be);

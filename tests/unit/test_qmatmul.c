@@ -7,6 +7,7 @@
  *     and 3 threads;
  *   - batch invariance: each row of a batch equals that row computed alone,
  *     bit for bit, wherever it sits in the batch;
+ *   - several matrices on one input (cpu_qmatmuls) equal each one alone;
  *   - accuracy against a double-precision matmul on the dequantized weights
  *     and the unquantized activations, within the bound that int8
  *     activations allow: each activation moves by at most half a step
@@ -221,6 +222,57 @@ static void test_batch_invariance(void **state) {
     specd_pool_destroy(pool);
 }
 
+/* cpu_qmatmuls (one quantization, one pool run for several matrices) gives
+ * each matrix exactly what cpu_qmatmul gives it: mixed tile kinds, row
+ * counts that end in partial groups, 1..70 tokens, 1..3 threads, every
+ * path. Matrices of different widths are refused. */
+static void test_qmatmuls_equal_one_by_one(void **state) {
+    (void)state;
+    const int64_t cols = 96;
+    const specd_dtype types[] = {SPECD_Q4_1, SPECD_Q8_0, SPECD_Q4_0, SPECD_Q4_1};
+    const int64_t rows[] = {37, 16, 5, 203};
+    const int toks[] = {1, 2, 3, 5, 17, 70};
+    specd_pool *pools[3] = {specd_pool_create(1), specd_pool_create(2), specd_pool_create(3)};
+    qfixture f[4];
+    for (int i = 0; i < 4; i++) qfix_make(&f[i], types[i], rows[i], cols, 500 + (uint64_t)i);
+    const cpu_qweight *w[4] = {&f[0].w, &f[1].w, &f[2].w, &f[3].w};
+    for (size_t p = 0; p < N_PATHS; p++) {
+        if (!cpu_simd_force(k_paths[p])) continue;
+        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+            int n = toks[k];
+            float *x = malloc(sizeof(float) * (size_t)n * cols);
+            test_fill_random(x, (size_t)n * cols, 40 + k, 1.5f);
+            for (int n_mats = 1; n_mats <= 4; n_mats++)
+                for (int pi = 0; pi < 3; pi++) {
+                    float *y[4], *one[4];
+                    for (int i = 0; i < n_mats; i++) {
+                        y[i] = alloc_nan((size_t)n * (size_t)rows[i]);
+                        one[i] = alloc_nan((size_t)n * (size_t)rows[i]);
+                        cpu_qmatmul(pools[pi], one[i], w[i], x, n);
+                    }
+                    assert_int_equal(cpu_qmatmuls(pools[pi], n_mats, y, w, x, n), 0);
+                    for (int i = 0; i < n_mats; i++) {
+                        expect_same_bits(y[i], one[i], n, rows[i], "qmatmuls", k_paths[p],
+                                         types[i], pi + 1);
+                        free(y[i]);
+                        free(one[i]);
+                    }
+                }
+            free(x);
+        }
+    }
+    cpu_simd_force("auto");
+    qfixture wide;
+    qfix_make(&wide, SPECD_Q4_1, 16, 2 * cols, 9);
+    const cpu_qweight *mixed[2] = {&f[0].w, &wide.w};
+    float *y2[2] = {NULL, NULL};
+    assert_int_equal(cpu_qmatmuls(pools[1], 2, y2, mixed, NULL, 1), -1);
+    assert_int_equal(cpu_qmatmuls(pools[1], CPU_QMATMULS_MAX + 1, y2, mixed, NULL, 1), -1);
+    qfix_free(&wide);
+    for (int i = 0; i < 4; i++) qfix_free(&f[i]);
+    for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
+}
+
 /* Against double precision on the dequantized weights and the original
  * activations, within the int8 activation bound (file header). */
 static void test_accuracy_bound(void **state) {
@@ -367,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_paths_equal_scalar_twin),
         cmocka_unit_test(test_q4_extremes),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_qmatmuls_equal_one_by_one),
         cmocka_unit_test(test_accuracy_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
