@@ -1033,8 +1033,11 @@ static void test_attention_blocks_bitwise(void **state) {
      * the last block's 5 tokens take their KV head's 3 query heads in one
      * task (cpu_backend.c's heads_per_task), 15 queries whose V pass ends
      * with a group of 3 (vec_avx2.c's axpys_tile_one64). Alone, a token is
-     * a decode step, and its KV head's 3 heads are one task too. */
-    enum { P = 171 };
+     * a decode step, and its KV head's 3 heads are one task too. A chain
+     * of 5 of its tokens verified as a tree (masked: its own rows go one by
+     * one after the paged ones) must give the chunk's bits as well. 9 heads
+     * on 3 KV heads, SmolLM2's shape: 3 tasks for the 2 threads. */
+    enum { P = 230 };
     static const int n_chunk[] = {90, 85};
     int32_t pages[ATT_PAGES];
     for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES; /* out of order */
@@ -1049,7 +1052,7 @@ static void test_attention_blocks_bitwise(void **state) {
             size_t hi = ci / 4;
             specd_dtype kvt = kvts[ci % 2];
             const int N = n_chunk[(ci / 2) % 2];
-            int nh = 6, nkv = 2, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
+            int nh = 9, nkv = 3, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
             uint64_t seed = 900 + 10 * hi + pi + (uint64_t)N;
             kvcache c;
             cpu_kv(kvt);
@@ -1079,6 +1082,23 @@ static void test_attention_blocks_bitwise(void **state) {
                                  paths[pi], hd, kvt == SPECD_F16 ? "f16" : "f32", N, i, P + i, e,
                                  (double)out[(size_t)i * qw + e], (double)row[e]);
             }
+            /* each run of 5 tokens as a verified chain */
+            static const int chain[5] = {-1, 0, 1, 2, 3};
+            float *out5 = malloc(sizeof(float) * 5 * qw);
+            for (int i = 0; i + 5 <= N; i += 5) {
+                const seq_spec s5 = {P + i, 5, chain, pages};
+                tstep_init(one, 1, &s5, 16, 7, 100);
+                run_attention(g_cpu, one, &c, q + (size_t)i * qw, k + (size_t)i * kvd,
+                              v + (size_t)i * kvd, nh, nkv, hd, out5, after1);
+                for (int e = 0; e < 5 * qw; e++)
+                    if (memcmp(&out5[e], &out[(size_t)i * qw + e], sizeof(float)))
+                        fail_msg("%s hd %d KV %s chunk %d: chain at token %d, its token %d "
+                                 "element %d: in the chunk %.9g, in the chain %.9g",
+                                 paths[pi], hd, kvt == SPECD_F16 ? "f16" : "f32", N, i,
+                                 e / qw, e % qw, (double)out[(size_t)i * qw + e],
+                                 (double)out5[e]);
+            }
+            free(out5);
             free(c.host);
             free(q);
             free(k);
