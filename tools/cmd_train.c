@@ -46,7 +46,7 @@
 #define MAX_DATA_FILES 16
 
 typedef struct train_opts {
-    const char *model, *out, *prompts, *cache, *dtype, *eval_dir;
+    const char *model, *out, *prompts, *cache, *dtype, *eval_dir, *init_dir;
     const char *data[MAX_DATA_FILES];
     int n_data;
     int threads, heads, inner, draft_vocab, tied, scale_input;
@@ -112,6 +112,10 @@ static void train_usage(FILE *f) {
             "  --seed N                (default 42)\n"
             "  --checkpoint-every N    steps (default 100)\n"
             "  --resume                continue from OUT/train_state.safetensors\n"
+            "  --init DIR              start from the exported checkpoint DIR (its weights and\n"
+            "                          draft vocabulary; same --heads, --inner, tying) instead\n"
+            "                          of random weights: a fine-tune. With --steps1 0 no\n"
+            "                          stage-1 text is encoded\n"
             "  --prepare-only          build the data caches and stop\n"
             "  --eval DIR              no training: the held-out loss and top-1 per head of\n"
             "                          the exported checkpoint DIR (same --heads, --inner,\n"
@@ -221,6 +225,7 @@ static void parse_opts(int argc, char **argv, train_opts *o) {
         else if (!strcmp(a, "--resume")) o->resume = 1;
         else if (!strcmp(a, "--prepare-only")) o->prepare_only = 1;
         else if (!strcmp(a, "--eval")) o->eval_dir = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--init")) o->init_dir = cli_value(argc, argv, &i);
         else {
             fprintf(stderr, "specd train speculator: unknown option '%s'\n", a);
             train_usage(stderr);
@@ -549,9 +554,14 @@ static int train_speculator(int argc, char **argv) {
 
     /* Shards made the same way are reused; others are rebuilt. */
     double tdata = cli_now();
-    if (prepare_stage1(&o, model, tok, cache_dir, &s1, &err) != 0) goto fail;
-    fprintf(stderr, "stage 1 data ready: %d sequences, %ld examples (%.1f s)\n", s1.n_seqs,
-            spec_seqs_n_examples(&s1, o.heads), cli_now() - tdata);
+    /* A run with no stage-1 steps (a fine-tune from --init) needs no text,
+     * except --eval, which reports both stages. */
+    int want_stage1 = o.steps1 > 0 || o.eval_dir;
+    if (want_stage1) {
+        if (prepare_stage1(&o, model, tok, cache_dir, &s1, &err) != 0) goto fail;
+        fprintf(stderr, "stage 1 data ready: %d sequences, %ld examples (%.1f s)\n", s1.n_seqs,
+                spec_seqs_n_examples(&s1, o.heads), cli_now() - tdata);
+    }
     if (o.steps2 > 0 && o.stage2_prompts > 0) {
         double t2 = cli_now();
         if (prepare_stage2(&o, model, tok, cache_dir, &s2, &err) != 0) goto fail;
@@ -571,9 +581,10 @@ static int train_speculator(int argc, char **argv) {
                                  .n_candidates = 5, .tie_weights = o.tied, .scale_input = 1};
     for (int i = 0; i < o.heads; i++) cfg.top_k[i] = i < 3 ? 5 - i : 2;
     int32_t *vocab_map = NULL;
-    if (o.eval_dir) {
+    const char *from_dir = o.eval_dir ? o.eval_dir : o.init_dir; /* weights to load */
+    if (from_dir) {
         int n_map = 0;
-        if (spec_model_read_vocab_map(o.eval_dir, &vocab_map, &n_map, &err) != 0) goto fail;
+        if (spec_model_read_vocab_map(from_dir, &vocab_map, &n_map, &err) != 0) goto fail;
         cfg.vocab_size = vocab_map ? n_map : hp->vocab_size;
     } else if (o.draft_vocab && o.draft_vocab < hp->vocab_size) {
         spec_seqs sets[2] = {s1, s2};
@@ -589,13 +600,16 @@ static int train_speculator(int argc, char **argv) {
     int irc = spec_model_init(&m, &cfg, hp->vocab_size, vocab_map, o.seed, &err);
     free(vocab_map);
     if (irc != 0) goto fail;
-    if (o.eval_dir && spec_model_load_export(&m, o.eval_dir, &err) != 0) goto fail;
+    if (from_dir && spec_model_load_export(&m, from_dir, &err) != 0) goto fail;
+    if (o.init_dir) fprintf(stderr, "starting from %s\n", o.init_dir);
 
     stage_data st1, st2;
-    split(&st1, &s1, o.batch1);
+    if (s1.n_seqs) split(&st1, &s1, o.batch1);
+    else memset(&st1, 0, sizeof(st1));
     if (s2.n_seqs) split(&st2, &s2, o.batch2);
     else memset(&st2, 0, sizeof(st2));
-    long steps1 = o.steps1, steps2 = st2.n_train > 0 ? o.steps2 : 0, total = steps1 + steps2;
+    long steps1 = st1.n_train > 0 ? o.steps1 : 0, steps2 = st2.n_train > 0 ? o.steps2 : 0;
+    long total = steps1 + steps2;
     bb.cap = o.batch1 * s1.seq_len;
     if (s2.n_seqs && o.batch2 * s2.seq_len > bb.cap) bb.cap = o.batch2 * s2.seq_len;
     if (16 * s1.seq_len > bb.cap) bb.cap = 16 * s1.seq_len; /* validation rows */

@@ -437,7 +437,7 @@ static void test_state_round_trip(void **state) {
 }
 
 /* An exported checkpoint read back into a model (specd train speculator
- * --eval): F32 exactly, F16 to its rounding; its vocab_map is read; a
+ * --eval, and --init's starting point): F32 exactly, F16 to its rounding; its vocab_map is read; a
  * model of another shape or map is refused. */
 static void test_export_load_round_trip(void **state) {
     (void)state;
