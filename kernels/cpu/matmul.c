@@ -353,7 +353,6 @@ void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *
 /* Several matrices on one input, as one pool run: task t belongs to the
  * first part whose tasks end after it. */
 typedef struct qmms_job {
-    int n_parts;
     qmm_job part[CPU_QMATMULS_MAX];
     int end_task[CPU_QMATMULS_MAX]; /* tasks of parts 0..i */
 } qmms_job;
@@ -378,7 +377,7 @@ int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweigh
     /* one task size for all parts, from all their rows: the parts' tasks
      * are alike, and the pool balances them as one run */
     const int64_t chunk = chunk_rows(rows, specd_pool_size(pool)) / QT_ROWS;
-    qmms_job j = {.n_parts = n_mats};
+    qmms_job j;
     int tasks = 0;
     for (int i = 0; i < n_mats; i++) {
         j.part[i] = qmm_job_of(W[i], &a, y[i]);
