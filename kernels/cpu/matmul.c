@@ -335,21 +335,6 @@ static cpu_qact quantize_input(const float *x, int n_tok, int64_t cols, int64_t 
     return a;
 }
 
-static qmm_job qmm_job_of(const cpu_qweight *W, const cpu_qact *a, float *y) {
-    return (qmm_job){.fn = active()->qrows[W->kind],
-                     .args = {.w = W, .a = *a, .y = y, .ldy = W->rows},
-                     .groups = W->n_groups};
-}
-
-void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
-    if (n_tok <= 0) return;
-    cpu_qact a = quantize_input(x, n_tok, W->cols, W->nb);
-    qmm_job j = qmm_job_of(W, &a, y);
-    j.chunk = chunk_rows(W->n_groups * QT_ROWS, specd_pool_size(pool)) / QT_ROWS;
-    int n_tasks = (int)((j.groups + j.chunk - 1) / j.chunk);
-    specd_pool_run(pool, n_tasks, qmm_task, &j);
-}
-
 /* Several matrices on one input, as one pool run: task t belongs to the
  * first part whose tasks end after it. */
 typedef struct qmms_job {
@@ -380,11 +365,18 @@ int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweigh
     qmms_job j;
     int tasks = 0;
     for (int i = 0; i < n_mats; i++) {
-        j.part[i] = qmm_job_of(W[i], &a, y[i]);
-        j.part[i].chunk = chunk;
+        j.part[i] = (qmm_job){.fn = active()->qrows[W[i]->kind],
+                              .args = {.w = W[i], .a = a, .y = y[i], .ldy = W[i]->rows},
+                              .groups = W[i]->n_groups,
+                              .chunk = chunk};
         tasks += (int)((j.part[i].groups + chunk - 1) / chunk);
         j.end_task[i] = tasks;
     }
     specd_pool_run(pool, tasks, qmms_task, &j);
     return 0;
+}
+
+/* One matrix: the same run with a single part. */
+void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
+    cpu_qmatmuls(pool, 1, &y, &W, x, n_tok);
 }

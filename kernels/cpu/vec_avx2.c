@@ -254,45 +254,6 @@ static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, 
     return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* kv_axpy_avx2 over a sequence's paged rows (quant_impl.h's kv_axpys); a
- * head of 64 keeps o in 8 registers across the rows. */
-static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const float *pool,
-                                const int32_t *pages, int n_rows, size_t stride, size_t off,
-                                int n) {
-    if (n != 64) {
-        for (int r = 0; r < n_rows; r++) {
-            if (scores[r] == 0.0f) continue;
-            const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
-            kv_axpy_avx2(o, scores[r] * inv, row, 0, n);
-        }
-        return;
-    }
-    __m256 o0 = _mm256_loadu_ps(o), o1 = _mm256_loadu_ps(o + 8), o2 = _mm256_loadu_ps(o + 16),
-           o3 = _mm256_loadu_ps(o + 24), o4 = _mm256_loadu_ps(o + 32), o5 = _mm256_loadu_ps(o + 40),
-           o6 = _mm256_loadu_ps(o + 48), o7 = _mm256_loadu_ps(o + 56);
-    for (int r = 0; r < n_rows; r++) {
-        if (scores[r] == 0.0f) continue;
-        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
-        const __m256 wv = _mm256_set1_ps(scores[r] * inv);
-        o0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row), o0);
-        o1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 8), o1);
-        o2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 16), o2);
-        o3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 24), o3);
-        o4 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 32), o4);
-        o5 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 40), o5);
-        o6 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 48), o6);
-        o7 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 56), o7);
-    }
-    _mm256_storeu_ps(o, o0);
-    _mm256_storeu_ps(o + 8, o1);
-    _mm256_storeu_ps(o + 16, o2);
-    _mm256_storeu_ps(o + 24, o3);
-    _mm256_storeu_ps(o + 32, o4);
-    _mm256_storeu_ps(o + 40, o5);
-    _mm256_storeu_ps(o + 48, o6);
-    _mm256_storeu_ps(o + 56, o7);
-}
-
 /* x rounded to fp16 (F16C, to nearest even: specd_f32_to_fp16's rounding,
  * subnormals and overflow included). */
 static TAVX2F16 void f32_to_f16_row_avx2(uint16_t *dst, const float *x, int n) {
@@ -478,6 +439,28 @@ axpys_tile_one64(float *o, const float *sc, float inv, const float *const *rows,
         for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(rows[r] + 8 * i), a[i]);
     }
     for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
+}
+
+/* kv_axpy_avx2 over a sequence's paged rows (quant_impl.h's kv_axpys); a
+ * head of 64 goes through axpys_tile_one64 a tile of rows at a time, o in 8
+ * registers across each tile. */
+static TAVX2 void kv_axpys_avx2(float *o, const float *scores, float inv, const float *pool,
+                                const int32_t *pages, int n_rows, size_t stride, size_t off,
+                                int n) {
+    if (n != 64) {
+        for (int r = 0; r < n_rows; r++) {
+            if (scores[r] == 0.0f) continue;
+            const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
+            kv_axpy_avx2(o, scores[r] * inv, row, 0, n);
+        }
+        return;
+    }
+    const float *rows[AXPY_TILE];
+    for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
+        int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
+        for (int r = 0; r < nt; r++) rows[r] = cpu_kv_paged_row(pool, pages, t0 + r, stride, off);
+        axpys_tile_one64(o, scores + t0, inv, rows, nt);
+    }
 }
 
 /* One tile of rows rows[0..nt) (the block's rows t0..t0+nt) for all nq
