@@ -1036,7 +1036,8 @@ static void test_attention_blocks_bitwise(void **state) {
      * a decode step, and its KV head's 3 heads are one task too. A chain
      * of 5 of its tokens verified as a tree (masked: its own rows go one by
      * one after the paged ones) must give the chunk's bits as well. 9 heads
-     * on 3 KV heads, SmolLM2's shape: 3 tasks for the 2 threads. */
+     * on 3 KV heads, SmolLM2's shape: 3 tasks for the 2 threads; and 9 on
+     * 9 (MHA), where a token alone is a one-query task. */
     enum { P = 230 };
     static const int n_chunk[] = {90, 85};
     int32_t pages[ATT_PAGES];
@@ -1048,12 +1049,15 @@ static void test_attention_blocks_bitwise(void **state) {
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         if (!cpu_simd_force(paths[pi])) continue;
         tested++;
-        for (size_t ci = 0; ci < 4 * sizeof hds / sizeof hds[0]; ci++) {
-            size_t hi = ci / 4;
+        for (size_t ci = 0; ci < 6 * sizeof hds / sizeof hds[0]; ci++) {
+            size_t hi = ci / 6;
             specd_dtype kvt = kvts[ci % 2];
-            const int N = n_chunk[(ci / 2) % 2];
-            int nh = 9, nkv = 3, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
-            uint64_t seed = 900 + 10 * hi + pi + (uint64_t)N;
+            const int N = n_chunk[(ci / 2) % 3 == 0 ? 0 : 1];
+            /* the third pair: one KV head per query head (MHA), so a token
+             * alone is a one-query task (vec_avx2.c's kv_axpys) */
+            int mha = (ci / 2) % 3 == 2;
+            int nh = 9, nkv = mha ? 9 : 3, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
+            uint64_t seed = 900 + 10 * hi + pi + (uint64_t)N + 100 * (uint64_t)mha;
             kvcache c;
             cpu_kv(kvt);
             kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
