@@ -220,8 +220,9 @@ typedef enum specd_precision { SPECD_PRECISION_FAST = 0, SPECD_PRECISION_EXACT =
 /* Names as config and CLI spell them, indexed by specd_precision. */
 extern const char *const specd_precision_names[];
 
-/* What the KV cache stores. AUTO is the backend's own choice: fp32 on the
- * CPU, fp16 on CUDA. F16 on the CPU halves the cache (twice the tokens in
+/* What the KV cache stores. AUTO is the backend's own choice: on the CPU
+ * fp16 with precision fast (the default) and fp32 with precision exact, on
+ * CUDA fp16. F16 on the CPU halves the cache (twice the tokens in
  * the same limits.kv_memory, half the bytes a long-context decode step
  * reads); K and V are rounded to fp16 as they are written, as llama.cpp's
  * default cache does, and every attention product is still fp32. F32 on

@@ -7,7 +7,7 @@ void specd_transformer_opts_from_config(const specd_target_cfg *c, int model_ctx
                                         specd_transformer_opts *to) {
     /* KV budget: limits.kv_memory buys one pool of pages that every
      * session draws from as it grows (rows of kv_cache_dtype: by default
-     * fp16 on the GPU, fp32 on the CPU; the transformer does the arithmetic
+     * fp16, except fp32 for precision exact on the CPU; the transformer does the arithmetic
      * because it knows the KV format). Any session may grow to the model's context, or
      * limits.max_context; a pool smaller than one such context is an error. */
     *to = (specd_transformer_opts){

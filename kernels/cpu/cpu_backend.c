@@ -559,7 +559,11 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
         return NULL;
     }
     c->base.ops = &k_cpu_ops;
-    c->base.kv_type = kv_dtype == SPECD_KV_F16 ? SPECD_F16 : SPECD_F32;
+    /* auto follows the precision: the fast path is llama.cpp's arithmetic
+     * (int8 activations, and its fp16 cache), half the bytes a long-context
+     * step reads; exact keeps fp32 throughout. */
+    int f16 = kv_dtype == SPECD_KV_F16 || (kv_dtype == SPECD_KV_AUTO && precision == SPECD_PRECISION_FAST);
+    c->base.kv_type = f16 ? SPECD_F16 : SPECD_F32;
     c->base.warm_passes = 0;
     c->precision = precision;
     c->pool = specd_pool_create(n_threads);
