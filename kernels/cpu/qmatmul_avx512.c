@@ -179,75 +179,9 @@ int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
 
 
 
-/* ---- attention's V side for a query block (quant_impl.h kv_axpys_block) -- */
-
-
-/* One query's 64-wide output in 4 zmm: o += w * v, elementwise fma, the
- * same per element as kv_axpy's 8-wide one. */
-#define AXPY4(o0, o1, o2, o3, w)                      \
-    do {                                              \
-        const __m512 wv_ = _mm512_set1_ps(w);         \
-        o0 = _mm512_fmadd_ps(wv_, v0, o0);            \
-        o1 = _mm512_fmadd_ps(wv_, v1, o1);            \
-        o2 = _mm512_fmadd_ps(wv_, v2, o2);            \
-        o3 = _mm512_fmadd_ps(wv_, v3, o3);            \
-    } while (0)
-
-/* Up to 4 queries whose outputs stay in 16 zmm while the rows stream by. */
-static __attribute__((target(TBW))) void axpys_group4(float *const *o, const float *const *sc,
-                                                      const float *inv, int nq,
-                                                      const float *pool, const int32_t *pages,
-                                                      int n_rows, size_t stride, size_t off) {
-    __m512 a0 = _mm512_loadu_ps(o[0]), a1 = _mm512_loadu_ps(o[0] + 16),
-           a2 = _mm512_loadu_ps(o[0] + 32), a3 = _mm512_loadu_ps(o[0] + 48);
-    __m512 b0 = a0, b1 = a1, b2 = a2, b3 = a3, c0 = a0, c1 = a1, c2 = a2, c3 = a3,
-           d0 = a0, d1 = a1, d2 = a2, d3 = a3;
-    if (nq > 1) b0 = _mm512_loadu_ps(o[1]), b1 = _mm512_loadu_ps(o[1] + 16),
-        b2 = _mm512_loadu_ps(o[1] + 32), b3 = _mm512_loadu_ps(o[1] + 48);
-    if (nq > 2) c0 = _mm512_loadu_ps(o[2]), c1 = _mm512_loadu_ps(o[2] + 16),
-        c2 = _mm512_loadu_ps(o[2] + 32), c3 = _mm512_loadu_ps(o[2] + 48);
-    if (nq > 3) d0 = _mm512_loadu_ps(o[3]), d1 = _mm512_loadu_ps(o[3] + 16),
-        d2 = _mm512_loadu_ps(o[3] + 32), d3 = _mm512_loadu_ps(o[3] + 48);
-    for (int r = 0; r < n_rows; r++) {
-        const float *row = cpu_kv_paged_row(pool, pages, r, stride, off);
-        const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16),
-                     v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
-        /* a zero score adds nothing: skipped, as kv_axpys skips it */
-        if (sc[0][r] != 0.0f) AXPY4(a0, a1, a2, a3, sc[0][r] * inv[0]);
-        if (nq > 1 && sc[1][r] != 0.0f) AXPY4(b0, b1, b2, b3, sc[1][r] * inv[1]);
-        if (nq > 2 && sc[2][r] != 0.0f) AXPY4(c0, c1, c2, c3, sc[2][r] * inv[2]);
-        if (nq > 3 && sc[3][r] != 0.0f) AXPY4(d0, d1, d2, d3, sc[3][r] * inv[3]);
-    }
-    _mm512_storeu_ps(o[0], a0), _mm512_storeu_ps(o[0] + 16, a1);
-    _mm512_storeu_ps(o[0] + 32, a2), _mm512_storeu_ps(o[0] + 48, a3);
-    if (nq > 1) _mm512_storeu_ps(o[1], b0), _mm512_storeu_ps(o[1] + 16, b1),
-        _mm512_storeu_ps(o[1] + 32, b2), _mm512_storeu_ps(o[1] + 48, b3);
-    if (nq > 2) _mm512_storeu_ps(o[2], c0), _mm512_storeu_ps(o[2] + 16, c1),
-        _mm512_storeu_ps(o[2] + 32, c2), _mm512_storeu_ps(o[2] + 48, c3);
-    if (nq > 3) _mm512_storeu_ps(o[3], d0), _mm512_storeu_ps(o[3] + 16, d1),
-        _mm512_storeu_ps(o[3] + 32, d2), _mm512_storeu_ps(o[3] + 48, d3);
-}
-
-static void kv_axpys_block_avx512(float *const *o, const float *const *scores, const float *inv,
-                                  int nq, const float *pool, const int32_t *pages, int n_rows,
-                                  size_t stride, size_t off, int n) {
-    for (int k = 0; k < nq; k += 4) {
-        int g = nq - k < 4 ? nq - k : 4;
-        if (n == 64)
-            axpys_group4(o + k, scores + k, inv + k, g, pool, pages, n_rows, stride, off);
-        else /* the general path: quant_impl.h's per-query kernel of this set */
-            for (int j = 0; j < g; j++)
-                cpu_active_kernels()->kv_axpys(o[k + j], scores[k + j], inv[k + j], pool, pages,
-                                               n_rows, stride, off, n);
-    }
-}
-
-void cpu_vec_avx512(cpu_kernel_set *ks) { ks->kv_axpys_block = kv_axpys_block_avx512; }
-
 #else
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     (void)ks, (void)vnni;
     return 0;
 }
-void cpu_vec_avx512(cpu_kernel_set *ks) { (void)ks; }
 #endif

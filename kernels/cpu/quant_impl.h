@@ -281,7 +281,8 @@ void cpu_f32_to_f16_row_scalar(uint16_t *dst, const float *x, int n);
 const cpu_kernel_set *cpu_active_kernels(void);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni);
-/* The AVX-512 set's attention V side for query blocks (qmatmul_avx512.c). */
+/* The AVX-512 set's attention kernels, K and V sides (vec_avx512.c): bitwise
+ * the AVX2 set's, which they replace in ks. */
 void cpu_vec_avx512(cpu_kernel_set *ks);
 
 #endif

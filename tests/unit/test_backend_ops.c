@@ -1044,8 +1044,9 @@ static void test_attention_blocks_bitwise(void **state) {
     for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES; /* out of order */
     const int hds[] = {64, 128, 16};
     tstep *big = malloc(sizeof *big), *one = malloc(sizeof *one);
-    int tested = 0;
+    int tested = 0, cross_checked = 0;
     const specd_dtype kvts[] = {SPECD_F32, SPECD_F16};
+    float *avx2_out[6 * sizeof hds / sizeof hds[0]] = {0};
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         if (!cpu_simd_force(paths[pi])) continue;
         tested++;
@@ -1057,7 +1058,9 @@ static void test_attention_blocks_bitwise(void **state) {
              * alone is a one-query task (vec_avx2.c's kv_axpys) */
             int mha = (ci / 2) % 3 == 2;
             int nh = 9, nkv = mha ? 9 : 3, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
-            uint64_t seed = 900 + 10 * hi + pi + (uint64_t)N + 100 * (uint64_t)mha;
+            /* the same inputs on every path: the AVX-512 and AVX-VNNI sets'
+             * chunk output is compared with the AVX2 set's below */
+            uint64_t seed = 900 + 10 * hi + (uint64_t)N + 100 * (uint64_t)mha;
             kvcache c;
             cpu_kv(kvt);
             kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
@@ -1071,6 +1074,22 @@ static void test_attention_blocks_bitwise(void **state) {
             test_fill_random(k, (size_t)N * kvd, seed + 2, 1.0f);
             test_fill_random(v, (size_t)N * kvd, seed + 3, 1.0f);
             run_attention(g_cpu, big, &c, q, k, v, nh, nkv, hd, out, after);
+            /* Every SIMD set above AVX2 keeps AVX2's attention arithmetic
+             * (qmatmul_avx512.c: its zmm chains hold AVX2's two 8-lane
+             * chains), so a chunk gives the AVX2 set's bits there too. */
+            if (!strcmp(paths[pi], "avx2")) {
+                free(avx2_out[ci]);
+                avx2_out[ci] = malloc(sizeof(float) * (size_t)N * qw);
+                memcpy(avx2_out[ci], out, sizeof(float) * (size_t)N * qw);
+            } else if (avx2_out[ci]) {
+                for (size_t e = 0; e < (size_t)N * qw; e++)
+                    if (memcmp(&out[e], &avx2_out[ci][e], sizeof(float)))
+                        fail_msg("%s hd %d KV %s chunk %d: element %zu is %.9g, the avx2 set "
+                                 "gives %.9g",
+                                 paths[pi], hd, kvt == SPECD_F16 ? "f16" : "f32", N, e,
+                                 (double)out[e], (double)avx2_out[ci][e]);
+                cross_checked++;
+            }
             /* each token alone, over the cache the chunk left (its own row
              * stored again with the same values) */
             memcpy(c.host, after, c.bytes);
@@ -1116,6 +1135,11 @@ static void test_attention_blocks_bitwise(void **state) {
     cpu_simd_force("auto");
     cpu_kv(SPECD_F32);
     assert_true(tested >= 1);
+    if (cpu_simd_force("avx512")) { /* the cross-path check ran where it can */
+        cpu_simd_force("auto");
+        assert_true(cross_checked >= 18);
+    }
+    for (size_t i = 0; i < sizeof avx2_out / sizeof avx2_out[0]; i++) free(avx2_out[i]);
     free(big);
     free(one);
 }

@@ -1,0 +1,302 @@
+/* vec_avx512.c - AVX-512 kernels of attention over the paged KV cache (read
+ * quant_impl.h's kv_* kernels, then vec_avx2.c, whose arithmetic these
+ * keep bit for bit).
+ *
+ *   K side: q . K_r for 4 rows at a time. vec_avx2.c keeps two 8-lane FMA
+ *     chains per row and sums them with one fixed network; here one zmm
+ *     chain holds both (lanes 0-7 and 8-15), so the scores are the AVX2
+ *     set's bits with half the fma instructions.
+ *   V side: o += w_r * V_r for up to 4 queries whose 64-wide outputs stay
+ *     in 16 zmm while the rows stream by. One fma per element per row in
+ *     row order, as in every set: an elementwise chain does not depend on
+ *     the vector width.
+ *
+ * fp16 pools are widened to fp32 (exact) once per block before the same
+ * arithmetic. test_backend_ops' test_attention_blocks_bitwise compares this
+ * set's attention with the AVX2 set's, bit for bit. Compiled with
+ * per-function target attributes (no -march), and only installed after
+ * matmul.c checked __builtin_cpu_supports. */
+#include <math.h>
+
+#include "quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+
+/* ---- attention's V side for a query block (quant_impl.h kv_axpys_block) -- */
+
+
+/* One query's 64-wide output in 4 zmm: o += w * v, elementwise fma, the
+ * same per element as kv_axpy's 8-wide one. */
+#define AXPY4(o0, o1, o2, o3, w)                      \
+    do {                                              \
+        const __m512 wv_ = _mm512_set1_ps(w);         \
+        o0 = _mm512_fmadd_ps(wv_, v0, o0);            \
+        o1 = _mm512_fmadd_ps(wv_, v1, o1);            \
+        o2 = _mm512_fmadd_ps(wv_, v2, o2);            \
+        o3 = _mm512_fmadd_ps(wv_, v3, o3);            \
+    } while (0)
+
+/* Up to 4 queries whose outputs stay in 16 zmm while rows t0 .. t0+nt-1
+ * stream by: read from the fp32 pool, or, with `tile`, from fp16 rows
+ * already widened into it (tile[r] is row t0 + r). always_inline: each
+ * caller gets a copy with `tile` fixed. */
+static inline __attribute__((always_inline, target(TBW))) void
+axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, const float *pool,
+            const int32_t *pages, size_t stride, size_t off, const float (*tile)[64], int t0,
+            int nt) {
+    __m512 a0 = _mm512_loadu_ps(o[0]), a1 = _mm512_loadu_ps(o[0] + 16),
+           a2 = _mm512_loadu_ps(o[0] + 32), a3 = _mm512_loadu_ps(o[0] + 48);
+    __m512 b0 = a0, b1 = a1, b2 = a2, b3 = a3, c0 = a0, c1 = a1, c2 = a2, c3 = a3,
+           d0 = a0, d1 = a1, d2 = a2, d3 = a3;
+    if (nq > 1) b0 = _mm512_loadu_ps(o[1]), b1 = _mm512_loadu_ps(o[1] + 16),
+        b2 = _mm512_loadu_ps(o[1] + 32), b3 = _mm512_loadu_ps(o[1] + 48);
+    if (nq > 2) c0 = _mm512_loadu_ps(o[2]), c1 = _mm512_loadu_ps(o[2] + 16),
+        c2 = _mm512_loadu_ps(o[2] + 32), c3 = _mm512_loadu_ps(o[2] + 48);
+    if (nq > 3) d0 = _mm512_loadu_ps(o[3]), d1 = _mm512_loadu_ps(o[3] + 16),
+        d2 = _mm512_loadu_ps(o[3] + 32), d3 = _mm512_loadu_ps(o[3] + 48);
+    for (int i = 0; i < nt; i++) {
+        const int r = t0 + i;
+        const float *row = tile ? tile[i] : cpu_kv_paged_row(pool, pages, r, stride, off);
+        const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16),
+                     v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
+        /* a zero score adds nothing: skipped, as kv_axpys skips it */
+        if (sc[0][r] != 0.0f) AXPY4(a0, a1, a2, a3, sc[0][r] * inv[0]);
+        if (nq > 1 && sc[1][r] != 0.0f) AXPY4(b0, b1, b2, b3, sc[1][r] * inv[1]);
+        if (nq > 2 && sc[2][r] != 0.0f) AXPY4(c0, c1, c2, c3, sc[2][r] * inv[2]);
+        if (nq > 3 && sc[3][r] != 0.0f) AXPY4(d0, d1, d2, d3, sc[3][r] * inv[3]);
+    }
+    _mm512_storeu_ps(o[0], a0), _mm512_storeu_ps(o[0] + 16, a1);
+    _mm512_storeu_ps(o[0] + 32, a2), _mm512_storeu_ps(o[0] + 48, a3);
+    if (nq > 1) _mm512_storeu_ps(o[1], b0), _mm512_storeu_ps(o[1] + 16, b1),
+        _mm512_storeu_ps(o[1] + 32, b2), _mm512_storeu_ps(o[1] + 48, b3);
+    if (nq > 2) _mm512_storeu_ps(o[2], c0), _mm512_storeu_ps(o[2] + 16, c1),
+        _mm512_storeu_ps(o[2] + 32, c2), _mm512_storeu_ps(o[2] + 48, c3);
+    if (nq > 3) _mm512_storeu_ps(o[3], d0), _mm512_storeu_ps(o[3] + 16, d1),
+        _mm512_storeu_ps(o[3] + 32, d2), _mm512_storeu_ps(o[3] + 48, d3);
+}
+
+static __attribute__((target(TBW))) void kv_axpys_block_avx512(float *const *o,
+                                                              const float *const *scores,
+                                                              const float *inv, int nq,
+                                                              const float *pool,
+                                                              const int32_t *pages, int n_rows,
+                                                              size_t stride, size_t off, int n) {
+    for (int k = 0; k < nq; k += 4) {
+        int g = nq - k < 4 ? nq - k : 4;
+        if (n == 64)
+            axpys_rows4(o + k, scores + k, inv + k, g, pool, pages, stride, off, NULL, 0, n_rows);
+        else /* the general path: quant_impl.h's per-query kernel of this set */
+            for (int j = 0; j < g; j++)
+                cpu_active_kernels()->kv_axpys(o[k + j], scores[k + j], inv[k + j], pool, pages,
+                                               n_rows, stride, off, n);
+    }
+}
+
+/* The fp16 pool's V side: each tile of V_TILE rows (16 KB) is widened to
+ * fp32 once (exact) for the whole block, then every group of 4 queries
+ * runs the fp32 loop above on it, so each output element is the same fma
+ * chain, in row order, as the fp32 kernels on the widened rows (and as
+ * vec_avx2.c's fp16 kernels: an elementwise chain does not depend on the
+ * vector width). Since fp16 became the default cache this is the V side
+ * of every AVX-512 attention pass of more than one query. */
+#define V_TILE 64
+static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
+    float *const *o, const float *const *scores, const float *inv, int nq, const uint16_t *pool,
+    const int32_t *pages, int n_rows, size_t stride, size_t off, int n) {
+    if (n != 64) {
+        for (int k = 0; k < nq; k++)
+            cpu_active_kernels()->kv_axpys_f16(o[k], scores[k], inv[k], pool, pages, n_rows,
+                                               stride, off, n);
+        return;
+    }
+    float tile[V_TILE][64];
+    for (int t0 = 0; t0 < n_rows; t0 += V_TILE) {
+        int nt = n_rows - t0 < V_TILE ? n_rows - t0 : V_TILE;
+        for (int r = 0; r < nt; r++) {
+            const uint16_t *src = cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off);
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_ps(tile[r] + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                       (const __m256i *)(src + 16 * i))));
+        }
+        for (int k = 0; k < nq; k += 4) {
+            int g = nq - k < 4 ? nq - k : 4;
+            axpys_rows4(o + k, scores + k, inv + k, g, NULL, pages, stride, off,
+                        (const float(*)[64])tile, t0, nt);
+        }
+    }
+}
+
+/* ---- attention's K side (quant_impl.h kv_dots, kv_dots_block, f16) ------ */
+
+/* The AVX2 set's dot (vec_avx2.c's kv_dot_avx2, dots4_avx2) keeps two
+ * 8-lane FMA chains per row, a0 over elements d..d+7 and a1 over
+ * d+8..d+15 for d = 0, 16, 32 ..., and returns hsum8(a0 + a1). One zmm
+ * chain over d in steps of 16 holds exactly a0 in lanes 0-7 and a1 in
+ * lanes 8-15 (the same fmas, in the same order), so the sums below are
+ * bitwise the AVX2 set's, with half the fma instructions and every K row
+ * element loaded once per query instead of twice. */
+static inline __attribute__((always_inline, target(TBW))) __m256 half_sum(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+}
+
+/* hsum8 of 4 rows' (a0 + a1), dots4_avx2's network step for step. */
+static inline __attribute__((always_inline, target(TBW))) __m128 reduce4(__m512 a0, __m512 a1,
+                                                                        __m512 a2, __m512 a3) {
+    const __m256 v0 = half_sum(a0), v1 = half_sum(a1), v2 = half_sum(a2), v3 = half_sum(a3);
+    const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
+                                     _mm256_permute2f128_ps(v0, v1, 0x31));
+    const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
+                                     _mm256_permute2f128_ps(v2, v3, 0x31));
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_hadd_ps(w, w);
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* Prefetch distance of the K pass, in rows: vec_avx2.c's (a KV head's
+ * slice of a row is a short piece of a long stride, which the hardware
+ * prefetcher follows slowly). */
+#define K_PREFETCH_ROWS 16
+
+/* vec_avx2.c's dots_paged for heads of n % 16 == 0 (n <= 256 with f16):
+ * rows 4 at a time (fp16 ones widened once into buf for all the queries),
+ * each query's 4 dots in 4 zmm chains, then the same 4-row reduction;
+ * the leftover rows take this set's kv_dot on the (widened) row, as
+ * dots_paged does. always_inline: a copy per caller with f16 fixed. */
+static inline __attribute__((always_inline, target(TBW))) void
+dots_paged512(const float *const *q, int nq, const void *pool, int f16, const int32_t *pages,
+              int n_rows, size_t stride, size_t off, int n, float scale, float *const *scores,
+              float *maxs) {
+    float buf[4][CPU_KV_F16_MAX_HEAD];
+    const float *rows[4];
+    const __m128 sv = _mm_set1_ps(scale);
+    __m128 mv[CPU_ATTN_QB];
+    for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
+    const size_t row_bytes = (size_t)n * (f16 ? 2u : 4u);
+    int r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        for (int i = 0; i < 4 && r + K_PREFETCH_ROWS + i < n_rows; i++) {
+            const char *p = f16 ? (const char *)cpu_kv_paged_row_f16(
+                                      pool, pages, r + K_PREFETCH_ROWS + i, stride, off)
+                                : (const char *)cpu_kv_paged_row(
+                                      pool, pages, r + K_PREFETCH_ROWS + i, stride, off);
+            const uintptr_t end = (uintptr_t)p + row_bytes - 1;
+            for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a <= end; a += 64)
+                _mm_prefetch((const char *)a, _MM_HINT_T0);
+        }
+        for (int i = 0; i < 4; i++) {
+            if (f16) {
+                const uint16_t *src = cpu_kv_paged_row_f16(pool, pages, r + i, stride, off);
+                for (int d = 0; d < n; d += 16)
+                    _mm512_storeu_ps(buf[i] + d, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                     (const __m256i *)(src + d))));
+                rows[i] = buf[i];
+            } else {
+                rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
+            }
+        }
+        for (int k = 0; k < nq; k++) {
+            const float *qk = q[k];
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < n; d += 16) {
+                const __m512 qv = _mm512_loadu_ps(qk + d);
+                a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[0] + d), a0);
+                a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[1] + d), a1);
+                a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[2] + d), a2);
+                a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[3] + d), a3);
+            }
+            const __m128 sc = _mm_mul_ps(reduce4(a0, a1, a2, a3), sv);
+            _mm_storeu_ps(scores[k] + r, sc);
+            mv[k] = _mm_max_ps(sc, mv[k]); /* a NaN score never becomes the max */
+        }
+    }
+    for (int k = 0; k < nq; k++) {
+        float m4[4];
+        _mm_storeu_ps(m4, mv[k]);
+        for (int i = 0; i < 4; i++)
+            if (m4[i] > maxs[k]) maxs[k] = m4[i];
+    }
+    const cpu_kernel_set *ks = cpu_active_kernels();
+    for (; r < n_rows; r++) {
+        const float *row;
+        if (f16) {
+            const uint16_t *src = cpu_kv_paged_row_f16(pool, pages, r, stride, off);
+            for (int d = 0; d < n; d += 16)
+                _mm512_storeu_ps(buf[0] + d,
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
+            row = buf[0];
+        } else {
+            row = cpu_kv_paged_row(pool, pages, r, stride, off);
+        }
+        for (int k = 0; k < nq; k++) {
+            float sc = ks->kv_dot(q[k], row, 0, n) * scale;
+            scores[k][r] = sc;
+            if (sc > maxs[k]) maxs[k] = sc; /* the caller starts it at -inf */
+        }
+    }
+}
+
+/* The AVX2 set's K kernels, which this set keeps for head sizes that are
+ * not a multiple of 16 (cpu_vec_avx512 saves them before replacing). */
+static cpu_kernel_set avx2_k;
+
+static __attribute__((target(TBW))) void kv_dots_block_avx512(const float *const *q, int nq,
+                                                             const float *pool,
+                                                             const int32_t *pages, int n_rows,
+                                                             size_t stride, size_t off, int n,
+                                                             float scale, float *const *scores,
+                                                             float *maxs) {
+    if (n % 16) {
+        avx2_k.kv_dots_block(q, nq, pool, pages, n_rows, stride, off, n, scale, scores, maxs);
+        return;
+    }
+    dots_paged512(q, nq, pool, 0, pages, n_rows, stride, off, n, scale, scores, maxs);
+}
+
+static __attribute__((target(TBW))) float kv_dots_avx512(const float *q, const float *pool,
+                                                        const int32_t *pages, int n_rows,
+                                                        size_t stride, size_t off, int n,
+                                                        float scale, float *scores) {
+    if (n % 16) return avx2_k.kv_dots(q, pool, pages, n_rows, stride, off, n, scale, scores);
+    float m = -INFINITY;
+    dots_paged512(&q, 1, pool, 0, pages, n_rows, stride, off, n, scale, &scores, &m);
+    return m;
+}
+
+static __attribute__((target(TBW))) void kv_dots_block_f16_avx512(
+    const float *const *q, int nq, const uint16_t *pool, const int32_t *pages, int n_rows,
+    size_t stride, size_t off, int n, float scale, float *const *scores, float *maxs) {
+    if (n % 16 || n > CPU_KV_F16_MAX_HEAD) {
+        avx2_k.kv_dots_block_f16(q, nq, pool, pages, n_rows, stride, off, n, scale, scores, maxs);
+        return;
+    }
+    dots_paged512(q, nq, pool, 1, pages, n_rows, stride, off, n, scale, scores, maxs);
+}
+
+static __attribute__((target(TBW))) float kv_dots_f16_avx512(const float *q, const uint16_t *pool,
+                                                            const int32_t *pages, int n_rows,
+                                                            size_t stride, size_t off, int n,
+                                                            float scale, float *scores) {
+    if (n % 16 || n > CPU_KV_F16_MAX_HEAD)
+        return avx2_k.kv_dots_f16(q, pool, pages, n_rows, stride, off, n, scale, scores);
+    float m = -INFINITY;
+    dots_paged512(&q, 1, pool, 1, pages, n_rows, stride, off, n, scale, &scores, &m);
+    return m;
+}
+
+void cpu_vec_avx512(cpu_kernel_set *ks) {
+    avx2_k = *ks; /* the AVX2 kernels this set started from (matmul.c) */
+    ks->kv_axpys_block = kv_axpys_block_avx512;
+    ks->kv_axpys_block_f16 = kv_axpys_block_f16_avx512;
+    ks->kv_dots_block = kv_dots_block_avx512;
+    ks->kv_dots = kv_dots_avx512;
+    ks->kv_dots_block_f16 = kv_dots_block_f16_avx512;
+    ks->kv_dots_f16 = kv_dots_f16_avx512;
+}
+
+#else
+void cpu_vec_avx512(cpu_kernel_set *ks) { (void)ks; }
+#endif
