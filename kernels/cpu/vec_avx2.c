@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "vec_hsum.h"
 
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -219,11 +220,8 @@ static TAVX2 double softmax_exp_avx2(float *s, int n, float max) {
 }
 
 /* q . K_r for 4 rows at once, each bitwise hsum8(a0 + a1) of kv_dot_avx2's
- * two FMA chains: the 4 horizontal sums share their shuffles. hsum8 pairs
- * lane j with j+4 (t_j), then t_0 with t_2 and t_1 with t_3, then those two;
- * the steps below make the same pairs in the same order, 4 rows per
- * vector (IEEE addition is commutative, so only the pairing matters). n is a
- * multiple of 16. Returns [row 0, row 1, row 2, row 3]. */
+ * two FMA chains: the 4 horizontal sums share their shuffles
+ * (vec_hsum.h). n is a multiple of 16. Returns [row 0, row 1, row 2, row 3]. */
 static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, int n) {
     /* the 4 rows' 8 FMA chains interleaved: independent, so they overlap */
     const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
@@ -240,18 +238,8 @@ static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, 
         a30 = _mm256_fmadd_ps(q0, _mm256_loadu_ps(r3 + d), a30);
         a31 = _mm256_fmadd_ps(q1, _mm256_loadu_ps(r3 + d + 8), a31);
     }
-    const __m256 v[4] = {_mm256_add_ps(a00, a01), _mm256_add_ps(a10, a11),
-                         _mm256_add_ps(a20, a21), _mm256_add_ps(a30, a31)};
-    /* t: [t(row0) | t(row1)] and [t(row2) | t(row3)], t_j = lane j + lane j+4 */
-    const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20),
-                                     _mm256_permute2f128_ps(v[0], v[1], 0x31));
-    const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20),
-                                     _mm256_permute2f128_ps(v[2], v[3], 0x31));
-    /* [t0+t2, t1+t3] of rows 0, 2 | rows 1, 3 */
-    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m256 h = _mm256_hadd_ps(w, w); /* [row0, row2, ., . | row1, row3, ., .] */
-    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    return cpu_hsum8x4(_mm256_add_ps(a00, a01), _mm256_add_ps(a10, a11),
+                       _mm256_add_ps(a20, a21), _mm256_add_ps(a30, a31));
 }
 
 /* x rounded to fp16 (F16C, to nearest even: specd_f32_to_fp16's rounding,

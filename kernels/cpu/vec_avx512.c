@@ -19,6 +19,7 @@
 #include <math.h>
 
 #include "quant_impl.h"
+#include "vec_hsum.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -142,18 +143,10 @@ static inline __attribute__((always_inline, target(TBW))) __m256 half_sum(__m512
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
 }
 
-/* hsum8 of 4 rows' (a0 + a1), dots4_avx2's network step for step. */
+/* hsum8 of 4 rows' (a0 + a1), with dots4_avx2's network (vec_hsum.h). */
 static inline __attribute__((always_inline, target(TBW))) __m128 reduce4(__m512 a0, __m512 a1,
                                                                         __m512 a2, __m512 a3) {
-    const __m256 v0 = half_sum(a0), v1 = half_sum(a1), v2 = half_sum(a2), v3 = half_sum(a3);
-    const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
-                                     _mm256_permute2f128_ps(v0, v1, 0x31));
-    const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
-                                     _mm256_permute2f128_ps(v2, v3, 0x31));
-    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m256 h = _mm256_hadd_ps(w, w);
-    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    return cpu_hsum8x4(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3));
 }
 
 /* Prefetch distance of the K pass, in rows: vec_avx2.c's (a KV head's
