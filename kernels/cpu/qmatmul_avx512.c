@@ -177,8 +177,6 @@ int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     return 1;
 }
 
-
-
 #else
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     (void)ks, (void)vnni;

@@ -26,6 +26,13 @@
 
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 
+/* An fp16 row of n (a multiple of 16) widened to fp32 (exact). */
+static inline __attribute__((always_inline, target(TBW))) void widen16(float *dst,
+                                                                      const uint16_t *src, int n) {
+    for (int d = 0; d < n; d += 16)
+        _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
+}
+
 /* ---- attention's V side for a query block (quant_impl.h kv_axpys_block) -- */
 
 
@@ -116,12 +123,8 @@ static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
     float tile[V_TILE][64];
     for (int t0 = 0; t0 < n_rows; t0 += V_TILE) {
         int nt = n_rows - t0 < V_TILE ? n_rows - t0 : V_TILE;
-        for (int r = 0; r < nt; r++) {
-            const uint16_t *src = cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off);
-            for (int i = 0; i < 4; i++)
-                _mm512_storeu_ps(tile[r] + 16 * i, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                       (const __m256i *)(src + 16 * i))));
-        }
+        for (int r = 0; r < nt; r++)
+            widen16(tile[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), 64);
         for (int k = 0; k < nq; k += 4) {
             int g = nq - k < 4 ? nq - k : 4;
             axpys_rows4(o + k, scores + k, inv + k, g, NULL, pages, stride, off,
@@ -182,10 +185,7 @@ dots_paged512(const float *const *q, int nq, const void *pool, int f16, const in
         }
         for (int i = 0; i < 4; i++) {
             if (f16) {
-                const uint16_t *src = cpu_kv_paged_row_f16(pool, pages, r + i, stride, off);
-                for (int d = 0; d < n; d += 16)
-                    _mm512_storeu_ps(buf[i] + d, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                     (const __m256i *)(src + d))));
+                widen16(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
                 rows[i] = buf[i];
             } else {
                 rows[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
@@ -216,10 +216,7 @@ dots_paged512(const float *const *q, int nq, const void *pool, int f16, const in
     for (; r < n_rows; r++) {
         const float *row;
         if (f16) {
-            const uint16_t *src = cpu_kv_paged_row_f16(pool, pages, r, stride, off);
-            for (int d = 0; d < n; d += 16)
-                _mm512_storeu_ps(buf[0] + d,
-                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
+            widen16(buf[0], cpu_kv_paged_row_f16(pool, pages, r, stride, off), n);
             row = buf[0];
         } else {
             row = cpu_kv_paged_row(pool, pages, r, stride, off);
