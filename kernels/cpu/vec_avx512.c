@@ -50,7 +50,16 @@ static inline __attribute__((always_inline, target(TBW))) void widen16(float *ds
 /* Up to 4 queries whose outputs stay in 16 zmm while rows t0 .. t0+nt-1
  * stream by: read from the fp32 pool, or, with `tile`, from fp16 rows
  * already widened into it (tile[r] is row t0 + r). always_inline: each
- * caller gets a copy with `tile` fixed. */
+ * caller gets a copy with `tile` fixed, and nq == 4 its own copy.
+ *
+ * The weights sc * inv of W_CHUNK rows are formed first, 16 at a time (the
+ * same products), so the row loop is loads and fmas only: one broadcast
+ * from memory and 4 fmas per query and row, where forming each weight in
+ * the loop (load, test, multiply, broadcast) doubled its instructions. A
+ * zero score adds nothing and is skipped, as kv_axpys skips it; the rows
+ * these kernels get are visible ones, whose exp is never 0 (softmax_exp
+ * clamps), so a chunk with a zero takes the per-row test instead. */
+#define W_CHUNK 64
 static inline __attribute__((always_inline, target(TBW))) void
 axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, const float *pool,
             const int32_t *pages, size_t stride, size_t off, const float (*tile)[64], int t0,
@@ -65,16 +74,36 @@ axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, c
         c2 = _mm512_loadu_ps(o[2] + 32), c3 = _mm512_loadu_ps(o[2] + 48);
     if (nq > 3) d0 = _mm512_loadu_ps(o[3]), d1 = _mm512_loadu_ps(o[3] + 16),
         d2 = _mm512_loadu_ps(o[3] + 32), d3 = _mm512_loadu_ps(o[3] + 48);
-    for (int i = 0; i < nt; i++) {
-        const int r = t0 + i;
-        const float *row = tile ? tile[i] : cpu_kv_paged_row(pool, pages, r, stride, off);
-        const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16),
-                     v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
-        /* a zero score adds nothing: skipped, as kv_axpys skips it */
-        if (sc[0][r] != 0.0f) AXPY4(a0, a1, a2, a3, sc[0][r] * inv[0]);
-        if (nq > 1 && sc[1][r] != 0.0f) AXPY4(b0, b1, b2, b3, sc[1][r] * inv[1]);
-        if (nq > 2 && sc[2][r] != 0.0f) AXPY4(c0, c1, c2, c3, sc[2][r] * inv[2]);
-        if (nq > 3 && sc[3][r] != 0.0f) AXPY4(d0, d1, d2, d3, sc[3][r] * inv[3]);
+    float w[4][W_CHUNK] __attribute__((aligned(64)));
+    for (int c = 0; c < nt; c += W_CHUNK) {
+        const int cn = nt - c < W_CHUNK ? nt - c : W_CHUNK;
+        __mmask16 zero = 0;
+        for (int k = 0; k < nq; k++) {
+            const __m512 iv = _mm512_set1_ps(inv[k]);
+            for (int i = 0; i < cn; i += 16) {
+                const __mmask16 m = cn - i >= 16 ? 0xFFFF : (__mmask16)((1u << (cn - i)) - 1);
+                const __m512 s = _mm512_maskz_loadu_ps(m, sc[k] + t0 + c + i);
+                zero |= _mm512_mask_cmp_ps_mask(m, s, _mm512_setzero_ps(), _CMP_EQ_OQ);
+                _mm512_store_ps(w[k] + i, _mm512_mul_ps(s, iv));
+            }
+        }
+        for (int i = 0; i < cn; i++) {
+            const int r = t0 + c + i;
+            const float *row = tile ? tile[c + i] : cpu_kv_paged_row(pool, pages, r, stride, off);
+            const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16),
+                         v2 = _mm512_loadu_ps(row + 32), v3 = _mm512_loadu_ps(row + 48);
+            if (!zero) {
+                AXPY4(a0, a1, a2, a3, w[0][i]);
+                if (nq > 1) AXPY4(b0, b1, b2, b3, w[1][i]);
+                if (nq > 2) AXPY4(c0, c1, c2, c3, w[2][i]);
+                if (nq > 3) AXPY4(d0, d1, d2, d3, w[3][i]);
+                continue;
+            }
+            if (sc[0][r] != 0.0f) AXPY4(a0, a1, a2, a3, w[0][i]);
+            if (nq > 1 && sc[1][r] != 0.0f) AXPY4(b0, b1, b2, b3, w[1][i]);
+            if (nq > 2 && sc[2][r] != 0.0f) AXPY4(c0, c1, c2, c3, w[2][i]);
+            if (nq > 3 && sc[3][r] != 0.0f) AXPY4(d0, d1, d2, d3, w[3][i]);
+        }
     }
     _mm512_storeu_ps(o[0], a0), _mm512_storeu_ps(o[0] + 16, a1);
     _mm512_storeu_ps(o[0] + 32, a2), _mm512_storeu_ps(o[0] + 48, a3);
@@ -86,6 +115,13 @@ axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, c
         _mm512_storeu_ps(o[3] + 32, d2), _mm512_storeu_ps(o[3] + 48, d3);
 }
 
+/* axpys_rows4 with nq == 4 compiled on its own (the common group). */
+#define AXPYS_ROWS(o, sc, inv, nq, pool, pages, stride, off, tile, t0, nt)                   \
+    do {                                                                                     \
+        if ((nq) == 4) axpys_rows4(o, sc, inv, 4, pool, pages, stride, off, tile, t0, nt);   \
+        else axpys_rows4(o, sc, inv, nq, pool, pages, stride, off, tile, t0, nt);            \
+    } while (0)
+
 static __attribute__((target(TBW))) void kv_axpys_block_avx512(float *const *o,
                                                               const float *const *scores,
                                                               const float *inv, int nq,
@@ -95,7 +131,7 @@ static __attribute__((target(TBW))) void kv_axpys_block_avx512(float *const *o,
     for (int k = 0; k < nq; k += 4) {
         int g = nq - k < 4 ? nq - k : 4;
         if (n == 64)
-            axpys_rows4(o + k, scores + k, inv + k, g, pool, pages, stride, off, NULL, 0, n_rows);
+            AXPYS_ROWS(o + k, scores + k, inv + k, g, pool, pages, stride, off, NULL, 0, n_rows);
         else /* the general path: quant_impl.h's per-query kernel of this set */
             for (int j = 0; j < g; j++)
                 cpu_active_kernels()->kv_axpys(o[k + j], scores[k + j], inv[k + j], pool, pages,
@@ -127,7 +163,7 @@ static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
             widen16(tile[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), 64);
         for (int k = 0; k < nq; k += 4) {
             int g = nq - k < 4 ? nq - k : 4;
-            axpys_rows4(o + k, scores + k, inv + k, g, NULL, pages, stride, off,
+            AXPYS_ROWS(o + k, scores + k, inv + k, g, NULL, pages, stride, off,
                         (const float(*)[64])tile, t0, nt);
         }
     }

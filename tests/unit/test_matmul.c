@@ -32,6 +32,7 @@
 #include "common/util/dtype.h"
 #include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant_impl.h" /* the attention kernel set */
 #include "kernels/cpu/threadpool.h"
 #include "tests/harness/test_util.h"
 
@@ -467,6 +468,127 @@ static void test_swiglu_paths(void **state) {
     free(g), free(u), free(y);
 }
 
+/* ---- attention's block kernels ------------------------------------------ */
+
+static float urand_pm1(uint32_t *st) {
+    *st = *st * 1664525u + 1013904223u;
+    return (float)(*st >> 8) / 8388608.0f - 1.0f;
+}
+
+/* The paged attention kernels of every path against their own per-query and
+ * per-row kernels, bit for bit, as quant_impl.h promises (the block ones
+ * read each row once for nq queries and must not change a query's
+ * arithmetic): nq 1..16 (whole and partial groups of 4), head sizes 64, 128
+ * and 48, fp32 and fp16 pools, rows in shuffled pages and a partial page.
+ * V side scores hold zeros (rows the kernels must skip, as the per-row loop
+ * does), in some queries only. test_backend_ops compares whole attention
+ * passes across paths; this one reaches the block kernels' corner cases
+ * (a zero score in a chunk, nq not a multiple of 4) directly. */
+static void test_attention_block_kernels(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { ROWS = 150, PAGES = (ROWS + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS + 2 };
+    const int hds[] = {64, 128, 48};
+    int32_t pages[PAGES];
+    for (int i = 0; i < PAGES; i++) pages[i] = (i * 3 + 1) % PAGES; /* out of order */
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        const cpu_kernel_set *ks = cpu_active_kernels();
+        tested++;
+        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+            for (int f16 = 0; f16 < 2; f16++) {
+                const int hd = hds[hi];
+                const size_t stride = 2 * (size_t)hd, off = (size_t)hd; /* 2nd of 2 KV heads */
+                const size_t pool_n = (size_t)PAGES * SPECD_KV_PAGE_ROWS * stride;
+                float *kp = malloc(sizeof(float) * pool_n), *vp = malloc(sizeof(float) * pool_n);
+                uint16_t *kh = malloc(2 * pool_n), *vh = malloc(2 * pool_n);
+                uint32_t st = 12345u + (uint32_t)(hd * 2 + f16);
+                for (size_t i = 0; i < pool_n; i++) {
+                    kh[i] = specd_f32_to_fp16(urand_pm1(&st));
+                    vh[i] = specd_f32_to_fp16(urand_pm1(&st));
+                    kp[i] = specd_fp16_to_f32(kh[i]); /* the same values in both pools */
+                    vp[i] = specd_fp16_to_f32(vh[i]);
+                }
+                float q[CPU_ATTN_QB][128], sc_b[CPU_ATTN_QB][ROWS], sc_1[ROWS], w[CPU_ATTN_QB][ROWS];
+                float ob[CPU_ATTN_QB][128], o1[128], o2[128], inv[CPU_ATTN_QB];
+                for (int k = 0; k < CPU_ATTN_QB; k++) {
+                    for (int d = 0; d < hd; d++) q[k][d] = urand_pm1(&st);
+                    inv[k] = 0.01f + 0.001f * (float)k;
+                    for (int r = 0; r < ROWS; r++) /* zeros in odd queries, none in even */
+                        w[k][r] = (k % 2 && r % 11 == 3) ? 0.0f : 0.5f + 0.5f * urand_pm1(&st) + 1e-3f;
+                }
+                const float scale = 0.125f;
+                for (int nq = 1; nq <= CPU_ATTN_QB; nq++) {
+                    const int n_rows = ROWS - nq; /* row counts past whole 4-row groups */
+                    const float *qs[CPU_ATTN_QB];
+                    float *ss[CPU_ATTN_QB], *os[CPU_ATTN_QB], maxs[CPU_ATTN_QB];
+                    const float *ws[CPU_ATTN_QB];
+                    for (int k = 0; k < nq; k++) {
+                        qs[k] = q[k], ss[k] = sc_b[k], os[k] = ob[k], ws[k] = w[k];
+                        maxs[k] = -INFINITY;
+                        memset(ob[k], 0, sizeof ob[k]);
+                    }
+                    if (f16 ? ks->kv_dots_block_f16 != NULL : ks->kv_dots_block != NULL) {
+                        if (f16)
+                            ks->kv_dots_block_f16(qs, nq, kh, pages, n_rows, stride, off, hd, scale,
+                                                  ss, maxs);
+                        else
+                            ks->kv_dots_block(qs, nq, kp, pages, n_rows, stride, off, hd, scale, ss,
+                                              maxs);
+                        for (int k = 0; k < nq; k++) {
+                            float m = -INFINITY;
+                            for (int r = 0; r < n_rows; r++) {
+                                const void *row = f16 ? (const void *)cpu_kv_paged_row_f16(
+                                                            kh, pages, r, stride, off)
+                                                      : (const void *)cpu_kv_paged_row(
+                                                            kp, pages, r, stride, off);
+                                sc_1[r] = ks->kv_dot(q[k], row, f16, hd) * scale;
+                                if (sc_1[r] > m) m = sc_1[r];
+                            }
+                            if (memcmp(sc_1, sc_b[k], sizeof(float) * (size_t)n_rows) != 0 ||
+                                m != maxs[k])
+                                fail_msg("%s hd %d %s nq %d: query %d's scores or max differ "
+                                         "from kv_dot's",
+                                         paths[pi], hd, f16 ? "f16" : "f32", nq, k);
+                        }
+                    }
+                    if (f16 ? ks->kv_axpys_block_f16 != NULL : ks->kv_axpys_block != NULL) {
+                        if (f16)
+                            ks->kv_axpys_block_f16(os, ws, inv, nq, vh, pages, n_rows, stride, off, hd);
+                        else
+                            ks->kv_axpys_block(os, ws, inv, nq, vp, pages, n_rows, stride, off, hd);
+                        for (int k = 0; k < nq; k++) {
+                            memset(o1, 0, sizeof o1), memset(o2, 0, sizeof o2);
+                            for (int r = 0; r < n_rows; r++) {
+                                if (w[k][r] == 0.0f) continue;
+                                const void *row = f16 ? (const void *)cpu_kv_paged_row_f16(
+                                                            vh, pages, r, stride, off)
+                                                      : (const void *)cpu_kv_paged_row(
+                                                            vp, pages, r, stride, off);
+                                ks->kv_axpy(o1, w[k][r] * inv[k], row, f16, hd);
+                            }
+                            if (f16 && ks->kv_axpys_f16)
+                                ks->kv_axpys_f16(o2, w[k], inv[k], vh, pages, n_rows, stride, off, hd);
+                            else if (!f16 && ks->kv_axpys)
+                                ks->kv_axpys(o2, w[k], inv[k], vp, pages, n_rows, stride, off, hd);
+                            else
+                                memcpy(o2, o1, sizeof o1);
+                            if (memcmp(o1, ob[k], sizeof(float) * (size_t)hd) != 0 ||
+                                memcmp(o2, ob[k], sizeof(float) * (size_t)hd) != 0)
+                                fail_msg("%s hd %d %s nq %d: query %d's output differs from "
+                                         "kv_axpy's or kv_axpys'",
+                                         paths[pi], hd, f16 ? "f16" : "f32", nq, k);
+                        }
+                    }
+                }
+                free(kp), free(vp), free(kh), free(vh);
+            }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+}
+
 /* The argmax op on every path equals specd_argmax: ties to the first index,
  * NaN never wins, -inf rows, all-NaN rows, tails past the vector width. */
 static void test_argmax_paths(void **state) {
@@ -512,6 +634,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_swiglu_paths),
         cmocka_unit_test(test_argmax_paths),
+        cmocka_unit_test(test_attention_block_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
