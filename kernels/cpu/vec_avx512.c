@@ -17,6 +17,7 @@
  * per-function target attributes (no -march), and only installed after
  * matmul.c checked __builtin_cpu_supports. */
 #include <math.h>
+#include <string.h>
 
 #include "quant_impl.h"
 #include "vec_hsum.h"
@@ -167,6 +168,83 @@ static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
                         (const float(*)[64])tile, t0, nt);
         }
     }
+}
+
+/* ---- softmax (quant_impl.h softmax_exp) ---------------------------------- */
+
+/* vec_avx2.c's exp_avx2, operation for operation on 16 lanes (elementwise
+ * IEEE operations: each lane gets the AVX2 kernel's bits). */
+static inline __attribute__((always_inline, target(TBW))) __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i ni = _mm512_cvtps_epi32(n);
+    const __m512i half = _mm512_srai_epi32(ni, 1);
+    const __m512 s1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+    const __m512 s2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+}
+
+/* acc[0] lane l += b[i + l], acc[1] lane l += b[i + 8 + l] for i = 0, 16,
+ * ... < m (m a multiple of 16): vec_avx2.c's sum16_pd with its four 4-wide
+ * accumulators as two 8-wide ones, the same adds per lane. */
+static inline __attribute__((always_inline, target(TBW))) void sum16_pd512(const float *b, int m,
+                                                                          __m512d acc[2]) {
+    for (int i = 0; i < m; i += 16) {
+        acc[0] = _mm512_add_pd(acc[0], _mm512_cvtps_pd(_mm256_loadu_ps(b + i)));
+        acc[1] = _mm512_add_pd(acc[1], _mm512_cvtps_pd(_mm256_loadu_ps(b + i + 8)));
+    }
+}
+
+#define SQUEEZE_CHUNK 256 /* a multiple of 16, as vec_avx2.c's */
+
+/* vec_avx2.c's softmax_exp_avx2 (read its comment: the sum runs over the
+ * non-zero values in order, the k-th into lane k % 16, in double), 16 rows
+ * at a time, with vcompressps doing its table-driven squeeze. The values
+ * and the sum are the AVX2 kernel's bits. */
+static __attribute__((target(TBW))) double softmax_exp_avx512(float *s, int n, float max) {
+    const __m512 mv = _mm512_set1_ps(max), ninf = _mm512_set1_ps(-INFINITY);
+    float buf[SQUEEZE_CHUNK + 16];
+    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    int m = 0;
+    for (int r = 0; r < n; r += 16) {
+        const __mmask16 in = n - r >= 16 ? 0xFFFF : (__mmask16)((1u << (n - r)) - 1);
+        /* lanes past n read as -inf, whose exp is 0 */
+        const __m512 x = _mm512_mask_loadu_ps(ninf, in, s + r);
+        const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ),
+                                             exp512(_mm512_sub_ps(x, mv)));
+        _mm512_mask_storeu_ps(s + r, in, e);
+        const __mmask16 nz = _mm512_cmp_ps_mask(e, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_mask_compressstoreu_ps(buf + m, nz, e);
+        m += __builtin_popcount((unsigned)nz);
+        if (m >= SQUEEZE_CHUNK) {
+            sum16_pd512(buf, SQUEEZE_CHUNK, acc);
+            m -= SQUEEZE_CHUNK;
+            memmove(buf, buf + SQUEEZE_CHUNK, sizeof(float) * (size_t)m);
+        }
+    }
+    /* zeros up to a multiple of 16 add nothing (x + 0 = x) */
+    const int m16 = (m + 15) & ~15;
+    for (int i = m; i < m16; i++) buf[i] = 0.0f;
+    sum16_pd512(buf, m16, acc);
+    /* the AVX2 kernel's final order: (acc0 + acc1) + (acc2 + acc3), then
+     * the two halves, then the two lanes */
+    const __m256d a = _mm256_add_pd(
+        _mm256_add_pd(_mm512_castpd512_pd256(acc[0]), _mm512_extractf64x4_pd(acc[0], 1)),
+        _mm256_add_pd(_mm512_castpd512_pd256(acc[1]), _mm512_extractf64x4_pd(acc[1], 1)));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
 /* ---- attention's K side (quant_impl.h kv_dots, kv_dots_block, f16) ------ */
@@ -386,6 +464,7 @@ void cpu_vec_avx512(cpu_kernel_set *ks) {
     ks->kv_dots = kv_dots_avx512;
     ks->kv_dots_block_f16 = kv_dots_block_f16_avx512;
     ks->kv_dots_f16 = kv_dots_f16_avx512;
+    ks->softmax_exp = softmax_exp_avx512;
 }
 
 #else

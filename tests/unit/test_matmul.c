@@ -589,6 +589,54 @@ static void test_attention_block_kernels(void **state) {
     assert_true(tested >= 1);
 }
 
+/* softmax_exp on every path: exp(s - max) within 2 ulps-ish of double's
+ * (scalar expf, the vector polynomial), masked (-inf) rows exactly 0, and
+ * the sum within 1e-6 relative; the vector paths (avx2, avxvnni, avx512,
+ * avx512vnni) give the AVX2 kernel's values and sum bit for bit, since
+ * attention's output is compared across them bitwise. Lengths cross the
+ * kernels' 256-value flush and end in every tail size. */
+static void test_softmax_exp_paths(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { N = 700 };
+    float in[N], out[N], ref[N];
+    uint32_t st = 99u;
+    for (int n = 1; n <= N; n += (n < 40 ? 1 : 37)) {
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            in[i] = 12.0f * urand_pm1(&st);
+            if (i % 13 == 5 || (n > 300 && i >= 280 && i < 300)) in[i] = -INFINITY; /* masked */
+            if (in[i] > mx) mx = in[i];
+        }
+        int have_ref = 0;
+        double ref_sum = 0;
+        for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+            if (!cpu_simd_force(paths[pi])) continue;
+            memcpy(out, in, sizeof(float) * (size_t)n);
+            double sum = cpu_active_kernels()->softmax_exp(out, n, mx);
+            double want_sum = 0;
+            for (int i = 0; i < n; i++) {
+                double want = in[i] == -INFINITY ? 0.0 : exp((double)(in[i] - mx)); /* the kernels subtract in float */
+                want_sum += want;
+                if (in[i] == -INFINITY ? out[i] != 0.0f
+                                       : !(fabs(out[i] - want) <= 3e-7 * want))
+                    fail_msg("%s n %d: exp(%.9g - %.9g) = %.9g, want %.9g", paths[pi], n, in[i],
+                             mx, out[i], want);
+            }
+            if (!(fabs(sum - want_sum) <= 1e-6 * want_sum))
+                fail_msg("%s n %d: sum %.17g, want %.17g", paths[pi], n, sum, want_sum);
+            if (pi == 0) continue; /* the scalar path has its own expf */
+            if (!have_ref) {
+                memcpy(ref, out, sizeof(float) * (size_t)n);
+                ref_sum = sum, have_ref = 1;
+            } else if (memcmp(ref, out, sizeof(float) * (size_t)n) != 0 || sum != ref_sum) {
+                fail_msg("%s n %d: values or sum differ from the avx2 kernel's", paths[pi], n);
+            }
+        }
+    }
+    cpu_simd_force("auto");
+}
+
 /* The argmax op on every path equals specd_argmax: ties to the first index,
  * NaN never wins, -inf rows, all-NaN rows, tails past the vector width. */
 static void test_argmax_paths(void **state) {
@@ -635,6 +683,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_swiglu_paths),
         cmocka_unit_test(test_argmax_paths),
         cmocka_unit_test(test_attention_block_kernels),
+        cmocka_unit_test(test_softmax_exp_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
