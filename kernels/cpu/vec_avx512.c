@@ -27,6 +27,11 @@
 
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 
+/* Prefetch distance of the K and V passes, in rows: vec_avx2.c's (a KV
+ * head's slice of a row is a short piece of a long stride, which the
+ * hardware prefetcher follows slowly). */
+#define K_PREFETCH_ROWS 16
+
 /* An fp16 row of n (a multiple of 16) widened to fp32 (exact). */
 static inline __attribute__((always_inline, target(TBW))) void widen16(float *dst,
                                                                       const uint16_t *src, int n) {
@@ -160,8 +165,15 @@ static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
     float tile[V_TILE][64];
     for (int t0 = 0; t0 < n_rows; t0 += V_TILE) {
         int nt = n_rows - t0 < V_TILE ? n_rows - t0 : V_TILE;
-        for (int r = 0; r < nt; r++)
+        for (int r = 0; r < nt; r++) {
+            if (t0 + r + K_PREFETCH_ROWS < n_rows) { /* the K side's prefetch, for V */
+                const char *p =
+                    (const char *)cpu_kv_paged_row_f16(pool, pages, t0 + r + K_PREFETCH_ROWS, stride, off);
+                _mm_prefetch(p, _MM_HINT_T0);
+                _mm_prefetch(p + 64, _MM_HINT_T0);
+            }
             widen16(tile[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), 64);
+        }
         for (int k = 0; k < nq; k += 4) {
             int g = nq - k < 4 ? nq - k : 4;
             AXPYS_ROWS(o + k, scores + k, inv + k, g, NULL, pages, stride, off,
@@ -266,10 +278,6 @@ static inline __attribute__((always_inline, target(TBW))) __m128 reduce4(__m512 
     return cpu_hsum8x4(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3));
 }
 
-/* Prefetch distance of the K pass, in rows: vec_avx2.c's (a KV head's
- * slice of a row is a short piece of a long stride, which the hardware
- * prefetcher follows slowly). */
-#define K_PREFETCH_ROWS 16
 
 /* The 16 dots of 4 queries x 4 rows in one zmm: a[4 * i + k] is the chain
  * of query k with row i, and the result's quarter k (lanes 4k .. 4k+3) is
