@@ -20,7 +20,9 @@
  *      matmul time of one forward pass of n_tok tokens, the floor for decode
  *      (n_tok = 1) and for verifying a draft tree (n_tok > 1);
  *   4. the thread pool's hand-off cost: a run of 2 empty tasks back to back
- *      (workers spinning) and after the workers fell asleep. */
+ *      (workers spinning) and after the workers fell asleep;
+ *   5. the arithmetic peak of one core (int8 dot instructions, fp32 FMA),
+ *      and the integer kernels' rate at 32 tokens as a share of it. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -216,6 +218,102 @@ static void bench_pool(void) {
     specd_pool_destroy(pool);
 }
 
+/* 2. The arithmetic peak of one core: 12 independent chains of the one
+ * instruction the integer kernels are made of (vpdpbusd; vpmaddubsw +
+ * vpmaddwd + vpaddd without VNNI) and of the fp32 FMA attention runs on,
+ * so a kernel's rate reads as a fraction of what the core can do. (On the
+ * Cascade Lake VM of the README a zmm vpdpbusd retires about once per two
+ * cycles, not once per cycle: the integer kernels' peak there is half of
+ * what the port count promises.) */
+#define PEAK_ITERS 20000000L
+#define PEAK_CHAINS 12
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double peak_vnni512(void) {
+    __m512i a[PEAK_CHAINS], w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_set1_epi32(i);
+    double t = now_s();
+    for (long k = 0; k < PEAK_ITERS; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+        __asm__ volatile("" : "+v"(w)); /* the loop is not folded away */
+    }
+    t = now_s() - t;
+    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm512_add_epi32(a[0], a[i]);
+    volatile int sink = _mm512_reduce_add_epi32(a[0]);
+    (void)sink;
+    return (double)PEAK_ITERS * PEAK_CHAINS * 64 / t;
+}
+
+__attribute__((target("avx2"))) static double peak_maddubs256(void) {
+    __m256i a[PEAK_CHAINS], w[PEAK_CHAINS], x = _mm256_set1_epi8(5), one = _mm256_set1_epi16(1);
+    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_set1_epi32(i), w[i] = _mm256_set1_epi8((char)i);
+    double t = now_s();
+    for (long k = 0; k < PEAK_ITERS; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < PEAK_CHAINS; i++)
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], x), one));
+        __asm__ volatile("" : "+v"(x));
+    }
+    t = now_s() - t;
+    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm256_add_epi32(a[0], a[i]);
+    volatile int sink = _mm256_extract_epi32(a[0], 0);
+    (void)sink;
+    return (double)PEAK_ITERS * PEAK_CHAINS * 32 / t;
+}
+
+__attribute__((target("avx512f"))) static double peak_fma512(void) {
+    __m512 a[PEAK_CHAINS], w = _mm512_set1_ps(0.999f), x = _mm512_set1_ps(1e-3f);
+    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
+    double t = now_s();
+    for (long k = 0; k < PEAK_ITERS; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], w, x);
+    }
+    t = now_s() - t;
+    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm512_add_ps(a[0], a[i]);
+    volatile float sink = _mm512_reduce_add_ps(a[0]);
+    (void)sink;
+    return (double)PEAK_ITERS * PEAK_CHAINS * 16 / t;
+}
+
+__attribute__((target("avx2,fma"))) static double peak_fma256(void) {
+    __m256 a[PEAK_CHAINS], w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(1e-3f);
+    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_set1_ps((float)i);
+    double t = now_s();
+    for (long k = 0; k < PEAK_ITERS; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], w, x);
+    }
+    t = now_s() - t;
+    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    float o[8];
+    _mm256_storeu_ps(o, a[0]);
+    volatile float sink = o[0];
+    (void)sink;
+    return (double)PEAK_ITERS * PEAK_CHAINS * 8 / t;
+}
+
+/* int8 multiply-adds per second of one core on the best integer path */
+static double g_int8_peak;
+
+static void bench_peak(void) {
+    printf("\n== arithmetic peak of one core (12 independent chains) ==\n");
+    if (__builtin_cpu_supports("avx2")) {
+        double v = peak_maddubs256();
+        printf("  int8  vpmaddubsw+vpmaddwd ymm: %6.1f G multiply-adds/s\n", v / 1e9);
+        g_int8_peak = v;
+        printf("  fp32  vfmadd ymm:              %6.1f G multiply-adds/s\n", peak_fma256() / 1e9);
+    }
+    if (__builtin_cpu_supports("avx512f")) {
+        printf("  fp32  vfmadd zmm:              %6.1f G multiply-adds/s\n", peak_fma512() / 1e9);
+    }
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) {
+        double v = peak_vnni512();
+        printf("  int8  vpdpbusd zmm:            %6.1f G multiply-adds/s\n", v / 1e9);
+        if (v > g_int8_peak) g_int8_peak = v;
+    }
+}
+
 int main(int argc, char **argv) {
     int quick = 0;
     const char *paths[3];
@@ -259,6 +357,7 @@ int main(int argc, char **argv) {
     }
 
     bench_pool();
+    bench_peak();
 
     /* weights: enough copies of each matrix to span the working set */
     for (int m = 0; m < N_MATS; m++) {
@@ -317,6 +416,17 @@ int main(int argc, char **argv) {
             printf(" %7.2f        ", model_s[0] * 1e3);
             for (int k = 1; k < N_TOKS; k++) printf("  %7.3f", model_s[k] * 1e3 / k_toks[k]);
             printf("\n");
+            if (g_fast && g_int8_peak > 0) { /* the integer kernels against the core's peak */
+                double macs = 0;
+                for (int m = 0; m < N_MATS; m++)
+                    macs += (double)k_mats[m].rows * (double)k_mats[m].cols *
+                            (k_mats[m].per_layer ? k_mats[m].per_layer * N_LAYERS : 1);
+                double rate = macs * k_toks[N_TOKS - 1] / model_s[N_TOKS - 1];
+                printf("  at %d tokens: %.1f G int8 multiply-adds/s, %.0f%% of %d x the best "
+                       "one-core peak above\n",
+                       k_toks[N_TOKS - 1], rate / 1e9, 100.0 * rate / (threads * g_int8_peak),
+                       threads);
+            }
             specd_pool_destroy(pool);
         }
     }
