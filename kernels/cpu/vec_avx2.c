@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "vec_exp.h"
 #include "vec_hsum.h"
 
 
@@ -20,17 +21,17 @@
 #define TAVX2 __attribute__((target("avx2,fma")))
 
 static inline TAVX2 __m256 exp_avx2(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(CPU_EXP_LO)), _mm256_set1_ps(CPU_EXP_HI));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CPU_EXP_LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(CPU_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P5));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     /* 2^n: n + 127 in the exponent field (n in [-126, 128] after the clamp;
      * 2^128 would overflow the field, so scale by 2^(n-1) twice there) */

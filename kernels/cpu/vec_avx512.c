@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "vec_exp.h"
 #include "vec_hsum.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -187,17 +188,17 @@ static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
 /* vec_avx2.c's exp_avx2, operation for operation on 16 lanes (elementwise
  * IEEE operations: each lane gets the AVX2 kernel's bits). */
 static inline __attribute__((always_inline, target(TBW))) __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(CPU_EXP_LO)), _mm512_set1_ps(CPU_EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CPU_EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CPU_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CPU_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(CPU_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P5));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     const __m512i ni = _mm512_cvtps_epi32(n);
     const __m512i half = _mm512_srai_epi32(ni, 1);
