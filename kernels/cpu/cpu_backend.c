@@ -473,6 +473,9 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         for (int i = 0; i < nt; i++) {
             free(c->scores[i]);
             c->scores[i] = malloc(sizeof(float) * longest * ATTN_QB);
+            /* 64 bytes per context row: a process that cannot get that has
+             * nothing sensible left to do, and attention has no error path */
+            if (!c->scores[i]) abort();
         }
         c->scores_cap = longest;
     }
