@@ -20,28 +20,7 @@
 
 #define TAVX2 __attribute__((target("avx2,fma")))
 
-static inline TAVX2 __m256 exp_avx2(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(CPU_EXP_LO)), _mm256_set1_ps(CPU_EXP_HI));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CPU_EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(CPU_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P5));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n: n + 127 in the exponent field (n in [-126, 128] after the clamp;
-     * 2^128 would overflow the field, so scale by 2^(n-1) twice there) */
-    const __m256i ni = _mm256_cvtps_epi32(n);
-    const __m256i half = _mm256_srai_epi32(ni, 1);
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    const __m256 s2 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
+CPU_DEFINE_EXP(exp_avx2, 256, _mm256_round_ps, TAVX2)
 
 static TAVX2 void swiglu_avx2(float *out, const float *gate, const float *up, size_t n) {
     size_t i = 0;

@@ -185,29 +185,9 @@ static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
 
 /* ---- softmax (quant_impl.h softmax_exp) ---------------------------------- */
 
-/* vec_avx2.c's exp_avx2, operation for operation on 16 lanes (elementwise
- * IEEE operations: each lane gets the AVX2 kernel's bits). */
-static inline __attribute__((always_inline, target(TBW))) __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(CPU_EXP_LO)), _mm512_set1_ps(CPU_EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CPU_EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CPU_EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CPU_EXP_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(CPU_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CPU_EXP_P5));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i ni = _mm512_cvtps_epi32(n);
-    const __m512i half = _mm512_srai_epi32(ni, 1);
-    const __m512 s1 =
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
-    const __m512 s2 = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), _mm512_set1_epi32(127)), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-}
+/* vec_avx2.c's exp_avx2 on 16 lanes: the same definition (vec_exp.h), and
+ * elementwise IEEE operations, so each lane gets the AVX2 kernel's bits. */
+CPU_DEFINE_EXP(exp512, 512, _mm512_roundscale_ps, __attribute__((always_inline, target(TBW))))
 
 /* acc[0] lane l += b[i + l], acc[1] lane l += b[i + 8 + l] for i = 0, 16,
  * ... < m (m a multiple of 16): vec_avx2.c's sum16_pd with its four 4-wide
