@@ -30,12 +30,11 @@ typedef struct cpu_backend {
     specd_step step;
     int *tok_seq;
     int tok_seq_cap;
-    /* attention query blocks of the current layer: first token of each,
-     * and the first task of each (blk_task[n_blk] = the task count) */
-    int *blk_tok;
-    int *blk_task;
-    int n_blk;
-    int blk_cap;
+    /* attention's tasks in the current layer: each one's first token (of
+     * its query block) and first head, in KV head order (cpu_attention) */
+    int *task_tok;
+    int *task_h0;
+    int task_cap;
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -46,8 +45,8 @@ static void cpu_destroy(specd_backend *be) {
     for (int i = 0; i < n && c->scores; i++) free(c->scores[i]);
     free(c->scores);
     free(c->tok_seq);
-    free(c->blk_tok);
-    free(c->blk_task);
+    free(c->task_tok);
+    free(c->task_h0);
     specd_pool_destroy(c->pool);
     free(c);
 }
@@ -321,17 +320,6 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
  * of ATTN_QB tokens reads each row once for its tokens already. */
 static int heads_per_task(int nq, int group) { return nq * group <= ATTN_QB ? group : 1; }
 
-/* The block whose tasks include `task` (blk_task ascending). */
-static int task_block(const cpu_backend *c, int task) {
-    int lo = 0, hi = c->n_blk - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (c->blk_task[mid] <= task) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 /* One task = one query block and heads_per_task() of its heads (one KV
  * head's): for each query (token t, head h), softmax(q_th . K^T / sqrt(d))
  * . V over the rows t sees: the n_past committed rows plus the new rows the
@@ -344,14 +332,13 @@ static void attn_task(void *ctx, int task, int thread) {
     const cpu_backend *c = j->c;
     const specd_step *st = &c->step;
     const cpu_kernel_set *ks = cpu_active_kernels();
-    int blk = task_block(c, task);
-    int t0 = c->blk_tok[blk];
+    int t0 = c->task_tok[task];
     const specd_step_seq *s = &st->seqs[c->tok_seq[t0]];
     int i0 = t0 - s->tok_start; /* index among the sequence's new tokens */
     int n_tok = s->n_new - i0 < ATTN_QB ? s->n_new - i0 : ATTN_QB;
     int group = j->n_heads / j->n_kv_heads, hg = heads_per_task(n_tok, group);
-    int h0 = (task - c->blk_task[blk]) * hg; /* the task's first head */
-    int nq = n_tok * hg;                     /* queries: hg heads x n_tok tokens */
+    int h0 = c->task_h0[task];
+    int nq = n_tok * hg; /* queries: hg heads x n_tok tokens */
     int hd = j->head_dim, kvw = j->n_kv_heads * hd;
     int kvh = h0 / group;
     float scale = 1.0f / sqrtf((float)hd);
@@ -479,25 +466,34 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         }
         c->scores_cap = longest;
     }
-    /* the query blocks: each sequence's new tokens, ATTN_QB at a time */
-    if (st->n_tokens + 1 > c->blk_cap) {
-        int *p = realloc(c->blk_tok, sizeof(int) * (size_t)(st->n_tokens + 1));
-        int *t = realloc(c->blk_task, sizeof(int) * (size_t)(st->n_tokens + 1));
-        if (p) c->blk_tok = p;
-        if (t) c->blk_task = t;
-        if (!p || !t) abort(); /* a few bytes per token: nothing sensible is left to do */
-        c->blk_cap = st->n_tokens + 1;
+    /* The tasks: each sequence's new tokens in query blocks of ATTN_QB,
+     * times the block's head groups, ordered by KV head first. Tasks are
+     * taken in this order, so both threads work on one KV head's K and V
+     * rows (768 KB for SmolLM2 at 3,000 tokens) while it stays in their
+     * L2, instead of cycling through every KV head's rows block after
+     * block (one layer of a 3,000-token prefill's attention, 2 threads,
+     * Cascade Lake: 6% faster; min of 6 alternated runs). The order
+     * changes no result: every task's arithmetic is its own. */
+    if ((size_t)st->n_tokens * (size_t)n_heads > (size_t)c->task_cap) {
+        size_t cap = (size_t)st->n_tokens * (size_t)n_heads;
+        int *p = realloc(c->task_tok, sizeof(int) * cap);
+        if (p) c->task_tok = p;
+        int *h = realloc(c->task_h0, sizeof(int) * cap);
+        if (h) c->task_h0 = h;
+        if (!p || !h) abort(); /* a few bytes per token: nothing sensible is left to do */
+        c->task_cap = (int)cap;
     }
-    int n_blk = 0, n_tasks = 0, group = n_heads / n_kv_heads;
-    for (int s = 0; s < st->n_seqs; s++)
-        for (int i = 0; i < st->seqs[s].n_new; i += ATTN_QB) {
-            int n_tok = st->seqs[s].n_new - i < ATTN_QB ? st->seqs[s].n_new - i : ATTN_QB;
-            c->blk_tok[n_blk] = st->seqs[s].tok_start + i;
-            c->blk_task[n_blk++] = n_tasks;
-            n_tasks += n_heads / heads_per_task(n_tok, group);
-        }
-    c->blk_task[n_blk] = n_tasks;
-    c->n_blk = n_blk;
+    int n_tasks = 0, group = n_heads / n_kv_heads;
+    for (int kvh = 0; kvh < n_kv_heads; kvh++)
+        for (int s = 0; s < st->n_seqs; s++)
+            for (int i = 0; i < st->seqs[s].n_new; i += ATTN_QB) {
+                int n_tok = st->seqs[s].n_new - i < ATTN_QB ? st->seqs[s].n_new - i : ATTN_QB;
+                int hg = heads_per_task(n_tok, group);
+                for (int h = kvh * group; h < (kvh + 1) * group; h += hg) {
+                    c->task_tok[n_tasks] = st->seqs[s].tok_start + i;
+                    c->task_h0[n_tasks++] = h;
+                }
+            }
     attn_job j = {c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim};
     specd_pool_run(c->pool, n_tasks, attn_task, &j);
 }

@@ -168,19 +168,40 @@ static inline TAVX2 void sum16_pd(const float *b, int m, __m256d acc[4]) {
 
 static TAVX2 double softmax_exp_avx2(float *s, int n, float max) {
     const __m256 mv = _mm256_set1_ps(max);
-    float buf[SQUEEZE_CHUNK + 16];
+    float buf[SQUEEZE_CHUNK + 32] __attribute__((aligned(32)));
     __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                       _mm256_setzero_pd()};
     int m = 0, r = 0;
-    for (; r + 8 <= n; r += 8) {
-        const __m256 e = exp_shifted(_mm256_loadu_ps(s + r), mv);
-        _mm256_storeu_ps(s + r, e);
-        m = squeeze8(e, buf, m);
+    for (; r + 16 <= n; r += 16) {
+        const __m256 e0 = exp_shifted(_mm256_loadu_ps(s + r), mv);
+        const __m256 e1 = exp_shifted(_mm256_loadu_ps(s + r + 8), mv);
+        _mm256_storeu_ps(s + r, e0);
+        _mm256_storeu_ps(s + r + 8, e1);
+        const __m256 z = _mm256_setzero_ps();
+        if (m == 0 && _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(e0, z, _CMP_NEQ_UQ),
+                                                       _mm256_cmp_ps(e1, z, _CMP_NEQ_UQ))) == 0xFF) {
+            /* 16 visible values with none pending: value l is the k-th
+             * visible with k % 16 == l, so it goes to lane l directly, as
+             * sum16_pd would add it from buf (the common case: a prompt's
+             * rows before its query block are all visible) */
+            acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(e0)));
+            acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps(e0, 1)));
+            acc[2] = _mm256_add_pd(acc[2], _mm256_cvtps_pd(_mm256_castps256_ps128(e1)));
+            acc[3] = _mm256_add_pd(acc[3], _mm256_cvtps_pd(_mm256_extractf128_ps(e1, 1)));
+            continue;
+        }
+        m = squeeze8(e0, buf, m);
+        m = squeeze8(e1, buf, m);
         if (m >= SQUEEZE_CHUNK) {
             sum16_pd(buf, SQUEEZE_CHUNK, acc);
             m -= SQUEEZE_CHUNK;
             memmove(buf, buf + SQUEEZE_CHUNK, sizeof(float) * (size_t)m);
         }
+    }
+    for (; r + 8 <= n; r += 8) {
+        const __m256 e = exp_shifted(_mm256_loadu_ps(s + r), mv);
+        _mm256_storeu_ps(s + r, e);
+        m = squeeze8(e, buf, m);
     }
     if (r < n) {
         float tail[8];
@@ -270,7 +291,7 @@ static inline __attribute__((always_inline)) TAVX2F16 void
 dots_paged(const float *const *q, int nq, const void *pool, int f16, const int32_t *pages,
            int n_rows, size_t stride, size_t off, int n, float scale, float *const *scores,
            float *maxs) {
-    float buf[4][CPU_KV_F16_MAX_HEAD];
+    float buf[4][CPU_KV_F16_MAX_HEAD] __attribute__((aligned(32)));
     const float *rows[4];
     int r = 0;
     if (n % 16 == 0) {
@@ -539,7 +560,7 @@ static TAVX2F16 void kv_axpys_block_f16_avx2(float *const *o, const float *const
         return;
     }
     /* kv_axpys_block_avx2 on a tile widened once for the whole block */
-    float tile[AXPY_TILE][64];
+    float tile[AXPY_TILE][64] __attribute__((aligned(32)));
     const float *rows[AXPY_TILE];
     for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
         int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
