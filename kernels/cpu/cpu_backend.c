@@ -320,6 +320,13 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
  * of ATTN_QB tokens reads each row once for its tokens already. */
 static int heads_per_task(int nq, int group) { return nq * group <= ATTN_QB ? group : 1; }
 
+/* Floats between two queries' score rows in a task's buffer: the width
+ * rounded up to a cache line, plus one line, so that the 16 rows the
+ * attention kernels walk side by side never fall into the same L1 set
+ * (a width of 1,024 would put all of them 4 KB apart, one set). One
+ * layer of a 3,000-token prefill, Cascade Lake: 5-10% faster. */
+static size_t score_stride(int width) { return ((size_t)width + 15) / 16 * 16 + 16; }
+
 /* One task = one query block and heads_per_task() of its heads (one KV
  * head's): for each query (token t, head h), softmax(q_th . K^T / sqrt(d))
  * . V over the rows t sees: the n_past committed rows plus the new rows the
@@ -352,7 +359,7 @@ static void attn_task(void *ctx, int task, int thread) {
         tok[k] = k % n_tok;
         qs[k] = j->q + ((size_t)(t0 + tok[k]) * j->n_heads + h) * hd;
         os[k] = j->out + ((size_t)(t0 + tok[k]) * j->n_heads + h) * hd;
-        ss[k] = scores + (size_t)k * width;
+        ss[k] = scores + (size_t)k * score_stride(width);
         maxs[k] = -INFINITY;
     }
     /* Rows before r0 are seen by every token of the block and done by the
@@ -459,7 +466,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         int nt = specd_pool_size(c->pool);
         for (int i = 0; i < nt; i++) {
             free(c->scores[i]);
-            c->scores[i] = malloc(sizeof(float) * longest * ATTN_QB);
+            c->scores[i] = malloc(sizeof(float) * score_stride((int)longest) * ATTN_QB);
             /* 64 bytes per context row: a process that cannot get that has
              * nothing sensible left to do, and attention has no error path */
             if (!c->scores[i]) abort();
