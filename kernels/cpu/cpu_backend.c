@@ -467,7 +467,9 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         int nt = specd_pool_size(c->pool);
         for (int i = 0; i < nt; i++) {
             free(c->scores[i]);
-            c->scores[i] = malloc(sizeof(float) * score_stride((int)longest) * ATTN_QB);
+            /* on a cache line, as every score row then is (score_stride):
+             * the kernels' 64-byte loads and stores never split a line */
+            c->scores[i] = aligned_alloc(64, sizeof(float) * score_stride((int)longest) * ATTN_QB);
             /* 64 bytes per context row: a process that cannot get that has
              * nothing sensible left to do, and attention has no error path */
             if (!c->scores[i]) abort();
