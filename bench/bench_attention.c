@@ -1,0 +1,149 @@
+/* bench_attention.c - speed of the CPU backend's attention op alone, on the
+ * default model's shape (SmolLM2-135M: 9 query heads on 3 KV heads of 64,
+ * 30 layers), for long prompts.
+ *
+ * Built by CMake as build/bench_attention.
+ * Run: build/bench_attention [--threads N] [--reps R] [--kv f16|f32]
+ *                            [--prompts 512,1000,3000] [path ...]
+ *      (paths: scalar avx2 avxvnni avx512 avx512vnni, as SPECD_SIMD; default
+ *      the one this CPU picks)
+ *
+ * For each path and prompt length P it prints, the fastest of R runs:
+ *   - prefill: one layer's attention over a P-token prompt in one causal
+ *     pass (query blocks of 16 against the rows before them), in ms, and
+ *     per query-key pair (9 x P(P+1)/2 of them) in ns;
+ *   - the same times 30 layers: the attention share of prefilling P tokens;
+ *   - decode: one token's attention over the P cached rows, all 30 layers,
+ *     in ms (a read of the whole cache: bound by memory, not arithmetic).
+ * Each layer has its own cache pool, as in the model, so a run reads what
+ * the model would read. Inputs are random; the kernels' speed does not
+ * depend on the values (no data-dependent branches on visible rows). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/matmul.h"
+
+enum { N_HEADS = 9, N_KV = 3, HEAD = 64, N_LAYERS = 30, MAX_PROMPTS = 16 };
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static float urand(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)(*s >> 40) / (float)(1 << 24) - 0.5f;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_attention: %s\n", what);
+    exit(1);
+}
+
+/* One step over every layer: n_new tokens after n_past cached ones.
+ * Returns the seconds per layer. */
+static double run_step(specd_backend *be, const specd_kv_layout *kv, int32_t *pages, int n_past,
+                       int n_new, const float *q, const float *k, const float *v, float *out,
+                       int n_layers) {
+    specd_step_seq sq = {n_past, 0, n_new, NULL, pages};
+    float *cs = calloc((size_t)n_new * HEAD, sizeof(float));
+    int32_t *ids = calloc((size_t)n_new, sizeof(int32_t));
+    if (!cs || !ids) die("out of memory");
+    specd_step st = {n_new, ids, cs, HEAD, 1, &sq, 0, NULL};
+    specd_error err = {0};
+    if (be->ops->begin_step(be, &st, &err)) die(err.msg);
+    double t0 = now_s();
+    for (int l = 0; l < n_layers; l++)
+        be->ops->attention(be, out, q, k, v, kv, l, N_HEADS, N_KV, HEAD);
+    if (be->ops->finish(be, &err)) die(err.msg);
+    double t = (now_s() - t0) / n_layers;
+    free(cs);
+    free(ids);
+    return t;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, reps = 3, f16 = 1, n_prompts = 0, prompts[MAX_PROMPTS];
+    const char *paths[16];
+    int n_paths = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) f16 = strcmp(argv[++i], "f32") != 0;
+        else if (!strcmp(argv[i], "--prompts") && i + 1 < argc) {
+            for (char *p = argv[++i]; *p && n_prompts < MAX_PROMPTS;) {
+                prompts[n_prompts++] = (int)strtol(p, &p, 10);
+                if (*p == ',') p++;
+                else if (*p) die("--prompts: a comma-separated list of token counts");
+            }
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32] "
+                            "[--prompts 512,1000,3000] [path ...]\n", argv[0]);
+            return 2;
+        } else if (n_paths < 16) {
+            paths[n_paths++] = argv[i];
+        }
+    }
+    if (!n_prompts) prompts[0] = 512, prompts[1] = 1000, prompts[2] = 3000, n_prompts = 3;
+    if (!n_paths) paths[n_paths++] = "auto";
+    if (threads < 1 || reps < 1) die("--threads and --reps must be at least 1");
+    for (int i = 0; i < n_prompts; i++)
+        if (prompts[i] < 1 || prompts[i] > 32768) die("--prompts: each from 1 to 32768");
+
+    printf("attention, SmolLM2-135M shape (%d heads on %d KV heads of %d, %d layers), "
+           "%d threads, KV cache %s, fastest of %d\n\n", N_HEADS, N_KV, HEAD, N_LAYERS,
+           threads, f16 ? "f16" : "f32", reps);
+    printf("| path | prompt | prefill ms/layer | ns per pair | x %d layers, s | decode ms, "
+           "%d layers |\n|---|--:|--:|--:|--:|--:|\n", N_LAYERS, N_LAYERS);
+    for (int pi = 0; pi < n_paths; pi++) {
+        if (!cpu_simd_force(paths[pi])) {
+            printf("| %s | (not on this CPU) | | | | |\n", paths[pi]);
+            continue;
+        }
+        specd_error err = {0};
+        specd_backend *be = specd_cpu_backend_create(
+            threads, SPECD_PRECISION_FAST, f16 ? SPECD_KV_F16 : SPECD_KV_F32, &err);
+        if (!be) die(err.msg);
+        for (int j = 0; j < n_prompts; j++) {
+            int P = prompts[j], rows_needed = P + 1;
+            int n_pages = (rows_needed + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS;
+            int64_t n_rows = (int64_t)n_pages * SPECD_KV_PAGE_ROWS;
+            int32_t *pages = malloc(sizeof(int32_t) * (size_t)n_pages);
+            size_t q_n = (size_t)P * N_HEADS * HEAD, kv_n = (size_t)P * N_KV * HEAD;
+            float *q = malloc(sizeof(float) * q_n), *out = malloc(sizeof(float) * q_n);
+            float *k = malloc(sizeof(float) * kv_n), *v = malloc(sizeof(float) * kv_n);
+            size_t pool = 2 * (size_t)N_LAYERS * (size_t)n_rows * N_KV * HEAD * (f16 ? 2 : 4);
+            specd_kv_layout kv = {be->ops->alloc(be, pool), N_LAYERS, N_KV * HEAD, n_rows};
+            if (!pages || !q || !out || !k || !v || !kv.base) die("out of memory");
+            for (int i = 0; i < n_pages; i++) pages[i] = i;
+            uint64_t s = 42;
+            for (size_t i = 0; i < q_n; i++) q[i] = urand(&s);
+            for (size_t i = 0; i < kv_n; i++) k[i] = urand(&s), v[i] = urand(&s);
+            double pre = 1e30, dec = 1e30;
+            for (int r = 0; r < reps; r++) {
+                /* prefill: 4 layers are enough to time (each has its own pool) */
+                double t = run_step(be, &kv, pages, 0, P, q, k, v, out, 4);
+                if (t < pre) pre = t;
+            }
+            /* fill every layer's cache, then time decode over all of them */
+            run_step(be, &kv, pages, 0, P, q, k, v, out, N_LAYERS);
+            for (int r = 0; r < reps; r++) {
+                double t = run_step(be, &kv, pages, P, 1, q, k, v, out, N_LAYERS) * N_LAYERS;
+                if (t < dec) dec = t;
+            }
+            double pairs = (double)N_HEADS * P * (P + 1) / 2;
+            printf("| %s | %d | %.2f | %.3f | %.2f | %.3f |\n", cpu_simd_name(), P,
+                   pre * 1e3, pre / pairs * 1e9, pre * N_LAYERS, dec * 1e3);
+            be->ops->free(be, kv.base);
+            free(pages), free(q), free(out), free(k), free(v);
+        }
+        be->ops->destroy(be);
+    }
+    cpu_simd_force("auto");
+    return 0;
+}
