@@ -96,6 +96,7 @@ static void detect(void) {
     g_sets[SET_AVX512].kv_axpys_f16 = g_sets[SET_AVX2].kv_axpys_f16;
     g_sets[SET_AVX512].kv_dots_block_f16 = g_sets[SET_AVX2].kv_dots_block_f16;
     g_sets[SET_AVX512].kv_axpys_block_f16 = g_sets[SET_AVX2].kv_axpys_block_f16;
+    g_sets[SET_AVX512].kv_axpys_block = g_sets[SET_AVX2].kv_axpys_block;
     if (g_have[SET_AVX512]) cpu_vec_avx512(&g_sets[SET_AVX512]);
     if (g_have[SET_AVX512] && avx512vnni) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
