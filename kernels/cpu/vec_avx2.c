@@ -168,7 +168,7 @@ static inline TAVX2 void sum16_pd(const float *b, int m, __m256d acc[4]) {
 
 static TAVX2 double softmax_exp_avx2(float *s, int n, float max) {
     const __m256 mv = _mm256_set1_ps(max);
-    float buf[SQUEEZE_CHUNK + 32] __attribute__((aligned(32)));
+    float buf[SQUEEZE_CHUNK + 16] __attribute__((aligned(32)));
     __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                       _mm256_setzero_pd()};
     int m = 0, r = 0;

@@ -36,6 +36,18 @@
  * hardware prefetcher follows slowly). */
 #define K_PREFETCH_ROWS 16
 
+/* Prefetches every cache line of one KV head's slice (n elements) of the
+ * sequence's row r: the K passes ask for rows K_PREFETCH_ROWS ahead. */
+static inline __attribute__((always_inline)) void prefetch_kv_row(const void *pool, int f16,
+                                                                 const int32_t *pages, int r,
+                                                                 size_t stride, size_t off, int n) {
+    const char *p = f16 ? (const char *)cpu_kv_paged_row_f16(pool, pages, r, stride, off)
+                        : (const char *)cpu_kv_paged_row(pool, pages, r, stride, off);
+    const uintptr_t end = (uintptr_t)p + (size_t)n * (f16 ? 2u : 4u) - 1;
+    for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a <= end; a += 64)
+        _mm_prefetch((const char *)a, _MM_HINT_T0);
+}
+
 /* An fp16 row of n (a multiple of 16) widened to fp32 (exact). */
 static inline __attribute__((always_inline, target(TBW))) void widen16(float *dst,
                                                                       const uint16_t *src, int n) {
@@ -323,18 +335,10 @@ dots_paged512(const float *const *q, int nq, const void *pool, int f16, const in
                                     maxs[k + 1], maxs[k + 1], maxs[k + 2], maxs[k + 2],
                                     maxs[k + 2], maxs[k + 2], maxs[k + 3], maxs[k + 3],
                                     maxs[k + 3], maxs[k + 3]);
-    const size_t row_bytes = (size_t)n * (f16 ? 2u : 4u);
     int r = 0;
     for (; r + 4 <= n_rows; r += 4) {
-        for (int i = 0; i < 4 && r + K_PREFETCH_ROWS + i < n_rows; i++) {
-            const char *p = f16 ? (const char *)cpu_kv_paged_row_f16(
-                                      pool, pages, r + K_PREFETCH_ROWS + i, stride, off)
-                                : (const char *)cpu_kv_paged_row(
-                                      pool, pages, r + K_PREFETCH_ROWS + i, stride, off);
-            const uintptr_t end = (uintptr_t)p + row_bytes - 1;
-            for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a <= end; a += 64)
-                _mm_prefetch((const char *)a, _MM_HINT_T0);
-        }
+        for (int i = 0; i < 4 && r + K_PREFETCH_ROWS + i < n_rows; i++)
+            prefetch_kv_row(pool, f16, pages, r + K_PREFETCH_ROWS + i, stride, off, n);
         for (int i = 0; i < 4; i++) {
             if (f16) {
                 widen16(buf[i], cpu_kv_paged_row_f16(pool, pages, r + i, stride, off), n);
@@ -497,16 +501,10 @@ dots_qlanes(const float *const *q, int nq, const void *pool, int f16, const int3
     const __m512 svz = _mm512_set1_ps(scale);
     const __mmask16 qm = (__mmask16)((1u << nq) - 1);
     __m512 mv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), qm, maxs);
-    const size_t row_bytes = (size_t)n * (f16 ? 2u : 4u);
     for (int r = 0; r < n_rows; r += 16) {
         const int nr = n_rows - r < 16 ? n_rows - r : 16;
-        for (int i = 16; i < 32 && r + i < n_rows; i++) { /* the next tile (K_PREFETCH_ROWS) */
-            const char *p = f16 ? (const char *)cpu_kv_paged_row_f16(pool, pages, r + i, stride, off)
-                                : (const char *)cpu_kv_paged_row(pool, pages, r + i, stride, off);
-            const uintptr_t end = (uintptr_t)p + row_bytes - 1;
-            for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63; a <= end; a += 64)
-                _mm_prefetch((const char *)a, _MM_HINT_T0);
-        }
+        for (int i = 16; i < 32 && r + i < n_rows; i++) /* the next tile (K_PREFETCH_ROWS) */
+            prefetch_kv_row(pool, f16, pages, r + i, stride, off, n);
         const float *kr[16];
         for (int i = 0; i < 16; i++) {
             if (i >= nr) {
