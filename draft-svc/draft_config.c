@@ -20,8 +20,9 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       .min = 0, .max = 1024),
     F("targets", SPECD_CFG_STRLIST, targets, "127.0.0.1:50052",
       "target-svc addresses: host:port, or dns:NAME:PORT for every address of a name"),
-    F("drafter.default", SPECD_CFG_ENUM, drafter.def, "ngram",
-      "drafter for requests that name none", .choices = specd_drafter_names),
+    F("drafter.default", SPECD_CFG_ENUM, drafter.def, "auto",
+      "drafter for requests that name none; auto = the best one offered: mlp_ngram, else mlp, "
+      "else ngram", .choices = specd_drafter_names),
     F("drafter.mlp.path", SPECD_CFG_STRING, drafter.mlp.path, NULL,
       "MLPSpeculator directory (config.json + safetensors); unset = not offered"),
     F("drafter.mlp.accept_head", SPECD_CFG_STRING, drafter.mlp.accept_head, NULL,

@@ -1,7 +1,7 @@
 /* drafter.h - the one interface every drafter implements.
  *
  * A drafter guesses how the text goes on, as a tree of candidate tokens that
- * target-svc then verifies. Three live behind this interface:
+ * target-svc then verifies. Four live behind this interface:
  *
  *   mlp       IBM's MLP speculator (draft-svc/mlp_speculator.h): conditions
  *             on the target's final hidden state and the newest token; one
@@ -12,6 +12,10 @@
  *             last tokens before, in this request's prompt and output and
  *             (when the operator shares it) in recent requests' outputs,
  *             weighted by how often. No model.
+ *
+ *   mlp_ngram both of the above in one tree: the mlp drafter's drafts and
+ *             suffix decoding's, merged, each node scored and calibrated
+ *             by its source (drafter_hybrid.c). Needs hidden states.
  *
  * Batching: propose() takes every session that is ready at once (the session
  * driver's batcher gathers them), so N concurrent streams cost one
@@ -57,6 +61,13 @@ typedef struct specd_draft_job {
     uint64_t position;        /* output index of the root's children (rng streams) */
     int candidates;           /* paths wanted, >= 1 */
     int depth;                /* longest path, >= 1 */
+    /* The shape a part that costs no time per level may take: the hybrid
+     * drafter's prompt lookup (drafter_hybrid.c) drafts up to
+     * lookup_candidates x lookup_depth whatever candidates x depth asks of
+     * its model, since a lookup's nodes cost only the rows of them that the
+     * price keeps (tree_choice.h). 0 = candidates x depth. Other drafters
+     * ignore it. */
+    int lookup_candidates, lookup_depth;
     /* SpecDec++ adaptive length, for drafters with an acceptance head:
      * a path stops growing once 1 - prod(p_accept) along it exceeds
      * stop_threshold, but never before min_depth (<= depth). 0 = off:
@@ -70,7 +81,7 @@ typedef struct specd_draft_job {
 } specd_draft_job;
 
 typedef struct specd_drafter_ops {
-    const char *name; /* "mlp", "draft_lm", "ngram" */
+    const char *name; /* "mlp", "draft_lm", "ngram", "mlp_ngram" */
     /* Per-session state (KV slot, scratch). NULL ops = stateless. -1 + err
      * when out of capacity (the session then runs without drafting). */
     int (*session_open)(specd_drafter *d, void **state, specd_error *err);
@@ -145,5 +156,16 @@ typedef struct specd_ngram_drafter_opts {
     int depth;
 } specd_ngram_drafter_opts;
 specd_drafter *specd_ngram_drafter_create(const specd_ngram_drafter_opts *o, specd_error *err);
+
+typedef struct specd_hybrid_drafter_opts {
+    /* The model drafter (mlp), borrowed: it must outlive this one and take
+     * calls from two batchers (the mlp drafter serializes its own). */
+    specd_drafter *model;
+    /* Settings of this drafter's own lookup, an ngram drafter (vocab 0 =
+     * the model's). With `shared` on, its suffix cache is its own too:
+     * separate from the ngram drafter's. */
+    specd_ngram_drafter_opts lookup;
+} specd_hybrid_drafter_opts;
+specd_drafter *specd_hybrid_drafter_create(const specd_hybrid_drafter_opts *o, specd_error *err);
 
 #endif

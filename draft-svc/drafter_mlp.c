@@ -71,8 +71,11 @@
  * Batching: at each depth the frontier rows of every job go through one
  * specd_mlp_speculator_stage call, so the head matmul reads its weights once
  * per depth for the whole batch. Jobs without a hidden state (the target
- * sent none) get an empty tree. The drafter keeps no per-session state. */
+ * sent none) get an empty tree. The drafter keeps no per-session state.
+ * Calls are serialized (a mutex): besides its own batcher, the hybrid
+ * drafter's calls it. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,8 +133,12 @@ typedef struct mlp_impl {
     int row_w;
     const int32_t *row_map;
     int max_k;
-    /* per-call scratch, grown on demand (a drafter serves one call at a
-     * time: the session driver's batcher is its only caller) */
+    /* One call at a time, over the scratch below: the session driver
+     * has a batcher per drafter, and the hybrid drafter (drafter_hybrid.c)
+     * borrows this one, so two batchers may call it. */
+    pthread_mutex_t mu;
+    int mu_ready;
+    /* per-call scratch, grown on demand */
     size_t rows_cap;
     float *in_states;  /* [rows][max(emb_dim, inner_dim)] */
     float *out_states; /* [rows][inner_dim] */
@@ -374,8 +381,7 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
     return n_next;
 }
 
-static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_error *err) {
-    mlp_impl *m = d->impl;
+static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_error *err) {
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
     int draft_ids = m->draft_vocab > 0; /* every job greedy and unadjusted */
@@ -444,8 +450,17 @@ static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_err
     return 0;
 }
 
+static int mlp_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_error *err) {
+    mlp_impl *m = d->impl;
+    pthread_mutex_lock(&m->mu);
+    int rc = mlp_propose_locked(m, jobs, n, err);
+    pthread_mutex_unlock(&m->mu);
+    return rc;
+}
+
 static void mlp_free_impl(mlp_impl *m) {
     if (!m) return;
+    if (m->mu_ready) pthread_mutex_destroy(&m->mu);
     specd_mlp_speculator_free(m->sp);
     specd_accept_head_free(m->head);
     free(m->in_states);
@@ -522,6 +537,8 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
         specd_seterr(err, "mlp drafter: out of memory");
         return NULL;
     }
+    pthread_mutex_init(&m->mu, NULL);
+    m->mu_ready = 1;
     specd_backend_opts bo = {.name = o->backend ? o->backend : "cpu", .n_threads = o->n_threads,
                              .device = o->device};
     m->sp = specd_mlp_speculator_load_ex(o->path, &bo, o->q8_weights, err);

@@ -61,6 +61,7 @@ typedef struct price_state {
     int active;          /* this step's tree was priced (greedy, cost mode) */
     float *score, *p_path;  /* [max_tree_tokens] per node of the tree sent */
     uint8_t *rank, *keep;
+    int32_t *levels;     /* [max_tree_tokens] drafting stages per node (price_tree) */
     double predicted;    /* expected accepted tokens of the tree sent, as priced */
     double predicted_raw;/* the same without the session's scale */
     float scale;         /* how this session accepts against the calibration */
@@ -123,6 +124,7 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->p_path = malloc(sizeof(float) * (size_t)cap);
     ps->rank = malloc((size_t)cap);
     ps->keep = malloc((size_t)cap);
+    ps->levels = malloc(sizeof(int32_t) * (size_t)cap);
     ps->scale = 1.0f;
     ps->p1 = -1.0f;
     ps->gain = 1.0;
@@ -130,7 +132,7 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     /* start small: the shape grows by exploring (price_tree) */
     ps->want_cand = pol->max_candidates > 2 ? 2 : pol->max_candidates > 0 ? pol->max_candidates : 1;
     ps->want_depth = pol->max_depth > 2 ? 2 : pol->max_depth > 0 ? pol->max_depth : 1;
-    return ps->score && ps->p_path && ps->rank && ps->keep ? 0 : -1;
+    return ps->score && ps->p_path && ps->rank && ps->keep && ps->levels ? 0 : -1;
 }
 
 static void price_free(price_state *ps) {
@@ -138,6 +140,7 @@ static void price_free(price_state *ps) {
     free(ps->p_path);
     free(ps->rank);
     free(ps->keep);
+    free(ps->levels);
 }
 
 /* What the next pass will cost us: the target's curve as this draft-svc
@@ -168,12 +171,16 @@ static void skip_drafting(price_state *ps) {
     ps->look = 1;
 }
 
-/* A tree's depth (its levels, SPECD_MAX_DRAFT_DEPTH at most) and the node
- * count of its widest level; 0 and 0 when empty. */
+/* The depth (levels, SPECD_MAX_DRAFT_DEPTH at most) and the node count of
+ * the widest level of a tree's drafted part, the part a drafter pays for
+ * per level: every node but a lookup's (tree_builder.h), whose shape is
+ * not priced (a hybrid drafter's lookup always gets the policy's largest
+ * shape, draft()). 0 and 0 when there is none. */
 static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
     int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0};
     *deepest = *widest = 0;
     for (int i = 0; i < tb->n_nodes; i++) {
+        if (tb->src[i] == SPECD_SRC_LOOKUP) continue;
         int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
         if (++width[d] > *widest) *widest = width[d];
         if (d > *deepest) *deepest = d;
@@ -220,7 +227,8 @@ static void price_tree(gen *g, double draft_us) {
     specd_tree_price pr;
     price_of_step(g, &pr);
     specd_tree_pick pick;
-    specd_tree_choose(ps->p_path, tb->depth, n, &pr, ps->keep, &pick);
+    for (int i = 0; i < n; i++) ps->levels[i] = tb->src[i] == SPECD_SRC_LOOKUP ? 0 : tb->depth[i];
+    specd_tree_choose(ps->p_path, tb->depth, ps->levels, n, &pr, ps->keep, &pick);
     /* A look that the estimate would prune to nothing still sends the
      * drafter's favourite first node: only a node sent shows how this
      * session's text accepts (the scale learns from answers, and a
@@ -447,6 +455,7 @@ static void draft(gen *g, const specd_target_info *info) {
     specd_tree_buf_reset(&g->tb);
     if (!g->drafting) return;
     int cand = q->candidates, depth = q->depth;
+    int look_cand = 0, look_depth = 0; /* a lookup's shape: the job's lookup_* */
     /* Greedy requests without a shape of their own, in cost mode, are
      * priced (tree_choice.h); everything else gets a fixed shape. */
     int priced = q_priced(g) && g->member;
@@ -483,6 +492,10 @@ static void draft(gen *g, const specd_target_info *info) {
         g->price.looking = look;
         cand = g->price.want_cand;
         depth = g->price.want_depth;
+        /* a lookup costs nothing per level: the largest shape, and the
+         * price keeps what pays */
+        look_cand = g->env->policy->max_candidates;
+        look_depth = g->env->policy->max_depth;
     } else if (!cand || !depth) {
         int pc = 1, pd = 1;
         /* A rejection-sampled request's shape must not follow the load, or
@@ -505,6 +518,10 @@ static void draft(gen *g, const specd_target_info *info) {
     if (q->drafter->hidden_size > 0 && !g->have_hidden) return;
     if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
     if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
+    if (look_cand < cand) look_cand = cand;
+    if (look_depth < depth) look_depth = depth;
+    if (look_depth > q->drafter->max_depth) look_depth = q->drafter->max_depth;
+    if (look_depth > SPECD_MAX_DRAFT_DEPTH) look_depth = SPECD_MAX_DRAFT_DEPTH;
     /* A tree may not exceed what this target takes, nor the context it has
      * left (the pending token and every node need a cache row). */
     int room = info->context_length - g->n_hist - 1;
@@ -528,6 +545,8 @@ static void draft(gen *g, const specd_target_info *info) {
         .position = (uint64_t)g->n_gen,
         .candidates = cand,
         .depth = depth,
+        .lookup_candidates = look_cand,
+        .lookup_depth = look_depth,
         .stop_threshold = stop,
         .min_depth = g->env->min_depth,
         .out = &g->tb,

@@ -99,6 +99,11 @@ int main(int argc, char **argv) {
             specd_ngram_drafter_opts o;
             specd_ngram_opts_from_config(&cfg, vocab, &o);
             if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&o, &err))) goto fail;
+            if (drafters[SPECD_DRAFTER_MLP]) {
+                specd_hybrid_drafter_opts ho = {.model = drafters[SPECD_DRAFTER_MLP], .lookup = o};
+                if (!(drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err)))
+                    goto fail;
+            }
         }
     }
 
@@ -132,7 +137,7 @@ int main(int argc, char **argv) {
     if (specd_metrics_http_serve(cfg.metrics.listen, "draft-svc", &mh, &err)) goto fail;
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
-            specd_drafter_names[cfg.drafter.def]);
+            specd_drafter_names[specd_draft_default_drafter(&dop)]);
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
     if (sig < 0) {
         fprintf(stderr, "draft-svc: cannot install signal handlers\n");

@@ -12,8 +12,8 @@
 #include "draft-svc/request_check.h"
 #include "specd.pb-c.h"
 
-const char *const specd_drafter_names[SPECD_N_DRAFTERS + 2] = {"mlp", "draft_lm", "ngram", "none",
-                                                                NULL};
+const char *const specd_drafter_names[SPECD_N_DRAFTERS + 3] = {
+    "mlp", "draft_lm", "ngram", "mlp_ngram", "none", "auto", NULL};
 
 struct specd_draft_service {
     specd_draft_opts o;
@@ -228,6 +228,15 @@ static void h_info(specd_rpc_call *c, void *user) {
 
 /* ---- lifecycle -------------------------------------------------------------------- */
 
+int specd_draft_default_drafter(const specd_draft_opts *o) {
+    if (o->default_drafter != SPECD_DRAFTER_AUTO) return o->default_drafter;
+    static const int best_first[] = {SPECD_DRAFTER_MLP_NGRAM, SPECD_DRAFTER_MLP,
+                                     SPECD_DRAFTER_NGRAM};
+    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++)
+        if (o->drafters[best_first[i]]) return best_first[i];
+    return SPECD_N_DRAFTERS;
+}
+
 specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd_error *err) {
     if (o->max_prompt_tokens < 1 || o->max_new_tokens < 1 || o->default_max_new_tokens < 1 ||
         o->default_max_new_tokens > o->max_new_tokens || o->max_tree_tokens < 1 || !o->pool) {
@@ -235,12 +244,10 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
                           "1 <= default_max_new_tokens <= max_new_tokens, and targets");
         return NULL;
     }
-    if (o->default_drafter < 0 || o->default_drafter > SPECD_N_DRAFTERS ||
-        (o->default_drafter < SPECD_N_DRAFTERS && !o->drafters[o->default_drafter])) {
+    int def = specd_draft_default_drafter(o);
+    if (def < 0 || def > SPECD_N_DRAFTERS || (def < SPECD_N_DRAFTERS && !o->drafters[def])) {
         specd_seterr(err, "drafter.default: '%s' is not configured",
-                     o->default_drafter >= 0 && o->default_drafter <= SPECD_N_DRAFTERS
-                         ? specd_drafter_names[o->default_drafter]
-                         : "?");
+                     def >= 0 && def <= SPECD_N_DRAFTERS ? specd_drafter_names[def] : "?");
         return NULL;
     }
     specd_draft_service *svc = calloc(1, sizeof *svc);
@@ -249,6 +256,7 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         return NULL;
     }
     svc->o = *o;
+    svc->o.default_drafter = def; /* "auto" resolved once, here */
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) {
         specd_accept_calib_init(&svc->calib[i]);
         specd_accept_calib_init(&svc->calib_sampled[i]);
@@ -274,7 +282,7 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
     svc->lim = (specd_draft_limits){
         .tok = o->tok,
         .vocab = svc->vocab,
-        .default_drafter = o->default_drafter,
+        .default_drafter = def,
         .adm = {.max_prompt_tokens = o->max_prompt_tokens,
                 .max_new_tokens = o->max_new_tokens,
                 .default_max_new_tokens = o->default_max_new_tokens},

@@ -26,9 +26,18 @@
 #include "common/util/version.h"
 
 /* Indices of the drafters a service may offer. */
-enum { SPECD_DRAFTER_MLP, SPECD_DRAFTER_LM, SPECD_DRAFTER_NGRAM, SPECD_N_DRAFTERS };
-/* Names by index, then "none" (plain decoding) at SPECD_N_DRAFTERS. */
-extern const char *const specd_drafter_names[SPECD_N_DRAFTERS + 2];
+enum {
+    SPECD_DRAFTER_MLP,
+    SPECD_DRAFTER_LM,
+    SPECD_DRAFTER_NGRAM,
+    SPECD_DRAFTER_MLP_NGRAM, /* mlp and ngram merged (drafter_hybrid.c) */
+    SPECD_N_DRAFTERS
+};
+/* Names by index, then "none" (plain decoding) at SPECD_N_DRAFTERS, then
+ * "auto" at SPECD_DRAFTER_AUTO (drafter.default only: the best drafter
+ * offered, specd_draft_default_drafter). */
+#define SPECD_DRAFTER_AUTO (SPECD_N_DRAFTERS + 1)
+extern const char *const specd_drafter_names[SPECD_N_DRAFTERS + 3];
 
 typedef struct specd_draft_opts {
     const specd_tokenizer *tok;               /* NULL = token-id input only */
@@ -44,6 +53,11 @@ typedef struct specd_draft_opts {
     float stop_threshold; /* speculation.adaptive: default stop threshold, 0 = off */
     int min_depth;        /* speculation.adaptive.min_depth (0 = 1) */
 } specd_draft_opts;
+
+/* The drafter requests that name none get: o->default_drafter, or for
+ * SPECD_DRAFTER_AUTO the first offered of mlp_ngram, mlp, ngram (the order
+ * they drafted in on held-out prompts, docs/BENCHMARKS.md), else none. */
+int specd_draft_default_drafter(const specd_draft_opts *o);
 
 typedef struct specd_draft_service specd_draft_service;
 

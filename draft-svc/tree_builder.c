@@ -14,13 +14,14 @@ int specd_tree_buf_init(specd_tree_buf *b, int cap, size_t q_pool, specd_error *
     b->depth = malloc(sizeof(int32_t) * (size_t)cap);
     b->logq = malloc(sizeof(float) * (size_t)cap);
     b->pcond = malloc(sizeof(float) * (size_t)cap);
+    b->src = malloc((size_t)cap);
     b->q = calloc((size_t)cap + 1, sizeof *b->q);
     if (q_pool) {
         b->q_ids = malloc(sizeof(int32_t) * q_pool);
         b->q_probs = malloc(sizeof(float) * q_pool);
     }
     b->q_pool_cap = q_pool;
-    if (!b->tokens || !b->parents || !b->depth || !b->logq || !b->pcond || !b->q ||
+    if (!b->tokens || !b->parents || !b->depth || !b->logq || !b->pcond || !b->src || !b->q ||
         (q_pool && (!b->q_ids || !b->q_probs))) {
         specd_tree_buf_free(b);
         return specd_seterr(err, "tree buffer: out of memory");
@@ -34,6 +35,7 @@ void specd_tree_buf_free(specd_tree_buf *b) {
     free(b->depth);
     free(b->logq);
     free(b->pcond);
+    free(b->src);
     free(b->q);
     free(b->q_ids);
     free(b->q_probs);
@@ -55,6 +57,7 @@ int specd_tree_buf_add(specd_tree_buf *b, int parent, int32_t token, float logq)
     b->depth[i] = parent < 0 ? 1 : b->depth[parent] + 1;
     b->logq[i] = logq;
     b->pcond[i] = -1.0f;
+    b->src[i] = SPECD_SRC_MODEL;
     b->q[i + 1] = (specd_sparse_dist){0, NULL, NULL};
     return i;
 }
@@ -78,6 +81,7 @@ int specd_tree_buf_prune(specd_tree_buf *b, const uint8_t *keep) {
         b->depth[n] = b->depth[i];
         b->logq[n] = b->logq[i];
         b->pcond[n] = b->pcond[i];
+        b->src[n] = b->src[i];
         n++;
     }
     for (int i = 0; i <= b->n_nodes; i++) b->q[i] = (specd_sparse_dist){0, NULL, NULL};

@@ -32,6 +32,15 @@
 #include "common/util/error.h"
 #include "common/spec/tree.h"
 
+/* A node's source. A drafter has one (MODEL, whatever it is); the
+ * hybrid drafter merges a model's tree with a prompt lookup's, and the two
+ * are told apart because they differ in what they cost and how far their
+ * scores can be trusted: a model node costs a drafting stage per level, a
+ * lookup node nothing, and each source's scores are calibrated on their own
+ * (tree_choice.h). BOTH: a node both proposed (agreement is evidence of its
+ * own, so it gets a calibration of its own too). */
+enum { SPECD_SRC_MODEL = 0, SPECD_SRC_LOOKUP = 1, SPECD_SRC_BOTH = 2, SPECD_N_SRC = 3 };
+
 typedef struct specd_tree_buf {
     int cap;        /* most nodes */
     int n_nodes;
@@ -43,6 +52,10 @@ typedef struct specd_tree_buf {
      * parent was (the acceptance head's), or -1: none, and tree_choice.h
      * uses exp(logq - parent's logq) instead */
     float *pcond;
+    /* [cap] where the node came from (SPECD_SRC_*): SPECD_SRC_MODEL unless
+     * a drafter that merges a model's tree with a lookup's says otherwise
+     * (drafter_hybrid.c) */
+    uint8_t *src;
     /* Sampling mode: q[0] the root's children's distribution, q[1 + i] node
      * i's; n = 0 where unset. Entries live in one pool. */
     specd_sparse_dist *q; /* [cap + 1] */

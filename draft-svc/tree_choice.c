@@ -65,6 +65,10 @@ static int depth_row(int depth) {
     return d < 0 ? 0 : d >= SPECD_CALIB_DEPTHS ? SPECD_CALIB_DEPTHS - 1 : d;
 }
 
+static int src_of(const specd_tree_buf *t, int i) {
+    return t->src && t->src[i] < SPECD_N_SRC ? t->src[i] : SPECD_SRC_MODEL;
+}
+
 static int bin_of(float score) {
     int b = (int)(score * SPECD_CALIB_BINS);
     return b < 0 ? 0 : b >= SPECD_CALIB_BINS ? SPECD_CALIB_BINS - 1 : b;
@@ -95,9 +99,9 @@ void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const
                            const uint8_t *rank, float scale, float *p_path) {
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < t->n_nodes; i++) {
-        int d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
-        float pc = (c->accepted[d][r][b] + CALIB_PRIOR_WEIGHT * score[i]) /
-                   (c->tried[d][r][b] + CALIB_PRIOR_WEIGHT);
+        int o = src_of(t, i), d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
+        float pc = (c->accepted[o][d][r][b] + CALIB_PRIOR_WEIGHT * score[i]) /
+                   (c->tried[o][d][r][b] + CALIB_PRIOR_WEIGHT);
         pc *= scale;
         if (pc > SPECD_P_MAX) pc = SPECD_P_MAX;
         if (pc < 0) pc = 0;
@@ -107,14 +111,23 @@ void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const
 }
 
 float specd_accept_calib_first(specd_accept_calib *c, float scale) {
-    float acc = 0, tried = 0;
+    float best = 0;
     pthread_mutex_lock(&c->mu);
-    for (int b = 0; b < SPECD_CALIB_BINS; b++) {
-        acc += c->accepted[0][0][b];
-        tried += c->tried[0][0][b];
+    for (int o = 0; o < SPECD_N_SRC; o++) {
+        float acc = 0, tried = 0;
+        for (int b = 0; b < SPECD_CALIB_BINS; b++) {
+            acc += c->accepted[o][0][0][b];
+            tried += c->tried[o][0][0][b];
+        }
+        /* a source never tried says nothing (its prior would be 0.5 for
+         * every drafter, even one with a single source): only the default
+         * source stands in for "nothing tried yet" */
+        if (tried <= 0 && o != SPECD_SRC_MODEL) continue;
+        float p = (acc + CALIB_PRIOR_WEIGHT * 0.5f) / (tried + CALIB_PRIOR_WEIGHT);
+        if (p > best) best = p;
     }
     pthread_mutex_unlock(&c->mu);
-    float p = (acc + CALIB_PRIOR_WEIGHT * 0.5f) / (tried + CALIB_PRIOR_WEIGHT) * scale;
+    float p = best * scale;
     return p > SPECD_P_MAX ? SPECD_P_MAX : p;
 }
 
@@ -131,12 +144,12 @@ void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
             if (accepted_nodes[k] == i) accepted = 1;
         }
         if (!tried) continue;
-        int d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
-        c->tried[d][r][b] += 1;
-        c->accepted[d][r][b] += (float)accepted;
-        if (c->tried[d][r][b] >= SPECD_CALIB_WINDOW) {
-            c->tried[d][r][b] *= 0.5f;
-            c->accepted[d][r][b] *= 0.5f;
+        int o = src_of(t, i), d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
+        c->tried[o][d][r][b] += 1;
+        c->accepted[o][d][r][b] += (float)accepted;
+        if (c->tried[o][d][r][b] >= SPECD_CALIB_WINDOW) {
+            c->tried[o][d][r][b] *= 0.5f;
+            c->accepted[o][d][r][b] *= 0.5f;
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -188,7 +201,7 @@ static int by_p_desc(const void *a, const void *b) {
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
+void specd_tree_choose(const float *p_path, const int32_t *depth, const int32_t *levels, int n,
                        const specd_tree_price *pr, uint8_t *keep, specd_tree_pick *out) {
     memset(out, 0, sizeof *out);
     int L = pr->sessions > 0 ? pr->sessions : 1;
@@ -217,7 +230,8 @@ void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
     double best_rate = L / plain, best_e = 0, e = 0;
     for (int k = 1; k <= n; k++) {
         e += r[k - 1].p;
-        if (r[k - 1].depth > deepest) deepest = r[k - 1].depth;
+        int lv = levels ? levels[r[k - 1].index] : r[k - 1].depth;
+        if (lv > deepest) deepest = lv;
         double rate =
             (L + e) / (pr->overhead_us + pass_cost(pr, base, base + k) + stage_cost(pr, deepest));
         if (rate > best_rate) {

@@ -57,7 +57,7 @@
  * confident chain still costs something per node. */
 #define SPECD_P_MAX 0.99f
 
-/* Observed acceptance by (depth, rank, score bin), one per drafter, shared by
+/* Observed acceptance by (source, depth, rank, score bin), one per drafter, shared by
  * its sessions (internally locked). Counts are halved once a cell holds
  * SPECD_CALIB_WINDOW tries, so the table follows drift. */
 #define SPECD_CALIB_WINDOW 4096
@@ -65,8 +65,9 @@
 #define SPECD_CALIB_LOADS 5
 typedef struct specd_accept_calib {
     pthread_mutex_t mu;
-    float tried[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
-    float accepted[SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
+    /* by node source (tree_builder.h: SPECD_SRC_*), depth, rank, score bin */
+    float tried[SPECD_N_SRC][SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
+    float accepted[SPECD_N_SRC][SPECD_CALIB_DEPTHS][SPECD_CALIB_RANKS][SPECD_CALIB_BINS];
     /* The drafter's recent gain over plain steps, smoothed over every
      * session's drafted steps (the driver's): a new session starts out
      * decoding plainly for a few steps when drafting has not been paying,
@@ -124,7 +125,9 @@ void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
                                const int32_t *accepted_nodes, int n_acc);
 
 /* What a first-level node (depth 1, rank 0) has been accepted at, over
- * every score bin (the trees sent, so after pruning), times `scale`,
+ * every score bin (the trees sent, so after pruning), times `scale`; of a
+ * drafter with several sources (tree_builder.h), the best source's: any of
+ * them may propose the tree's favourite. Times `scale`,
  * capped like every estimate; 0.5 before anything was tried. Before
  * drafting, it says what a tree is likely to earn (specd_tree_could_pay).
  * Not the best bin: a node lands there only now and then, and drafting
@@ -160,9 +163,11 @@ typedef struct specd_tree_pick {
  * time: on shared cores it is. Nothing measured yet: 1. */
 int specd_tree_could_pay(float p, const specd_tree_price *pr);
 
-/* Marks the chosen nodes in keep[0..n). With no cost curve yet (nothing
- * measured) every node is kept: the first steps cannot be priced. */
-void specd_tree_choose(const float *p_path, const int32_t *depth, int n,
+/* Marks the chosen nodes in keep[0..n). levels[i]: the drafting stages
+ * node i took, what D counts (NULL = its depth; 0 for a lookup's node,
+ * which costs no stage). With no cost curve yet (nothing measured) every
+ * node is kept: the first steps cannot be priced. */
+void specd_tree_choose(const float *p_path, const int32_t *depth, const int32_t *levels, int n,
                        const specd_tree_price *pr, uint8_t *keep, specd_tree_pick *out);
 
 #endif

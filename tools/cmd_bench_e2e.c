@@ -63,7 +63,7 @@
 #include "tools/inproc.h"
 
 #define MAX_LEVELS 16
-#define MAX_DRAFTERS 4
+#define MAX_DRAFTERS 5 /* none and pick_drafters' order */
 #define MAX_CLASSES 8
 #define MAX_THRESHOLDS 8
 #define MAX_ROWS (MAX_DRAFTERS + MAX_THRESHOLDS)
@@ -631,9 +631,10 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
     if (code != GRPC_STATUS_OK) return -1;
     const Specd__V1__Info *info = (const Specd__V1__Info *)resp;
     /* plain first: every speed-up is relative to it */
-    static const char *const order[] = {"none", "ngram", "draft_lm", "mlp"};
+    static const char *const order[MAX_DRAFTERS] = {"none", "ngram", "draft_lm", "mlp",
+                                                    "mlp_ngram"};
     int n = 0;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < (int)(sizeof order / sizeof order[0]); k++) {
         int offered = !strcmp(order[k], "none");
         for (size_t j = 0; j < info->n_drafters; j++)
             offered |= !strcmp(info->drafters[j], order[k]);

@@ -61,7 +61,8 @@ static void generate_usage(void) {
            "  --prompt-ids 1,2,3   send token ids instead of text (models without tokenizer)\n"
            "  --stop STR           stop string; nothing past it is printed (repeatable)\n"
            "  --stop-id ID         stop at this token id (repeatable)\n"
-           "  --drafter NAME       mlp, draft_lm, ngram or none (default: the server's)\n"
+           "  --drafter NAME       mlp, mlp_ngram, draft_lm, ngram or none (default: the\n"
+           "                       server's; with --speculator, mlp_ngram)\n"
            "  --candidates N, --depth N  tree shape (default: the server's load-aware one)\n"
            "  --stop-threshold X   adaptive draft length (mlp with an acceptance head): stop a\n"
            "                       path once P(some token on it is rejected) > X, X < 1;\n"
@@ -298,7 +299,8 @@ static int generate_speculative(gen_opts *o) {
     }
     specd_error err = {{0}};
     cli_inproc_opts io = {.model = o->model, .threads = o->threads, .backend = o->backend,
-                          .device = o->device, .precision = o->precision, .kv_dtype = o->kv_dtype, .max_sessions = 1, .speculator = o->speculator};
+                          .device = o->device, .precision = o->precision, .kv_dtype = o->kv_dtype,
+                          .max_sessions = 1, .speculator = o->speculator, .ngram = 1};
     cli_inproc *p = cli_inproc_start(&io, &err);
     if (!p) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
@@ -306,7 +308,7 @@ static int generate_speculative(gen_opts *o) {
     }
     o->server = cli_inproc_draft_addr(p);
     o->tls.insecure = 1; /* the in-process services serve plaintext on loopback */
-    if (!o->drafter && !o->no_spec) o->drafter = "mlp";
+    /* no --drafter: the services' default, "auto": mlp_ngram here */
     int rc = cmd_generate_remote(o);
     cli_inproc_stop(p);
     return rc;

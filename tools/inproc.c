@@ -114,6 +114,11 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         specd_ngram_drafter_opts no;
         specd_ngram_opts_from_config(c, vocab, &no);
         if (!(p->drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
+        if (p->drafters[SPECD_DRAFTER_MLP]) {
+            specd_hybrid_drafter_opts ho = {.model = p->drafters[SPECD_DRAFTER_MLP], .lookup = no};
+            if (!(p->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, err)))
+                return -1;
+        }
     }
     const char *targets[1] = {p->target_addr};
     specd_tpool_opts po;
@@ -132,7 +137,8 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     dop.tok = p->tok;
     dop.pool = p->pool;
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];
-    /* The configured default drafter (ngram) when offered, else none. */
+    /* The configured default drafter when offered ("auto": the best offered,
+     * resolved by the service), else none. */
     if (dop.default_drafter < SPECD_N_DRAFTERS && !p->drafters[dop.default_drafter])
         dop.default_drafter = SPECD_N_DRAFTERS;
     if (!(p->dsvc = specd_draft_service_create(&dop, err))) return -1;

@@ -450,6 +450,9 @@ static void world_up(world *w, const char *model, const char *draft_model, const
                                      .accept_head = have_head ? head : NULL};
         w->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, &err);
         if (!w->drafters[SPECD_DRAFTER_MLP]) fail_msg("mlp: %s", err.msg);
+        specd_hybrid_drafter_opts ho = {.model = w->drafters[SPECD_DRAFTER_MLP], .lookup = no};
+        w->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err);
+        if (!w->drafters[SPECD_DRAFTER_MLP_NGRAM]) fail_msg("mlp_ngram: %s", err.msg);
     }
     const char *targets[] = {w->taddr};
     draft_up(w, targets, 1, 2);
@@ -578,8 +581,8 @@ static void test_tiny_greedy_lossless(void **state) {
     (void)state;
     const int32_t *prompts[] = {P0, P1, P_REP};
     const int n_prompts[] = {NELEM(P0), NELEM(P1), NELEM(P_REP)};
-    const char *drafters[] = {"none", "ngram", "draft_lm", "", "mlp"};
-    int drafted_any[5] = {0};
+    const char *drafters[] = {"none", "ngram", "draft_lm", "", "mlp", "mlp_ngram"};
+    int drafted_any[NELEM(drafters)] = {0};
     for (int p = 0; p < 3; p++) {
         reqb b;
         gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
@@ -588,7 +591,7 @@ static void test_tiny_greedy_lossless(void **state) {
         req_ids(&b, prompts[p], n_prompts[p], 40);
         target_gen(&T, &b, ref);
         assert_int_equal(ref->code, GRPC_STATUS_OK);
-        for (int d = 0; d < 5; d++)
+        for (int d = 0; d < NELEM(drafters); d++)
             for (int s = 0; s < NELEM(SHAPES); s++) {
                 if (!strcmp(drafters[d], "none") && s > 0) continue; /* shape is moot */
                 req_ids(&b, prompts[p], n_prompts[p], 40);
@@ -608,6 +611,7 @@ static void test_tiny_greedy_lossless(void **state) {
     assert_true(drafted_any[1] > 0);
     assert_true(drafted_any[2] > 0);
     assert_true(drafted_any[4] > 0);
+    assert_true(drafted_any[5] > 0);
 }
 
 /* max_new_tokens exact even when a tree would accept more: the repetitive
@@ -615,7 +619,7 @@ static void test_tiny_greedy_lossless(void **state) {
  * model, quantized) is right most of the time. */
 static void test_tiny_max_new_small(void **state) {
     (void)state;
-    const char *drafters[] = {"ngram", "draft_lm", "none", "mlp"};
+    const char *drafters[] = {"ngram", "draft_lm", "none", "mlp", "mlp_ngram"};
     gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
     reqb b;
     req_ids(&b, P_REP, NELEM(P_REP), 16);
@@ -624,7 +628,7 @@ static void test_tiny_max_new_small(void **state) {
     assert_int_equal(ref->code, GRPC_STATUS_OK);
     assert_int_equal(ref->n_ids, 16);
     for (int n = 1; n <= 3; n++)
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; d < NELEM(drafters); d++)
             for (int s = 0; s < 2; s++) {
                 req_ids(&b, P_REP, NELEM(P_REP), n);
                 b.r.ignore_eos = 1;
@@ -675,8 +679,8 @@ static void test_tiny_stop_ids(void **state) {
         assert_int_equal(ref->code, GRPC_STATUS_OK);
         assert_int_equal(ref->n_ids, at + 1); /* the stop id itself is returned */
         assert_int_equal(ref->finish, SPECD__V1__FINISH_REASON__FINISH_REASON_STOP);
-        const char *drafters[] = {"ngram", "draft_lm", "none", "mlp"};
-        for (int d = 0; d < 4; d++)
+        const char *drafters[] = {"ngram", "draft_lm", "none", "mlp", "mlp_ngram"};
+        for (int d = 0; d < NELEM(drafters); d++)
             for (int s = 0; s < 2; s++) {
                 req_ids(&b, prompts[p], n_prompts[p], 40);
                 b.r.ignore_eos = 1;
@@ -986,11 +990,24 @@ static void test_get_info(void **state) {
     assert_int_equal(info->eos_token_id, 2);
     assert_string_equal(info->backend, "cpu");
     assert_int_equal(info->max_tree_tokens, 32);
-    assert_int_equal((int)info->n_drafters, 4);
+    assert_int_equal((int)info->n_drafters, 5);
     assert_string_equal(info->drafters[0], "mlp");
     assert_string_equal(info->drafters[1], "draft_lm");
     assert_string_equal(info->drafters[2], "ngram");
-    assert_string_equal(info->drafters[3], "none");
+    assert_string_equal(info->drafters[3], "mlp_ngram");
+    assert_string_equal(info->drafters[4], "none");
+    /* drafter.default = auto: the best drafter offered */
+    specd_draft_opts ao = {.default_drafter = SPECD_DRAFTER_AUTO};
+    assert_int_equal(specd_draft_default_drafter(&ao), SPECD_N_DRAFTERS);
+    ao.drafters[SPECD_DRAFTER_NGRAM] = T.drafters[SPECD_DRAFTER_NGRAM];
+    assert_int_equal(specd_draft_default_drafter(&ao), SPECD_DRAFTER_NGRAM);
+    ao.drafters[SPECD_DRAFTER_MLP] = T.drafters[SPECD_DRAFTER_MLP];
+    assert_int_equal(specd_draft_default_drafter(&ao), SPECD_DRAFTER_MLP);
+    ao.drafters[SPECD_DRAFTER_MLP_NGRAM] = T.drafters[SPECD_DRAFTER_MLP_NGRAM];
+    assert_int_equal(specd_draft_default_drafter(&ao), SPECD_DRAFTER_MLP_NGRAM);
+    ao.default_drafter = SPECD_DRAFTER_NGRAM; /* a name is kept */
+    assert_int_equal(specd_draft_default_drafter(&ao), SPECD_DRAFTER_NGRAM);
+    assert_string_equal(specd_drafter_names[SPECD_DRAFTER_AUTO], "auto");
     assert_string_equal(info->default_drafter, "ngram");
     assert_int_equal((int)info->n_targets, 1);
     assert_string_equal(info->targets[0], T.taddr);
@@ -1048,7 +1065,7 @@ static void set_penalties(reqb *b) {
 static void test_penalties_and_logprobs(void **state) {
     (void)state;
     gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got), *plain = malloc(sizeof *plain);
-    const char *drafters[] = {"ngram", "draft_lm", "none", "mlp"};
+    const char *drafters[] = {"ngram", "draft_lm", "none", "mlp", "mlp_ngram"};
     /* Greedy with every logit adjustment: the same as the target alone. */
     const int32_t *prompts[] = {P_REP, P1};
     const int n_prompts[] = {NELEM(P_REP), NELEM(P1)};
@@ -1065,7 +1082,7 @@ static void test_penalties_and_logprobs(void **state) {
         /* The settings must matter, else this compares nothing. */
         assert_memory_not_equal(ref->ids, plain->ids, sizeof(int32_t) * 32);
         for (int i = 0; i < ref->n_ids; i++) assert_int_not_equal(ref->ids[i], 250);
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; d < NELEM(drafters); d++)
             for (int s = 0; s < 2; s++) {
                 req_ids(&b, prompts[p], n_prompts[p], 32);
                 b.r.ignore_eos = 1;
@@ -1088,7 +1105,7 @@ static void test_penalties_and_logprobs(void **state) {
     assert_int_equal(ref->code, GRPC_STATUS_OK);
     assert_int_equal(ref->n_lps, 24);
     float worst = 0;
-    for (int d = 0; d < 4; d++) {
+    for (int d = 0; d < NELEM(drafters); d++) {
         req_ids(&b, P_REP, NELEM(P_REP), 24);
         b.r.ignore_eos = 1;
         b.r.logprobs = 1;

@@ -119,8 +119,8 @@ typedef struct draft_side {
 static char spec_dir[64];
 
 /* draft-svc as main.c assembles it (with the health watch), in front of
- * `targets`, offering ngram, draft_lm (8 sessions) and mlp (a random
- * speculator), step_timeout as given. */
+ * `targets`, offering ngram, draft_lm (8 sessions), mlp (a random
+ * speculator) and mlp_ngram, step_timeout as given. */
 static void draft_up_vocab(draft_side *d, const char *const *targets, int n,
                            int step_timeout_ms, int vocab) {
     specd_error err = {{0}};
@@ -135,6 +135,8 @@ static void draft_up_vocab(draft_side *d, const char *const *targets, int n,
         d->drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&lo, &err);
         specd_mlp_drafter_opts mo = {.path = spec_dir, .n_threads = 1};
         d->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, &err);
+        specd_hybrid_drafter_opts ho = {.model = d->drafters[SPECD_DRAFTER_MLP], .lookup = no};
+        if (ho.model) d->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err);
         for (int i = 0; i < SPECD_N_DRAFTERS; i++)
             if (!d->drafters[i]) fail_msg("drafter %d: %s", i, err.msg);
     }
@@ -521,14 +523,14 @@ static void test_busy_is_not_dead(void **state) {
  * keeps it by fixing the tree shape per request. */
 static void test_seed_under_load(void **state) {
     (void)state;
-    const char *drafters[] = {"none", "ngram", "draft_lm", "mlp"};
+    const char *drafters[] = {"none", "ngram", "draft_lm", "mlp", "mlp_ngram"};
     const char *methods[] = {"seed-exact", "rejection"};
     svc_gen *alone = calloc(1, sizeof *alone), *loaded = calloc(1, sizeof *loaded);
     svc_gen *plain = calloc(1, sizeof *plain);
     svc_gen *bg = calloc(6, sizeof *bg);
     req bgq[6];
     for (int m = 0; m < 2; m++)
-    for (int d = 0; d < 4; d++) {
+    for (int d = 0; d < (int)(sizeof drafters / sizeof drafters[0]); d++) {
         req q;
         req_ids(&q, 24, 48);
         q.r.ignore_eos = 1;

@@ -120,7 +120,7 @@ static void test_choose_brute_force(void **state) {
         pr.other_tokens = pr.sessions > 1 ? rand() % 40 : 0;
         uint8_t keep[32];
         specd_tree_pick pick;
-        specd_tree_choose(p, depth, n, &pr, keep, &pick);
+        specd_tree_choose(p, depth, NULL, n, &pr, keep, &pick);
         /* brute force over n: the top-n by p */
         float sorted[32];
         memcpy(sorted, p, sizeof(float) * (size_t)n);
@@ -163,27 +163,27 @@ static void test_choose_cases(void **state) {
     specd_tree_pick pick;
     /* a GPU-like curve: rows nearly free */
     specd_tree_price gpu = linear_price(5000, 10, 200);
-    specd_tree_choose(p, depth, 4, &gpu, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &gpu, keep, &pick);
     assert_int_equal(pick.n_keep, 4);
     /* a CPU-like curve where a row costs as much as the pass itself */
     specd_tree_price cpu = linear_price(100, 4000, 200);
-    specd_tree_choose(p, depth, 4, &cpu, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &cpu, keep, &pick);
     assert_int_equal(pick.n_keep, 0);
     assert_true(pick.rate == pick.plain_rate);
     /* unlikely drafts: nothing, even where rows are cheap-ish */
     float low[4] = {0.05f, 0.02f, 0.01f, 0.005f};
     specd_tree_price mid = linear_price(4000, 700, 200);
-    specd_tree_choose(low, depth, 4, &mid, keep, &pick);
+    specd_tree_choose(low, depth, NULL, 4, &mid, keep, &pick);
     assert_int_equal(pick.n_keep, 0);
     /* likely drafts on that curve: the chain pays at one session ... */
-    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &mid, keep, &pick);
     assert_true(pick.n_keep >= 2);
     int alone = pick.n_keep;
     /* ... and less of it under load, with others' rows in the pass and
      * their tokens at stake (the curve is linear: compute-bound) */
     mid.sessions = 8;
     mid.other_tokens = 7;
-    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &mid, keep, &pick);
     assert_true(pick.n_keep < alone);
     /* the chosen set is closed under parents: a prefix of the chain */
     for (int i = 1; i < 4; i++) assert_true(!keep[i] || keep[i - 1]);
@@ -191,10 +191,10 @@ static void test_choose_cases(void **state) {
      * chain paid, a slow drafter keeps a shorter chain, never a longer */
     mid.sessions = 1;
     mid.other_tokens = 0;
-    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &mid, keep, &pick);
     int free_draft = pick.n_keep;
     mid.stage_us = 3000;
-    specd_tree_choose(p, depth, 4, &mid, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &mid, keep, &pick);
     assert_true(pick.n_keep < free_draft);
     mid.stage_us = 0;
     /* nothing measured: the first steps keep the tree (no prices) */
@@ -202,10 +202,10 @@ static void test_choose_cases(void **state) {
     memset(&none, 0, sizeof none);
     specd_step_cost_init(&none.cost, 64);
     none.sessions = 1;
-    specd_tree_choose(p, depth, 4, &none, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 4, &none, keep, &pick);
     assert_int_equal(pick.n_keep, 4);
     /* an empty tree */
-    specd_tree_choose(p, depth, 0, &gpu, keep, &pick);
+    specd_tree_choose(p, depth, NULL, 0, &gpu, keep, &pick);
     assert_int_equal(pick.n_keep, 0);
 }
 
@@ -293,13 +293,13 @@ static void test_ranks_and_tries(void **state) {
     specd_accept_calib_update(&c, &t, score, rank, acc, 1);
     float tried_depth2 = 0;
     for (int r = 0; r < SPECD_CALIB_RANKS; r++)
-        for (int b = 0; b < SPECD_CALIB_BINS; b++) tried_depth2 += c.tried[1][r][b];
+        for (int b = 0; b < SPECD_CALIB_BINS; b++) tried_depth2 += c.tried[0][1][r][b];
     assert_true(tried_depth2 == 0);
     float tried_depth1 = 0, accepted_depth1 = 0;
     for (int r = 0; r < SPECD_CALIB_RANKS; r++)
         for (int b = 0; b < SPECD_CALIB_BINS; b++) {
-            tried_depth1 += c.tried[0][r][b];
-            accepted_depth1 += c.accepted[0][r][b];
+            tried_depth1 += c.tried[0][0][r][b];
+            accepted_depth1 += c.accepted[0][0][r][b];
         }
     assert_true(tried_depth1 == 3 && accepted_depth1 == 1);
     specd_tree_buf_free(&t);
@@ -407,13 +407,59 @@ static void test_could_pay(void **state) {
     int32_t chain_depth[3] = {1, 2, 3};
     uint8_t keep[3];
     specd_tree_pick pick;
-    specd_tree_choose(chain, chain_depth, 3, &flat, keep, &pick);
+    specd_tree_choose(chain, chain_depth, NULL, 3, &flat, keep, &pick);
     assert_int_equal(pick.n_keep, 0);
     /* nothing measured: no price, so it may */
     specd_tree_price none;
     memset(&none, 0, sizeof none);
     specd_step_cost_init(&none.cost, 64);
     assert_true(could_pay(0.01f, 600, &none));
+    specd_tree_buf_free(&t);
+    specd_accept_calib_destroy(&c);
+}
+
+/* A lookup's nodes cost no drafting stage (levels 0) and are calibrated
+ * apart from the model's. */
+static void test_sources(void **state) {
+    (void)state;
+    /* a chain of likely nodes, a pass of 5 ms + 0.2 ms a row, a slow
+     * drafter at 8 ms a level: charged per level, no node pays; as a
+     * lookup's (no stage), all four do */
+    specd_tree_price pr = linear_price(5000, 200, 0);
+    pr.stage_us = 8000;
+    float chain[4] = {0.95f, 0.9f, 0.85f, 0.8f};
+    int32_t depth[4] = {1, 2, 3, 4}, free_levels[4] = {0, 0, 0, 0};
+    uint8_t keep[4];
+    specd_tree_pick model, lookup;
+    specd_tree_choose(chain, depth, NULL, 4, &pr, keep, &model);
+    specd_tree_choose(chain, depth, free_levels, 4, &pr, keep, &lookup);
+    assert_int_equal(model.n_keep, 0);
+    assert_int_equal(lookup.n_keep, 4);
+    assert_true(lookup.rate > model.rate);
+    /* calibration: a lookup node always rejected, a model node always
+     * accepted, both scored 0.9 at depth 1 rank 0 */
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    specd_tree_buf t;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&t, 4, 0, &err), 0);
+    int a = specd_tree_buf_add(&t, -1, 10, logf(0.9f));
+    int b = specd_tree_buf_add(&t, -1, 11, logf(0.9f));
+    t.src[b] = SPECD_SRC_LOOKUP;
+    float score[4], p[4];
+    uint8_t rank[4];
+    specd_tree_scores(&t, score, rank);
+    rank[b] = 0; /* both favourites of their source */
+    for (int i = 0; i < 400; i++) {
+        int32_t acc[1] = {a};
+        specd_accept_calib_update(&c, &t, score, rank, acc, 1);
+    }
+    specd_accept_estimate(&c, &t, score, rank, 1.0f, p);
+    assert_true(p[a] > 0.95f);
+    assert_true(p[b] < 0.05f);
+    assert_true(c.tried[SPECD_SRC_MODEL][0][0][9] > 0 && c.tried[SPECD_SRC_LOOKUP][0][0][9] > 0);
+    /* the first-node estimate is the better source's */
+    assert_true(specd_accept_calib_first(&c, 1.0f) > 0.95f);
     specd_tree_buf_free(&t);
     specd_accept_calib_destroy(&c);
 }
@@ -431,6 +477,7 @@ static void test_prune(void **state) {
     specd_tree_buf_add(&t, 2, 104, -0.5f);
     specd_tree_buf_add(&t, 3, 105, -0.6f);
     t.pcond[2] = 0.7f;
+    t.src[4] = SPECD_SRC_LOOKUP;
     uint8_t keep[6] = {1, 0, 1, 0, 1, 1}; /* 5 is chosen but 3 is not */
     assert_int_equal(specd_tree_buf_prune(&t, keep), 3);
     int32_t want_tok[] = {100, 102, 104}, want_par[] = {-1, 0, 1}, want_depth[] = {1, 2, 3};
@@ -440,6 +487,7 @@ static void test_prune(void **state) {
         assert_int_equal(t.depth[i], want_depth[i]);
     }
     assert_true(t.pcond[1] == 0.7f && t.pcond[0] == -1.0f);
+    assert_true(t.src[2] == SPECD_SRC_LOOKUP && t.src[0] == SPECD_SRC_MODEL);
     specd_tree_buf_free(&t);
 }
 
@@ -469,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_gain_by_load),
         cmocka_unit_test(test_stage_time),
         cmocka_unit_test(test_could_pay),
+        cmocka_unit_test(test_sources),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
