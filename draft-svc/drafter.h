@@ -102,6 +102,11 @@ struct specd_drafter {
      * the target co-location (hidden states through GPU memory,
      * common/ipc_caps.h). 0 (calloc's) = on the host. */
     int on_cuda, cuda_device;
+    /* 1 when part of its tree is a lookup that costs no drafting time
+     * (mlp_ngram): the driver drafts that part on every priced step, with
+     * the job's lookup_* shape, and runs the rest (candidates x depth,
+     * 0 x 0 = not this step) only when it could pay. */
+    int has_lookup;
     void *impl;
 };
 

@@ -31,6 +31,10 @@
  * worth a row of the target's pass, charging drafting time per level for
  * the model's levels only.
  *
+ * A job of depth 0 (the driver's price found the model's drafting not
+ * worth its time this step, drafter.h has_lookup) gets the lookup's tree
+ * alone.
+ *
  * Rejection sampling: the model alone. Its siblings must be i.i.d. draws
  * from the q sent with them (tree_builder.h), and a lookup node is not a
  * draw from anything. Greedy and seed-exact sampling verify by exact match,
@@ -171,16 +175,23 @@ static int hybrid_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_
     /* The model drafts each job's priced shape into its own tree (straight
      * into the job's for rejection sampling, which keeps it whole); the
      * lookup the largest shape into another. */
-    int nl = 0;
+    int nm = 0, nl = 0;
     for (int i = 0; i < n; i++) {
         hybrid_session *s = jobs[i].state;
-        specd_draft_job *mj = &h->mjobs[i];
-        *mj = jobs[i];
-        mj->state = s ? s->model : NULL;
-        if (rejection(&jobs[i])) continue;
-        specd_tree_buf_reset(&h->mtb[i]);
-        h->mtb[i].cap = jobs[i].out->cap;
-        mj->out = &h->mtb[i];
+        int rej = rejection(&jobs[i]);
+        if (!rej) {
+            specd_tree_buf_reset(&h->mtb[i]);
+            h->mtb[i].cap = jobs[i].out->cap;
+        }
+        /* depth 0: the driver wants the lookup alone this step (drafter.h,
+         * has_lookup) */
+        if (jobs[i].depth >= 1 && jobs[i].candidates >= 1) {
+            specd_draft_job *mj = &h->mjobs[nm++];
+            *mj = jobs[i];
+            mj->state = s ? s->model : NULL;
+            if (!rej) mj->out = &h->mtb[i];
+        }
+        if (rej) continue;
         specd_draft_job *lj = &h->ljobs[nl++];
         *lj = jobs[i];
         lj->state = s ? s->lookup : NULL;
@@ -190,7 +201,7 @@ static int hybrid_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_
         h->ltb[i].cap = jobs[i].out->cap;
         lj->out = &h->ltb[i];
     }
-    if (specd_drafter_propose(h->model, h->mjobs, n, err)) return -1;
+    if (nm > 0 && specd_drafter_propose(h->model, h->mjobs, nm, err)) return -1;
     if (nl > 0 && specd_drafter_propose(h->lookup, h->ljobs, nl, err)) return -1;
     for (int i = 0; i < n; i++)
         if (!rejection(&jobs[i])) merge(h, &h->mtb[i], &h->ltb[i], jobs[i].out);
@@ -273,6 +284,7 @@ specd_drafter *specd_hybrid_drafter_create(const specd_hybrid_drafter_opts *o, s
     /* the lookup's reach; the model clamps the depth it is given to its own */
     d->max_depth = lookup->max_depth > o->model->max_depth ? lookup->max_depth
                                                            : o->model->max_depth;
+    d->has_lookup = 1;
     d->on_cuda = o->model->on_cuda;
     d->cuda_device = o->model->cuda_device;
     d->impl = h;

@@ -62,9 +62,14 @@ typedef struct price_state {
     float *score, *p_path;  /* [max_tree_tokens] per node of the tree sent */
     uint8_t *rank, *keep;
     int32_t *levels;     /* [max_tree_tokens] drafting stages per node (price_tree) */
+    float *p_alt;        /* [max_tree_tokens] scratch: the tree without the model's part */
+    uint8_t *keep_alt;
     double predicted;    /* expected accepted tokens of the tree sent, as priced */
     double predicted_raw;/* the same without the session's scale */
+    double predicted_unbiased; /* ... with the scale, without the drafter's bias */
+    int sent_sessions;   /* the load it was priced at */
     float scale;         /* how this session accepts against the calibration */
+    float bias;          /* the drafter's sent-tree bias at this load (tree_choice.h) */
     int batch_tokens;    /* the last pass: all its tokens */
     int sent_rows;       /* ... and ours in it (1 + tree nodes) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
@@ -125,14 +130,20 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->rank = malloc((size_t)cap);
     ps->keep = malloc((size_t)cap);
     ps->levels = malloc(sizeof(int32_t) * (size_t)cap);
+    ps->p_alt = malloc(sizeof(float) * (size_t)cap);
+    ps->keep_alt = malloc((size_t)cap);
     ps->scale = 1.0f;
+    ps->bias = 1.0f;
     ps->p1 = -1.0f;
     ps->gain = 1.0;
     ps->backoff = 1;
     /* start small: the shape grows by exploring (price_tree) */
     ps->want_cand = pol->max_candidates > 2 ? 2 : pol->max_candidates > 0 ? pol->max_candidates : 1;
     ps->want_depth = pol->max_depth > 2 ? 2 : pol->max_depth > 0 ? pol->max_depth : 1;
-    return ps->score && ps->p_path && ps->rank && ps->keep && ps->levels ? 0 : -1;
+    return ps->score && ps->p_path && ps->rank && ps->keep && ps->levels && ps->p_alt &&
+                   ps->keep_alt
+               ? 0
+               : -1;
 }
 
 static void price_free(price_state *ps) {
@@ -141,6 +152,8 @@ static void price_free(price_state *ps) {
     free(ps->rank);
     free(ps->keep);
     free(ps->levels);
+    free(ps->p_alt);
+    free(ps->keep_alt);
 }
 
 /* What the next pass will cost us: the target's curve as this draft-svc
@@ -204,6 +217,29 @@ static void note_draft_time(gen *g, double draft_us, int levels) {
     specd_accept_calib_note_stage(g->req->calib, one);
 }
 
+/* Folds a priced step into the session's verdict on drafting: the gain of
+ * the chosen step against base_rate (a plain step's, or a lookup part's
+ * alone, price_tree), the draft's own time counted; a smoothed gain below
+ * 1 skips the drafter for a while (skip_drafting). */
+static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_pick *pick,
+                           double base_rate, int drafted_deep) {
+    price_state *ps = &g->price;
+    double gain = 1.0;
+    if (base_rate > 0 && pick->rate > 0) {
+        double t_pick = (pr->sessions + pick->expected) / pick->rate;
+        gain = (pr->sessions + pick->expected) / (t_pick + pr->stage_us * drafted_deep) /
+               base_rate;
+    }
+    ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
+    specd_accept_calib_note_gain(g->req->calib, pr->sessions, gain);
+    if (ps->gain < 1.0) {
+        skip_drafting(ps);
+        ps->gain = 1.0; /* the next look starts without the old verdict */
+    } else if (gain >= 1.0) {
+        ps->backoff = 1;
+    }
+}
+
 /* Cuts g->tb to the tree worth its verification time (maybe nothing) and
  * decides whether the next steps should draft at all: drafting itself takes
  * time, so when the smoothed gain of the best tree, counting the draft
@@ -216,19 +252,40 @@ static void price_tree(gen *g, double draft_us) {
     tree_shape(tb, &drafted_deep, &drafted_wide);
     note_draft_time(g, draft_us, drafted_deep);
     int n = tb->n_nodes;
-    specd_tree_scores(tb, ps->score, ps->rank);
-    specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
-    /* the session's first-node chance for the next pre-draft check: the
-     * favourite child of the root, as estimated here (score, calibration
-     * and this session's scale) */
-    for (int i = 0; i < n; i++)
-        if (tb->parents[i] < 0 && ps->rank[i] == 0)
-            ps->p1 = ps->p1 >= 0 ? 0.5f * ps->p1 + 0.5f * ps->p_path[i] : ps->p_path[i];
     specd_tree_price pr;
     price_of_step(g, &pr);
+    ps->bias = specd_accept_calib_bias(g->req->calib, pr.sessions);
+    specd_tree_scores(tb, ps->score, ps->rank);
+    specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale * ps->bias,
+                          ps->p_path);
+    /* the session's first-node chance for the next pre-draft check: the
+     * favourite child of the root, as estimated here (score, calibration
+     * and this session's scale); the model's, since that check is about
+     * the drafting that costs time (a lookup's part is drafted anyway) */
+    for (int i = 0; i < n; i++)
+        if (tb->parents[i] < 0 && ps->rank[i] == 0 && tb->src[i] != SPECD_SRC_LOOKUP)
+            ps->p1 = ps->p1 >= 0 ? 0.5f * ps->p1 + 0.5f * ps->p_path[i] : ps->p_path[i];
     specd_tree_pick pick;
     for (int i = 0; i < n; i++) ps->levels[i] = tb->src[i] == SPECD_SRC_LOOKUP ? 0 : tb->depth[i];
     specd_tree_choose(ps->p_path, tb->depth, ps->levels, n, &pr, ps->keep, &pick);
+    /* What drafting is judged against: a plain step, or for a drafter
+     * with a lookup part the best tree of that part alone (the nodes the
+     * lookup proposed, BOTH included, under parents it proposed too),
+     * since the lookup is drafted anyway and what the skip rules decide is
+     * whether the model's drafting adds to it. Judged against plain, a
+     * model whose trees the price discarded kept drafting whenever the
+     * lookup's paid: 7-8% of throughput at 4 streams. */
+    double base_rate = pick.plain_rate;
+    if (g->req->drafter->has_lookup) {
+        for (int i = 0; i < n; i++) {
+            int par = tb->parents[i];
+            int in = tb->src[i] != SPECD_SRC_MODEL && (par < 0 || ps->p_alt[par] > 0);
+            ps->p_alt[i] = in ? ps->p_path[i] : 0.0f;
+        }
+        specd_tree_pick alt;
+        specd_tree_choose(ps->p_alt, tb->depth, ps->levels, n, &pr, ps->keep_alt, &alt);
+        if (alt.rate > base_rate) base_rate = alt.rate;
+    }
     /* A look that the estimate would prune to nothing still sends the
      * drafter's favourite first node: only a node sent shows how this
      * session's text accepts (the scale learns from answers, and a
@@ -270,22 +327,10 @@ static void price_tree(gen *g, double draft_us) {
     int n_kept = 0;
     for (int i = 0; i < n; i++) n_kept += ps->keep[i] != 0;
     if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
-    /* the gain of having drafted: the chosen step against a plain one, the
-     * draft's own time counted */
-    double gain = 1.0;
-    if (pick.plain_rate > 0 && pick.rate > 0) {
-        double t_pick = (pr.sessions + pick.expected) / pick.rate;
-        gain = (pr.sessions + pick.expected) / (t_pick + pr.stage_us * drafted_deep) /
-               pick.plain_rate;
-    }
-    ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
-    specd_accept_calib_note_gain(g->req->calib, pr.sessions, gain);
-    if (ps->gain < 1.0) {
-        skip_drafting(ps);
-        ps->gain = 1.0; /* the next look starts without the old verdict */
-    } else if (gain >= 1.0) {
-        ps->backoff = 1;
-    }
+    /* A step where the model did not draft (a lookup's part only) says
+     * nothing about it: the skip rules carry on as they were. */
+    if (drafted_deep > 0 || !g->req->drafter->has_lookup)
+        judge_drafting(g, &pr, &pick, base_rate, drafted_deep);
     /* draft next time the shape that was kept, and on every EXPLORE_EVERY-th
      * priced step one wider and one deeper (within max_shape), so the
      * calibration keeps learning what the next node would earn. Drafting
@@ -306,9 +351,14 @@ static void price_tree(gen *g, double draft_us) {
     /* what the answer will be checked against: the kept tree's scores */
     if (tb->n_nodes > 0) {
         specd_tree_scores(tb, ps->score, ps->rank);
-        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
+        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale * ps->bias,
+                              ps->p_path);
         ps->predicted = 0;
         for (int i = 0; i < tb->n_nodes; i++) ps->predicted += ps->p_path[i];
+        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale, ps->p_path);
+        ps->predicted_unbiased = 0;
+        for (int i = 0; i < tb->n_nodes; i++) ps->predicted_unbiased += ps->p_path[i];
+        ps->sent_sessions = pr.sessions;
         specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, 1.0f, ps->p_path);
         ps->predicted_raw = 0;
         for (int i = 0; i < tb->n_nodes; i++) ps->predicted_raw += ps->p_path[i];
@@ -329,6 +379,8 @@ static void price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
     specd_accept_calib_update(g->req->calib, &g->tb, ps->score, ps->rank, r->accepted_nodes,
                               (int)r->n_accepted);
     g->st->predicted_tokens += ps->predicted;
+    specd_accept_calib_note_sent(g->req->calib, ps->sent_sessions, ps->predicted_unbiased,
+                                 (int)r->n_accepted);
     /* +0.5 on both sides: a short tree's 0-or-1 outcome moves it gently */
     double ratio = ((double)r->n_accepted + 0.5) / (ps->predicted_raw + 0.5);
     double sc = (1 - PRICE_ALPHA) * ps->scale + PRICE_ALPHA * ratio;
@@ -459,23 +511,34 @@ static void draft(gen *g, const specd_target_info *info) {
     /* Greedy requests without a shape of their own, in cost mode, are
      * priced (tree_choice.h); everything else gets a fixed shape. */
     int priced = q_priced(g) && g->member;
+    /* A drafter with a lookup part (mlp_ngram) drafts that part on every
+     * priced step: it costs microseconds, and only the rows of it that the
+     * price keeps cost the target anything. The skip and could-pay rules
+     * below are about the model's part, which costs drafting time: when
+     * they say no, the step drafts the lookup alone (model_off). Running
+     * the model anyway cost 13-16% of throughput at 4 and 16 streams,
+     * where the price kept almost nothing of its trees. */
+    int model_off = 0;
     if (priced) {
+        int look = 0;
         if (g->price.skip > 0) {
             g->price.skip--;
-            g->st->plain_by_cost++;
-            specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
-            return;
+            model_off = 1;
+        } else {
+            /* a look after a skip drafts whatever the estimate says (only
+             * a tree sent shows how this session's text accepts now),
+             * unless even a sure node would not pay */
+            look = g->price.look;
+            g->price.look = 0;
         }
-        /* a look after a skip drafts whatever the estimate says (only a
-         * tree sent shows how this session's text accepts now), unless
-         * even a sure node would not pay */
-        int look = g->price.look;
-        g->price.look = 0;
         g->price.looking = 0;
         specd_tree_price pr;
         price_of_step(g, &pr);
         float p1 = g->price.p1 >= 0 ? g->price.p1
-                                    : specd_accept_calib_first(g->req->calib, g->price.scale);
+                                    : specd_accept_calib_first(
+                                          g->req->calib,
+                                          g->price.scale * specd_accept_calib_bias(
+                                                               g->req->calib, pr.sessions));
         /* a look too, if not even a sure node could pay at this load;
          * but a look of a session alone in the pass always drafts (and
          * sends a node, price_tree): the price itself may be what is
@@ -483,13 +546,17 @@ static void draft(gen *g, const specd_target_info *info) {
          * cores, and only a pass of that size measures it again (a CI run
          * under parallel tests drafted nothing on a text that drafts at
          * tau 4.8). Looks come after 1, 2, 4 ... 64 plain steps. */
-        if (!(look && pr.sessions == 1) && !specd_tree_could_pay(look ? SPECD_P_MAX : p1, &pr)) {
+        if (!model_off && !(look && pr.sessions == 1) &&
+            !specd_tree_could_pay(look ? SPECD_P_MAX : p1, &pr)) {
             skip_drafting(&g->price);
+            model_off = 1;
+        }
+        if (model_off && !q->drafter->has_lookup) {
             g->st->plain_by_cost++;
             specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
             return;
         }
-        g->price.looking = look;
+        g->price.looking = model_off ? 0 : look;
         cand = g->price.want_cand;
         depth = g->price.want_depth;
         /* a lookup costs nothing per level: the largest shape, and the
@@ -528,7 +595,8 @@ static void draft(gen *g, const specd_target_info *info) {
     int cap = g->env->max_tree_tokens;
     if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
     if (room < cap) cap = room;
-    if (cap < 1 || depth < 1) return;
+    if (model_off) cand = depth = 0; /* the lookup's part only */
+    if (cap < 1 || (depth < 1 && look_depth < 1)) return;
     int alloc_cap = g->tb.cap;
     g->tb.cap = cap < alloc_cap ? cap : alloc_cap;
     float stop = q->stop_threshold > 0   ? q->stop_threshold
@@ -559,7 +627,12 @@ static void draft(gen *g, const specd_target_info *info) {
         specd_tree_buf_reset(&g->tb);
     }
     g->tb.cap = alloc_cap;
-    if (priced && g->tb.n_nodes > 0) price_tree(g, (now_ms() - t0) * 1e3);
+    if (priced && g->tb.n_nodes > 0) {
+        price_tree(g, (now_ms() - t0) * 1e3);
+    } else if (model_off) { /* the lookup found nothing either */
+        g->st->plain_by_cost++;
+        specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
+    }
 }
 
 /* How often a waiting step looks at the target's liveness. */

@@ -38,6 +38,25 @@ void specd_accept_calib_note_gain(specd_accept_calib *c, int sessions, double ga
     pthread_mutex_unlock(&c->mu);
 }
 
+float specd_accept_calib_bias(specd_accept_calib *c, int sessions) {
+    pthread_mutex_lock(&c->mu);
+    int b = load_bucket(sessions);
+    double f = (c->sent_acc[b] + SPECD_CALIB_SENT_PRIOR) /
+               (c->sent_pred[b] + SPECD_CALIB_SENT_PRIOR);
+    pthread_mutex_unlock(&c->mu);
+    return (float)(f < 0.25 ? 0.25 : f > 2.0 ? 2.0 : f);
+}
+
+void specd_accept_calib_note_sent(specd_accept_calib *c, int sessions, double predicted,
+                                  int accepted) {
+    if (!(predicted >= 0) || accepted < 0) return;
+    pthread_mutex_lock(&c->mu);
+    int b = load_bucket(sessions);
+    c->sent_pred[b] = SPECD_CALIB_SENT_KEEP * c->sent_pred[b] + predicted;
+    c->sent_acc[b] = SPECD_CALIB_SENT_KEEP * c->sent_acc[b] + accepted;
+    pthread_mutex_unlock(&c->mu);
+}
+
 double specd_accept_calib_stage(specd_accept_calib *c) {
     pthread_mutex_lock(&c->mu);
     double us = c->stage_us;
@@ -85,10 +104,14 @@ void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank) {
         }
         score[i] = isfinite(s) ? (s < 0 ? 0 : s > 1 ? 1 : s) : 0;
         /* rank: siblings before i with a higher draft probability (ties: the
-         * earlier one), i.e. the drafter's order among them */
-        int r = 0;
+         * earlier one), i.e. the drafter's order among them; among the
+         * siblings from the same part of a hybrid's tree (the lookup's, or
+         * the model's), so each part's favourite is its rank 0 as it would
+         * be alone, whatever the other part proposed beside it */
+        int r = 0, lookup = src_of(t, i) == SPECD_SRC_LOOKUP;
         for (int j = 0; j < t->n_nodes && r < SPECD_CALIB_RANKS - 1; j++)
             if (j != i && t->parents[j] == t->parents[i] &&
+                (src_of(t, j) == SPECD_SRC_LOOKUP) == lookup &&
                 (t->logq[j] > t->logq[i] || (t->logq[j] == t->logq[i] && j < i)))
                 r++;
         rank[i] = (uint8_t)r;
@@ -113,15 +136,17 @@ void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const
 float specd_accept_calib_first(specd_accept_calib *c, float scale) {
     float best = 0;
     pthread_mutex_lock(&c->mu);
-    for (int o = 0; o < SPECD_N_SRC; o++) {
+    static const int costed[] = {SPECD_SRC_MODEL, SPECD_SRC_BOTH};
+    for (int k = 0; k < 2; k++) {
+        int o = costed[k];
         float acc = 0, tried = 0;
         for (int b = 0; b < SPECD_CALIB_BINS; b++) {
             acc += c->accepted[o][0][0][b];
             tried += c->tried[o][0][0][b];
         }
-        /* a source never tried says nothing (its prior would be 0.5 for
-         * every drafter, even one with a single source): only the default
-         * source stands in for "nothing tried yet" */
+        /* BOTH never tried says nothing (its prior would be 0.5 for every
+         * drafter, even one with a single source): only MODEL stands in for
+         * "nothing tried yet" */
         if (tried <= 0 && o != SPECD_SRC_MODEL) continue;
         float p = (acc + CALIB_PRIOR_WEIGHT * 0.5f) / (tried + CALIB_PRIOR_WEIGHT);
         if (p > best) best = p;

@@ -77,6 +77,15 @@ typedef struct specd_accept_calib {
      * lone stream that came later from drafting (tau 1.03 where the same
      * stream alone drafted at tau 1.39). */
     double gain[SPECD_CALIB_LOADS];
+    /* The trees sent, per load bucket: their predicted accepted tokens (the
+     * calibration times the sessions' scales) and what was accepted, sums
+     * that fade (SPECD_CALIB_SENT_KEEP per tree). A tree is sent because
+     * its estimate came out high, so the sent trees' estimates run high
+     * even where each cell is right (25-28% on the held-out prompts, at 1
+     * and at 4 streams): their ratio, specd_accept_calib_bias, scales
+     * every estimate back. Where a tree barely pays, as under load on a
+     * CPU, that was the difference between a loss and none. */
+    double sent_pred[SPECD_CALIB_LOADS], sent_acc[SPECD_CALIB_LOADS];
     /* The drafter's time per tree level in microseconds, smoothed over
      * every session's drafts (0 = none yet): what a new session prices its
      * first trees with, before it has timed drafts of its own. */
@@ -96,6 +105,20 @@ void specd_accept_calib_note_stage(specd_accept_calib *c, double us);
  * alpha, the sample capped at SPECD_DRAFT_OUTLIER_X times the estimate (a
  * draft preempted on a busy core must not price every tree out). */
 double specd_draft_time_smooth(double est, double sample, double alpha);
+
+/* Weight kept by the sent-tree sums per tree folded in (about the last
+ * 50 trees count), and the pseudo-tokens on both sides of their ratio. */
+#define SPECD_CALIB_SENT_KEEP 0.98
+#define SPECD_CALIB_SENT_PRIOR 2.0
+
+/* The factor that brings sent trees' estimates to what they earn at a
+ * load of `sessions`: (accepted + prior) / (predicted + prior), in
+ * [0.25, 2]; 1 before anything was sent. Thread-safe. */
+float specd_accept_calib_bias(specd_accept_calib *c, int sessions);
+/* Folds in a sent tree: its prediction (without the bias) and the tokens
+ * accepted. Thread-safe. */
+void specd_accept_calib_note_sent(specd_accept_calib *c, int sessions, double predicted,
+                                  int accepted);
 
 /* Reads / folds in the drafter-wide gain at a target load of `sessions`
  * (thread-safe). */
@@ -125,9 +148,10 @@ void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
                                const int32_t *accepted_nodes, int n_acc);
 
 /* What a first-level node (depth 1, rank 0) has been accepted at, over
- * every score bin (the trees sent, so after pruning), times `scale`; of a
- * drafter with several sources (tree_builder.h), the best source's: any of
- * them may propose the tree's favourite. Times `scale`,
+ * every score bin (the trees sent, so after pruning); of a drafter with a
+ * lookup part (tree_builder.h), the better of its model's sources, MODEL
+ * and BOTH: the check it serves is whether drafting, which costs the
+ * model's time, pays (the lookup's part is drafted anyway). Times `scale`,
  * capped like every estimate; 0.5 before anything was tried. Before
  * drafting, it says what a tree is likely to earn (specd_tree_could_pay).
  * Not the best bin: a node lands there only now and then, and drafting

@@ -4,7 +4,8 @@
  * higher score, the lookup's other nodes under their parents' places, each
  * node's source), that the lookup gets its own larger shape while the
  * model gets the priced one, that a full buffer cuts the lookup's nodes
- * first, and that rejection sampling gets the model's tree alone. */
+ * first, that a job of depth 0 gets the lookup alone, and that rejection
+ * sampling gets the model's tree alone. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -91,17 +92,20 @@ static int teardown(void **state) {
 static const int32_t HIST[] = {5, 10, 11, 12, 13, 14, 10, 11, 12};
 static const float HIDDEN[8] = {0};
 
-static void run(fixture *f, const specd_sampling *s, int cap) {
+static void run_shape(fixture *f, const specd_sampling *s, int cap, int candidates, int depth) {
     specd_tree_buf_reset(&f->out);
     f->out.cap = cap;
     specd_draft_job job = {.state = f->session, .history = HIST,
                            .n_history = (int)(sizeof HIST / sizeof HIST[0]), .n_prompt = 1,
-                           .hidden = HIDDEN, .sampling = s, .candidates = 2, .depth = 2,
+                           .hidden = HIDDEN, .sampling = s, .candidates = candidates,
+                           .depth = depth,
                            .lookup_candidates = 4, .lookup_depth = 6, .out = &f->out};
     specd_error err = {{0}};
     if (specd_drafter_propose(f->hybrid, &job, 1, &err)) fail_msg("propose: %s", err.msg);
     f->out.cap = 32;
 }
+
+static void run(fixture *f, const specd_sampling *s, int cap) { run_shape(f, s, cap, 2, 2); }
 
 static int find(const specd_tree_buf *t, int parent, int32_t tok) {
     for (int i = 0; i < t->n_nodes; i++)
@@ -163,6 +167,19 @@ static void test_full_buffer(void **state) {
     assert_int_equal(f->out.src[3], SPECD_SRC_LOOKUP);
 }
 
+/* Depth 0: the driver skips the model this step; the lookup drafts alone. */
+static void test_lookup_only(void **state) {
+    fixture *f = *state;
+    run_shape(f, &f->greedy, 32, 0, 0);
+    assert_int_equal(f->model_state.calls, 0);
+    assert_int_equal(f->out.n_nodes, 5); /* 13 14 10 11 12 */
+    for (int i = 0; i < f->out.n_nodes; i++) {
+        assert_int_equal(f->out.src[i], SPECD_SRC_LOOKUP);
+        assert_int_equal(f->out.parents[i], i - 1);
+    }
+    assert_int_equal(f->out.tokens[0], 13);
+}
+
 static void test_rejection_model_only(void **state) {
     fixture *f = *state;
     run(f, &f->rejection, 32);
@@ -191,6 +208,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_merge, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_buffer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lookup_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejection_model_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_checks, setup, teardown),
     };

@@ -436,8 +436,8 @@ static void test_sources(void **state) {
     assert_int_equal(model.n_keep, 0);
     assert_int_equal(lookup.n_keep, 4);
     assert_true(lookup.rate > model.rate);
-    /* calibration: a lookup node always rejected, a model node always
-     * accepted, both scored 0.9 at depth 1 rank 0 */
+    /* calibration: a lookup node always accepted, a model node always
+     * rejected, both scored 0.9 at depth 1 rank 0 */
     specd_accept_calib c;
     specd_accept_calib_init(&c);
     specd_tree_buf t;
@@ -451,16 +451,43 @@ static void test_sources(void **state) {
     specd_tree_scores(&t, score, rank);
     rank[b] = 0; /* both favourites of their source */
     for (int i = 0; i < 400; i++) {
-        int32_t acc[1] = {a};
+        int32_t acc[1] = {b};
         specd_accept_calib_update(&c, &t, score, rank, acc, 1);
     }
     specd_accept_estimate(&c, &t, score, rank, 1.0f, p);
-    assert_true(p[a] > 0.95f);
-    assert_true(p[b] < 0.05f);
+    assert_true(p[b] > 0.95f);
+    assert_true(p[a] < 0.05f);
     assert_true(c.tried[SPECD_SRC_MODEL][0][0][9] > 0 && c.tried[SPECD_SRC_LOOKUP][0][0][9] > 0);
-    /* the first-node estimate is the better source's */
-    assert_true(specd_accept_calib_first(&c, 1.0f) > 0.95f);
+    /* the first-node estimate says whether the model's drafting pays: the
+     * model's, however well the lookup does */
+    assert_true(specd_accept_calib_first(&c, 1.0f) < 0.05f);
     specd_tree_buf_free(&t);
+    specd_accept_calib_destroy(&c);
+}
+
+/* The sent-tree bias: 1 before anything was sent, then what sent trees
+ * earned over what they were predicted to, per load bucket. */
+static void test_sent_bias(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    assert_true(specd_accept_calib_bias(&c, 1) == 1.0f);
+    /* trees predicted at 2 tokens that earn 1.5 */
+    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 1, 2.0, i % 2 ? 2 : 1);
+    float b = specd_accept_calib_bias(&c, 1);
+    assert_true(fabsf(b - 0.75f) < 0.02f);
+    /* another load bucket learns on its own */
+    assert_true(specd_accept_calib_bias(&c, 4) == 1.0f);
+    assert_true(specd_accept_calib_bias(&c, 3) == 1.0f);
+    /* the recent trees count: a text that now accepts all it is predicted */
+    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 1, 2.0, 2);
+    assert_true(fabsf(specd_accept_calib_bias(&c, 1) - 1.0f) < 0.02f);
+    /* bounded, and nonsense is ignored */
+    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 16, 1.0, 0);
+    assert_true(specd_accept_calib_bias(&c, 16) == 0.25f);
+    specd_accept_calib_note_sent(&c, 1, -1.0, 3);
+    specd_accept_calib_note_sent(&c, 1, NAN, 3);
+    assert_true(fabsf(specd_accept_calib_bias(&c, 1) - 1.0f) < 0.02f);
     specd_accept_calib_destroy(&c);
 }
 
@@ -518,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_stage_time),
         cmocka_unit_test(test_could_pay),
         cmocka_unit_test(test_sources),
+        cmocka_unit_test(test_sent_bias),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
