@@ -63,11 +63,12 @@ if [ -z "${SPECD_SKIP_RUN:-}" ]; then
     -p "Explain in two sentences why the sky is blue." -n 96
   # One prompt says little about speed (a chat answer is the speculator's
   # weakest kind), so the main job also measures the default configuration
+  # (drafter mlp_ngram: the speculator and suffix decoding in one tree)
   # against plain decoding through the same two services on held-out
   # prompts (4 chat, 4 code, 4 math, none seen in training), alternating
   # the two twice; the table's last columns are the speed-up and tau by
   # kind. About half a minute.
   ./build/specd bench --e2e --streams 1 --prompts bench/eval-prompts.jsonl \
     --per-class 4 -n 64 --speculator models/SmolLM2-135M-Instruct.speculator \
-    --drafters none,mlp --rounds 2
+    --drafters none,mlp_ngram --rounds 2
 fi
