@@ -328,9 +328,10 @@ static void price_tree(gen *g, double draft_us) {
     for (int i = 0; i < n; i++) n_kept += ps->keep[i] != 0;
     if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
     /* A step where the model did not draft (a lookup's part only) says
-     * nothing about it: the skip rules carry on as they were. */
-    if (drafted_deep > 0 || !g->req->drafter->has_lookup)
-        judge_drafting(g, &pr, &pick, base_rate, drafted_deep);
+     * nothing about it: the skip rules and its shape carry on as they
+     * were. */
+    int model_drafted = drafted_deep > 0 || !g->req->drafter->has_lookup;
+    if (model_drafted) judge_drafting(g, &pr, &pick, base_rate, drafted_deep);
     /* draft next time the shape that was kept, and on every EXPLORE_EVERY-th
      * priced step one wider and one deeper (within max_shape), so the
      * calibration keeps learning what the next node would earn. Drafting
@@ -344,10 +345,12 @@ static void price_tree(gen *g, double draft_us) {
      * every node) grows at once: the next node there is likely worth it */
     int explore = ++ps->priced_steps % EXPLORE_EVERY == 0 || deepest == 0;
     int deeper = explore || deepest >= drafted_deep, wider = explore || widest >= drafted_wide;
-    ps->want_cand = widest + wider < pol->max_candidates ? widest + wider : pol->max_candidates;
-    ps->want_depth = deepest + deeper < pol->max_depth ? deepest + deeper : pol->max_depth;
-    if (ps->want_cand < 1) ps->want_cand = 1;
-    if (ps->want_depth < 1) ps->want_depth = 1;
+    if (model_drafted) {
+        ps->want_cand = widest + wider < pol->max_candidates ? widest + wider : pol->max_candidates;
+        ps->want_depth = deepest + deeper < pol->max_depth ? deepest + deeper : pol->max_depth;
+        if (ps->want_cand < 1) ps->want_cand = 1;
+        if (ps->want_depth < 1) ps->want_depth = 1;
+    }
     /* what the answer will be checked against: the kept tree's scores */
     if (tb->n_nodes > 0) {
         specd_tree_scores(tb, ps->score, ps->rank);
@@ -596,7 +599,7 @@ static void draft(gen *g, const specd_target_info *info) {
     if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
     if (room < cap) cap = room;
     if (model_off) cand = depth = 0; /* the lookup's part only */
-    if (cap < 1 || (depth < 1 && look_depth < 1)) return;
+    if (cap < 1 || (depth < 1 && !(q->drafter->has_lookup && look_depth >= 1))) return;
     int alloc_cap = g->tb.cap;
     g->tb.cap = cap < alloc_cap ? cap : alloc_cap;
     float stop = q->stop_threshold > 0   ? q->stop_threshold
