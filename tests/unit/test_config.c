@@ -21,6 +21,7 @@
 
 #include "common/util/config.h"
 #include "draft-svc/draft_config.h"
+#include "draft-svc/service.h" /* specd_drafter_names */
 #include "target-svc/target_config.h"
 #include "target-svc/target_opts.h"
 #include "tests/harness/test_util.h"
@@ -1015,7 +1016,7 @@ static void test_draft_example_parses(void **state) {
     assert_string_equal(c.tokenizer, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert_int_equal(c.targets.n, 2); /* the flag */
     assert_string_equal(c.targets.items[1], "dns:b:2");
-    assert_int_equal(c.drafter.def, 2); /* ngram */
+    assert_string_equal(specd_drafter_names[c.drafter.def], "auto");
     assert_null(c.drafter.mlp.path);
     assert_null(c.drafter.mlp.accept_head);
     assert_true(c.drafter.ngram.enabled);
