@@ -163,13 +163,12 @@ typedef struct specd_ngram_drafter_opts {
 specd_drafter *specd_ngram_drafter_create(const specd_ngram_drafter_opts *o, specd_error *err);
 
 typedef struct specd_hybrid_drafter_opts {
-    /* The model drafter (mlp), borrowed: it must outlive this one and take
-     * calls from two batchers (the mlp drafter serializes its own). */
-    specd_drafter *model;
-    /* Settings of this drafter's own lookup, an ngram drafter (vocab 0 =
-     * the model's). With `shared` on, its suffix cache is its own too:
-     * separate from the ngram drafter's. */
-    specd_ngram_drafter_opts lookup;
+    /* The model drafter (mlp) and the lookup (ngram), both borrowed: they
+     * must outlive this one and take calls from two batchers, theirs and
+     * this one's (both serialize their own calls). Sessions of this
+     * drafter are sessions of each, so the lookup's suffix cache, when
+     * shared, is one for both drafters. */
+    specd_drafter *model, *lookup;
 } specd_hybrid_drafter_opts;
 specd_drafter *specd_hybrid_drafter_create(const specd_hybrid_drafter_opts *o, specd_error *err);
 

@@ -11,13 +11,16 @@
  * beside its speculator for the same reason.
  *
  * How. Each job is drafted twice, then merged into job->out:
- *   model   the borrowed model drafter (the mlp drafter; stateless here),
- *           with the job's priced shape, candidates x depth;
- *   lookup  this drafter's own ngram drafter (suffix decoding over the
- *           request's prompt and output; its sessions are ours), with the
- *           largest shape the policy allows, lookup_candidates x
- *           lookup_depth: a lookup costs microseconds whatever its size,
- *           and the price keeps only the rows that pay.
+ *   model   the borrowed model drafter (the mlp drafter), with the job's
+ *           priced shape, candidates x depth;
+ *   lookup  the borrowed ngram drafter (suffix decoding over the request's
+ *           prompt and output, and the deployment's suffix cache when it
+ *           is shared: one cache for both drafters), with the largest shape
+ *           the policy allows, lookup_candidates x lookup_depth: a lookup
+ *           costs microseconds whatever its size, and the price keeps only
+ *           the rows that pay.
+ * Both serialize their own calls (a mutex each), since their own batchers
+ * call them too; a session of this drafter is a session of each.
  * The model's nodes go in first, in their order (parents before children);
  * then the lookup's, each under its parent's place in the merged tree:
  *   - a node the model proposed too becomes that node, source BOTH, scored
@@ -49,8 +52,8 @@
 #include "draft-svc/drafter.h"
 
 typedef struct hybrid_impl {
-    specd_drafter *model;  /* borrowed: outlives us, serializes its own calls */
-    specd_drafter *lookup; /* owned */
+    /* borrowed: both outlive us and serialize their own calls */
+    specd_drafter *model, *lookup;
     /* per-call scratch, one pair of trees per job and their merge maps,
      * grown on demand (our batcher is our only caller) */
     specd_tree_buf *mtb, *ltb;
@@ -238,7 +241,6 @@ static void hybrid_destroy(specd_drafter *d) {
     hybrid_impl *h = d->impl;
     if (h) {
         free_bufs(h);
-        specd_drafter_free(h->lookup);
         free(h);
     }
     free(d);
@@ -253,25 +255,21 @@ static const specd_drafter_ops hybrid_ops = {
 };
 
 specd_drafter *specd_hybrid_drafter_create(const specd_hybrid_drafter_opts *o, specd_error *err) {
-    if (!o || !o->model) {
-        specd_seterr(err, "mlp_ngram drafter: no model drafter");
+    if (!o || !o->model || !o->lookup) {
+        specd_seterr(err, "mlp_ngram drafter: needs a model drafter and a lookup drafter");
         return NULL;
     }
-    specd_ngram_drafter_opts lo = o->lookup;
-    if (!lo.vocab) lo.vocab = o->model->vocab;
-    if (lo.vocab != o->model->vocab) {
-        specd_seterr(err, "mlp_ngram drafter: lookup vocab %d, but the model's is %d", lo.vocab,
-                     o->model->vocab);
+    specd_drafter *lookup = o->lookup;
+    if (lookup->vocab != o->model->vocab) {
+        specd_seterr(err, "mlp_ngram drafter: lookup vocab %d, but the model's is %d",
+                     lookup->vocab, o->model->vocab);
         return NULL;
     }
-    specd_drafter *lookup = specd_ngram_drafter_create(&lo, err);
-    if (!lookup) return NULL;
     specd_drafter *d = calloc(1, sizeof *d);
     hybrid_impl *h = calloc(1, sizeof *h);
     if (!d || !h) {
         free(d);
         free(h);
-        specd_drafter_free(lookup);
         specd_seterr(err, "mlp_ngram drafter: out of memory");
         return NULL;
     }

@@ -69,6 +69,7 @@
  * siblings at each level, and there are at most `candidates` leaves); the
  * history before the window is never read. No model, no per-session state. */
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,10 +91,12 @@
 typedef struct ngram_impl {
     int vocab;
     int min_n, max_n, max_scan;
+    /* One propose() at a time, over the scratch below: the session driver
+     * has a batcher per drafter, and the hybrid drafter (drafter_hybrid.c)
+     * borrows this one, so two batchers may call it. */
+    pthread_mutex_t mu;
     /* Per-call scratch, grown on demand: the match length of every window
-     * position, and the trie links of the output tree. propose() is not
-     * reentrant, like every drafter (the session driver's batcher is the
-     * one caller). */
+     * position, and the trie links of the output tree. */
     uint8_t *match_len; /* [max_scan] */
     int32_t *first_child, *next_sibling; /* [tree capacity] */
     int links_cap;
@@ -333,7 +336,11 @@ static int ngram_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_e
     int max_cap = 0;
     for (int i = 0; i < n; i++)
         if (jobs[i].out->cap > max_cap) max_cap = jobs[i].out->cap;
-    if (grow_scratch(g, max_cap, err)) return -1;
+    pthread_mutex_lock(&g->mu);
+    if (grow_scratch(g, max_cap, err)) {
+        pthread_mutex_unlock(&g->mu);
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
         int sampling = specd_sampling_is(jobs[i].sampling, SPECD_SAMPLING_REJECTION);
         if (jobs[i].state && !sampling)
@@ -341,6 +348,7 @@ static int ngram_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_e
         else
             propose_one(g, &jobs[i]);
     }
+    pthread_mutex_unlock(&g->mu);
     return 0;
 }
 
@@ -383,6 +391,7 @@ static void ngram_destroy(specd_drafter *d) {
             free(g->sx_map[k]);
         }
         specd_suffix_cache_free(g->cache);
+        pthread_mutex_destroy(&g->mu);
         free(g);
     }
     free(d);
@@ -441,6 +450,7 @@ specd_drafter *specd_ngram_drafter_create(const specd_ngram_drafter_opts *o, spe
     }
     *g = (ngram_impl){.vocab = o->vocab, .min_n = min_n, .max_n = max_n, .max_scan = max_scan,
                       .match_len = ml, .min_prob = min_prob, .depth = depth, .cache = cache};
+    pthread_mutex_init(&g->mu, NULL);
     d->ops = &ngram_ops;
     d->vocab = o->vocab;
     d->hidden_size = 0;

@@ -100,7 +100,8 @@ int main(int argc, char **argv) {
             specd_ngram_opts_from_config(&cfg, vocab, &o);
             if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&o, &err))) goto fail;
             if (drafters[SPECD_DRAFTER_MLP]) {
-                specd_hybrid_drafter_opts ho = {.model = drafters[SPECD_DRAFTER_MLP], .lookup = o};
+                specd_hybrid_drafter_opts ho = {.model = drafters[SPECD_DRAFTER_MLP],
+                                                .lookup = drafters[SPECD_DRAFTER_NGRAM]};
                 if (!(drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err)))
                     goto fail;
             }

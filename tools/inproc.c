@@ -115,7 +115,8 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         specd_ngram_opts_from_config(c, vocab, &no);
         if (!(p->drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
         if (p->drafters[SPECD_DRAFTER_MLP]) {
-            specd_hybrid_drafter_opts ho = {.model = p->drafters[SPECD_DRAFTER_MLP], .lookup = no};
+            specd_hybrid_drafter_opts ho = {.model = p->drafters[SPECD_DRAFTER_MLP],
+                                            .lookup = p->drafters[SPECD_DRAFTER_NGRAM]};
             if (!(p->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, err)))
                 return -1;
         }

@@ -450,7 +450,8 @@ static void world_up(world *w, const char *model, const char *draft_model, const
                                      .accept_head = have_head ? head : NULL};
         w->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, &err);
         if (!w->drafters[SPECD_DRAFTER_MLP]) fail_msg("mlp: %s", err.msg);
-        specd_hybrid_drafter_opts ho = {.model = w->drafters[SPECD_DRAFTER_MLP], .lookup = no};
+        specd_hybrid_drafter_opts ho = {.model = w->drafters[SPECD_DRAFTER_MLP],
+                                        .lookup = w->drafters[SPECD_DRAFTER_NGRAM]};
         w->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err);
         if (!w->drafters[SPECD_DRAFTER_MLP_NGRAM]) fail_msg("mlp_ngram: %s", err.msg);
     }

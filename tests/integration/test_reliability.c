@@ -135,7 +135,8 @@ static void draft_up_vocab(draft_side *d, const char *const *targets, int n,
         d->drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&lo, &err);
         specd_mlp_drafter_opts mo = {.path = spec_dir, .n_threads = 1};
         d->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, &err);
-        specd_hybrid_drafter_opts ho = {.model = d->drafters[SPECD_DRAFTER_MLP], .lookup = no};
+        specd_hybrid_drafter_opts ho = {.model = d->drafters[SPECD_DRAFTER_MLP],
+                                        .lookup = d->drafters[SPECD_DRAFTER_NGRAM]};
         if (ho.model) d->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err);
         for (int i = 0; i < SPECD_N_DRAFTERS; i++)
             if (!d->drafters[i]) fail_msg("drafter %d: %s", i, err.msg);

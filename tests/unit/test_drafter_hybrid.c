@@ -52,7 +52,7 @@ static const specd_drafter_ops fake_ops = {
 
 typedef struct fixture {
     fake_model model_state;
-    specd_drafter *model, *hybrid;
+    specd_drafter *model, *lookup, *hybrid;
     void *session;
     specd_tree_buf out;
     specd_sampling greedy, rejection;
@@ -64,7 +64,9 @@ static int setup(void **state) {
     *f->model = (specd_drafter){.ops = &fake_ops, .vocab = VOCAB, .hidden_size = 8,
                                 .max_batch = 4, .max_depth = 2, .impl = &f->model_state};
     specd_error err = {{0}};
-    specd_hybrid_drafter_opts o = {.model = f->model};
+    specd_ngram_drafter_opts no = {.vocab = VOCAB};
+    if (!(f->lookup = specd_ngram_drafter_create(&no, &err))) fail_msg("ngram: %s", err.msg);
+    specd_hybrid_drafter_opts o = {.model = f->model, .lookup = f->lookup};
     if (!(f->hybrid = specd_hybrid_drafter_create(&o, &err))) fail_msg("create: %s", err.msg);
     if (specd_drafter_session_open(f->hybrid, &f->session, &err)) fail_msg("%s", err.msg);
     if (specd_tree_buf_init(&f->out, 32, 0, &err)) fail_msg("%s", err.msg);
@@ -81,6 +83,7 @@ static int teardown(void **state) {
     fixture *f = *state;
     specd_drafter_session_close(f->hybrid, f->session);
     specd_drafter_free(f->hybrid);
+    specd_drafter_free(f->lookup);
     specd_drafter_free(f->model);
     specd_tree_buf_free(&f->out);
     free(f);
@@ -190,12 +193,15 @@ static void test_rejection_model_only(void **state) {
 static void test_create_checks(void **state) {
     fixture *f = *state;
     specd_error err = {{0}};
-    specd_hybrid_drafter_opts none = {0};
+    specd_hybrid_drafter_opts none = {.model = f->model};
     assert_null(specd_hybrid_drafter_create(&none, &err));
-    assert_non_null(strstr(err.msg, "model"));
-    specd_hybrid_drafter_opts wrong = {.model = f->model, .lookup = {.vocab = VOCAB + 1}};
+    assert_non_null(strstr(err.msg, "lookup"));
+    specd_ngram_drafter_opts no = {.vocab = VOCAB + 1};
+    specd_drafter *other = specd_ngram_drafter_create(&no, &err);
+    specd_hybrid_drafter_opts wrong = {.model = f->model, .lookup = other};
     assert_null(specd_hybrid_drafter_create(&wrong, &err));
     assert_non_null(strstr(err.msg, "vocab"));
+    specd_drafter_free(other);
     /* what it tells the driver: the model's needs, the lookup's reach */
     assert_int_equal(f->hybrid->hidden_size, 8);
     assert_int_equal(f->hybrid->vocab, VOCAB);
