@@ -114,19 +114,6 @@ static int grow_bufs(hybrid_impl *h, int n, int cap, specd_error *err) {
     return 0;
 }
 
-/* A node's conditional chance as its own tree scores it: pcond where the
- * drafter set one, else exp(logq - parent's logq), in [0, 1]. */
-static float cond_score(const specd_tree_buf *t, int i) {
-    float s;
-    if (t->pcond[i] >= 0) {
-        s = t->pcond[i];
-    } else {
-        float parent = t->parents[i] >= 0 ? t->logq[t->parents[i]] : 0.0f;
-        s = expf(t->logq[i] - parent);
-    }
-    return isfinite(s) ? (s < 0 ? 0 : s > 1 ? 1 : s) : 0;
-}
-
 /* out's child of `parent` (-1 = the root) holding `token`, or -1. */
 static int child_of(const specd_tree_buf *out, int parent, int32_t token) {
     for (int c = 0; c < out->n_nodes; c++)
@@ -151,11 +138,11 @@ static void merge(hybrid_impl *h, const specd_tree_buf *m, const specd_tree_buf 
         int lp = l->parents[j];
         int par = lp >= 0 ? h->map_l[lp] : -1;
         if (lp >= 0 && par < 0) continue; /* its parent did not fit */
-        float s = cond_score(l, j);
+        float s = specd_tree_node_score(l, j);
         int c = child_of(out, par, l->tokens[j]);
         if (c >= 0) {
             if (out->src[c] == SPECD_SRC_MODEL) {
-                float sm = cond_score(out, c);
+                float sm = specd_tree_node_score(out, c);
                 out->pcond[c] = s > sm ? s : sm;
                 out->src[c] = SPECD_SRC_BOTH;
             }

@@ -2,6 +2,7 @@
  * (tree_builder.h). */
 #include "draft-svc/tree_builder.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,17 @@ int specd_tree_buf_add(specd_tree_buf *b, int parent, int32_t token, float logq)
     b->src[i] = SPECD_SRC_MODEL;
     b->q[i + 1] = (specd_sparse_dist){0, NULL, NULL};
     return i;
+}
+
+float specd_tree_node_score(const specd_tree_buf *b, int i) {
+    float s;
+    if (b->pcond && b->pcond[i] >= 0) {
+        s = b->pcond[i];
+    } else {
+        float parent = b->parents[i] >= 0 ? b->logq[b->parents[i]] : 0.0f;
+        s = expf(b->logq[i] - parent);
+    }
+    return isfinite(s) ? (s < 0 ? 0 : s > 1 ? 1 : s) : 0;
 }
 
 int specd_tree_buf_prune(specd_tree_buf *b, const uint8_t *keep) {

@@ -73,6 +73,11 @@ void specd_tree_buf_reset(specd_tree_buf *b); /* no nodes, empty q pool */
  * new index, or -1 when the buffer is full. */
 int specd_tree_buf_add(specd_tree_buf *b, int parent, int32_t token, float logq);
 
+/* Node i's chance of acceptance given its parent was accepted, as its
+ * drafter scores it: pcond where the drafter set one, else
+ * exp(logq - parent's logq); in [0, 1], 0 for a non-finite value. */
+float specd_tree_node_score(const specd_tree_buf *b, int i);
+
 /* Keeps only the nodes with keep[i] != 0 (a set closed under parents),
  * renumbered in their order, parents remapped. Greedy mode only: q entries
  * are dropped. Returns the new node count. */

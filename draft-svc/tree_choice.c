@@ -2,7 +2,6 @@
  * choice (tree_choice.h). */
 #include "draft-svc/tree_choice.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,14 +94,7 @@ static int bin_of(float score) {
 
 void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank) {
     for (int i = 0; i < t->n_nodes; i++) {
-        float s;
-        if (t->pcond && t->pcond[i] >= 0) {
-            s = t->pcond[i];
-        } else {
-            float parent = t->parents[i] >= 0 ? t->logq[t->parents[i]] : 0.0f;
-            s = expf(t->logq[i] - parent);
-        }
-        score[i] = isfinite(s) ? (s < 0 ? 0 : s > 1 ? 1 : s) : 0;
+        score[i] = specd_tree_node_score(t, i);
         /* rank: siblings before i with a higher draft probability (ties: the
          * earlier one), i.e. the drafter's order among them; among the
          * siblings from the same part of a hybrid's tree (the lookup's, or
