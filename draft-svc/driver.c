@@ -69,7 +69,6 @@ typedef struct price_state {
     double predicted_unbiased; /* ... with the scale, without the drafter's bias */
     int sent_sessions;   /* the load it was priced at */
     float scale;         /* how this session accepts against the calibration */
-    float bias;          /* the drafter's sent-tree bias at this load (tree_choice.h) */
     int batch_tokens;    /* the last pass: all its tokens */
     int sent_rows;       /* ... and ours in it (1 + tree nodes) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
@@ -133,7 +132,6 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->p_alt = malloc(sizeof(float) * (size_t)cap);
     ps->keep_alt = malloc((size_t)cap);
     ps->scale = 1.0f;
-    ps->bias = 1.0f;
     ps->p1 = -1.0f;
     ps->gain = 1.0;
     ps->backoff = 1;
@@ -254,9 +252,10 @@ static void price_tree(gen *g, double draft_us) {
     int n = tb->n_nodes;
     specd_tree_price pr;
     price_of_step(g, &pr);
-    ps->bias = specd_accept_calib_bias(g->req->calib, pr.sessions);
+    /* the drafter's sent-tree bias at this load (tree_choice.h) */
+    float bias = specd_accept_calib_bias(g->req->calib, pr.sessions);
     specd_tree_scores(tb, ps->score, ps->rank);
-    specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale * ps->bias,
+    specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale * bias,
                           ps->p_path);
     /* the session's first-node chance for the next pre-draft check: the
      * favourite child of the root, as estimated here (score, calibration
@@ -354,7 +353,7 @@ static void price_tree(gen *g, double draft_us) {
     /* what the answer will be checked against: the kept tree's scores */
     if (tb->n_nodes > 0) {
         specd_tree_scores(tb, ps->score, ps->rank);
-        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale * ps->bias,
+        specd_accept_estimate(g->req->calib, tb, ps->score, ps->rank, ps->scale * bias,
                               ps->p_path);
         ps->predicted = 0;
         for (int i = 0; i < tb->n_nodes; i++) ps->predicted += ps->p_path[i];
