@@ -308,17 +308,22 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
  * or a tree reads its context ATTN_QB times less. */
 #define ATTN_QB CPU_ATTN_QB
 
-/* Heads one task takes of a block of nq tokens when `group` query heads
- * share each KV head (GQA). A block of up to ATTN_QB / group tokens (a
- * decode step's token, a tree, a prompt chunk's last few tokens) takes its
- * KV head's whole group, so each K and V row is read once for the group's
- * queries instead of once per query head: at a long context a decode
- * step's attention is that read (README, "Long contexts": with the K
- * prefetch of vec_avx2.c, decode after 1,000-3,000 tokens 10-11% faster,
- * a batch-4 step at 2,048 tokens 22% faster; without the prefetch, the 3
- * tasks a layer of a lone decode step measured no faster than 9). A block
- * of ATTN_QB tokens reads each row once for its tokens already. */
-static int heads_per_task(int nq, int group) { return nq * group <= ATTN_QB ? group : 1; }
+/* Heads one task takes of a block of n_tok tokens when `group` query heads
+ * share each KV head (GQA): the most that divide the group and fit in
+ * CPU_ATTN_MAXQ queries, so each K and V row is read (and an fp16 row
+ * widened) once for all of them instead of once per query head. A decode
+ * step's token, a tree and a prompt chunk's block of ATTN_QB tokens all
+ * take their KV head's whole group for SmolLM2 (3 heads; 48 queries for a
+ * prompt block). At a long context a decode step's attention is that
+ * read (README, "Long contexts": with the K prefetch of vec_avx2.c, decode
+ * after 1,000-3,000 tokens 10-11% faster, a batch-4 step at 2,048 tokens
+ * 22% faster); a prompt block's is the widening and the loads that feed
+ * each fma, which three heads share (vec_avx512.c's dots_qlanes). */
+static int heads_per_task(int n_tok, int group) {
+    int hg = group;
+    while (hg > 1 && (n_tok * hg > CPU_ATTN_MAXQ || group % hg)) hg--;
+    return hg;
+}
 
 /* Floats between two queries' score rows in a task's buffer: the width
  * rounded up to an odd number of cache lines, so that the 16 rows the
@@ -352,9 +357,9 @@ static void attn_task(void *ctx, int task, int thread) {
     float scale = 1.0f / sqrtf((float)hd);
     int width = s->n_past + i0 + n_tok; /* rows the block's last token sees */
     float *scores = c->scores[thread];  /* [nq][width] */
-    const float *qs[ATTN_QB];
-    float *os[ATTN_QB], *ss[ATTN_QB], maxs[ATTN_QB], invs[ATTN_QB];
-    int tok[ATTN_QB]; /* each query's token, 0..n_tok-1 */
+    const float *qs[CPU_ATTN_MAXQ];
+    float *os[CPU_ATTN_MAXQ], *ss[CPU_ATTN_MAXQ], maxs[CPU_ATTN_MAXQ], invs[CPU_ATTN_MAXQ];
+    int tok[CPU_ATTN_MAXQ]; /* each query's token, 0..n_tok-1 */
     for (int k = 0; k < nq; k++) {
         int h = h0 + k / n_tok;
         tok[k] = k % n_tok;
@@ -469,7 +474,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
             free(c->scores[i]);
             /* on a cache line, as every score row then is (score_stride):
              * the kernels' 64-byte loads and stores never split a line */
-            c->scores[i] = aligned_alloc(64, sizeof(float) * score_stride((int)longest) * ATTN_QB);
+            c->scores[i] = aligned_alloc(64, sizeof(float) * score_stride((int)longest) * CPU_ATTN_MAXQ);
             /* 64 bytes per context row: a process that cannot get that has
              * nothing sensible left to do, and attention has no error path */
             if (!c->scores[i]) abort();

@@ -185,8 +185,11 @@ static inline const uint16_t *cpu_kv_paged_row_f16(const uint16_t *pool, const i
 #define CPU_KV_F16_MAX_HEAD 256
 
 /* Query block: up to CPU_ATTN_QB consecutive new tokens of one sequence
- * (cpu_backend.c); the block kernels below take at most this many. */
+ * (cpu_backend.c), taken with as many of their KV head's query heads as
+ * fit in CPU_ATTN_MAXQ queries: the block kernels below take at most
+ * CPU_ATTN_MAXQ queries, all reading the same K and V rows. */
 #define CPU_ATTN_QB 16
+#define CPU_ATTN_MAXQ 64
 
 typedef struct cpu_kernel_set {
     const char *name;
@@ -214,7 +217,7 @@ typedef struct cpu_kernel_set {
                      size_t stride, size_t off, int n, float scale, float *scores);
     void (*kv_axpys)(float *o, const float *scores, float inv, const float *pool,
                      const int32_t *pages, int n_rows, size_t stride, size_t off, int n);
-    /* kv_dots for nq (<= CPU_ATTN_QB) queries of one sequence at once (attention's query
+    /* kv_dots for nq (<= CPU_ATTN_MAXQ) queries of one sequence at once (attention's query
      * blocks): each K row is read once for all of them, each query's
      * arithmetic exactly kv_dots'; maxs start at -inf. NULL = per query. */
     void (*kv_dots_block)(const float *const *q, int nq, const float *pool, const int32_t *pages,

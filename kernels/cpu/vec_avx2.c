@@ -296,7 +296,7 @@ dots_paged(const float *const *q, int nq, const void *pool, int f16, const int32
     int r = 0;
     if (n % 16 == 0) {
         const __m128 sv = _mm_set1_ps(scale);
-        __m128 mv[CPU_ATTN_QB];
+        __m128 mv[CPU_ATTN_MAXQ];
         for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
         for (; r + 4 <= n_rows; r += 4) {
             for (int i = 0; i < 4; i++)

@@ -324,12 +324,12 @@ dots_paged512(const float *const *q, int nq, const void *pool, int f16, const in
     float buf[4][CPU_KV_F16_MAX_HEAD] __attribute__((aligned(64)));
     const float *rows[4];
     const __m128 sv = _mm_set1_ps(scale);
-    __m128 mv[CPU_ATTN_QB];
+    __m128 mv[CPU_ATTN_MAXQ];
     for (int k = 0; k < nq; k++) mv[k] = _mm_set1_ps(maxs[k]);
     /* the partial maxima of the 4-query groups: quarter j is query 4g+j's
      * 4 lanes, each kept exactly as mv[] keeps them */
     const __m512 svz = _mm512_set1_ps(scale);
-    __m512 mvz[CPU_ATTN_QB / 4];
+    __m512 mvz[CPU_ATTN_MAXQ / 4];
     for (int k = 0; k + 4 <= nq; k += 4)
         mvz[k / 4] = _mm512_setr_ps(maxs[k], maxs[k], maxs[k], maxs[k], maxs[k + 1], maxs[k + 1],
                                     maxs[k + 1], maxs[k + 1], maxs[k + 2], maxs[k + 2],
@@ -427,11 +427,17 @@ dots_paged512(const float *const *q, int nq, const void *pool, int f16, const in
  * operation, so the scores are the other kernels' bits (test_backend_ops
  * compares them). The key's elements come in as broadcasts from memory
  * (an fma's own load), QL_KEYS keys share each qt load, and 16 keys' scores
- * are transposed in registers into the per-query score rows. */
+ * are transposed in registers into the per-query score rows.
+ *
+ * More than 16 queries (a prompt block of 16 tokens with its KV head's 3
+ * query heads) are sets of 16 lanes that take each 16-key tile in turn
+ * while it is in L1: a K row is widened from fp16 once for all of them. */
 #define QLANES_MIN 12 /* fewer queries leave too many lanes idle */
+#define QL_SETS (CPU_ATTN_MAXQ / 16)
 /* Measured (Cascade Lake, one thread, 16 queries over 1,500 cached fp16
  * rows of 64, min of 8 alternated runs): 2.07 ns a score, against 2.44
- * for dots_paged512. */
+ * for dots_paged512. Sets sharing one broadcast (3 sets x 2 keys, 3 x 4)
+ * measured no faster than sets in turn: the chains' registers spill. */
 #define QL_KEYS 4
 
 /* acc[x] = chain dd of key x (the fmas over elements 16c + dd, from zero) */
@@ -485,22 +491,29 @@ static inline __attribute__((always_inline, target(TBW))) void transpose16(const
     }
 }
 
-/* dots_paged512's contract for nq <= 16 queries, n a multiple of 16 up to
- * CPU_KV_F16_MAX_HEAD, computed with the queries in lanes. always_inline:
- * a copy per caller with f16 fixed, and one with n == 64. */
+/* dots_paged512's contract for nq <= 16 * ns queries (ns sets, the last
+ * padded with zero queries whose scores are dropped), n a multiple of 16
+ * up to CPU_KV_F16_MAX_HEAD, computed with the queries in lanes.
+ * always_inline: a copy per caller with f16 fixed, and one with n == 64. */
 static inline __attribute__((always_inline, target(TBW))) void
 dots_qlanes(const float *const *q, int nq, const void *pool, int f16, const int32_t *pages,
             int n_rows, size_t stride, size_t off, int n, float scale, float *const *scores,
             float *maxs) {
     static const float zero_row[CPU_KV_F16_MAX_HEAD] __attribute__((aligned(64)));
-    float qt[CPU_KV_F16_MAX_HEAD][16] __attribute__((aligned(64)));
+    float qt[QL_SETS][CPU_KV_F16_MAX_HEAD][16] __attribute__((aligned(64)));
     float kbuf[16][CPU_KV_F16_MAX_HEAD] __attribute__((aligned(64)));
-    for (int d = 0; d < n; d++)
-        for (int k = 0; k < 16; k++) qt[d][k] = k < nq ? q[k][d] : 0.0f;
+    const int ns = (nq + 15) / 16;
+    for (int s = 0; s < ns; s++)
+        for (int d = 0; d < n; d++)
+            for (int l = 0; l < 16; l++) qt[s][d][l] = 16 * s + l < nq ? q[16 * s + l][d] : 0.0f;
     const int nc = n / 16;
     const __m512 svz = _mm512_set1_ps(scale);
-    const __mmask16 qm = (__mmask16)((1u << nq) - 1);
-    __m512 mv = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), qm, maxs);
+    __m512 mv[QL_SETS];
+    for (int s = 0; s < ns; s++) {
+        const int in = nq - 16 * s < 16 ? nq - 16 * s : 16;
+        mv[s] = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)((1u << in) - 1),
+                                     maxs + 16 * s);
+    }
     for (int r = 0; r < n_rows; r += 16) {
         const int nr = n_rows - r < 16 ? n_rows - r : 16;
         for (int i = 16; i < 32 && r + i < n_rows; i++) /* the next tile (K_PREFETCH_ROWS) */
@@ -516,29 +529,35 @@ dots_qlanes(const float *const *q, int nq, const void *pool, int f16, const int3
                 kr[i] = cpu_kv_paged_row(pool, pages, r + i, stride, off);
             }
         }
-        __m512 s[16];
-        for (int i = 0; i < 16; i += QL_KEYS) {
-            __m512 t0[QL_KEYS], t1[QL_KEYS], t2[QL_KEYS], t3[QL_KEYS];
-            ql_t((const float(*)[16])qt, kr + i, 0, nc, t0);
-            ql_t((const float(*)[16])qt, kr + i, 2, nc, t2);
-            ql_t((const float(*)[16])qt, kr + i, 1, nc, t1);
-            ql_t((const float(*)[16])qt, kr + i, 3, nc, t3);
-            for (int x = 0; x < QL_KEYS; x++) {
-                s[i + x] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(t0[x], t2[x]),
-                                                       _mm512_add_ps(t1[x], t3[x])),
-                                         svz);
-                if (i + x < nr) mv = _mm512_max_ps(s[i + x], mv); /* NaN never the max */
-            }
-        }
-        __m512 col[16];
-        transpose16(s, col);
         const __mmask16 rm = (__mmask16)((1u << nr) - 1);
-        for (int k = 0; k < nq; k++) _mm512_mask_storeu_ps(scores[k] + r, rm, col[k]);
+        for (int s = 0; s < ns; s++) {
+            const float(*qs)[16] = (const float(*)[16])qt[s];
+            __m512 sv[16];
+            for (int i = 0; i < 16; i += QL_KEYS) {
+                __m512 t0[QL_KEYS], t1[QL_KEYS], t2[QL_KEYS], t3[QL_KEYS];
+                ql_t(qs, kr + i, 0, nc, t0);
+                ql_t(qs, kr + i, 2, nc, t2);
+                ql_t(qs, kr + i, 1, nc, t1);
+                ql_t(qs, kr + i, 3, nc, t3);
+                for (int x = 0; x < QL_KEYS; x++) {
+                    sv[i + x] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(t0[x], t2[x]),
+                                                            _mm512_add_ps(t1[x], t3[x])),
+                                              svz);
+                    if (i + x < nr) mv[s] = _mm512_max_ps(sv[i + x], mv[s]); /* NaN never the max */
+                }
+            }
+            __m512 col[16];
+            transpose16(sv, col);
+            for (int k = 16 * s; k < nq && k < 16 * s + 16; k++)
+                _mm512_mask_storeu_ps(scores[k] + r, rm, col[k - 16 * s]);
+        }
     }
-    float m16[16];
-    _mm512_storeu_ps(m16, mv);
-    for (int k = 0; k < nq; k++)
-        if (m16[k] > maxs[k]) maxs[k] = m16[k];
+    for (int s = 0; s < ns; s++) {
+        float m16[16];
+        _mm512_storeu_ps(m16, mv[s]);
+        for (int k = 16 * s; k < nq && k < 16 * s + 16; k++)
+            if (m16[k - 16 * s] > maxs[k]) maxs[k] = m16[k - 16 * s];
+    }
 }
 
 /* The K side of a block: queries in lanes when there are enough of them. */
@@ -546,7 +565,7 @@ static inline __attribute__((always_inline, target(TBW))) void
 dots_block512(const float *const *q, int nq, const void *pool, int f16, const int32_t *pages,
               int n_rows, size_t stride, size_t off, int n, float scale, float *const *scores,
               float *maxs) {
-    if (nq < QLANES_MIN || nq > 16)
+    if (nq < QLANES_MIN)
         dots_paged512(q, nq, pool, f16, pages, n_rows, stride, off, n, scale, scores, maxs);
     else if (n == 64)
         dots_qlanes(q, nq, pool, f16, pages, n_rows, stride, off, 64, scale, scores, maxs);

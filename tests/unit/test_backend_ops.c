@@ -1029,11 +1029,13 @@ static void test_attention(void **state) {
 static void test_attention_blocks_bitwise(void **state) {
     (void)state;
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
-    /* N = 90: 5 blocks of 16 tokens and one of 10, one head a task. N = 85:
-     * the last block's 5 tokens take their KV head's 3 query heads in one
-     * task (cpu_backend.c's heads_per_task), 15 queries whose V pass ends
-     * with a group of 3 (vec_avx2.c's axpys_tile_one64). Alone, a token is
-     * a decode step, and its KV head's 3 heads are one task too. A chain
+    /* N = 90: 5 blocks of 16 tokens and one of 10, each block with its KV
+     * head's 3 query heads in one task (cpu_backend.c's heads_per_task):
+     * 48 queries, three sets of 16 lanes on the AVX-512 K side
+     * (dots_qlanes), and 30 in the last. N = 85: the last block's 5 tokens
+     * are 15 queries whose V pass ends with a group of 3 (vec_avx2.c's
+     * axpys_tile_one64). Alone, a token is a decode step, and its KV
+     * head's 3 heads are one task too. A chain
      * of 5 of its tokens verified as a tree (masked: its own rows go one by
      * one after the paged ones) must give the chunk's bits as well. 9 heads
      * on 3 KV heads, SmolLM2's shape: 3 tasks for the 2 threads; and 9 on

@@ -510,20 +510,20 @@ static void test_attention_block_kernels(void **state) {
                     kp[i] = specd_fp16_to_f32(kh[i]); /* the same values in both pools */
                     vp[i] = specd_fp16_to_f32(vh[i]);
                 }
-                float q[CPU_ATTN_QB][128], sc_b[CPU_ATTN_QB][ROWS], sc_1[ROWS], w[CPU_ATTN_QB][ROWS];
-                float ob[CPU_ATTN_QB][128], o1[128], o2[128], inv[CPU_ATTN_QB];
-                for (int k = 0; k < CPU_ATTN_QB; k++) {
+                float q[CPU_ATTN_MAXQ][128], sc_b[CPU_ATTN_MAXQ][ROWS], sc_1[ROWS], w[CPU_ATTN_MAXQ][ROWS];
+                float ob[CPU_ATTN_MAXQ][128], o1[128], o2[128], inv[CPU_ATTN_MAXQ];
+                for (int k = 0; k < CPU_ATTN_MAXQ; k++) {
                     for (int d = 0; d < hd; d++) q[k][d] = urand_pm1(&st);
                     inv[k] = 0.01f + 0.001f * (float)k;
                     for (int r = 0; r < ROWS; r++) /* zeros in odd queries, none in even */
                         w[k][r] = (k % 2 && r % 11 == 3) ? 0.0f : 0.5f + 0.5f * urand_pm1(&st) + 1e-3f;
                 }
                 const float scale = 0.125f;
-                for (int nq = 1; nq <= CPU_ATTN_QB; nq++) {
+                for (int nq = 1; nq <= CPU_ATTN_MAXQ; nq++) {
                     const int n_rows = ROWS - nq; /* row counts past whole 4-row groups */
-                    const float *qs[CPU_ATTN_QB];
-                    float *ss[CPU_ATTN_QB], *os[CPU_ATTN_QB], maxs[CPU_ATTN_QB];
-                    const float *ws[CPU_ATTN_QB];
+                    const float *qs[CPU_ATTN_MAXQ];
+                    float *ss[CPU_ATTN_MAXQ], *os[CPU_ATTN_MAXQ], maxs[CPU_ATTN_MAXQ];
+                    const float *ws[CPU_ATTN_MAXQ];
                     for (int k = 0; k < nq; k++) {
                         qs[k] = q[k], ss[k] = sc_b[k], os[k] = ob[k], ws[k] = w[k];
                         maxs[k] = -INFINITY;
