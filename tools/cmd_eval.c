@@ -58,6 +58,12 @@ static void eval_usage(void) {
            "                         %s); with DIR/accept_head/\n"
            "                         the adaptive rows are measured too\n"
            "  --accept-head DIR      the acceptance head, if not DIR/accept_head/\n"
+           "  --drafter NAME         mlp (the speculator alone) or mlp_ngram (the speculator\n"
+           "                         and suffix decoding over each prompt and its output in\n"
+           "                         one tree, draft-svc's default drafter; default mlp)\n"
+           "  --lookup-shape KxD     mlp_ngram: the lookup's part of every tree, up to K\n"
+           "                         candidates x D deep, beside the speculator's k x heads\n"
+           "                         (default 4x6, draft-svc's speculation.max_shape)\n"
            "  --prompts FILE         JSONL, one {\"prompt\": ..., \"kind\": \"chat\"|\"code\"|\"math\"}\n"
            "                         per line, sent as a user message through the model's\n"
            "                         chat template (default %s)\n"
@@ -81,6 +87,8 @@ static void eval_usage(void) {
 
 typedef struct eval_opts {
     const char *model, *speculator, *accept_head, *prompts, *backend;
+    const char *drafter; /* "mlp" or "mlp_ngram" */
+    int lookup_k, lookup_d;
     int max_new, threads, limit, lanes, min_depth, json;
     int32_t *ks, *heads, *top_k;
     int n_ks, n_heads, n_top_k; /* n_heads 0 = 1..n_predict; n_top_k 0 = the checkpoint's */
@@ -119,6 +127,9 @@ static int parse_args(int argc, char **argv, eval_opts *o) {
     o->max_new = 128;
     o->lanes = 4;
     o->min_depth = 1;
+    o->drafter = "mlp";
+    o->lookup_k = 4;
+    o->lookup_d = 6;
     static const float default_thresholds[] = {0.3f, 0.5f, 0.7f, 0.9f};
     memcpy(o->thresholds, default_thresholds, sizeof default_thresholds);
     o->n_thresholds = 4;
@@ -127,6 +138,23 @@ static int parse_args(int argc, char **argv, eval_opts *o) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--speculator")) o->speculator = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--accept-head")) o->accept_head = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--drafter")) {
+            o->drafter = cli_value(argc, argv, &i);
+            if (strcmp(o->drafter, "mlp") && strcmp(o->drafter, "mlp_ngram")) {
+                fprintf(stderr, "specd eval: --drafter: expected mlp or mlp_ngram, got '%s'\n",
+                        o->drafter);
+                return 2;
+            }
+        } else if (!strcmp(a, "--lookup-shape")) {
+            const char *v = cli_value(argc, argv, &i);
+            char tail;
+            if (sscanf(v, "%dx%d%c", &o->lookup_k, &o->lookup_d, &tail) != 2 || o->lookup_k < 1 ||
+                o->lookup_k > 64 || o->lookup_d < 1 || o->lookup_d > 64) {
+                fprintf(stderr, "specd eval: --lookup-shape: expected KxD with K and D in 1..64, "
+                                "got '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--prompts")) o->prompts = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--limit")) o->limit = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens"))
@@ -287,7 +315,7 @@ static int row_index(eval_rows *rows, eval_config c) {
     return rows->n++;
 }
 
-static eval_config fixed(int k, int depth) { return (eval_config){k, depth, 0.0f, 0}; }
+static eval_config fixed(int k, int depth) { return (eval_config){k, depth, 0.0f, 0, 0, 0}; }
 
 /* Sums of one row over the prompts of one kind (-1 = all). */
 typedef struct eval_sum {
@@ -369,8 +397,11 @@ static void print_markdown(const eval_report *R) {
     int order[EVAL_MAX_KINDS];
     int nk = kind_order(ps, order);
     printf("## specd eval\n\n");
-    printf("target %s, speculator %s (n_predict %d); %d prompts (", o->model, R->speculator,
-           R->n_predict, ps->n);
+    printf("target %s, speculator %s (n_predict %d)", o->model, R->speculator, R->n_predict);
+    if (!strcmp(o->drafter, "mlp_ngram"))
+        printf(", drafter mlp_ngram (every tree also holds suffix decoding's drafts over the "
+               "prompt and its output, up to %dx%d)", o->lookup_k, o->lookup_d);
+    printf("; %d prompts (", ps->n);
     for (int j = 0; j < nk; j++)
         printf("%s%s %d", j ? ", " : "", ps->kinds[order[j]], ps->per_kind[order[j]]);
     printf(") through the chat template, greedy, up to %d new tokens each", o->max_new);
@@ -459,6 +490,11 @@ static int print_json(const eval_report *R) {
     cJSON_AddStringToObject(root, "model", o->model);
     cJSON_AddStringToObject(root, "speculator", R->speculator);
     cJSON_AddNumberToObject(root, "n_predict", R->n_predict);
+    cJSON_AddStringToObject(root, "drafter", o->drafter);
+    if (!strcmp(o->drafter, "mlp_ngram")) {
+        cJSON_AddNumberToObject(root, "lookup_candidates", o->lookup_k);
+        cJSON_AddNumberToObject(root, "lookup_depth", o->lookup_d);
+    }
     if (R->accept_head) cJSON_AddStringToObject(root, "accept_head", R->accept_head);
     cJSON_AddStringToObject(root, "prompts_file", o->prompts);
     cJSON_AddNumberToObject(root, "max_new_tokens", o->max_new);
@@ -509,7 +545,7 @@ int cmd_eval(int argc, char **argv) {
     specd_error err = {{0}};
     specd_model_file *m = NULL;
     specd_tokenizer *tok = NULL;
-    specd_drafter *d = NULL;
+    specd_drafter *mlp = NULL, *ngram = NULL, *d = NULL; /* d: the one measured */
     eval_target *t = NULL;
     prompt_set ps;
     memset(&ps, 0, sizeof ps);
@@ -557,8 +593,18 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < o.n_top_k; i++) mo.top_k_per_stage[i] = o.top_k[i];
-    if (!(d = specd_mlp_drafter_create(&mo, &err))) goto done;
-    int n_predict = d->max_depth;
+    if (!(mlp = specd_mlp_drafter_create(&mo, &err))) goto done;
+    int n_predict = mlp->max_depth;
+    d = mlp;
+    int lookup = !strcmp(o.drafter, "mlp_ngram");
+    if (lookup) {
+        /* draft-svc's defaults: suffix decoding over each request's own
+         * prompt and output (no shared cache) */
+        specd_ngram_drafter_opts no = {.vocab = vocab};
+        if (!(ngram = specd_ngram_drafter_create(&no, &err))) goto done;
+        specd_hybrid_drafter_opts ho = {.model = mlp, .lookup = ngram};
+        if (!(d = specd_hybrid_drafter_create(&ho, &err))) goto done;
+    }
     int n_heads = o.n_heads;
     int32_t *heads = o.heads;
     int32_t def_heads[64];
@@ -593,14 +639,20 @@ int cmd_eval(int argc, char **argv) {
             spd[ki * n_spd_cols + dd - 1] = row_index(&rows, fixed(spd_ks[ki], dd));
         for (int ti = 0; ti < o.n_thresholds; ti++) {
             int min_depth = o.min_depth < n_predict ? o.min_depth : n_predict;
-            eval_config c = {spd_ks[ki], n_predict, o.thresholds[ti], min_depth};
+            eval_config c = {spd_ks[ki], n_predict, o.thresholds[ti], min_depth, 0, 0};
             spd[ki * n_spd_cols + n_predict + ti] = adaptive ? row_index(&rows, c) : -1;
         }
     }
-    /* A greedy MLP tree keeps k nodes per depth. */
+    /* A greedy MLP tree keeps k nodes per depth; mlp_ngram's lookup adds
+     * up to its own shape (less where the two agree) to every setting. */
     int max_tree = 1;
     for (int i = 0; i < rows.n; i++) {
-        int nodes = rows.r[i].c.candidates * rows.r[i].c.depth;
+        if (lookup) {
+            rows.r[i].c.lookup_candidates = o.lookup_k;
+            rows.r[i].c.lookup_depth = o.lookup_d;
+        }
+        int nodes = rows.r[i].c.candidates * rows.r[i].c.depth +
+                    (lookup ? o.lookup_k * o.lookup_d : 0);
         if (nodes > max_tree) max_tree = nodes;
     }
 
@@ -679,7 +731,9 @@ done:
     free(grid);
     free(spd);
     eval_target_free(t);
-    specd_drafter_free(d);
+    if (d != mlp) specd_drafter_free(d);
+    specd_drafter_free(ngram);
+    specd_drafter_free(mlp);
     prompt_set_free(&ps);
     specd_tokenizer_free(tok);
     specd_model_close(m);

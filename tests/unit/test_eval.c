@@ -183,7 +183,8 @@ static void test_mlp_is_lossless(void **state) {
     specd_drafter *d = mlp_drafter();
     eval_output ref[N_PROMPTS];
     greedy(t, ref, NULL);
-    const eval_config cfgs[] = {{1, 1, 0, 0}, {1, 3, 0, 0}, {4, 2, 0, 0}, {5, 3, 0, 0}};
+    const eval_config cfgs[] = {{1, 1, 0, 0, 0, 0}, {1, 3, 0, 0, 0, 0}, {4, 2, 0, 0, 0, 0},
+                                {5, 3, 0, 0, 0, 0}};
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
         eval_stats st[N_PROMPTS];
         spec(t, d, cfgs[c], ref, st);
@@ -216,7 +217,8 @@ static void test_adaptive_rows(void **state) {
     specd_drafter *d = mlp_drafter_with(head);
     eval_output ref[N_PROMPTS];
     greedy(t, ref, NULL);
-    const eval_config cfgs[] = {{1, 3, 0.0f, 0}, {1, 3, 0.9f, 1}, {1, 3, 0.2f, 1}, {3, 3, 0.5f, 2}};
+    const eval_config cfgs[] = {{1, 3, 0.0f, 0, 0, 0}, {1, 3, 0.9f, 1, 0, 0}, {1, 3, 0.2f, 1, 0, 0},
+                                {3, 3, 0.5f, 2, 0, 0}};
     long drafted[4] = {0};
     for (int c = 0; c < 4; c++) {
         eval_stats st[N_PROMPTS];
@@ -235,6 +237,43 @@ static void test_adaptive_rows(void **state) {
     eval_target_free(t);
 }
 
+/* `specd eval --drafter mlp_ngram`: the lookup's shape reaches the hybrid
+ * drafter through eval_config (its nodes join the speculator's in each
+ * tree: more drafted than the speculator alone at the same k x depth), and
+ * the output stays greedy's. */
+static void test_mlp_ngram_rows(void **state) {
+    (void)state;
+    eval_target *t = open_target(3);
+    specd_drafter *mlp = mlp_drafter();
+    specd_ngram_drafter_opts no = {.vocab = 512};
+    specd_error err = {{0}};
+    specd_drafter *ngram = specd_ngram_drafter_create(&no, &err);
+    if (!ngram) fail_msg("%s", err.msg);
+    specd_hybrid_drafter_opts ho = {.model = mlp, .lookup = ngram};
+    specd_drafter *hy = specd_hybrid_drafter_create(&ho, &err);
+    if (!hy) fail_msg("%s", err.msg);
+    eval_output ref[N_PROMPTS];
+    greedy(t, ref, NULL);
+    eval_stats alone[N_PROMPTS], both[N_PROMPTS];
+    spec(t, mlp, (eval_config){1, 2, 0, 0, 0, 0}, ref, alone);
+    spec(t, hy, (eval_config){1, 2, 0, 0, 2, 3}, ref, both);
+    long d_alone = 0, d_both = 0, a_both = 0;
+    for (int p = 0; p < N_PROMPTS; p++) {
+        check_counts(&both[p], &ref[p], 3);
+        /* k x depth of the speculator's and up to 2 x 3 of the lookup's */
+        assert_true(both[p].drafted <= (long)(1 * 2 + 2 * 3) * (both[p].steps - 1));
+        d_alone += alone[p].drafted, d_both += both[p].drafted, a_both += both[p].accepted;
+    }
+    printf("  mlp 1x2: %ld drafted; mlp_ngram 1x2 + lookup 2x3: %ld drafted, %ld accepted\n",
+           d_alone, d_both, a_both);
+    assert_true(d_both > d_alone);
+    for (int p = 0; p < N_PROMPTS; p++) eval_output_free(&ref[p]);
+    specd_drafter_free(hy);
+    specd_drafter_free(ngram);
+    specd_drafter_free(mlp);
+    eval_target_free(t);
+}
+
 /* Prompt lookup: on a tiny random model's repetitive output it is right
  * part of the time, so steps accept some of a path and reject the rest. */
 static void test_ngram_partial_accepts(void **state) {
@@ -247,7 +286,7 @@ static void test_ngram_partial_accepts(void **state) {
     eval_output ref[N_PROMPTS];
     greedy(t, ref, NULL);
     eval_stats st[N_PROMPTS];
-    spec(t, d, (eval_config){1, 4, 0, 0}, ref, st);
+    spec(t, d, (eval_config){1, 4, 0, 0, 0, 0}, ref, st);
     long drafted = 0, accepted = 0, gen = 0, steps = 0;
     for (int p = 0; p < N_PROMPTS; p++) {
         check_counts(&st[p], &ref[p], 4);
@@ -270,7 +309,7 @@ static void test_perfect_drafter(void **state) {
     greedy(t, ref, NULL);
     for (int depth = 1; depth <= 4; depth++) {
         eval_stats st[N_PROMPTS];
-        spec(t, d, (eval_config){1, depth, 0, 0}, ref, st);
+        spec(t, d, (eval_config){1, depth, 0, 0, 0, 0}, ref, st);
         long gen = 0, steps = 0;
         for (int p = 0; p < N_PROMPTS; p++) gen += st[p].generated, steps += st[p].steps;
         printf("  depth %d: %ld tokens in %ld steps, tau %.2f\n", depth, gen, steps,
@@ -302,7 +341,7 @@ static void test_lanes_change_nothing(void **state) {
         eval_target *t = open_target(lanes[i]);
         eval_output ref[N_PROMPTS];
         greedy(t, ref, NULL);
-        spec(t, d, (eval_config){3, 3, 0, 0}, ref, st[i]);
+        spec(t, d, (eval_config){3, 3, 0, 0, 0, 0}, ref, st[i]);
         for (int p = 0; p < N_PROMPTS; p++) eval_output_free(&ref[p]);
         eval_target_free(t);
     }
@@ -320,7 +359,7 @@ static void test_mismatch_is_caught(void **state) {
     ref[p].ids[pos] = (ref[p].ids[pos] + 1) % 512;
     eval_stats st[N_PROMPTS];
     specd_error err = {{0}};
-    eval_config c = {2, 2, 0, 0};
+    eval_config c = {2, 2, 0, 0, 0, 0};
     assert_int_equal(eval_spec(t, d, &c, g_prompts, N_PROMPTS, ref, st, NULL, &err),
                      EVAL_MISMATCH);
     printf("  %s\n", err.msg);
@@ -350,7 +389,7 @@ static void test_bad_setup(void **state) {
     eval_target *t = open_target(1);
     specd_drafter *d = mlp_drafter();
     eval_stats st[N_PROMPTS];
-    eval_config bad = {0, 2, 0, 0};
+    eval_config bad = {0, 2, 0, 0, 0, 0};
     assert_int_equal(eval_spec(t, d, &bad, g_prompts, N_PROMPTS, NULL, st, NULL, &err), -1);
     specd_drafter_free(d);
     eval_target_free(t);
@@ -362,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_mlp_is_lossless),
         cmocka_unit_test(test_adaptive_rows),
         cmocka_unit_test(test_ngram_partial_accepts),
+        cmocka_unit_test(test_mlp_ngram_rows),
         cmocka_unit_test(test_perfect_drafter),
         cmocka_unit_test(test_lanes_change_nothing),
         cmocka_unit_test(test_mismatch_is_caught),

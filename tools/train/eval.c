@@ -303,6 +303,8 @@ static void lane_job(run *r, lane *l, specd_draft_job *job) {
         .depth = depth,
         .stop_threshold = c->stop_threshold,
         .min_depth = c->min_depth < depth ? c->min_depth : depth,
+        .lookup_candidates = c->lookup_candidates,
+        .lookup_depth = c->lookup_depth,
         .out = &l->tb,
     };
 }

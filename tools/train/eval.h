@@ -78,6 +78,9 @@ typedef struct eval_config {
     int depth;            /* draft job's depth (heads) */
     float stop_threshold; /* SpecDec++ adaptive stop; 0 = fixed depth */
     int min_depth;        /* with stop_threshold */
+    /* a drafter with a lookup part (mlp_ngram): that part's shape, drafted
+     * beside the k x depth of the model (drafter.h); 0 = none */
+    int lookup_candidates, lookup_depth;
 } eval_config;
 
 typedef struct eval_stats {
