@@ -71,6 +71,7 @@ typedef struct price_state {
     float scale;         /* how this session accepts against the calibration */
     int batch_tokens;    /* the last pass: all its tokens */
     int sent_rows;       /* ... and ours in it (1 + tree nodes) */
+    int draft_tokens;    /* ... and its draft nodes, every session's (0: not reported) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
     double draft_one_us; /* the drafter's time per tree level, smoothed (note_draft_time) */
     double gain;         /* smoothed priced gain of drafting, draft time included */
@@ -163,6 +164,11 @@ static void price_of_step(const gen *g, specd_tree_price *pr) {
     specd_tpool_member_cost(g->member, pr->sessions > 1, &pr->cost);
     pr->other_tokens = pr->sessions > 1 ? ps->batch_tokens - ps->sent_rows : 0;
     if (pr->other_tokens < 0) pr->other_tokens = 0;
+    /* the others' draft nodes in the last pass, and what they will add */
+    int other_drafts = pr->sessions > 1 ? ps->draft_tokens - (ps->sent_rows - 1) : 0;
+    pr->other_expected =
+        other_drafts > 0 ? other_drafts * specd_accept_calib_yield(g->req->calib, pr->sessions)
+                         : 0;
     /* A lone session's step time outside the pass (the round trip, the
      * draft side's work) leaves the target idle, so a bigger tree spreads
      * it over more tokens. With others in the pass the target spends that
@@ -224,9 +230,8 @@ static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_
     price_state *ps = &g->price;
     double gain = 1.0;
     if (base_rate > 0 && pick->rate > 0) {
-        double t_pick = (pr->sessions + pick->expected) / pick->rate;
-        gain = (pr->sessions + pick->expected) / (t_pick + pr->stage_us * drafted_deep) /
-               base_rate;
+        double tokens = specd_tree_base_tokens(pr) + pick->expected;
+        gain = tokens / (tokens / pick->rate + pr->stage_us * drafted_deep) / base_rate;
     }
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
     specd_accept_calib_note_gain(g->req->calib, pr->sessions, gain);
@@ -382,7 +387,7 @@ static void price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
                               (int)r->n_accepted);
     g->st->predicted_tokens += ps->predicted;
     specd_accept_calib_note_sent(g->req->calib, ps->sent_sessions, ps->predicted_unbiased,
-                                 (int)r->n_accepted);
+                                 g->tb.n_nodes, (int)r->n_accepted);
     /* +0.5 on both sides: a short tree's 0-or-1 outcome moves it gently */
     double ratio = ((double)r->n_accepted + 0.5) / (ps->predicted_raw + 0.5);
     double sc = (1 - PRICE_ALPHA) * ps->scale + PRICE_ALPHA * ratio;
@@ -403,6 +408,7 @@ static void price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_r
     const Specd__V1__StepTimings *tm = r->timings;
     if (!tm || !g->member) return;
     ps->batch_tokens = (int)tm->batch_tokens;
+    ps->draft_tokens = (int)tm->draft_tokens;
     /* alone in the pass when it held exactly the rows this session sent */
     int shared = ps->sent_rows <= 0 || (int)tm->batch_tokens != ps->sent_rows;
     if (tm->forward_us > 0 && tm->batch_tokens > 0)

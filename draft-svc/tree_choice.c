@@ -47,13 +47,22 @@ float specd_accept_calib_bias(specd_accept_calib *c, int sessions) {
 }
 
 void specd_accept_calib_note_sent(specd_accept_calib *c, int sessions, double predicted,
-                                  int accepted) {
-    if (!(predicted >= 0) || accepted < 0) return;
+                                  int nodes, int accepted) {
+    if (!(predicted >= 0) || accepted < 0 || nodes < accepted) return;
     pthread_mutex_lock(&c->mu);
     int b = load_bucket(sessions);
     c->sent_pred[b] = SPECD_CALIB_SENT_KEEP * c->sent_pred[b] + predicted;
     c->sent_acc[b] = SPECD_CALIB_SENT_KEEP * c->sent_acc[b] + accepted;
+    c->sent_nodes[b] = SPECD_CALIB_SENT_KEEP * c->sent_nodes[b] + nodes;
     pthread_mutex_unlock(&c->mu);
+}
+
+double specd_accept_calib_yield(specd_accept_calib *c, int sessions) {
+    pthread_mutex_lock(&c->mu);
+    int b = load_bucket(sessions);
+    double y = c->sent_acc[b] / (c->sent_nodes[b] + SPECD_CALIB_SENT_PRIOR);
+    pthread_mutex_unlock(&c->mu);
+    return y;
 }
 
 double specd_accept_calib_stage(specd_accept_calib *c) {
@@ -195,8 +204,14 @@ static double stage_cost(const specd_tree_price *pr, int levels) {
     return pr->stage_us > 0 ? levels * pr->stage_us : 0;
 }
 
+/* The tokens a pass yields besides this session's accepted nodes: one per
+ * session, plus what the others' nodes are expected to add. */
+double specd_tree_base_tokens(const specd_tree_price *pr) {
+    return (pr->sessions > 0 ? pr->sessions : 1) + (pr->other_expected > 0 ? pr->other_expected : 0);
+}
+
 int specd_tree_could_pay(float p, const specd_tree_price *pr) {
-    int L = pr->sessions > 0 ? pr->sessions : 1;
+    double L = specd_tree_base_tokens(pr);
     int base = pr->other_tokens + 1;
     double plain = specd_step_cost_at(&pr->cost, base), one = pass_cost(pr, base, base + 1);
     if (plain <= 0 || one <= 0) return 1;
@@ -221,7 +236,7 @@ static int by_p_desc(const void *a, const void *b) {
 void specd_tree_choose(const float *p_path, const int32_t *depth, const int32_t *levels, int n,
                        const specd_tree_price *pr, uint8_t *keep, specd_tree_pick *out) {
     memset(out, 0, sizeof *out);
-    int L = pr->sessions > 0 ? pr->sessions : 1;
+    double L = specd_tree_base_tokens(pr);
     int base = pr->other_tokens + 1;
     double plain = pr->overhead_us + specd_step_cost_at(&pr->cost, base);
     if (n <= 0) {

@@ -86,6 +86,9 @@ typedef struct specd_accept_calib {
      * every estimate back. Where a tree barely pays, as under load on a
      * CPU, that was the difference between a loss and none. */
     double sent_pred[SPECD_CALIB_LOADS], sent_acc[SPECD_CALIB_LOADS];
+    /* ... and their nodes (fading the same way): sent_acc / sent_nodes is
+     * what a sent node earns at that load, specd_accept_calib_yield */
+    double sent_nodes[SPECD_CALIB_LOADS];
     /* The drafter's time per tree level in microseconds, smoothed over
      * every session's drafts (0 = none yet): what a new session prices its
      * first trees with, before it has timed drafts of its own. */
@@ -115,10 +118,14 @@ double specd_draft_time_smooth(double est, double sample, double alpha);
  * load of `sessions`: (accepted + prior) / (predicted + prior), in
  * [0.25, 2]; 1 before anything was sent. Thread-safe. */
 float specd_accept_calib_bias(specd_accept_calib *c, int sessions);
-/* Folds in a sent tree: its prediction (without the bias) and the tokens
- * accepted. Thread-safe. */
+/* Folds in a sent tree: its prediction (without the bias), its nodes and
+ * the tokens accepted. Thread-safe. */
 void specd_accept_calib_note_sent(specd_accept_calib *c, int sessions, double predicted,
-                                  int accepted);
+                                  int nodes, int accepted);
+/* Accepted tokens per sent node at a load of `sessions`: accepted /
+ * (nodes + prior), so 0 before anything was sent (the others' trees then
+ * count for nothing, as before the target reported them). Thread-safe. */
+double specd_accept_calib_yield(specd_accept_calib *c, int sessions);
 
 /* Reads / folds in the drafter-wide gain at a target load of `sessions`
  * (thread-safe). */
@@ -162,6 +169,14 @@ typedef struct specd_tree_price {
     specd_step_cost cost;  /* the target's forward-pass curve */
     int sessions;          /* L: sessions in the pass, this one included (>= 1) */
     int other_tokens;      /* R: rows the other sessions bring */
+    /* E: tokens the other sessions' tree nodes in the pass are expected to
+     * add (their draft rows times the accepted share of sent nodes,
+     * specd_accept_calib_yield). The pass's time buys them too, so every
+     * rate counts them: (L + E + e) / time. Counting only L, a session
+     * saw a pass already swollen by the others' trees as a low bar and
+     * added rows of its own, and every session did: at 16 streams on a
+     * repetitive text tau 3.19 at 0.95x plain, the pass 4 times the rows. */
+    double other_expected;
     double overhead_us;    /* per-step time outside the forward pass */
     /* draft time per tree level: a kept tree of depth D is drafted again
      * next step (the driver drafts the kept shape), so its D levels are
@@ -172,8 +187,8 @@ typedef struct specd_tree_price {
 typedef struct specd_tree_pick {
     int n_keep;       /* nodes chosen (0 = a plain step) */
     double expected;  /* sum of p over them: expected accepted tokens */
-    double rate;      /* (L + expected) / time of the chosen step, tokens/us */
-    double plain_rate;/* L / time of a plain step */
+    double rate;      /* (L + E + expected) / time of the chosen step, tokens/us */
+    double plain_rate;/* (L + E) / time of a plain step */
 } specd_tree_pick;
 
 /* Whether a one-node tree accepted with chance p, drafted in one stage
@@ -186,6 +201,10 @@ typedef struct specd_tree_pick {
  * out again cost 10-20% of throughput. The draft time counts as target
  * time: on shared cores it is. Nothing measured yet: 1. */
 int specd_tree_could_pay(float p, const specd_tree_price *pr);
+
+/* L + E of a price: the tokens its pass yields besides this session's
+ * accepted nodes (the numerator's fixed part in every rate above). */
+double specd_tree_base_tokens(const specd_tree_price *pr);
 
 /* Marks the chosen nodes in keep[0..n). levels[i]: the drafting stages
  * node i took, what D counts (NULL = its depth; 0 for a lookup's node,

@@ -501,6 +501,12 @@ static void *worker_main(void *arg) {
         /* cost is written under mu only, and this thread is its one writer,
          * so reading it here without the lock is safe */
         uint32_t est_us = (uint32_t)specd_step_cost_at(&s->cost, n_tok);
+        /* the pass's draft nodes (trees ride whole, never split), which
+         * each drafter counts as tokens the pass is expected to add */
+        uint32_t draft_rows = 0;
+        for (int i = 0; i < n_items; i++)
+            if (s->items[i]->kind == SPECD_WORK_TREE)
+                draft_rows += (uint32_t)s->items[i]->tree->n_nodes;
         specd_target_metrics_pass(s->t, n_tok, fwd_us, !frc);
         int *rcs = s->rcs;
         for (int i = 0; i < n_items; i++) {
@@ -519,6 +525,7 @@ static void *worker_main(void *arg) {
                 w->forward_us = fwd_us;
                 w->batch_tokens = (uint32_t)n_tok;
                 w->est_forward_us = est_us;
+                w->draft_tokens = draft_rows;
                 if (finish_item(s, w, s->item_rows[i])) rcs[i] = SPECD_WORK_FAILED;
             }
         }
@@ -808,7 +815,7 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
     w->t_blocked_us = 0;
     w->cached_tokens = 0;
     w->next = NULL;
-    w->queue_us = w->forward_us = w->batch_tokens = w->active_sessions = 0;
+    w->queue_us = w->forward_us = w->batch_tokens = w->active_sessions = w->draft_tokens = 0;
     cond_init(&w->cv);
     pthread_mutex_lock(&s->mu);
     w->t_submit_us = now_us();

@@ -145,6 +145,7 @@ typedef struct specd_work {
     uint32_t active_sessions; /* KV slots held when the pass was gathered */
     uint32_t cached_tokens;   /* PREFILL: prompt tokens whose KV came from the prefix cache */
     uint32_t est_forward_us;  /* the cost curve's estimate for the pass, before it ran */
+    uint32_t draft_tokens;    /* of batch_tokens, the draft nodes of every TREE item */
     specd_error err;
 
     /* ---- private to the scheduler ---- */

@@ -246,6 +246,7 @@ static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t st
     tm.active_sessions = w->active_sessions;
     tm.cached_tokens = w->cached_tokens;
     tm.estimated_forward_us = w->est_forward_us;
+    tm.draft_tokens = w->draft_tokens;
     r.timings = &tm;
     if (lp) {
         /* When a stop truncated the step, the stop token is `next` and its

@@ -7,7 +7,8 @@
  *   - a failover re-open (resumed_tokens) continues a seeded sampling run
  *     token for token: the resumed tokens count as generated for the
  *     penalties and the random draws go on at the same output index;
- *   - StepTimings' active_sessions counts the sessions holding a KV slot.
+ *   - StepTimings' active_sessions counts the sessions holding a KV slot,
+ *     and draft_tokens a pass's draft-tree nodes.
  *
  * Model: the tiny golden Llama (tests/golden/data/tiny-gqa). */
 #include <math.h>
@@ -192,6 +193,7 @@ static void test_verify_matches_generate(void **state) {
     w.top_logprobs = s.top_logprobs;
     run(&e, &w);
     assert_int_equal(w.active_sessions, 2);
+    assert_int_equal(w.draft_tokens, 0); /* a prompt has no draft rows */
     specd_finish fr;
     specd_session_emit(&s, &w.next_token, 1, s.n_prompt, &fr);
     out_lp[n_out] = lps[0];
@@ -233,6 +235,10 @@ static void test_verify_matches_generate(void **state) {
         w.top_logprobs = s.top_logprobs;
         run(&e, &w);
         assert_int_equal(w.active_sessions, 2);
+        /* alone in its pass: its nodes are the pass's draft rows, and the
+         * pending token is not one */
+        assert_int_equal(w.batch_tokens, 1 + n);
+        assert_int_equal(w.draft_tokens, n);
         int32_t emitted[MAX_TREE + 1];
         memcpy(emitted, acc, sizeof(int32_t) * (size_t)w.n_accepted);
         emitted[w.n_accepted] = w.next_token;

@@ -102,8 +102,8 @@ static specd_tree_price linear_price(double fixed, double per_token, double over
     return pr;
 }
 
-/* The chosen n maximizes (L + E(n)) / t(n) over every n, the empty tree
- * included, checked against brute force on random instances. */
+/* The chosen n maximizes (L + E_others + E(n)) / t(n) over every n, the
+ * empty tree included, checked against brute force on random instances. */
 static void test_choose_brute_force(void **state) {
     (void)state;
     srand(7);
@@ -118,6 +118,8 @@ static void test_choose_brute_force(void **state) {
         specd_tree_price pr = linear_price(3000 + rand() % 3000, rand() % 1500, rand() % 500);
         pr.sessions = 1 + rand() % 8;
         pr.other_tokens = pr.sessions > 1 ? rand() % 40 : 0;
+        /* the others' nodes' expected tokens: at most one per row they bring */
+        pr.other_expected = pr.sessions > 1 ? (rand() % 2) * 0.8 * (rand() % (pr.other_tokens + 1)) : 0;
         uint8_t keep[32];
         specd_tree_pick pick;
         specd_tree_choose(p, depth, NULL, n, &pr, keep, &pick);
@@ -135,7 +137,7 @@ static void test_choose_brute_force(void **state) {
         for (int k = 0; k <= n; k++) {
             if (k) e += sorted[k - 1];
             double t = pr.overhead_us + specd_step_cost_at(&pr.cost, pr.other_tokens + 1 + k);
-            double rate = (pr.sessions + e) / t;
+            double rate = (pr.sessions + pr.other_expected + e) / t;
             if (rate > best) best = rate;
         }
         assert_true(fabs(pick.rate - best) <= 1e-12 * best);
@@ -473,22 +475,70 @@ static void test_sent_bias(void **state) {
     specd_accept_calib_init(&c);
     assert_true(specd_accept_calib_bias(&c, 1) == 1.0f);
     /* trees predicted at 2 tokens that earn 1.5 */
-    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 1, 2.0, i % 2 ? 2 : 1);
+    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 1, 2.0, 3, i % 2 ? 2 : 1);
     float b = specd_accept_calib_bias(&c, 1);
     assert_true(fabsf(b - 0.75f) < 0.02f);
     /* another load bucket learns on its own */
     assert_true(specd_accept_calib_bias(&c, 4) == 1.0f);
     assert_true(specd_accept_calib_bias(&c, 3) == 1.0f);
     /* the recent trees count: a text that now accepts all it is predicted */
-    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 1, 2.0, 2);
+    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 1, 2.0, 3, 2);
     assert_true(fabsf(specd_accept_calib_bias(&c, 1) - 1.0f) < 0.02f);
     /* bounded, and nonsense is ignored */
-    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 16, 1.0, 0);
+    for (int i = 0; i < 300; i++) specd_accept_calib_note_sent(&c, 16, 1.0, 2, 0);
     assert_true(specd_accept_calib_bias(&c, 16) == 0.25f);
-    specd_accept_calib_note_sent(&c, 1, -1.0, 3);
-    specd_accept_calib_note_sent(&c, 1, NAN, 3);
+    specd_accept_calib_note_sent(&c, 1, -1.0, 3, 3);
+    specd_accept_calib_note_sent(&c, 1, NAN, 3, 3);
+    specd_accept_calib_note_sent(&c, 1, 2.0, 1, 3); /* more accepted than sent */
     assert_true(fabsf(specd_accept_calib_bias(&c, 1) - 1.0f) < 0.02f);
     specd_accept_calib_destroy(&c);
+}
+
+/* What a sent node earns, per load bucket: 0 before anything was sent, then
+ * accepted tokens over nodes. */
+static void test_sent_yield(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    assert_true(specd_accept_calib_yield(&c, 16) == 0.0);
+    /* trees of 4 nodes that get 3 accepted */
+    for (int i = 0; i < 400; i++) specd_accept_calib_note_sent(&c, 16, 3.5, 4, 3);
+    assert_true(fabs(specd_accept_calib_yield(&c, 16) - 0.75) < 0.01);
+    assert_true(specd_accept_calib_yield(&c, 1) == 0.0);
+    /* a plain step (no nodes) moves nothing but the fading */
+    specd_accept_calib_note_sent(&c, 16, 0.0, 0, 0);
+    assert_true(fabs(specd_accept_calib_yield(&c, 16) - 0.75) < 0.01);
+    specd_accept_calib_destroy(&c);
+}
+
+/* The others' trees raise the bar: on a pass whose rows cost the same each
+ * (a CPU under load), a node that pays against the others' pending tokens
+ * alone does not once their nodes' expected tokens count, since the pass's
+ * time buys those too. */
+static void test_others_expected(void **state) {
+    (void)state;
+    /* 16 sessions, 48 other rows (15 pending + 33 nodes), 1 ms a row */
+    specd_tree_price pr = linear_price(2000, 1000, 0);
+    pr.sessions = 16;
+    pr.other_tokens = 48;
+    float p[1] = {0.5f};
+    int32_t depth[1] = {1};
+    uint8_t keep[1];
+    specd_tree_pick pick;
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    /* 16 / 51 ms against 16.5 / 52 ms: the node "pays" */
+    assert_int_equal(pick.n_keep, 1);
+    assert_true(specd_tree_could_pay(0.5f, &pr));
+    pr.other_expected = 33 * 0.75; /* their nodes accept 3 in 4 */
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 0); /* 40.75 / 51 ms beats 41.25 / 52 ms */
+    assert_int_equal(keep[0], 0);
+    assert_false(specd_tree_could_pay(0.5f, &pr));
+    assert_true(fabs(specd_tree_base_tokens(&pr) - (16 + 33 * 0.75)) < 1e-12);
+    /* a sure node still pays: 41.75 / 52 ms */
+    p[0] = 1.0f;
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 1);
 }
 
 static void test_prune(void **state) {
@@ -546,6 +596,8 @@ int main(void) {
         cmocka_unit_test(test_could_pay),
         cmocka_unit_test(test_sources),
         cmocka_unit_test(test_sent_bias),
+        cmocka_unit_test(test_sent_yield),
+        cmocka_unit_test(test_others_expected),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
