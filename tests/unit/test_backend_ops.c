@@ -1038,8 +1038,10 @@ static void test_attention_blocks_bitwise(void **state) {
      * head's 3 heads are one task too. A chain
      * of 5 of its tokens verified as a tree (masked: its own rows go one by
      * one after the paged ones) must give the chunk's bits as well. 9 heads
-     * on 3 KV heads, SmolLM2's shape: 3 tasks for the 2 threads; and 9 on
-     * 9 (MHA), where a token alone is a one-query task. */
+     * on 3 KV heads, SmolLM2's shape: 3 tasks for the 2 threads; 9 on 9
+     * (MHA), where a token alone is a one-query task; and 16 on 2 (groups
+     * of 8), where a 16-token block takes 4 of its group's heads (64
+     * queries, four sets of lanes) and a block of up to 8 tokens all 8. */
     enum { P = 230 };
     static const int n_chunk[] = {90, 85};
     int32_t pages[ATT_PAGES];
@@ -1048,21 +1050,24 @@ static void test_attention_blocks_bitwise(void **state) {
     tstep *big = malloc(sizeof *big), *one = malloc(sizeof *one);
     int tested = 0, cross_checked = 0;
     const specd_dtype kvts[] = {SPECD_F32, SPECD_F16};
-    float *avx2_out[6 * sizeof hds / sizeof hds[0]] = {0};
+    float *avx2_out[8 * sizeof hds / sizeof hds[0]] = {0};
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
         if (!cpu_simd_force(paths[pi])) continue;
         tested++;
-        for (size_t ci = 0; ci < 6 * sizeof hds / sizeof hds[0]; ci++) {
-            size_t hi = ci / 6;
+        for (size_t ci = 0; ci < 8 * sizeof hds / sizeof hds[0]; ci++) {
+            size_t hi = ci / 8;
             specd_dtype kvt = kvts[ci % 2];
-            const int N = n_chunk[(ci / 2) % 3 == 0 ? 0 : 1];
+            const int kind = (int)(ci / 2) % 4;
+            const int N = n_chunk[kind == 1 || kind == 2 ? 1 : 0];
             /* the third pair: one KV head per query head (MHA), so a token
-             * alone is a one-query task (vec_avx2.c's kv_axpys) */
-            int mha = (ci / 2) % 3 == 2;
-            int nh = 9, nkv = mha ? 9 : 3, hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
+             * alone is a one-query task (vec_avx2.c's kv_axpys); the
+             * fourth: groups of 8, split in two tasks per 16-token block */
+            int mha = kind == 2, wide = kind == 3;
+            int nh = wide ? 16 : 9, nkv = mha ? 9 : wide ? 2 : 3;
+            int hd = hds[hi], kvd = nkv * hd, qw = nh * hd;
             /* the same inputs on every path: the AVX-512 and AVX-VNNI sets'
              * chunk output is compared with the AVX2 set's below */
-            uint64_t seed = 900 + 10 * hi + (uint64_t)N + 100 * (uint64_t)mha;
+            uint64_t seed = 900 + 10 * hi + (uint64_t)N + 100 * (uint64_t)mha + 1000 * (uint64_t)wide;
             kvcache c;
             cpu_kv(kvt);
             kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS, seed);
