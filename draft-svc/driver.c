@@ -408,7 +408,8 @@ static void price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_r
     const Specd__V1__StepTimings *tm = r->timings;
     if (!tm || !g->member) return;
     ps->batch_tokens = (int)tm->batch_tokens;
-    ps->draft_tokens = (int)tm->draft_tokens;
+    /* a part of the pass (a target that says otherwise is not believed) */
+    ps->draft_tokens = tm->draft_tokens < tm->batch_tokens ? (int)tm->draft_tokens : 0;
     /* alone in the pass when it held exactly the rows this session sent */
     int shared = ps->sent_rows <= 0 || (int)tm->batch_tokens != ps->sent_rows;
     if (tm->forward_us > 0 && tm->batch_tokens > 0)

@@ -36,6 +36,7 @@
 #include "common/rpc/prompt.h"
 #include "common/text/tokenizer.h"
 #include "draft-svc/drafter.h"
+#include "draft-svc/policy.h"
 #include "tools/train/corpus.h"
 #include "tools/train/eval.h"
 
@@ -88,6 +89,7 @@ static void eval_usage(void) {
 typedef struct eval_opts {
     const char *model, *speculator, *accept_head, *prompts, *backend;
     const char *drafter; /* "mlp" or "mlp_ngram" */
+    int lookup;          /* drafter is mlp_ngram: its lookup part has a shape */
     int lookup_k, lookup_d;
     int max_new, threads, limit, lanes, min_depth, json;
     int32_t *ks, *heads, *top_k;
@@ -145,15 +147,17 @@ static int parse_args(int argc, char **argv, eval_opts *o) {
                         o->drafter);
                 return 2;
             }
+            o->lookup = !strcmp(o->drafter, "mlp_ngram");
         } else if (!strcmp(a, "--lookup-shape")) {
-            const char *v = cli_value(argc, argv, &i);
-            char tail;
-            if (sscanf(v, "%dx%d%c", &o->lookup_k, &o->lookup_d, &tail) != 2 || o->lookup_k < 1 ||
-                o->lookup_k > 64 || o->lookup_d < 1 || o->lookup_d > 64) {
-                fprintf(stderr, "specd eval: --lookup-shape: expected KxD with K and D in 1..64, "
-                                "got '%s'\n", v);
+            /* draft-svc's speculation.max_shape rule, which it stands for */
+            specd_policy shape = {0};
+            specd_error err = {{0}};
+            if (specd_policy_parse_shape(&shape, cli_value(argc, argv, &i), a, &err)) {
+                fprintf(stderr, "specd eval: %s\n", err.msg);
                 return 2;
             }
+            o->lookup_k = shape.max_candidates;
+            o->lookup_d = shape.max_depth;
         }
         else if (!strcmp(a, "--prompts")) o->prompts = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--limit")) o->limit = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
@@ -398,7 +402,7 @@ static void print_markdown(const eval_report *R) {
     int nk = kind_order(ps, order);
     printf("## specd eval\n\n");
     printf("target %s, speculator %s (n_predict %d)", o->model, R->speculator, R->n_predict);
-    if (!strcmp(o->drafter, "mlp_ngram"))
+    if (o->lookup)
         printf(", drafter mlp_ngram (every tree also holds suffix decoding's drafts over the "
                "prompt and its output, up to %dx%d)", o->lookup_k, o->lookup_d);
     printf("; %d prompts (", ps->n);
@@ -491,7 +495,7 @@ static int print_json(const eval_report *R) {
     cJSON_AddStringToObject(root, "speculator", R->speculator);
     cJSON_AddNumberToObject(root, "n_predict", R->n_predict);
     cJSON_AddStringToObject(root, "drafter", o->drafter);
-    if (!strcmp(o->drafter, "mlp_ngram")) {
+    if (o->lookup) {
         cJSON_AddNumberToObject(root, "lookup_candidates", o->lookup_k);
         cJSON_AddNumberToObject(root, "lookup_depth", o->lookup_d);
     }
@@ -596,8 +600,7 @@ int cmd_eval(int argc, char **argv) {
     if (!(mlp = specd_mlp_drafter_create(&mo, &err))) goto done;
     int n_predict = mlp->max_depth;
     d = mlp;
-    int lookup = !strcmp(o.drafter, "mlp_ngram");
-    if (lookup) {
+    if (o.lookup) {
         /* draft-svc's defaults: suffix decoding over each request's own
          * prompt and output (no shared cache) */
         specd_ngram_drafter_opts no = {.vocab = vocab};
@@ -647,12 +650,12 @@ int cmd_eval(int argc, char **argv) {
      * up to its own shape (less where the two agree) to every setting. */
     int max_tree = 1;
     for (int i = 0; i < rows.n; i++) {
-        if (lookup) {
+        if (o.lookup) {
             rows.r[i].c.lookup_candidates = o.lookup_k;
             rows.r[i].c.lookup_depth = o.lookup_d;
         }
         int nodes = rows.r[i].c.candidates * rows.r[i].c.depth +
-                    (lookup ? o.lookup_k * o.lookup_d : 0);
+                    (o.lookup ? o.lookup_k * o.lookup_d : 0);
         if (nodes > max_tree) max_tree = nodes;
     }
 

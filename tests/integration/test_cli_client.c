@@ -298,6 +298,18 @@ static void test_other_errors(void **state) {
     assert_int_equal(r.status, 2);
     assert_non_null(strstr(r.err, "--logit-bias"));
     run_free(&r);
+    /* specd eval's drafter flags, refused before anything loads */
+    r = run_cli("eval --drafter lookup");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--drafter: expected mlp or mlp_ngram"));
+    run_free(&r);
+    const char *bad_shapes[] = {"4y6", "0x6", "4x65", "4x6x", ""};
+    for (size_t i = 0; i < sizeof bad_shapes / sizeof bad_shapes[0]; i++) {
+        r = run_cli("eval --drafter mlp_ngram --lookup-shape '%s'", bad_shapes[i]);
+        assert_int_equal(r.status, 2);
+        assert_non_null(strstr(r.err, "--lookup-shape = '"));
+        run_free(&r);
+    }
 }
 
 /* One version everywhere: `specd --version` prints CMake's project version,
