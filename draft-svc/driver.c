@@ -733,8 +733,13 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
     toks[n_acc] = r->next_token;
     g->st->target_steps++;
     if (r->timings) g->target_load = (int)r->timings->active_sessions;
-    price_timings(g, r, now_ms());
-    if (r->step > 0) price_learn(g, r);
+    double t_recv = now_ms();
+    price_timings(g, r, t_recv);
+    if (r->step > 0) {
+        price_learn(g, r);
+        if (g->price.t_send > 0) g->st->wait_ms += t_recv - g->price.t_send;
+        if (r->timings) g->st->forward_ms += r->timings->forward_us / 1e3;
+    }
     if (r->step > 0 && g->tb.n_nodes > 0) {
         int maxd = 0;
         for (int i = 0; i < g->tb.n_nodes; i++)
@@ -958,7 +963,11 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         /* The next tree; an empty one is a plain decode step (nothing
          * drafted: drafter "none", speculation off at this load, after a
          * collapse, or not worth its price, or nothing to propose). */
-        draft(g, info);
+        if (g->req->drafter) {
+            double t_draft = now_ms();
+            draft(g, info);
+            g->st->draft_ms += now_ms() - t_draft;
+        }
         if ((rc = send_tree(g, s, step + 1, code, err)) != STEP_DONE) break;
         rc = recv_resp(g, s, m, g->env->step_timeout_ms, g->env->open_timeout_ms, &r, code, err);
     }

@@ -105,6 +105,9 @@ typedef struct specd_gen_stats {
     double predicted_tokens;
     int failovers;
     double ttft_ms, tpot_ms;
+    /* the decode steps' time (ms, steps after the first token): drafting,
+     * waiting for the answers, the target's forward passes within that */
+    double draft_ms, wait_ms, forward_ms;
     Specd__V1__FinishReason finish;
 } specd_gen_stats;
 

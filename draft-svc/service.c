@@ -174,6 +174,9 @@ static void h_generate(specd_rpc_call *c, void *user) {
     gst.time_to_first_token_ms = (float)st.ttft_ms;
     gst.time_per_output_token_ms = (float)st.tpot_ms;
     gst.failovers = st.failovers;
+    gst.draft_ms = (float)st.draft_ms;
+    gst.target_wait_ms = (float)st.wait_ms;
+    gst.target_forward_ms = (float)st.forward_ms;
     gst.drafter = (char *)(gr.drafter ? specd_drafter_names[drafter] : "none");
     r.stats = &gst;
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)

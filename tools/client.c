@@ -24,6 +24,9 @@ static void take_stats(cli_gen_result *res, const Specd__V1__GenerateStats *st) 
     res->n_positions = (int)n;
     res->server_ttft_ms = st->time_to_first_token_ms;
     res->server_tpot_ms = st->time_per_output_token_ms;
+    res->draft_ms = st->draft_ms;
+    res->target_wait_ms = st->target_wait_ms;
+    res->target_forward_ms = st->target_forward_ms;
     snprintf(res->drafter, sizeof res->drafter, "%s", st->drafter ? st->drafter : "");
 }
 

@@ -22,8 +22,11 @@
  * cell), tokens/s per stream (each stream's tokens / its own busy time,
  * averaged), tau (tokens per target step, from the server's stats), accept
  * rate (accepted / drafted tokens), median time to first token as the client
- * saw it, and the speed-up of total tokens/s over plain decoding at the same
- * concurrency. A last column splits tau by prompt class.
+ * saw it, where a decode step's time went (the server's stats, ms per step:
+ * drafting, waiting for the target's answer, and in brackets the target's
+ * forward pass within that wait; the rest of the wait is transport and the
+ * target's queue), and the speed-up of total tokens/s over plain decoding at
+ * the same concurrency. A last column splits tau by prompt class.
  *
  * Adaptive length: --stop-thresholds 0.3,0.5 adds a row "mlp adaptive
  * t=X" per threshold after the mlp row (the request's
@@ -141,6 +144,7 @@ typedef struct req_rec {
     int prompt;
     int tokens, steps, drafted, accepted, prompt_tokens;
     double t_start, t_first, t_end;
+    double draft_ms, wait_ms, fwd_ms; /* the server's split of its decode steps */
 } req_rec;
 
 typedef struct cell {
@@ -148,6 +152,9 @@ typedef struct cell {
     int streams;
     double tok_s, tok_s_stream, tau, accept, ttft_ms, speedup;
     int have_accept;
+    /* ms per decode step: drafting, waiting for the target, and the
+     * target's forward pass within that wait */
+    double draft_ms, wait_ms, fwd_ms;
     double tau_cls[MAX_CLASSES];
     /* --shared-prefix: the first request's TTFT and prompt size, the median
      * TTFT of the requests started after its first token (n_later of them;
@@ -478,7 +485,9 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
     *rec = (req_rec){.prompt = p, .tokens = res.n_tokens, .steps = res.target_steps,
                      .prompt_tokens = res.prompt_tokens,
                      .drafted = res.drafted_tokens, .accepted = res.accepted_tokens,
-                     .t_start = res.t_start, .t_first = res.t_first, .t_end = res.t_end};
+                     .t_start = res.t_start, .t_first = res.t_first, .t_end = res.t_end,
+                     .draft_ms = res.draft_ms, .wait_ms = res.target_wait_ms,
+                     .fwd_ms = res.target_forward_ms};
     return GRPC_STATUS_OK;
 }
 
@@ -570,7 +579,8 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
         rc_out = -1;
     } else {
         double t0 = 1e300, t1 = 0, per_stream = 0;
-        long tokens = 0, steps = 0, drafted = 0, accepted = 0;
+        long tokens = 0, steps = 0, drafted = 0, accepted = 0, decode_steps = 0;
+        double draft_ms = 0, wait_ms = 0, fwd_ms = 0;
         long cls_tokens[MAX_CLASSES] = {0}, cls_steps[MAX_CLASSES] = {0};
         double *ttft = calloc((size_t)n_recs, sizeof *ttft);
         int n_ttft = 0;
@@ -585,6 +595,10 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
                 steps += q->steps;
                 drafted += q->drafted;
                 accepted += q->accepted;
+                decode_steps += q->steps > 1 ? q->steps - 1 : 0; /* step 0: the prompt */
+                draft_ms += q->draft_ms;
+                wait_ms += q->wait_ms;
+                fwd_ms += q->fwd_ms;
                 int c = class_index(classes, n_classes, rc->prompts[q->prompt].cls);
                 cls_tokens[c] += q->tokens;
                 cls_steps[c] += q->steps;
@@ -601,6 +615,11 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
         out->tau = steps ? (double)tokens / steps : 0;
         out->have_accept = drafted > 0;
         out->accept = drafted ? (double)accepted / drafted : 0;
+        if (decode_steps) {
+            out->draft_ms = draft_ms / decode_steps;
+            out->wait_ms = wait_ms / decode_steps;
+            out->fwd_ms = fwd_ms / decode_steps;
+        }
         if (n_ttft) {
             qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
             out->ttft_ms = n_ttft % 2 ? ttft[n_ttft / 2]
@@ -656,7 +675,8 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
  * be reproduced exactly. */
 /* The table as JSON: {"command", "machine", "threads", "max_new_tokens", "rounds",
  * "rows": [{drafter, streams, tok_s, tok_s_per_stream, tau, accept,
- * ttft_ms, speedup, tau_by_class: {class: tau}}]}; with --shared-prefix also
+ * ttft_ms, step_draft_ms, step_wait_ms, step_forward_ms, speedup,
+ * tau_by_class: {class: tau}}]}; with --shared-prefix also
  * "shared_prefix_tokens", "prefix_cache", and per row first_prompt_tokens,
  * ttft_first_ms, n_later, ttft_later_ms, ttft_later_over_first. */
 static int write_json(const char *path, int argc, char **argv, const bench_opts *o,
@@ -691,6 +711,9 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
         cJSON_AddNumberToObject(r, "tau", c->tau);
         if (c->have_accept) cJSON_AddNumberToObject(r, "accept", c->accept);
         cJSON_AddNumberToObject(r, "ttft_ms", c->ttft_ms);
+        cJSON_AddNumberToObject(r, "step_draft_ms", c->draft_ms);
+        cJSON_AddNumberToObject(r, "step_wait_ms", c->wait_ms);
+        cJSON_AddNumberToObject(r, "step_forward_ms", c->fwd_ms);
         if (c->speedup > 0) cJSON_AddNumberToObject(r, "speedup", c->speedup);
         for (int j = 0; j < n_classes; j++) cJSON_AddNumberToObject(bc, classes[j], c->tau_cls[j]);
         cJSON_AddItemToObject(r, "tau_by_class", bc);
@@ -1145,12 +1168,12 @@ int cmd_bench_e2e(int argc, char **argv) {
     if (!ok) goto fail;
 
     printf("| %-*s | streams | tok/s total | tok/s per stream |  tau | accept | TTFT ms "
-           "| speed-up | tau by class |%s\n", label_w, "drafter",
+           "| step ms: draft, wait (fwd) | speed-up | tau by class |%s\n", label_w, "drafter",
            shared_cell ? " TTFT first ms | TTFT later ms | later/first |" : "");
     printf("|");
     for (int k = 0; k < label_w + 2; k++) putchar('-');
     printf("|--------:|------------:|-----------------:|-----:|-------:|--------:"
-           "|---------:|--------------|%s\n",
+           "|---------------------------:|---------:|--------------|%s\n",
            shared_cell ? "--------------:|--------------:|------------:|" : "");
     for (int i = 0; i < n_cells; i++) {
         const cell *c = &cells[i];
@@ -1163,8 +1186,11 @@ int cmd_bench_e2e(int argc, char **argv) {
         for (int j = 0; j < n_classes && k < sizeof bycls; j++)
             k += (size_t)snprintf(bycls + k, sizeof bycls - k, "%s%s %.2f", j ? ", " : "",
                                   classes[j], c->tau_cls[j]);
-        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %8s | %s |", label_w,
-               c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms, sp, bycls);
+        char split[48];
+        snprintf(split, sizeof split, "%.2f, %.2f (%.2f)", c->draft_ms, c->wait_ms, c->fwd_ms);
+        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %26s | %8s | %s |",
+               label_w, c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms,
+               split, sp, bycls);
         if (shared_cell && c->n_later && c->ttft_first_ms > 0)
             printf(" %13.1f | %13.1f | %11.3f |", c->ttft_first_ms, c->ttft_later_ms,
                    c->ttft_later_ms / c->ttft_first_ms);

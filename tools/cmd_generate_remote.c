@@ -104,6 +104,9 @@ static cJSON *stats_json(const cli_gen_result *res) {
     cJSON_AddNumberToObject(st, "time_to_first_token_ms", res->server_ttft_ms);
     cJSON_AddNumberToObject(st, "time_per_output_token_ms", res->server_tpot_ms);
     cJSON_AddNumberToObject(st, "failovers", res->failovers);
+    cJSON_AddNumberToObject(st, "draft_ms", res->draft_ms);
+    cJSON_AddNumberToObject(st, "target_wait_ms", res->target_wait_ms);
+    cJSON_AddNumberToObject(st, "target_forward_ms", res->target_forward_ms);
     return st;
 }
 

@@ -118,6 +118,7 @@ typedef struct gen_out {
     int prompt_tokens, generated_tokens, target_steps, drafted_tokens, accepted_tokens;
     int failovers;
     float tau;
+    float draft_ms, wait_ms, forward_ms;
     float acc_pos[64];
     int n_acc_pos;
     char drafter[32];
@@ -193,6 +194,9 @@ static void run_call_p(specd_rpc_channel *ch, const char *method,
                 o->accepted_tokens = st->accepted_tokens;
                 o->failovers = st->failovers;
                 o->tau = st->mean_accepted_length;
+                o->draft_ms = st->draft_ms;
+                o->wait_ms = st->target_wait_ms;
+                o->forward_ms = st->target_forward_ms;
                 o->n_acc_pos = (int)(st->n_acceptance_by_position < 64
                                          ? st->n_acceptance_by_position
                                          : 64);
@@ -255,6 +259,19 @@ static const char *stats_problem(const gen_out *o, int n_prompt, const char *dra
             snprintf(buf, cap, "stats.acceptance_by_position[%d] = %g", k, (double)o->acc_pos[k]);
             return buf;
         }
+    /* the decode steps' split: the target's forward passes lie within the
+     * waits for its answers; a request of more than one step waited */
+    if (!(o->draft_ms >= 0 && o->forward_ms >= 0 && o->forward_ms <= o->wait_ms + 0.01f) ||
+        (o->target_steps > 1 && !(o->wait_ms > 0 && o->forward_ms > 0))) {
+        snprintf(buf, cap, "stats: draft %g ms, wait %g ms, forward %g ms over %d steps",
+                 (double)o->draft_ms, (double)o->wait_ms, (double)o->forward_ms,
+                 o->target_steps);
+        return buf;
+    }
+    if (drafter && !strcmp(drafter, "none") && o->draft_ms > 0) {
+        snprintf(buf, cap, "no drafter, yet %g ms drafting", (double)o->draft_ms);
+        return buf;
+    }
     if (drafter && strcmp(o->drafter, drafter)) {
         snprintf(buf, cap, "stats.drafter = '%s', want '%s'", o->drafter, drafter);
         return buf;

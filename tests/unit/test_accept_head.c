@@ -368,7 +368,9 @@ static void test_forward_hand(void **state) {
     const float in_w[4] = {0.5f, -1.0f, 2.0f, 0.25f}, in_b[2] = {0.1f, -0.2f};
     const float emb[4] = {0.0f, 0.0f, 0.3f, -0.4f}; /* stage 1's vector */
     const float fc1_w[4] = {1.0f, 0.5f, -0.5f, 1.5f}, fc1_b[2] = {0.05f, -0.1f};
-    const float fc2_w[4] = {0.2f, -0.3f, 0.4f, 0.1f}, fc2_b[2] = {0.01f, 0.02f};
+    /* the forward pass reads its matrices as fp16: every weight here is
+     * exact in fp16, so the sums below are the head's to float rounding */
+    const float fc2_w[4] = {0.25f, -0.375f, 0.375f, 0.125f}, fc2_b[2] = {0.01f, 0.02f};
     const float out_w[2] = {1.25f, -0.75f};
     memcpy(h.in_w, in_w, sizeof in_w);
     memcpy(h.in_b, in_b, sizeof in_b);
@@ -395,7 +397,7 @@ static void test_forward_hand(void **state) {
     assert_float_equal(a0, 3.4, 1e-12);
     assert_float_equal(a1, -0.2, 1e-12);
     double t0 = silu_d(a0), t1 = silu_d(a1);
-    double y0 = x0 + 0.2 * t0 - 0.3 * t1 + 0.01, y1 = x1 + 0.4 * t0 + 0.1 * t1 + 0.02;
+    double y0 = x0 + 0.25 * t0 - 0.375 * t1 + 0.01, y1 = x1 + 0.375 * t0 + 0.125 * t1 + 0.02;
     double want_z = 1.25 * y0 - 0.75 * y1 - 0.5;
     assert_float_equal(z, want_z, 1e-5);
     assert_float_equal(p, 1 / (1 + exp(-want_z)), 1e-6);
@@ -404,7 +406,7 @@ static void test_forward_hand(void **state) {
     x0 = 2.6, x1 = 1.3;
     a0 = x0 + 0.5 * x1 + 0.05, a1 = -0.5 * x0 + 1.5 * x1 - 0.1;
     t0 = silu_d(a0), t1 = silu_d(a1);
-    y0 = x0 + 0.2 * t0 - 0.3 * t1 + 0.01, y1 = x1 + 0.4 * t0 + 0.1 * t1 + 0.02;
+    y0 = x0 + 0.25 * t0 - 0.375 * t1 + 0.01, y1 = x1 + 0.375 * t0 + 0.125 * t1 + 0.02;
     assert_float_equal(z, 1.25 * y0 - 0.75 * y1 - 0.5, 1e-5);
     /* extreme logits saturate without NaN */
     h.w.out_b = 1e4f;
