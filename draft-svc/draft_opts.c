@@ -57,6 +57,17 @@ void specd_ngram_opts_from_config(const specd_draft_cfg *c, int vocab,
                                      .cache_max_tokens = c->speculation.suffix_cache.max_tokens};
 }
 
+int specd_lookup_drafters_create(const specd_draft_cfg *c, int vocab,
+                                 specd_drafter *drafters[SPECD_N_DRAFTERS], specd_error *err) {
+    specd_ngram_drafter_opts no;
+    specd_ngram_opts_from_config(c, vocab, &no);
+    if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
+    if (!drafters[SPECD_DRAFTER_MLP]) return 0;
+    specd_hybrid_drafter_opts ho = {.model = drafters[SPECD_DRAFTER_MLP],
+                                    .lookup = drafters[SPECD_DRAFTER_NGRAM]};
+    return (drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, err)) ? 0 : -1;
+}
+
 void specd_draft_server_opts_from_config(const specd_draft_cfg *c, specd_rpc_server_opts *ro) {
     *ro = (specd_rpc_server_opts){
         .listen_addr = c->listen,

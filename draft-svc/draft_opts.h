@@ -31,6 +31,13 @@ void specd_tpool_opts_from_config(const specd_draft_cfg *c, specd_tpool_opts *po
 void specd_ngram_opts_from_config(const specd_draft_cfg *c, int vocab,
                                   specd_ngram_drafter_opts *no);
 
+/* The lookup drafters over a vocabulary of `vocab` tokens: ngram, and where
+ * drafters[SPECD_DRAFTER_MLP] is set already, mlp_ngram (the speculator and
+ * the lookup in one tree, drafter_hybrid.c) over the two. 0, or -1 + err;
+ * what was created stays in drafters[] for the caller to free. */
+int specd_lookup_drafters_create(const specd_draft_cfg *c, int vocab,
+                                 specd_drafter *drafters[SPECD_N_DRAFTERS], specd_error *err);
+
 /* The gRPC server: listen address, TLS, concurrent calls. */
 void specd_draft_server_opts_from_config(const specd_draft_cfg *c, specd_rpc_server_opts *ro);
 

@@ -95,16 +95,8 @@ int main(int argc, char **argv) {
              * vocabulary by itself, and the service needs it for checks. */
             fprintf(stderr, "draft-svc: the ngram drafter needs a tokenizer (or another drafter) "
                             "to know the vocabulary; it is off\n");
-        } else {
-            specd_ngram_drafter_opts o;
-            specd_ngram_opts_from_config(&cfg, vocab, &o);
-            if (!(drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&o, &err))) goto fail;
-            if (drafters[SPECD_DRAFTER_MLP]) {
-                specd_hybrid_drafter_opts ho = {.model = drafters[SPECD_DRAFTER_MLP],
-                                                .lookup = drafters[SPECD_DRAFTER_NGRAM]};
-                if (!(drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, &err)))
-                    goto fail;
-            }
+        } else if (specd_lookup_drafters_create(&cfg, vocab, drafters, &err)) {
+            goto fail;
         }
     }
 

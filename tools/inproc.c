@@ -110,17 +110,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         if (!(p->drafters[SPECD_DRAFTER_LM] = specd_lm_drafter_create(&lo, err)))
             return specd_preferr(err, "--draft-model");
     }
-    if (o->ngram) {
-        specd_ngram_drafter_opts no;
-        specd_ngram_opts_from_config(c, vocab, &no);
-        if (!(p->drafters[SPECD_DRAFTER_NGRAM] = specd_ngram_drafter_create(&no, err))) return -1;
-        if (p->drafters[SPECD_DRAFTER_MLP]) {
-            specd_hybrid_drafter_opts ho = {.model = p->drafters[SPECD_DRAFTER_MLP],
-                                            .lookup = p->drafters[SPECD_DRAFTER_NGRAM]};
-            if (!(p->drafters[SPECD_DRAFTER_MLP_NGRAM] = specd_hybrid_drafter_create(&ho, err)))
-                return -1;
-        }
-    }
+    if (o->ngram && specd_lookup_drafters_create(c, vocab, p->drafters, err)) return -1;
     const char *targets[1] = {p->target_addr};
     specd_tpool_opts po;
     specd_tpool_opts_from_config(c, &po);
