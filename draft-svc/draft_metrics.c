@@ -12,6 +12,7 @@ static struct {
     specd_metric *requests, *prompt, *generated, *steps;
     specd_metric *drafts, *draft_tokens, *accepted, *accepted_pos, *drafts_pos;
     specd_metric *tau, *ttft, *tpot, *e2e, *failovers, *sessions, *up, *spec_off;
+    specd_metric *step_seconds;
 } M;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -61,6 +62,12 @@ static void init(void) {
                                     "Seconds from request to its end", "drafter",
                                     specd_metrics_latency_buckets,
                                     specd_metrics_n_latency_buckets);
+    M.step_seconds = specd_metrics_counter(
+        r, "specd_draft_step_seconds_total",
+        "Seconds of the decode steps by part: draft (drafting and pricing the trees), "
+        "target_wait (waiting for the target's answers), target_forward (the target's forward "
+        "passes within those waits; the rest of the wait is transport and the target's queue)",
+        "drafter,part");
     M.failovers = specd_metrics_counter(r, "specd_draft_failovers_total",
                                         "Requests moved to another target mid-stream", NULL);
     M.sessions = specd_metrics_gauge(r, "specd_draft_target_sessions",
@@ -89,6 +96,10 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
     specd_metric_add(M.generated, d, st->generated_tokens);
     specd_metric_add(M.steps, d, st->target_steps);
     specd_metric_add(M.failovers, NULL, st->failovers);
+    specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "draft"), st->draft_ms / 1e3);
+    specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "target_wait"), st->wait_ms / 1e3);
+    specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "target_forward"),
+                     st->forward_ms / 1e3);
     if (st->drafted_tokens) {
         specd_metric_add(M.drafts, d, st->drafted_at[0]);
         specd_metric_add(M.draft_tokens, d, st->drafted_tokens);

@@ -296,6 +296,8 @@ static void test_prometheus_scrapes_both(void **state) {
         {"sum(specd_draft_generated_tokens_total)", 0.5},
         {"sum(specd_draft_target_steps_total)", 0.5},
         {"sum(specd_draft_e2e_request_latency_seconds_count)", 0.5},
+        {"sum(specd_draft_step_seconds_total{part=\"target_wait\"})", 0.0},
+        {"sum(specd_draft_step_seconds_total{part=\"target_forward\"})", 0.0},
         {"specd_target_verify_steps_total", steps0},
         {"specd_target_batch_tokens_count", 0.5},
         {"specd_target_forward_seconds_count", 0.5},
