@@ -34,6 +34,7 @@
 
 #include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/peak.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/threadpool.h"
 
@@ -218,100 +219,23 @@ static void bench_pool(void) {
     specd_pool_destroy(pool);
 }
 
-/* 2. The arithmetic peak of one core: 12 independent chains of the one
- * instruction the integer kernels are made of (vpdpbusd; vpmaddubsw +
- * vpmaddwd + vpaddd without VNNI) and of the fp32 FMA attention runs on,
- * so a kernel's rate reads as a fraction of what the core can do. (On the
- * Cascade Lake VM of the README a zmm vpdpbusd retires about once per two
- * cycles, not once per cycle: the integer kernels' peak there is half of
- * what the port count promises.) */
-#define PEAK_ITERS 20000000L
-#define PEAK_CHAINS 12
-
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double peak_vnni512(void) {
-    __m512i a[PEAK_CHAINS], w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_set1_epi32(i);
-    double t = now_s();
-    for (long k = 0; k < PEAK_ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
-        __asm__ volatile("" : "+v"(w)); /* the loop is not folded away */
-    }
-    t = now_s() - t;
-    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm512_add_epi32(a[0], a[i]);
-    volatile int sink = _mm512_reduce_add_epi32(a[0]);
-    (void)sink;
-    return (double)PEAK_ITERS * PEAK_CHAINS * 64 / t;
-}
-
-__attribute__((target("avx2"))) static double peak_maddubs256(void) {
-    __m256i a[PEAK_CHAINS], w[PEAK_CHAINS], x = _mm256_set1_epi8(5), one = _mm256_set1_epi16(1);
-    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_set1_epi32(i), w[i] = _mm256_set1_epi8((char)i);
-    double t = now_s();
-    for (long k = 0; k < PEAK_ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < PEAK_CHAINS; i++)
-            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], x), one));
-        __asm__ volatile("" : "+v"(x));
-    }
-    t = now_s() - t;
-    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm256_add_epi32(a[0], a[i]);
-    volatile int sink = _mm256_extract_epi32(a[0], 0);
-    (void)sink;
-    return (double)PEAK_ITERS * PEAK_CHAINS * 32 / t;
-}
-
-__attribute__((target("avx512f"))) static double peak_fma512(void) {
-    __m512 a[PEAK_CHAINS], w = _mm512_set1_ps(0.999f), x = _mm512_set1_ps(1e-3f);
-    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
-    double t = now_s();
-    for (long k = 0; k < PEAK_ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], w, x);
-    }
-    t = now_s() - t;
-    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm512_add_ps(a[0], a[i]);
-    volatile float sink = _mm512_reduce_add_ps(a[0]);
-    (void)sink;
-    return (double)PEAK_ITERS * PEAK_CHAINS * 16 / t;
-}
-
-__attribute__((target("avx2,fma"))) static double peak_fma256(void) {
-    __m256 a[PEAK_CHAINS], w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(1e-3f);
-    for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_set1_ps((float)i);
-    double t = now_s();
-    for (long k = 0; k < PEAK_ITERS; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < PEAK_CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], w, x);
-    }
-    t = now_s() - t;
-    for (int i = 1; i < PEAK_CHAINS; i++) a[0] = _mm256_add_ps(a[0], a[i]);
-    float o[8];
-    _mm256_storeu_ps(o, a[0]);
-    volatile float sink = o[0];
-    (void)sink;
-    return (double)PEAK_ITERS * PEAK_CHAINS * 8 / t;
-}
+/* 2. The arithmetic peak of one core (kernels/cpu/peak.h) on every path this
+ * CPU has, so a kernel's rate reads as a fraction of what the core can do. */
 
 /* int8 multiply-adds per second of one core on the best integer path */
 static double g_int8_peak;
 
 static void bench_peak(void) {
-    printf("\n== arithmetic peak of one core (12 independent chains) ==\n");
-    if (__builtin_cpu_supports("avx2")) {
-        double v = peak_maddubs256();
-        printf("  int8  vpmaddubsw+vpmaddwd ymm: %6.1f G multiply-adds/s\n", v / 1e9);
-        g_int8_peak = v;
-        printf("  fp32  vfmadd ymm:              %6.1f G multiply-adds/s\n", peak_fma256() / 1e9);
+    printf("\n== arithmetic peak of one core (kernels/cpu/peak.h) ==\n");
+    const char *paths[] = {"avx2", "avxvnni", "avx512", "avx512vnni"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        if (!cpu_simd_force(paths[i])) continue;
+        double fp32 = cpu_peak_fp32_macs(NULL), int8 = cpu_peak_int8_macs(NULL);
+        printf("  %-10s int8 %6.1f, fp32 %6.1f G multiply-adds/s\n", paths[i], int8 / 1e9,
+               fp32 / 1e9);
+        if (int8 > g_int8_peak) g_int8_peak = int8;
     }
-    if (__builtin_cpu_supports("avx512f")) {
-        printf("  fp32  vfmadd zmm:              %6.1f G multiply-adds/s\n", peak_fma512() / 1e9);
-    }
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) {
-        double v = peak_vnni512();
-        printf("  int8  vpdpbusd zmm:            %6.1f G multiply-adds/s\n", v / 1e9);
-        if (v > g_int8_peak) g_int8_peak = v;
-    }
+    cpu_simd_force("auto");
 }
 
 int main(int argc, char **argv) {

@@ -33,6 +33,7 @@
 #include "common/util/rng.h"
 #include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/peak.h"
 #include "kernels/cpu/threadpool.h"
 #include "common/model/transformer.h"
 
@@ -44,7 +45,8 @@ static void bench_usage(void) {
            "  --gen N              decoded tokens per run (default 128)\n"
            "  --reps N             runs; the median is reported (default 3; with --verify\n"
            "                       steps per cell, default 10 on cuda, 3 on cpu)\n"
-           "  --no-bandwidth       skip the memory-bandwidth measurement\n"
+           "  --no-bandwidth       skip measuring the bounds (memory bandwidth for decode,\n"
+           "                       the int8 and fp32 multiply-add peaks for prefill)\n"
            "  --precision P        CPU matmul: fast (int8 activations, default) or exact\n"
            "                       (fp32 activations); also applies to --verify\n"
            "  --kv-cache-dtype T   auto (f16; f32 with --precision exact on the cpu), f32 or\n"
@@ -133,6 +135,34 @@ static double measure_bandwidth(int n_threads) {
     specd_pool_destroy(pool);
     free(buf);
     return best;
+}
+
+/* The compute bound of a prefill of L tokens: its multiply-adds at this
+ * machine's measured peaks (kernels/cpu/peak.h). The matmuls' MACs are the
+ * layers' weights once per token (int8 on the fast path, fp32 with
+ * precision exact) plus the LM head once for the prompt's last row; the
+ * attention's are fp32, QK^T and PV over the keys up to each token (causal:
+ * token p reads p + 1 keys), so they grow with L. Prints the line and the
+ * bound in tokens/s. */
+static void print_prefill_bound(const specd_llama_hparams *hp, int L, double prefill_s,
+                                specd_precision precision, int n_threads) {
+    double q = (double)hp->n_heads * hp->head_dim, kv = (double)hp->n_kv_heads * hp->head_dim;
+    double per_layer = hp->dim * q + 2.0 * hp->dim * kv + q * hp->dim + 3.0 * hp->dim * hp->hidden_dim;
+    double mm = per_layer * hp->n_layers + (double)hp->vocab_size * hp->dim / L; /* a token */
+    double attn = (double)hp->n_layers * q * (L + 1.0);                       /* a token */
+    specd_pool *pool = specd_pool_create(n_threads);
+    double fp32 = cpu_peak_fp32_macs(pool);
+    double int8 = precision == SPECD_PRECISION_FAST ? cpu_peak_int8_macs(pool) : fp32;
+    specd_pool_destroy(pool);
+    if (!(fp32 > 0 && int8 > 0)) return;
+    double bound = 1.0 / (mm / int8 + attn / fp32);
+    printf("prefill arithmetic per token: %.1f M MAC in matmuls (%s) + %.1f M in attention "
+           "(fp32, %d-token prompt)\n"
+           "peaks measured here (%d threads, %s): int8 %.0f G MAC/s, fp32 %.0f G MAC/s -> "
+           "compute bound %.0f tokens/s (attention %.0f%% of it); prefill runs at %.0f%% of it\n",
+           mm / 1e6, precision == SPECD_PRECISION_FAST ? "int8" : "fp32", attn / 1e6, L,
+           n_threads, cpu_simd_name(), int8 / 1e9, fp32 / 1e9, bound,
+           100.0 * (attn / fp32) / (mm / int8 + attn / fp32), 100.0 * (L / prefill_s) / bound);
 }
 
 /* ---- --verify ---------------------------------------------------------------- */
@@ -808,6 +838,7 @@ int cmd_bench(int argc, char **argv) {
             printf("memory read bandwidth (%d threads): %.1f GB/s -> decode bound %.1f tokens/s; "
                    "decode runs at %.0f%% of it\n",
                    n_threads, bw, bw * 1e9 / wbytes, 100.0 * achieved / bw);
+            print_prefill_bound(hp, prompt_len, pre, precision, n_threads);
         }
     }
     free(prompt);

@@ -32,6 +32,7 @@
 #include "common/util/dtype.h"
 #include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/peak.h"
 #include "kernels/cpu/quant_impl.h" /* the attention kernel set */
 #include "kernels/cpu/threadpool.h"
 #include "tests/harness/test_util.h"
@@ -289,6 +290,24 @@ static void test_simd_force(void **state) {
     assert_string_equal(cpu_simd_name(), "scalar");
     assert_true(cpu_simd_force("auto"));
     print_message("  auto SIMD path: %s\n", cpu_simd_name());
+}
+
+/* The peaks (peak.h) on every path this CPU has: positive, and below what
+ * any core could issue (4 multiply-add instructions a cycle at 6 GHz, 16
+ * fp32 lanes or 64 int8 products each), which a loop the compiler had
+ * dropped or merged would exceed. One thread (a NULL pool). */
+static void test_peaks_every_path(void **state) {
+    (void)state;
+    const char *paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        if (!cpu_simd_force(paths[i])) continue;
+        double fp32 = cpu_peak_fp32_macs(NULL), int8 = cpu_peak_int8_macs(NULL);
+        print_message("  %-10s fp32 %6.1f G MAC/s, int8 %6.1f G MAC/s (1 thread)\n", paths[i],
+                      fp32 / 1e9, int8 / 1e9);
+        assert_true(isfinite(fp32) && fp32 > 1e8 && fp32 < 4.0 * 16 * 6e9);
+        assert_true(isfinite(int8) && int8 > 1e8 && int8 < 4.0 * 64 * 6e9);
+    }
+    cpu_simd_force("auto");
 }
 
 /* ---- thread pool -------------------------------------------------------- */
@@ -696,6 +715,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_pool_sleep_wake),
         cmocka_unit_test(test_pool_results_visible),
         cmocka_unit_test(test_simd_force),
+        cmocka_unit_test(test_peaks_every_path),
         cmocka_unit_test(test_dequant_known_values),
         cmocka_unit_test(test_dequant_exact),
         cmocka_unit_test(test_tensor_row),

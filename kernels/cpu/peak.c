@@ -1,0 +1,269 @@
+/* peak.c - the arithmetic this CPU can do at best (peak.h).
+ *
+ * Every loop below carries its accumulators from one iteration to the next
+ * (so the compiler can neither drop nor hoist the work) and has enough
+ * independent chains to be limited by throughput, not latency. The int8
+ * forms without VNNI feed vpmaddubsw inputs that an empty asm statement
+ * "changes" every iteration: otherwise the multiply is loop-invariant and
+ * only the final add would remain. */
+#include "peak.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "matmul.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PEAK_X86 1
+#endif
+
+/* Loop iterations per task: ~5-20 ms of work on the machines we know. */
+#define ITERS 2000000L
+#define TASKS_PER_THREAD 4
+#define PASSES 3
+
+typedef enum { K_SCALAR, K_AVX2, K_AVXVNNI, K_AVX512, K_AVX512VNNI } kind;
+
+static kind active_kind(void) {
+    const char *n = cpu_simd_name();
+    if (!strcmp(n, "avx512vnni")) return K_AVX512VNNI;
+    if (!strcmp(n, "avx512")) return K_AVX512;
+    if (!strcmp(n, "avxvnni")) return K_AVXVNNI;
+    if (!strcmp(n, "avx2")) return K_AVX2;
+    return K_SCALAR;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* What each task leaves, so no loop is dead code. */
+static _Atomic uint32_t g_sink;
+
+static void sink_u32(uint32_t v) { atomic_fetch_xor_explicit(&g_sink, v, memory_order_relaxed); }
+static void sink_f(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    sink_u32(u);
+}
+
+/* ---- fp32 ------------------------------------------------------------------ */
+
+/* a = a * x + y converges to y / (1 - x) = 1000: no overflow, no denormals */
+#define FX 0.999f
+#define FY 1.0f
+
+static double fp32_scalar(void) {
+    float a[12];
+    for (int i = 0; i < 12; i++) a[i] = (float)i;
+    for (long k = 0; k < ITERS; k++)
+        for (int i = 0; i < 12; i++) a[i] = a[i] * FX + FY;
+    float s = 0;
+    for (int i = 0; i < 12; i++) s += a[i];
+    sink_f(s);
+    return 12.0 * ITERS;
+}
+
+#ifdef PEAK_X86
+#define CHAIN12(F)                                                                           \
+    a0 = F(a0), a1 = F(a1), a2 = F(a2), a3 = F(a3), a4 = F(a4), a5 = F(a5), a6 = F(a6),      \
+    a7 = F(a7), a8 = F(a8), a9 = F(a9), a10 = F(a10), a11 = F(a11)
+
+__attribute__((target("avx2,fma"))) static double fp32_avx2(void) {
+    const __m256 x = _mm256_set1_ps(FX), y = _mm256_set1_ps(FY);
+    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2),
+           a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
+           a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8),
+           a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
+#define F8(v) _mm256_fmadd_ps((v), x, y)
+    for (long k = 0; k < ITERS; k++) CHAIN12(F8);
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    sink_f(_mm256_cvtss_f32(s));
+    return 12.0 * 8 * ITERS;
+}
+
+__attribute__((target("avx512f"))) static double fp32_avx512(void) {
+    const __m512 x = _mm512_set1_ps(FX), y = _mm512_set1_ps(FY);
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
+           a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
+           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8),
+           a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+#define F16(v) _mm512_fmadd_ps((v), x, y)
+    for (long k = 0; k < ITERS; k++) CHAIN12(F16);
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    sink_f(_mm512_reduce_add_ps(s));
+    return 12.0 * 16 * ITERS;
+}
+#endif
+
+/* ---- int8 ------------------------------------------------------------------ */
+
+/* The portable kernels' form: a 32-element int8 dot per block, from L1.
+ * The asm statement makes the inputs look new each pass (no hoisting). */
+static double int8_scalar(void) {
+    uint8_t u[32];
+    int8_t s[32];
+    for (int j = 0; j < 32; j++) u[j] = (uint8_t)(j * 7 + 1), s[j] = (int8_t)(j * 5 - 70);
+    int32_t acc = 0;
+    long iters = ITERS / 4;
+    for (long k = 0; k < iters; k++) {
+        __asm__ volatile("" : : "r"(u), "r"(s) : "memory");
+        int32_t d = 0;
+        for (int j = 0; j < 32; j++) d += (int32_t)u[j] * (int32_t)s[j];
+        acc += d;
+    }
+    sink_u32((uint32_t)acc);
+    return 32.0 * iters;
+}
+
+#ifdef PEAK_X86
+__attribute__((target("avx2,fma"))) static double int8_avx2(void) {
+    const __m256i ones = _mm256_set1_epi16(1), s = _mm256_set1_epi8(3);
+    __m256i u0 = _mm256_set1_epi8(1), u1 = _mm256_set1_epi8(2), u2 = _mm256_set1_epi8(3),
+            u3 = _mm256_set1_epi8(4);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (long k = 0; k < ITERS; k++) {
+        __asm__ volatile("" : "+x"(u0), "+x"(u1), "+x"(u2), "+x"(u3));
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(u0, s), ones));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(u1, s), ones));
+        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_maddubs_epi16(u2, s), ones));
+        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_maddubs_epi16(u3, s), ones));
+    }
+    __m256i t = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
+    sink_u32((uint32_t)_mm256_extract_epi32(t, 0));
+    return 4.0 * 32 * ITERS;
+}
+
+__attribute__((target("avx2,fma,avxvnni"))) static double int8_avxvnni(void) {
+    const __m256i s = _mm256_set1_epi8(3);
+    const __m256i u0 = _mm256_set1_epi8(1), u1 = _mm256_set1_epi8(2), u2 = _mm256_set1_epi8(3),
+                  u3 = _mm256_set1_epi8(4), u4 = _mm256_set1_epi8(5), u5 = _mm256_set1_epi8(6);
+    /* distinct starts: chains with equal inputs and starts would be merged */
+    __m256i a0 = _mm256_set1_epi32(0), a1 = _mm256_set1_epi32(1), a2 = _mm256_set1_epi32(2), a3 = _mm256_set1_epi32(3), a4 = _mm256_set1_epi32(4), a5 = _mm256_set1_epi32(5),
+            a6 = _mm256_set1_epi32(6), a7 = _mm256_set1_epi32(7), a8 = _mm256_set1_epi32(8), a9 = _mm256_set1_epi32(9), a10 = _mm256_set1_epi32(10), a11 = _mm256_set1_epi32(11);
+    for (long k = 0; k < ITERS; k++) {
+        a0 = _mm256_dpbusd_avx_epi32(a0, u0, s), a1 = _mm256_dpbusd_avx_epi32(a1, u1, s);
+        a2 = _mm256_dpbusd_avx_epi32(a2, u2, s), a3 = _mm256_dpbusd_avx_epi32(a3, u3, s);
+        a4 = _mm256_dpbusd_avx_epi32(a4, u4, s), a5 = _mm256_dpbusd_avx_epi32(a5, u5, s);
+        a6 = _mm256_dpbusd_avx_epi32(a6, u0, s), a7 = _mm256_dpbusd_avx_epi32(a7, u1, s);
+        a8 = _mm256_dpbusd_avx_epi32(a8, u2, s), a9 = _mm256_dpbusd_avx_epi32(a9, u3, s);
+        a10 = _mm256_dpbusd_avx_epi32(a10, u4, s), a11 = _mm256_dpbusd_avx_epi32(a11, u5, s);
+    }
+    __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), a2),
+                                 _mm256_add_epi32(_mm256_add_epi32(a3, a4), a5));
+    t = _mm256_add_epi32(t, _mm256_add_epi32(_mm256_add_epi32(a6, a7), a8));
+    t = _mm256_add_epi32(t, _mm256_add_epi32(_mm256_add_epi32(a9, a10), a11));
+    sink_u32((uint32_t)_mm256_extract_epi32(t, 0));
+    return 12.0 * 32 * ITERS;
+}
+
+#define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"
+
+__attribute__((target(TBW))) static double int8_avx512(void) {
+    const __m512i ones = _mm512_set1_epi16(1), s = _mm512_set1_epi8(3);
+    __m512i u0 = _mm512_set1_epi8(1), u1 = _mm512_set1_epi8(2), u2 = _mm512_set1_epi8(3),
+            u3 = _mm512_set1_epi8(4);
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (long k = 0; k < ITERS; k++) {
+        __asm__ volatile("" : "+v"(u0), "+v"(u1), "+v"(u2), "+v"(u3));
+        a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_maddubs_epi16(u0, s), ones));
+        a1 = _mm512_add_epi32(a1, _mm512_madd_epi16(_mm512_maddubs_epi16(u1, s), ones));
+        a2 = _mm512_add_epi32(a2, _mm512_madd_epi16(_mm512_maddubs_epi16(u2, s), ones));
+        a3 = _mm512_add_epi32(a3, _mm512_madd_epi16(_mm512_maddubs_epi16(u3, s), ones));
+    }
+    __m512i t = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
+    sink_u32((uint32_t)_mm512_reduce_add_epi32(t));
+    return 4.0 * 64 * ITERS;
+}
+
+__attribute__((target(TBW ",avx512vnni"))) static double int8_avx512vnni(void) {
+    const __m512i s = _mm512_set1_epi8(3);
+    const __m512i u0 = _mm512_set1_epi8(1), u1 = _mm512_set1_epi8(2), u2 = _mm512_set1_epi8(3),
+                  u3 = _mm512_set1_epi8(4), u4 = _mm512_set1_epi8(5), u5 = _mm512_set1_epi8(6);
+    /* distinct starts: chains with equal inputs and starts would be merged */
+    __m512i a0 = _mm512_set1_epi32(0), a1 = _mm512_set1_epi32(1), a2 = _mm512_set1_epi32(2), a3 = _mm512_set1_epi32(3), a4 = _mm512_set1_epi32(4), a5 = _mm512_set1_epi32(5),
+            a6 = _mm512_set1_epi32(6), a7 = _mm512_set1_epi32(7), a8 = _mm512_set1_epi32(8), a9 = _mm512_set1_epi32(9), a10 = _mm512_set1_epi32(10), a11 = _mm512_set1_epi32(11);
+    for (long k = 0; k < ITERS; k++) {
+        a0 = _mm512_dpbusd_epi32(a0, u0, s), a1 = _mm512_dpbusd_epi32(a1, u1, s);
+        a2 = _mm512_dpbusd_epi32(a2, u2, s), a3 = _mm512_dpbusd_epi32(a3, u3, s);
+        a4 = _mm512_dpbusd_epi32(a4, u4, s), a5 = _mm512_dpbusd_epi32(a5, u5, s);
+        a6 = _mm512_dpbusd_epi32(a6, u0, s), a7 = _mm512_dpbusd_epi32(a7, u1, s);
+        a8 = _mm512_dpbusd_epi32(a8, u2, s), a9 = _mm512_dpbusd_epi32(a9, u3, s);
+        a10 = _mm512_dpbusd_epi32(a10, u4, s), a11 = _mm512_dpbusd_epi32(a11, u5, s);
+    }
+    __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), a2),
+                                 _mm512_add_epi32(_mm512_add_epi32(a3, a4), a5));
+    t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a6, a7), a8));
+    t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a9, a10), a11));
+    sink_u32((uint32_t)_mm512_reduce_add_epi32(t));
+    return 12.0 * 64 * ITERS;
+}
+#endif
+
+/* ---- running them ---------------------------------------------------------- */
+
+typedef double (*peak_fn)(void);
+
+typedef struct peak_job {
+    peak_fn fn;
+    _Atomic long long macs; /* summed by the tasks (whole MACs) */
+} peak_job;
+
+static void peak_task(void *ctx, int task, int thread) {
+    (void)task, (void)thread;
+    peak_job *j = ctx;
+    atomic_fetch_add_explicit(&j->macs, (long long)j->fn(), memory_order_relaxed);
+}
+
+/* MAC/s of fn on every pool thread: the best of PASSES passes. */
+static double run_peak(specd_pool *pool, peak_fn fn) {
+    int tasks = TASKS_PER_THREAD * specd_pool_size(pool);
+    double best = 0;
+    for (int p = 0; p < PASSES; p++) {
+        peak_job j = {.fn = fn};
+        atomic_init(&j.macs, 0);
+        double t0 = now_s();
+        specd_pool_run(pool, tasks, peak_task, &j);
+        double dt = now_s() - t0;
+        double rate = dt > 0 ? (double)atomic_load(&j.macs) / dt : 0;
+        if (rate > best) best = rate;
+    }
+    return best;
+}
+
+double cpu_peak_fp32_macs(specd_pool *pool) {
+    peak_fn fn = fp32_scalar;
+#ifdef PEAK_X86
+    switch (active_kind()) {
+    case K_AVX512VNNI:
+    case K_AVX512: fn = fp32_avx512; break;
+    case K_AVXVNNI:
+    case K_AVX2: fn = fp32_avx2; break;
+    case K_SCALAR: break;
+    }
+#endif
+    return run_peak(pool, fn);
+}
+
+double cpu_peak_int8_macs(specd_pool *pool) {
+    peak_fn fn = int8_scalar;
+#ifdef PEAK_X86
+    switch (active_kind()) {
+    case K_AVX512VNNI: fn = int8_avx512vnni; break;
+    case K_AVX512: fn = int8_avx512; break;
+    case K_AVXVNNI: fn = int8_avxvnni; break;
+    case K_AVX2: fn = int8_avx2; break;
+    case K_SCALAR: break;
+    }
+#endif
+    return run_peak(pool, fn);
+}
