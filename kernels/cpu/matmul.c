@@ -17,6 +17,7 @@
  * contiguous (layout in quant_impl.h); the tasks share the packed copy. */
 #include "matmul.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -308,6 +309,23 @@ void cpu_argmax_rows(specd_pool *pool, int32_t *ids, const float *x, int n_rows,
     argmax_job j = {active()->argmax, ids, x, width};
     if (n_rows == 1) ids[0] = j.fn(x, width);
     else if (n_rows > 1) specd_pool_run(pool, n_rows, argmax_task, &j);
+}
+
+double cpu_log_sum_exp(const float *x, int n) {
+    if (n <= 0) return -INFINITY;
+    const cpu_kernel_set *ks = active();
+    float mx = x[ks->argmax(x, n)];
+    if (!isfinite(mx)) return mx;
+    /* softmax_exp writes its exponentials: it works on a copy, a chunk at
+     * a time (one vocabulary row is a few chunks) */
+    float buf[1024];
+    double sum = 0;
+    for (int i = 0; i < n; i += 1024) {
+        int m = n - i < 1024 ? n - i : 1024;
+        memcpy(buf, x + i, sizeof(float) * (size_t)m);
+        sum += ks->softmax_exp(buf, m, mx);
+    }
+    return mx + log(sum);
 }
 
 void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up, size_t n) {
