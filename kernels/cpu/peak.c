@@ -113,15 +113,15 @@ static double int8_scalar(void) {
     uint8_t u[32];
     int8_t s[32];
     for (int j = 0; j < 32; j++) u[j] = (uint8_t)(j * 7 + 1), s[j] = (int8_t)(j * 5 - 70);
-    int32_t acc = 0;
+    uint32_t acc = 0; /* unsigned: the running total wraps, by definition */
     long iters = ITERS / 4;
     for (long k = 0; k < iters; k++) {
         __asm__ volatile("" : : "r"(u), "r"(s) : "memory");
         int32_t d = 0;
         for (int j = 0; j < 32; j++) d += (int32_t)u[j] * (int32_t)s[j];
-        acc += d;
+        acc += (uint32_t)d;
     }
-    sink_u32((uint32_t)acc);
+    sink_u32(acc);
     return 32.0 * iters;
 }
 
@@ -181,7 +181,8 @@ __attribute__((target(TBW))) static double int8_avx512(void) {
         a3 = _mm512_add_epi32(a3, _mm512_madd_epi16(_mm512_maddubs_epi16(u3, s), ones));
     }
     __m512i t = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
-    sink_u32((uint32_t)_mm512_reduce_add_epi32(t));
+    /* lane 0, not a reduction: GCC reduces in signed int, which may overflow */
+    sink_u32((uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(t)));
     return 4.0 * 64 * ITERS;
 }
 
@@ -204,7 +205,8 @@ __attribute__((target(TBW ",avx512vnni"))) static double int8_avx512vnni(void) {
                                  _mm512_add_epi32(_mm512_add_epi32(a3, a4), a5));
     t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a6, a7), a8));
     t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a9, a10), a11));
-    sink_u32((uint32_t)_mm512_reduce_add_epi32(t));
+    /* lane 0, not a reduction: GCC reduces in signed int, which may overflow */
+    sink_u32((uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(t)));
     return 12.0 * 64 * ITERS;
 }
 #endif
