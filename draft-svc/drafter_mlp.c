@@ -257,14 +257,6 @@ static void adjust_row(mlp_impl *m, const specd_draft_job *job, int node, float 
                         m->adjust_scratch);
 }
 
-/* log(sum(exp(row))) by the CPU kernels (kernels/cpu/matmul.h: the
- * machine's vector exp, summed in double in a fixed order), so the
- * log-probabilities are a function of the logits alone; -inf entries (a
- * bias can push a logit there, and a reduced vocabulary leaves most of the
- * target's ids there) count 0 and cost no exp. Scalar expf over a row was
- * a fifth of a draft level's time. */
-static double log_sum_exp(const float *row, int n) { return cpu_log_sum_exp(row, n); }
-
 /* Greedy expansion of one job's frontier rows [a, b) at stage s: every row's
  * top-k children, then the `candidates` best of them by path log-probability
  * join the tree (in frontier order, so parents precede children); those that
@@ -282,7 +274,12 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
         } else {
             adjust_row(m, job, m->front[r].node, row);
         }
-        double lse = log_sum_exp(row, m->row_w);
+        /* log(sum(exp(row))) by the machine's vector exp, summed in double
+         * in a fixed order (kernels/cpu/matmul.h), so the log-probabilities
+         * are a function of the logits alone; -inf entries (a bias, or ids
+         * outside a reduced vocabulary) count 0 and cost no exp. Scalar
+         * expf over the row was a fifth of a draft level's time. */
+        double lse = cpu_log_sum_exp(row, m->row_w);
         int k = specd_topk(row, m->row_w, m->top_k[s], m->topk_ids, m->topk_vals);
         if (m->row_map)
             for (int i = 0; i < k; i++) m->topk_ids[i] = m->row_map[m->topk_ids[i]];

@@ -126,89 +126,63 @@ static double int8_scalar(void) {
 }
 
 #ifdef PEAK_X86
-__attribute__((target("avx2,fma"))) static double int8_avx2(void) {
-    const __m256i ones = _mm256_set1_epi16(1), s = _mm256_set1_epi8(3);
-    __m256i u0 = _mm256_set1_epi8(1), u1 = _mm256_set1_epi8(2), u2 = _mm256_set1_epi8(3),
-            u3 = _mm256_set1_epi8(4);
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (long k = 0; k < ITERS; k++) {
-        __asm__ volatile("" : "+x"(u0), "+x"(u1), "+x"(u2), "+x"(u3));
-        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(u0, s), ones));
-        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(u1, s), ones));
-        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_maddubs_epi16(u2, s), ones));
-        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_maddubs_epi16(u3, s), ones));
+/* Without VNNI: vpmaddubsw + vpmaddwd + vpaddd, 4 chains (the adds are the
+ * only loop-carried part; the asm keeps the products from being hoisted).
+ * VI: the integer vector type, P its intrinsics prefix, RX the asm
+ * register class, LANE0 reads lane 0 of an integer vector. */
+#define DEF_MADDUBS(NAME, TARGET, VI, P, RX, LANE0, LANES)                                    \
+    __attribute__((target(TARGET))) static double NAME(void) {                                 \
+        const VI ones = P##_set1_epi16(1), s = P##_set1_epi8(3);                               \
+        VI u0 = P##_set1_epi8(1), u1 = P##_set1_epi8(2), u2 = P##_set1_epi8(3),                \
+           u3 = P##_set1_epi8(4);                                                              \
+        VI a0 = P##_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0;                                  \
+        for (long k = 0; k < ITERS; k++) {                                                     \
+            __asm__ volatile("" : "+" RX(u0), "+" RX(u1), "+" RX(u2), "+" RX(u3));             \
+            a0 = P##_add_epi32(a0, P##_madd_epi16(P##_maddubs_epi16(u0, s), ones));            \
+            a1 = P##_add_epi32(a1, P##_madd_epi16(P##_maddubs_epi16(u1, s), ones));            \
+            a2 = P##_add_epi32(a2, P##_madd_epi16(P##_maddubs_epi16(u2, s), ones));            \
+            a3 = P##_add_epi32(a3, P##_madd_epi16(P##_maddubs_epi16(u3, s), ones));            \
+        }                                                                                      \
+        VI t = P##_add_epi32(P##_add_epi32(a0, a1), P##_add_epi32(a2, a3));                    \
+        sink_u32((uint32_t)LANE0(t));                                                          \
+        return 4.0 * (LANES) * ITERS;                                                          \
     }
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3));
-    sink_u32((uint32_t)_mm256_extract_epi32(t, 0));
-    return 4.0 * 32 * ITERS;
-}
 
-__attribute__((target("avx2,fma,avxvnni"))) static double int8_avxvnni(void) {
-    const __m256i s = _mm256_set1_epi8(3);
-    const __m256i u0 = _mm256_set1_epi8(1), u1 = _mm256_set1_epi8(2), u2 = _mm256_set1_epi8(3),
-                  u3 = _mm256_set1_epi8(4), u4 = _mm256_set1_epi8(5), u5 = _mm256_set1_epi8(6);
-    /* distinct starts: chains with equal inputs and starts would be merged */
-    __m256i a0 = _mm256_set1_epi32(0), a1 = _mm256_set1_epi32(1), a2 = _mm256_set1_epi32(2), a3 = _mm256_set1_epi32(3), a4 = _mm256_set1_epi32(4), a5 = _mm256_set1_epi32(5),
-            a6 = _mm256_set1_epi32(6), a7 = _mm256_set1_epi32(7), a8 = _mm256_set1_epi32(8), a9 = _mm256_set1_epi32(9), a10 = _mm256_set1_epi32(10), a11 = _mm256_set1_epi32(11);
-    for (long k = 0; k < ITERS; k++) {
-        a0 = _mm256_dpbusd_avx_epi32(a0, u0, s), a1 = _mm256_dpbusd_avx_epi32(a1, u1, s);
-        a2 = _mm256_dpbusd_avx_epi32(a2, u2, s), a3 = _mm256_dpbusd_avx_epi32(a3, u3, s);
-        a4 = _mm256_dpbusd_avx_epi32(a4, u4, s), a5 = _mm256_dpbusd_avx_epi32(a5, u5, s);
-        a6 = _mm256_dpbusd_avx_epi32(a6, u0, s), a7 = _mm256_dpbusd_avx_epi32(a7, u1, s);
-        a8 = _mm256_dpbusd_avx_epi32(a8, u2, s), a9 = _mm256_dpbusd_avx_epi32(a9, u3, s);
-        a10 = _mm256_dpbusd_avx_epi32(a10, u4, s), a11 = _mm256_dpbusd_avx_epi32(a11, u5, s);
+/* With VNNI: vpdpbusd, 12 chains. Distinct starts: chains with equal
+ * inputs and starts would be merged by the compiler. */
+#define DEF_VNNI(NAME, TARGET, VI, P, DP, LANE0, LANES)                                        \
+    __attribute__((target(TARGET))) static double NAME(void) {                                 \
+        const VI s = P##_set1_epi8(3);                                                         \
+        const VI u0 = P##_set1_epi8(1), u1 = P##_set1_epi8(2), u2 = P##_set1_epi8(3),          \
+                 u3 = P##_set1_epi8(4), u4 = P##_set1_epi8(5), u5 = P##_set1_epi8(6);          \
+        VI a0 = P##_set1_epi32(0), a1 = P##_set1_epi32(1), a2 = P##_set1_epi32(2),             \
+           a3 = P##_set1_epi32(3), a4 = P##_set1_epi32(4), a5 = P##_set1_epi32(5),             \
+           a6 = P##_set1_epi32(6), a7 = P##_set1_epi32(7), a8 = P##_set1_epi32(8),             \
+           a9 = P##_set1_epi32(9), a10 = P##_set1_epi32(10), a11 = P##_set1_epi32(11);         \
+        for (long k = 0; k < ITERS; k++) {                                                     \
+            a0 = DP(a0, u0, s), a1 = DP(a1, u1, s), a2 = DP(a2, u2, s), a3 = DP(a3, u3, s);    \
+            a4 = DP(a4, u4, s), a5 = DP(a5, u5, s), a6 = DP(a6, u0, s), a7 = DP(a7, u1, s);    \
+            a8 = DP(a8, u2, s), a9 = DP(a9, u3, s), a10 = DP(a10, u4, s), a11 = DP(a11, u5, s); \
+        }                                                                                      \
+        VI t = P##_add_epi32(P##_add_epi32(P##_add_epi32(a0, a1), a2),                         \
+                             P##_add_epi32(P##_add_epi32(a3, a4), a5));                        \
+        t = P##_add_epi32(t, P##_add_epi32(P##_add_epi32(a6, a7), a8));                        \
+        t = P##_add_epi32(t, P##_add_epi32(P##_add_epi32(a9, a10), a11));                      \
+        sink_u32((uint32_t)LANE0(t));                                                          \
+        return 12.0 * (LANES) * ITERS;                                                         \
     }
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), a2),
-                                 _mm256_add_epi32(_mm256_add_epi32(a3, a4), a5));
-    t = _mm256_add_epi32(t, _mm256_add_epi32(_mm256_add_epi32(a6, a7), a8));
-    t = _mm256_add_epi32(t, _mm256_add_epi32(_mm256_add_epi32(a9, a10), a11));
-    sink_u32((uint32_t)_mm256_extract_epi32(t, 0));
-    return 12.0 * 32 * ITERS;
-}
 
+/* lane 0, not a reduction: GCC's _mm512_reduce_add_epi32 adds in signed
+ * int, which may overflow (UBSan) */
+#define LANE0_256(t) _mm256_extract_epi32((t), 0)
+#define LANE0_512(t) _mm_cvtsi128_si32(_mm512_castsi512_si128(t))
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"
 
-__attribute__((target(TBW))) static double int8_avx512(void) {
-    const __m512i ones = _mm512_set1_epi16(1), s = _mm512_set1_epi8(3);
-    __m512i u0 = _mm512_set1_epi8(1), u1 = _mm512_set1_epi8(2), u2 = _mm512_set1_epi8(3),
-            u3 = _mm512_set1_epi8(4);
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (long k = 0; k < ITERS; k++) {
-        __asm__ volatile("" : "+v"(u0), "+v"(u1), "+v"(u2), "+v"(u3));
-        a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_maddubs_epi16(u0, s), ones));
-        a1 = _mm512_add_epi32(a1, _mm512_madd_epi16(_mm512_maddubs_epi16(u1, s), ones));
-        a2 = _mm512_add_epi32(a2, _mm512_madd_epi16(_mm512_maddubs_epi16(u2, s), ones));
-        a3 = _mm512_add_epi32(a3, _mm512_madd_epi16(_mm512_maddubs_epi16(u3, s), ones));
-    }
-    __m512i t = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
-    /* lane 0, not a reduction: GCC reduces in signed int, which may overflow */
-    sink_u32((uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(t)));
-    return 4.0 * 64 * ITERS;
-}
-
-__attribute__((target(TBW ",avx512vnni"))) static double int8_avx512vnni(void) {
-    const __m512i s = _mm512_set1_epi8(3);
-    const __m512i u0 = _mm512_set1_epi8(1), u1 = _mm512_set1_epi8(2), u2 = _mm512_set1_epi8(3),
-                  u3 = _mm512_set1_epi8(4), u4 = _mm512_set1_epi8(5), u5 = _mm512_set1_epi8(6);
-    /* distinct starts: chains with equal inputs and starts would be merged */
-    __m512i a0 = _mm512_set1_epi32(0), a1 = _mm512_set1_epi32(1), a2 = _mm512_set1_epi32(2), a3 = _mm512_set1_epi32(3), a4 = _mm512_set1_epi32(4), a5 = _mm512_set1_epi32(5),
-            a6 = _mm512_set1_epi32(6), a7 = _mm512_set1_epi32(7), a8 = _mm512_set1_epi32(8), a9 = _mm512_set1_epi32(9), a10 = _mm512_set1_epi32(10), a11 = _mm512_set1_epi32(11);
-    for (long k = 0; k < ITERS; k++) {
-        a0 = _mm512_dpbusd_epi32(a0, u0, s), a1 = _mm512_dpbusd_epi32(a1, u1, s);
-        a2 = _mm512_dpbusd_epi32(a2, u2, s), a3 = _mm512_dpbusd_epi32(a3, u3, s);
-        a4 = _mm512_dpbusd_epi32(a4, u4, s), a5 = _mm512_dpbusd_epi32(a5, u5, s);
-        a6 = _mm512_dpbusd_epi32(a6, u0, s), a7 = _mm512_dpbusd_epi32(a7, u1, s);
-        a8 = _mm512_dpbusd_epi32(a8, u2, s), a9 = _mm512_dpbusd_epi32(a9, u3, s);
-        a10 = _mm512_dpbusd_epi32(a10, u4, s), a11 = _mm512_dpbusd_epi32(a11, u5, s);
-    }
-    __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), a2),
-                                 _mm512_add_epi32(_mm512_add_epi32(a3, a4), a5));
-    t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a6, a7), a8));
-    t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a9, a10), a11));
-    /* lane 0, not a reduction: GCC reduces in signed int, which may overflow */
-    sink_u32((uint32_t)_mm_cvtsi128_si32(_mm512_castsi512_si128(t)));
-    return 12.0 * 64 * ITERS;
-}
+DEF_MADDUBS(int8_avx2, "avx2,fma", __m256i, _mm256, "x", LANE0_256, 32)
+DEF_MADDUBS(int8_avx512, TBW, __m512i, _mm512, "v", LANE0_512, 64)
+DEF_VNNI(int8_avxvnni, "avx2,fma,avxvnni", __m256i, _mm256, _mm256_dpbusd_avx_epi32, LANE0_256,
+         32)
+DEF_VNNI(int8_avx512vnni, TBW ",avx512vnni", __m512i, _mm512, _mm512_dpbusd_epi32, LANE0_512, 64)
 #endif
 
 /* ---- running them ---------------------------------------------------------- */
