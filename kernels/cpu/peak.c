@@ -70,39 +70,32 @@ static double fp32_scalar(void) {
 }
 
 #ifdef PEAK_X86
-#define CHAIN12(F)                                                                           \
-    a0 = F(a0), a1 = F(a1), a2 = F(a2), a3 = F(a3), a4 = F(a4), a5 = F(a5), a6 = F(a6),      \
-    a7 = F(a7), a8 = F(a8), a9 = F(a9), a10 = F(a10), a11 = F(a11)
+/* 12 chains of vfmadd231ps; VF the vector type, P the intrinsics prefix,
+ * LANE0 reads lane 0 of the sum. */
+#define DEF_FMA(NAME, TARGET, VF, P, LANE0, LANES)                                             \
+    __attribute__((target(TARGET))) static double NAME(void) {                                 \
+        const VF x = P##_set1_ps(FX), y = P##_set1_ps(FY);                                     \
+        VF a0 = P##_set1_ps(0), a1 = P##_set1_ps(1), a2 = P##_set1_ps(2), a3 = P##_set1_ps(3), \
+           a4 = P##_set1_ps(4), a5 = P##_set1_ps(5), a6 = P##_set1_ps(6), a7 = P##_set1_ps(7), \
+           a8 = P##_set1_ps(8), a9 = P##_set1_ps(9), a10 = P##_set1_ps(10),                    \
+           a11 = P##_set1_ps(11);                                                              \
+        for (long k = 0; k < ITERS; k++) {                                                     \
+            a0 = P##_fmadd_ps(a0, x, y), a1 = P##_fmadd_ps(a1, x, y);                          \
+            a2 = P##_fmadd_ps(a2, x, y), a3 = P##_fmadd_ps(a3, x, y);                          \
+            a4 = P##_fmadd_ps(a4, x, y), a5 = P##_fmadd_ps(a5, x, y);                          \
+            a6 = P##_fmadd_ps(a6, x, y), a7 = P##_fmadd_ps(a7, x, y);                          \
+            a8 = P##_fmadd_ps(a8, x, y), a9 = P##_fmadd_ps(a9, x, y);                          \
+            a10 = P##_fmadd_ps(a10, x, y), a11 = P##_fmadd_ps(a11, x, y);                      \
+        }                                                                                      \
+        VF t = P##_add_ps(P##_add_ps(P##_add_ps(a0, a1), P##_add_ps(a2, a3)),                  \
+                          P##_add_ps(P##_add_ps(a4, a5), P##_add_ps(a6, a7)));                 \
+        t = P##_add_ps(t, P##_add_ps(P##_add_ps(a8, a9), P##_add_ps(a10, a11)));               \
+        sink_f(LANE0(t));                                                                      \
+        return 12.0 * (LANES) * ITERS;                                                         \
+    }
 
-__attribute__((target("avx2,fma"))) static double fp32_avx2(void) {
-    const __m256 x = _mm256_set1_ps(FX), y = _mm256_set1_ps(FY);
-    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2),
-           a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
-           a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8),
-           a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
-#define F8(v) _mm256_fmadd_ps((v), x, y)
-    for (long k = 0; k < ITERS; k++) CHAIN12(F8);
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    sink_f(_mm256_cvtss_f32(s));
-    return 12.0 * 8 * ITERS;
-}
-
-__attribute__((target("avx512f"))) static double fp32_avx512(void) {
-    const __m512 x = _mm512_set1_ps(FX), y = _mm512_set1_ps(FY);
-    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
-           a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
-           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8),
-           a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
-#define F16(v) _mm512_fmadd_ps((v), x, y)
-    for (long k = 0; k < ITERS; k++) CHAIN12(F16);
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    sink_f(_mm512_reduce_add_ps(s));
-    return 12.0 * 16 * ITERS;
-}
+DEF_FMA(fp32_avx2, "avx2,fma", __m256, _mm256, _mm256_cvtss_f32, 8)
+DEF_FMA(fp32_avx512, "avx512f", __m512, _mm512, _mm512_cvtss_f32, 16)
 #endif
 
 /* ---- int8 ------------------------------------------------------------------ */
