@@ -485,7 +485,8 @@ static void test_matmul_batch_invariance(void **state) {
 
 /* SwiGLU on every path against double precision: silu(g) * u within 4 ulp
  * (the AVX2 exp is within 2 ulp of expf), over the range a model sees and
- * past where exp over- or underflows. */
+ * past where exp over- or underflows; and the AVX-512 kernel bit for bit the
+ * AVX2 one's, whole arrays and every tail length. */
 static void test_swiglu_paths(void **state) {
     (void)state;
     const size_t n = 4099; /* a tail past the vector width */
@@ -497,9 +498,30 @@ static void test_swiglu_paths(void **state) {
     }
     g[0] = 0.0f, g[1] = -0.0f, g[2] = 1e-20f, g[3] = -88.5f, g[4] = 88.5f;
     specd_pool *pool = specd_pool_create(2);
+    float *y_avx2 = NULL;
     for (size_t p = 0; p < 3; p++) {
         if (!cpu_simd_force(k_paths[p])) continue;
         cpu_swiglu(pool, y, g, u, n);
+        /* the AVX-512 kernel keeps the AVX2 one's bits (vec_avx512.c) */
+        if (!strcmp(k_paths[p], "avx2")) {
+            y_avx2 = malloc(sizeof(float) * n);
+            memcpy(y_avx2, y, sizeof(float) * n);
+        } else if (!strcmp(k_paths[p], "avx512") && y_avx2) {
+            for (size_t i = 0; i < n; i++)
+                if (memcmp(&y[i], &y_avx2[i], sizeof(float)))
+                    fail_msg("avx512: swiglu(%.9g, %.9g) = %.9g, the avx2 kernel %.9g", g[i],
+                             u[i], y[i], y_avx2[i]);
+            /* every tail length, in both kernels */
+            for (size_t m = 1; m <= 40; m++) {
+                float a[40], b[40];
+                cpu_active_kernels()->swiglu(a, g + 2000, u + 2000, m);
+                cpu_simd_force("avx2");
+                cpu_active_kernels()->swiglu(b, g + 2000, u + 2000, m);
+                cpu_simd_force("avx512");
+                if (memcmp(a, b, sizeof(float) * m))
+                    fail_msg("avx512: swiglu of %zu values differs from the avx2 kernel's", m);
+            }
+        }
         for (size_t i = 0; i < n; i++) {
             double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
             double err = fabs(y[i] - want);
@@ -510,7 +532,7 @@ static void test_swiglu_paths(void **state) {
     }
     cpu_simd_force("auto");
     specd_pool_destroy(pool);
-    free(g), free(u), free(y);
+    free(g), free(u), free(y), free(y_avx2);
 }
 
 /* ---- attention's block kernels ------------------------------------------ */
