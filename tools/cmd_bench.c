@@ -195,7 +195,7 @@ typedef struct verify_run {
     int vocab, max_ctx, max_batch, n_slots;
     int32_t *toks, *rows, *ids; /* [max_batch]: inputs, out_rows 0..n-1, argmax ids */
     specd_seq_input *seqs;      /* [n_slots]: a slot appears once per call */
-    double *runs;               /* [reps] */
+    double *runs;               /* [1 + n_k][reps]: one batch size's steps */
     uint64_t draws;             /* token ids drawn so far: each batch gets fresh ones */
 } verify_run;
 
@@ -325,7 +325,7 @@ static int alloc_run(verify_run *r, const specd_model_file *m) {
     r->rows = malloc(n * sizeof(int32_t));
     r->ids = malloc(n * sizeof(int32_t));
     r->seqs = calloc((size_t)r->n_slots, sizeof *r->seqs);
-    r->runs = calloc((size_t)r->o->reps, sizeof(double));
+    r->runs = calloc((size_t)(MAX_LIST + 1) * (size_t)r->o->reps, sizeof(double));
     if (!r->toks || !r->rows || !r->ids || !r->seqs || !r->runs) {
         fprintf(stderr, "specd bench: out of memory\n");
         return -1;
@@ -369,12 +369,14 @@ static int prefill(verify_run *r, int P, specd_error *err) {
     return 0;
 }
 
-/* Median ms of one step: B sequences at n_past = P each add the pending
- * token plus a chain of k candidates (k = 0: plain decode). A chain is a
- * linear tree, so the causal mask (NULL) is its ancestor mask; every row's
- * argmax comes back, not its logits: exactly a greedy verification. NAN
- * (with a note) when the step fails, e.g. out of device memory. */
-static double time_step(verify_run *r, int B, int P, int k) {
+/* Ms of one step: B sequences at n_past = P each add the pending token
+ * plus a chain of k candidates (k = 0: plain decode). A chain is a linear
+ * tree, so the causal mask (NULL) is its ancestor mask; every row's argmax
+ * comes back, not its logits: exactly a greedy verification. The step
+ * writes KV rows past P but commits nothing (n_past stays P), so steps of
+ * any shape may follow each other. NAN (with a note) when the step fails,
+ * e.g. out of device memory. */
+static double one_step(verify_run *r, int B, int P, int k) {
     int n_new = k + 1, n = B * n_new;
     fill_random(r, n);
     for (int s = 0; s < B; s++)
@@ -382,18 +384,14 @@ static double time_step(verify_run *r, int B, int P, int k) {
     specd_batch b = {.n_tokens = n, .tokens = r->toks, .n_seqs = B, .seqs = r->seqs,
                      .n_out = n, .out_rows = r->rows, .argmax = r->ids};
     specd_error err = {{0}};
-    int warmup = r->o->warmup, reps = r->o->reps;
-    for (int i = 0; i < warmup + reps; i++) {
-        /* forward ends with the backend's finish (a device sync), so the
-         * interval is the whole step as a caller waits for it */
-        double t0 = cli_now();
-        if (specd_transformer_forward(r->t, &b, &err)) {
-            note("P=%d B=%d k=%d failed, skipped: %s\n", P, B, k, err.msg);
-            return NAN;
-        }
-        if (i >= warmup) r->runs[i - warmup] = (cli_now() - t0) * 1e3;
+    /* forward ends with the backend's finish (a device sync), so the
+     * interval is the whole step as a caller waits for it */
+    double t0 = cli_now();
+    if (specd_transformer_forward(r->t, &b, &err)) {
+        note("P=%d B=%d k=%d failed, skipped: %s\n", P, B, k, err.msg);
+        return NAN;
     }
-    return median(r->runs, reps);
+    return (cli_now() - t0) * 1e3;
 }
 
 /* The bandwidth the bound divides by: an explicit --peak-gbs, else on the
@@ -472,7 +470,8 @@ static void print_header(const verify_env *e, const verify_opts *o, const specd_
     else
         printf("peak bw   %s\n", e->peak_src);
     printf("timing    median of %d steps after %d warm-up steps, monotonic clock around "
-           "specd_transformer_forward (which ends with the backend's sync)\n\n",
+           "specd_transformer_forward (which ends with the backend's sync); a batch size's "
+           "cells take turns, one step each per round\n\n",
            o->reps, o->warmup);
     printf("columns   plain ms: one decode step, B sequences x 1 new token, argmax of each "
            "row on the device\n"
@@ -571,17 +570,35 @@ static int measure_prompt(verify_run *r, int P, double *ms) {
         note("skipping P=%d: the prefill failed: %s\n", P, err.msg);
         return 0;
     }
+    /* A batch size's cells are timed in turn, one step of each per round
+     * (plain, k1, k2, ..., plain, k1, ...), so a stretch of a shared
+     * machine's noise falls on every cell alike: the ratios to plain that
+     * the goals are about do not depend on which cell ran in a quiet
+     * minute. */
     for (int bi = 0; bi < o->n_b; bi++) {
+        const int B = o->batches[bi];
+        int live[MAX_LIST + 1]; /* columns still measured: fit and not failed */
         for (int c = 0; c < w; c++) {
-            int B = o->batches[bi], k = c ? o->ks[c - 1] : 0;
-            if (P + k + 1 > r->max_ctx) { /* only when capped by the model's context */
-                if (bi == 0) /* once per column, not once per cell */
-                    note("P=%d k=%d skipped: %d rows exceed the model's context %d\n", P, k,
-                         P + k + 1, r->max_ctx);
-                continue;
+            int k = c ? o->ks[c - 1] : 0;
+            live[c] = P + k + 1 <= r->max_ctx;
+            if (!live[c] && bi == 0) /* only when capped by the model's context; once per column */
+                note("P=%d k=%d skipped: %d rows exceed the model's context %d\n", P, k, P + k + 1,
+                     r->max_ctx);
+        }
+        for (int i = 0; i < o->warmup; i++)
+            for (int c = 0; c < w; c++)
+                if (live[c] && isnan(one_step(r, B, P, c ? o->ks[c - 1] : 0))) live[c] = 0;
+        for (int i = 0; i < o->reps; i++)
+            for (int c = 0; c < w; c++) {
+                if (!live[c]) continue;
+                double t = one_step(r, B, P, c ? o->ks[c - 1] : 0);
+                if (isnan(t)) live[c] = 0;
+                r->runs[c * o->reps + i] = t;
             }
-            ms[bi * w + c] = time_step(r, B, P, k);
-            measured += !isnan(ms[bi * w + c]);
+        for (int c = 0; c < w; c++) {
+            if (!live[c]) continue;
+            ms[bi * w + c] = median(r->runs + c * o->reps, o->reps);
+            measured++;
         }
     }
     return measured;
