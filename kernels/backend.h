@@ -161,18 +161,6 @@ typedef struct specd_backend_ops {
      * the input's preparation and launch them as one parallel run. */
     void (*matmuls)(specd_backend *be, int n_mats, float *const *y,
                     const specd_bweight *const *W, const float *x, int n);
-    /* Optional (NULL: the caller issues the sequence): fusions that give
-     * bit for bit what the sequence in brackets gives, using tmp
-     * ([n][W.rows]) as scratch. The CPU backend does the second step on the
-     * thread that computed each row, while the row is in its cache
-     * (kernels/cpu/qmatmul.h, cpu_qmatmul_epilogue).
-     *   matmul_add:    x += matmul(W, in)        [matmul(tmp, W, in); axpy(x, 1, tmp)]
-     *   matmul_swiglu: out = silu(matmul(Wg, in)) * matmul(Wu, in)
-     *                            [matmuls(out, tmp; Wg, Wu; in); swiglu(out, out, tmp)] */
-    void (*matmul_add)(specd_backend *be, float *x, float *tmp, const specd_bweight *W,
-                       const float *in, int n);
-    void (*matmul_swiglu)(specd_backend *be, float *out, float *tmp, const specd_bweight *Wg,
-                          const specd_bweight *Wu, const float *in, int n);
     /* rotates q [n_tok][n_heads*head_dim] and k [n_tok][n_kv_heads*head_dim]
      * in place with the step's cos_sin */
     void (*rope)(specd_backend *be, float *q, float *k, int n_heads, int n_kv_heads,

@@ -583,18 +583,6 @@ static void build_step(specd_transformer *t, const specd_batch *b, specd_step *s
                        .n_out = b->n_out, .out_rows = b->out_rows};
 }
 
-/* x += W in: the residual add, fused where the backend can (backend.h);
- * tmp is scratch. Both forms give the same bits. */
-static void matmul_add(specd_backend *be, float *x, float *tmp, const specd_bweight *W,
-                       const float *in, int n, int width) {
-    if (be->ops->matmul_add) {
-        be->ops->matmul_add(be, x, tmp, W, in, n);
-        return;
-    }
-    be->ops->matmul(be, tmp, W, in, n);
-    be->ops->axpy(be, x, 1.0f, tmp, (size_t)n * width);
-}
-
 /* The layers, the final norm and the LM head: the part of a step that the
  * GPU backend records once per shape and replays. */
 static void run_layers(specd_transformer *t, const specd_batch *b, int head) {
@@ -613,17 +601,15 @@ static void run_layers(specd_transformer *t, const specd_batch *b, int head) {
         op->rope(be, t->q, t->k, hp->n_heads, hp->n_kv_heads, &t->rope);
         op->attention(be, t->att, t->q, t->k, t->v, &t->kv, l, hp->n_heads, hp->n_kv_heads,
                       hp->head_dim);
-        matmul_add(be, t->x, t->xb2, &L->wo, t->att, n, dim);
+        op->matmul(be, t->xb2, &L->wo, t->att, n);
+        op->axpy(be, t->x, 1.0f, t->xb2, (size_t)n * dim);
         /* feed-forward block */
         op->rmsnorm(be, t->xb, t->x, &L->ffn_norm, n, dim, hp->norm_eps);
-        if (op->matmul_swiglu) {
-            op->matmul_swiglu(be, t->hb, t->hb2, &L->w_gate, &L->w_up, t->xb, n);
-        } else {
-            op->matmuls(be, 2, (float *const[]){t->hb, t->hb2},
-                        (const specd_bweight *const[]){&L->w_gate, &L->w_up}, t->xb, n);
-            op->swiglu(be, t->hb, t->hb, t->hb2, (size_t)n * hp->hidden_dim);
-        }
-        matmul_add(be, t->x, t->xb2, &L->w_down, t->hb, n, dim);
+        op->matmuls(be, 2, (float *const[]){t->hb, t->hb2},
+                    (const specd_bweight *const[]){&L->w_gate, &L->w_up}, t->xb, n);
+        op->swiglu(be, t->hb, t->hb, t->hb2, (size_t)n * hp->hidden_dim);
+        op->matmul(be, t->xb, &L->w_down, t->hb, n);
+        op->axpy(be, t->x, 1.0f, t->xb, (size_t)n * dim);
     }
     if (b->n_out == 0) return;
     op->gather_out(be, t->xb, t->x, dim);

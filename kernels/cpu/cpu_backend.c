@@ -170,7 +170,6 @@ static void cpu_rmsnorm(specd_backend *be, float *out, const float *x, const spe
     /* fp32 weights (every GGUF norm) get a loop the compiler vectorizes;
      * weight_at converts the others element by element */
     const float *w32 = w && w->src->type == SPECD_F32 ? (const float *)w->src->data : NULL;
-    cpu_prefetch_bytes(x, sizeof(float) * (size_t)n_rows * (size_t)dim);
     for (int t = 0; t < n_rows; t++) {
         const float *xr = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
@@ -236,8 +235,6 @@ static void cpu_rope(specd_backend *be, float *q, float *k, int n_heads, int n_k
     const float *cos_sin = cpu(be)->step.cos_sin;
     int n_tok = cpu(be)->step.n_tokens;
     int hd = cfg->head_dim;
-    cpu_prefetch_bytes(q, sizeof(float) * (size_t)n_tok * (size_t)n_heads * (size_t)hd);
-    cpu_prefetch_bytes(k, sizeof(float) * (size_t)n_tok * (size_t)n_kv_heads * (size_t)hd);
     for (int t = 0; t < n_tok; t++) {
         const float *cs = cos_sin + (size_t)t * cfg->rot_dim;
         for (int h = 0; h < n_heads; h++) rope_head(q + ((size_t)t * n_heads + h) * hd, cs, cfg);
@@ -531,28 +528,6 @@ static void cpu_scale(specd_backend *be, float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= a;
 }
 
-/* The fusions (backend.h): on the integer path in one pool run with the
- * epilogue per task (cpu_qmatmul_epilogue); otherwise the sequence. */
-static void cpu_matmul_add_op(specd_backend *be, float *x, float *tmp, const specd_bweight *W,
-                              const float *in, int n) {
-    if (W->impl &&
-        !cpu_qmatmul_epilogue(cpu(be)->pool, CPU_EPI_ADD, x, tmp, W->impl, NULL, in, n))
-        return;
-    cpu_matmul_op(be, tmp, W, in, n);
-    cpu_axpy(be, x, 1.0f, tmp, (size_t)n * W->src->ne[1]);
-}
-
-static void cpu_matmul_swiglu_op(specd_backend *be, float *out, float *tmp,
-                                 const specd_bweight *Wg, const specd_bweight *Wu, const float *in,
-                                 int n) {
-    if (Wg->impl && Wu->impl &&
-        !cpu_qmatmul_epilogue(cpu(be)->pool, CPU_EPI_SWIGLU, out, tmp, Wg->impl, Wu->impl, in, n))
-        return;
-    cpu_matmuls_op(be, 2, (float *const[]){out, tmp}, (const specd_bweight *const[]){Wg, Wu}, in,
-                   n);
-    cpu_swiglu(cpu(be)->pool, out, out, tmp, (size_t)n * Wg->src->ne[1]);
-}
-
 static void cpu_gather_out(specd_backend *be, float *dst, const float *src, int width) {
     const specd_step *st = &cpu(be)->step;
     for (int i = 0; i < st->n_out; i++)
@@ -595,8 +570,6 @@ static const specd_backend_ops k_cpu_ops = {
     .norm_gelu = cpu_norm_gelu,
     .matmul = cpu_matmul_op,
     .matmuls = cpu_matmuls_op,
-    .matmul_add = cpu_matmul_add_op,
-    .matmul_swiglu = cpu_matmul_swiglu_op,
     .rope = cpu_rope,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu_op,

@@ -349,7 +349,6 @@ static cpu_qact quantize_input(const float *x, int n_tok, int64_t cols, int64_t 
     float *d = buf, *s = buf + nbt;
     int32_t *sq = (int32_t *)(buf + 2 * nbt);
     int8_t *q = (int8_t *)(buf + 3 * nbt);
-    cpu_prefetch_bytes(x, sizeof(float) * (size_t)n_tok * (size_t)cols);
     active()->quantize(x, n_tok, cols, q, d, s, sq);
     cpu_qact a = {.n_tok = n_tok, .cols = cols, .nb = nb, .q = q, .d = d, .s = s, .sq = sq};
     return a;
@@ -399,76 +398,4 @@ int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweigh
 /* One matrix: the same run with a single part. */
 void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *x, int n_tok) {
     cpu_qmatmuls(pool, 1, &y, &W, x, n_tok);
-}
-
-/* ---- matmuls with an epilogue on the rows a task made (qmatmul.h) --------- */
-
-/* A task's row groups of one matrix (or of gate and up: the same groups of
- * both), then the epilogue on those rows of every token, by the thread
- * that computed them, while they sit in its L1. */
-typedef struct epi_job {
-    qmm_job mm, up; /* up: CPU_EPI_SWIGLU's second matrix */
-    cpu_epilogue kind;
-    float *dst; /* CPU_EPI_ADD: the destination rows are added into */
-    int n_tok;
-    void (*swiglu)(float *, const float *, const float *, size_t);
-} epi_job;
-
-static void epi_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const epi_job *j = ctx;
-    int64_t g0 = (int64_t)task * j->mm.chunk;
-    int64_t g1 = g0 + j->mm.chunk < j->mm.groups ? g0 + j->mm.chunk : j->mm.groups;
-    j->mm.fn(&j->mm.args, g0, g1);
-    const int64_t rows = j->mm.args.w->rows, ld = j->mm.args.ldy;
-    const int64_t r0 = g0 * QT_ROWS, r1 = g1 * QT_ROWS < rows ? g1 * QT_ROWS : rows;
-    if (j->kind == CPU_EPI_SWIGLU) {
-        j->up.fn(&j->up.args, g0, g1);
-        /* in place on the gate rows, as swiglu(out, out, up) does; every
-         * segment starts at a multiple of 16 rows, so which elements the
-         * vector loop takes does not depend on the split (qmatmul.h) */
-        for (int t = 0; t < j->n_tok; t++) {
-            float *g = j->mm.args.y + (size_t)t * ld + r0;
-            j->swiglu(g, g, j->up.args.y + (size_t)t * ld + r0, (size_t)(r1 - r0));
-        }
-    } else {
-        for (int t = 0; t < j->n_tok; t++) {
-            float *d = j->dst + (size_t)t * ld;
-            const float *y = j->mm.args.y + (size_t)t * ld;
-            for (int64_t r = r0; r < r1; r++) d[r] += y[r];
-        }
-    }
-}
-
-int cpu_qmatmul_epilogue(specd_pool *pool, cpu_epilogue kind, float *out, float *tmp,
-                         const cpu_qweight *W, const cpu_qweight *W_up, const float *x,
-                         int n_tok) {
-    if (kind == CPU_EPI_SWIGLU &&
-        (!W_up || W_up->rows != W->rows || W_up->cols != W->cols))
-        return -1;
-    if (kind != CPU_EPI_SWIGLU && kind != CPU_EPI_ADD) return -1;
-    if (n_tok <= 0) return 0;
-    const cpu_kernel_set *ks = active();
-    cpu_qact a = quantize_input(x, n_tok, W->cols, W->nb);
-    const int n_mats = kind == CPU_EPI_SWIGLU ? 2 : 1;
-    /* the task size qmatmuls would pick for the same matrices */
-    const int64_t chunk =
-        chunk_rows(n_mats * W->n_groups * QT_ROWS, specd_pool_size(pool)) / QT_ROWS / n_mats;
-    epi_job j = {
-        .mm = {.fn = ks->qrows[W->kind],
-               .args = {.w = W, .a = a, .y = kind == CPU_EPI_SWIGLU ? out : tmp, .ldy = W->rows},
-               .groups = W->n_groups,
-               .chunk = chunk > 0 ? chunk : 1},
-        .kind = kind,
-        .dst = out,
-        .n_tok = n_tok,
-        .swiglu = ks->swiglu,
-    };
-    if (kind == CPU_EPI_SWIGLU)
-        j.up = (qmm_job){.fn = ks->qrows[W_up->kind],
-                         .args = {.w = W_up, .a = a, .y = tmp, .ldy = W_up->rows},
-                         .groups = W_up->n_groups,
-                         .chunk = j.mm.chunk};
-    specd_pool_run(pool, (int)((j.mm.groups + j.mm.chunk - 1) / j.mm.chunk), epi_task, &j);
-    return 0;
 }

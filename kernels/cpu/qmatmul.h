@@ -113,28 +113,6 @@ void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *
 #define CPU_QMATMULS_MAX 4
 int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweight *const *W,
                  const float *x, int n_tok);
-/* A matmul whose rows get one more operation by the thread that computed
- * them, instead of a separate pass on the caller's thread. At decode and
- * verification the rows a pass hands from one core to the other cost more
- * than the arithmetic on them: a 5-token verify on the Cascade Lake VM spent
- * ~1.6 ms a step more than a plain step in the serial ops between matmuls
- * (swiglu, the residual adds, the norms reading what the other core wrote),
- * against ~2.5 ms more in the matmuls themselves.
- *   CPU_EPI_ADD:    out[t][r] += (W x_t)[r], the product first in tmp
- *                   (= cpu_qmatmul into tmp, then out += tmp)
- *   CPU_EPI_SWIGLU: out[t][r] = silu((W x_t)[r]) * (W_up x_t)[r], the up
- *                   product in tmp (= cpu_qmatmuls of W and W_up into out
- *                   and tmp, then the kernels' swiglu(out, out, tmp))
- * Bit for bit those sequences (SWIGLU: when rows is a multiple of 8, as in
- * every model here; otherwise the last rows % 8 elements of a row may take
- * the scalar tail's rounding instead of the vector one's, within 2 ulp).
- * out and tmp are [n_tok][W->rows]; W_up is NULL for ADD and of W's shape
- * for SWIGLU. -1 on a bad kind or shape. */
-typedef enum cpu_epilogue { CPU_EPI_ADD, CPU_EPI_SWIGLU } cpu_epilogue;
-int cpu_qmatmul_epilogue(specd_pool *pool, cpu_epilogue kind, float *out, float *tmp,
-                         const cpu_qweight *W, const cpu_qweight *W_up, const float *x,
-                         int n_tok);
-
 /* The scalar twin: the same result, bit for bit, one element at a time. */
 void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok);
 

@@ -160,19 +160,6 @@ static inline int32_t ld32(const int8_t *p) {
     for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
     _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
 
-/* Asks for every cache line of [p, p + bytes) at once, when that is at most
- * CPU_PREFETCH_MAX bytes. For an activation the other core just wrote: a
- * serial op between two matmuls (a norm, RoPE, the input's quantization)
- * otherwise reads it a line at a time, each a cross-core transfer that the
- * hardware prefetchers do not run ahead of (a 5-row rmsnorm on the Cascade
- * Lake VM took 5.7 us, ~60 ns a line, for 0.8 us of arithmetic). */
-#define CPU_PREFETCH_MAX (64 * 1024)
-static inline void cpu_prefetch_bytes(const void *p, size_t bytes) {
-    if (bytes > CPU_PREFETCH_MAX) return;
-    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63);
-    for (const char *e = (const char *)p + bytes; c < e; c += 64) __builtin_prefetch(c, 0, 3);
-}
-
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
 

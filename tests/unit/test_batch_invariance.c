@@ -11,8 +11,6 @@
  *   - when a is the root of a verified tree of candidates,
  *   - and a tree node behind a masked sibling equals its path decoded
  *     plainly, one token at a time,
- *   - and when the backend's fused ops (matmul_add, matmul_swiglu) are
- *     taken away, so the pass runs the sequences they fuse,
  * on both precisions and with an fp16 KV cache, on a quantized model of each integer tile kind (the
  * default SmolLM2 Q4_1 + Q8_0 model when present, the tiny Q8_0 GGUF) and
  * the tiny F32 model (fp32 kernels), and on every SIMD path this CPU has. */
@@ -93,27 +91,6 @@ static void check_model(const char *path, specd_precision prec, specd_kv_dtype k
     for (int i = 0; i < NP; i++) run_seq(t, 1, i, &p[i], 1, -1, NULL);
     run_seq(t, 1, NP, &a, 1, 0, &got);
     expect_equal(&got, &ref, vocab, dim, "prefill one token at a time", path);
-    specd_transformer_free(t);
-
-    /* the same with the backend's fused ops taken away (matmul_add,
-     * matmul_swiglu): the forward pass falls back to the sequences they
-     * fuse, which must give the same bits (backend.h) */
-    t = make(m, prec, kv);
-    {
-        specd_backend *be = specd_transformer_backend(t);
-        const specd_backend_ops *fused = be->ops;
-        specd_backend_ops unfused = *fused;
-        unfused.matmul_add = NULL;
-        unfused.matmul_swiglu = NULL;
-        be->ops = &unfused;
-        run_seq(t, 0, 0, p, NP, -1, NULL);
-        run_seq(t, 0, NP, &a, 1, 0, &got);
-        expect_equal(&got, &ref, vocab, dim, "without the fused matmul ops", path);
-        for (int i = 0; i < NP; i++) run_seq(t, 1, i, &p[i], 1, -1, NULL);
-        run_seq(t, 1, NP, &a, 1, 0, &got);
-        expect_equal(&got, &ref, vocab, dim, "without the fused matmul ops, one at a time", path);
-        be->ops = fused;
-    }
     specd_transformer_free(t);
 
     /* a in a batch: another session's 37-token prefill first, then a, then

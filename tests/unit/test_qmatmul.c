@@ -8,8 +8,6 @@
  *   - batch invariance: each row of a batch equals that row computed alone,
  *     bit for bit, wherever it sits in the batch;
  *   - several matrices on one input (cpu_qmatmuls) equal each one alone;
- *   - a matmul with an epilogue (cpu_qmatmul_epilogue) equals the matmul
- *     and then the epilogue's operation;
  *   - accuracy against a double-precision matmul on the dequantized weights
  *     and the unquantized activations, within the bound that int8
  *     activations allow: each activation moves by at most half a step
@@ -29,7 +27,6 @@
 #include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
-#include "kernels/cpu/quant_impl.h" /* the path's swiglu */
 #include "kernels/cpu/threadpool.h"
 #include "tests/harness/test_util.h"
 
@@ -276,79 +273,6 @@ static void test_qmatmuls_equal_one_by_one(void **state) {
     for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
 }
 
-/* cpu_qmatmul_epilogue gives bit for bit the sequence it fuses (qmatmul.h):
- * ADD = cpu_qmatmul into tmp, then out += tmp; SWIGLU = cpu_qmatmuls of
- * gate and up, then the path's swiglu over the whole [n][rows] buffer.
- * Rows that end in a partial group (40: a multiple of 8, not of 16), tile
- * kinds mixed between gate and up, 1..70 tokens, 1..3 threads, every path;
- * bad kinds and shapes refused. */
-static void test_epilogue_equals_sequence(void **state) {
-    (void)state;
-    const int64_t cols = 96;
-    const int64_t shapes[] = {40, 203 - 203 % 8, 1536};
-    const int toks[] = {1, 2, 5, 9, 17, 70};
-    specd_pool *pools[3] = {specd_pool_create(1), specd_pool_create(2), specd_pool_create(3)};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int64_t rows = shapes[si];
-        qfixture g, u;
-        qfix_make(&g, SPECD_Q4_1, rows, cols, 700 + si);
-        qfix_make(&u, si % 2 ? SPECD_Q8_0 : SPECD_Q4_0, rows, cols, 800 + si);
-        for (size_t p = 0; p < N_PATHS; p++) {
-            if (!cpu_simd_force(k_paths[p])) continue;
-            const cpu_kernel_set *ks = cpu_active_kernels();
-            for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
-                const int n = toks[k];
-                const size_t ny = (size_t)n * (size_t)rows;
-                float *x = malloc(sizeof(float) * (size_t)n * cols);
-                float *base = malloc(sizeof(float) * ny);
-                test_fill_random(x, (size_t)n * cols, 60 + k, 1.5f);
-                test_fill_random(base, ny, 90 + k, 4.0f);
-                for (int pi = 0; pi < 3; pi++) {
-                    /* ADD */
-                    float *want = malloc(sizeof(float) * ny), *got = malloc(sizeof(float) * ny);
-                    float *tmp = alloc_nan(ny);
-                    memcpy(want, base, sizeof(float) * ny);
-                    memcpy(got, base, sizeof(float) * ny);
-                    cpu_qmatmul(pools[pi], tmp, &g.w, x, n);
-                    for (size_t i = 0; i < ny; i++) want[i] += tmp[i];
-                    assert_int_equal(cpu_qmatmul_epilogue(pools[pi], CPU_EPI_ADD, got, tmp, &g.w,
-                                                          NULL, x, n),
-                                     0);
-                    expect_same_bits(got, want, n, rows, "epilogue add", k_paths[p],
-                                     SPECD_Q4_1, pi + 1);
-                    /* SWIGLU */
-                    float *ys[2] = {want, tmp};
-                    const cpu_qweight *ws[2] = {&g.w, &u.w};
-                    assert_int_equal(cpu_qmatmuls(pools[pi], 2, ys, ws, x, n), 0);
-                    ks->swiglu(want, want, tmp, ny);
-                    float *tmp2 = alloc_nan(ny);
-                    assert_int_equal(cpu_qmatmul_epilogue(pools[pi], CPU_EPI_SWIGLU, got, tmp2,
-                                                          &g.w, &u.w, x, n),
-                                     0);
-                    expect_same_bits(got, want, n, rows, "epilogue swiglu", k_paths[p],
-                                     SPECD_Q4_1, pi + 1);
-                    free(want), free(got), free(tmp), free(tmp2);
-                }
-                free(x), free(base);
-            }
-        }
-        cpu_simd_force("auto");
-        qfixture wide;
-        qfix_make(&wide, SPECD_Q4_1, rows, 2 * cols, 9);
-        float y[1];
-        assert_int_equal(
-            cpu_qmatmul_epilogue(pools[1], CPU_EPI_SWIGLU, y, y, &g.w, &wide.w, NULL, 1), -1);
-        assert_int_equal(cpu_qmatmul_epilogue(pools[1], CPU_EPI_SWIGLU, y, y, &g.w, NULL, NULL, 1),
-                         -1);
-        assert_int_equal(
-            cpu_qmatmul_epilogue(pools[1], (cpu_epilogue)7, y, y, &g.w, NULL, NULL, 1), -1);
-        qfix_free(&wide);
-        qfix_free(&g);
-        qfix_free(&u);
-    }
-    for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
-}
-
 /* Against double precision on the dequantized weights and the original
  * activations, within the int8 activation bound (file header). */
 static void test_accuracy_bound(void **state) {
@@ -496,7 +420,6 @@ int main(void) {
         cmocka_unit_test(test_q4_extremes),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_qmatmuls_equal_one_by_one),
-        cmocka_unit_test(test_epilogue_equals_sequence),
         cmocka_unit_test(test_accuracy_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
