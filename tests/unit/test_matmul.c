@@ -502,6 +502,15 @@ static void test_swiglu_paths(void **state) {
     for (size_t p = 0; p < 3; p++) {
         if (!cpu_simd_force(k_paths[p])) continue;
         cpu_swiglu(pool, y, g, u, n);
+        /* split over the pool (n is past SWIGLU_SPLIT_MIN), the same bits as
+         * the path's kernel over the whole array */
+        {
+            float *whole = malloc(sizeof(float) * n);
+            cpu_active_kernels()->swiglu(whole, g, u, n);
+            if (memcmp(whole, y, sizeof(float) * n))
+                fail_msg("%s: swiglu split over the pool differs from one call", k_paths[p]);
+            free(whole);
+        }
         /* the AVX-512 kernel keeps the AVX2 one's bits (vec_avx512.c) */
         if (!strcmp(k_paths[p], "avx2")) {
             y_avx2 = malloc(sizeof(float) * n);
