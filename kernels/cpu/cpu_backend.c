@@ -374,6 +374,13 @@ static void attn_task(void *ctx, int task, int thread) {
     int r0 = s->n_past + (s->mask ? 0 : i0 + 1);
     size_t off = (size_t)kvh * hd;
     if (!(j->f16 ? ks->kv_dots_f16 && hd <= CPU_KV_F16_MAX_HEAD : ks->kv_dots != NULL)) r0 = 0;
+    /* A tree (a mask): the paged kernels take its new rows as well, for
+     * every query, and the rows a query may not see are masked afterwards.
+     * Each score is the per-row kernel's bits either way; row by row below
+     * the new rows cost a call per (query, row), a third of a verify's
+     * attention for a tree of 5 over 64 rows. */
+    const int tree = s->mask && r0 > 0;
+    if (tree) r0 = width;
     if (r0 > 0 && j->f16) {
         if (nq > 1 && ks->kv_dots_block_f16)
             ks->kv_dots_block_f16(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale, ss,
@@ -391,8 +398,23 @@ static void attn_task(void *ctx, int task, int thread) {
                 maxs[k] = ks->kv_dots(qs[k], j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale,
                                       ss[k]);
     }
+    if (tree)
+        for (int k = 0; k < nq; k++) {
+            /* -inf where the query may not look (later nodes, other
+             * branches), then its max over what it sees: the max the row
+             * by row loop would reach, a max being the same in any order
+             * (NaN never wins either way) */
+            int i = i0 + tok[k];
+            float *sc = ss[k];
+            for (int r = s->n_past; r < width; r++)
+                if (r > s->n_past + i || !s->mask[(size_t)i * s->n_new + (r - s->n_past)])
+                    sc[r] = -INFINITY;
+            /* the vector argmax's maximum (a NaN only where all are NaN) */
+            float m = sc[ks->argmax(sc, width)];
+            maxs[k] = isnan(m) ? -INFINITY : m;
+        }
     for (int k = 0; k < nq; k++) {
-        int i = i0 + tok[k], n_rows = s->n_past + i + 1;
+        int i = i0 + tok[k], n_rows = tree ? width : s->n_past + i + 1;
         float *sc = ss[k];
         for (int r = r0; r < n_rows; r++) {
             int visible = r < s->n_past || !s->mask ||
@@ -425,7 +447,7 @@ static void attn_task(void *ctx, int task, int thread) {
                 ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
     }
     for (int k = 0; k < nq; k++) {
-        int n_rows = s->n_past + i0 + tok[k] + 1;
+        int n_rows = tree ? width : s->n_past + i0 + tok[k] + 1;
         for (int r = r0; r < n_rows; r++) {
             if (ss[k][r] == 0.0f) continue;
             float w = ss[k][r] * invs[k];
