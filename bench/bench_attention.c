@@ -4,7 +4,7 @@
  *
  * Built by CMake as build/bench_attention.
  * Run: build/bench_attention [--threads N] [--reps R] [--kv f16|f32]
- *                            [--prompts 512,1000,3000] [path ...]
+ *                            [--prompts 512,1000,3000] [--trees 5,9] [path ...]
  *      (paths: scalar avx2 avxvnni avx512 avx512vnni, as SPECD_SIMD; default
  *      the one this CPU picks)
  *
@@ -14,7 +14,10 @@
  *     per query-key pair (9 x P(P+1)/2 of them) in ns;
  *   - the same times 30 layers: the attention share of prefilling P tokens;
  *   - decode: one token's attention over the P cached rows, all 30 layers,
- *     in ms (a read of the whole cache: bound by memory, not arithmetic).
+ *     in ms (a read of the whole cache: bound by memory, not arithmetic);
+ *   - with --trees: a verify step's attention, a chain of T new tokens
+ *     (the pending token and T - 1 candidates, under their ancestor mask)
+ *     over the P cached rows, all 30 layers, in ms.
  * Each layer has its own cache pool, as in the model, so a run reads what
  * the model would read. Inputs are random; the kernels' speed does not
  * depend on the values (no data-dependent branches on visible rows). */
@@ -48,9 +51,9 @@ static void die(const char *what) {
 /* One step over every layer: n_new tokens after n_past cached ones.
  * Returns the seconds per layer. */
 static double run_step(specd_backend *be, const specd_kv_layout *kv, int32_t *pages, int n_past,
-                       int n_new, const float *q, const float *k, const float *v, float *out,
-                       int n_layers) {
-    specd_step_seq sq = {n_past, 0, n_new, NULL, pages};
+                       int n_new, const uint8_t *mask, const float *q, const float *k,
+                       const float *v, float *out, int n_layers) {
+    specd_step_seq sq = {n_past, 0, n_new, mask, pages};
     float *cs = calloc((size_t)n_new * HEAD, sizeof(float));
     int32_t *ids = calloc((size_t)n_new, sizeof(int32_t));
     if (!cs || !ids) die("out of memory");
@@ -69,6 +72,7 @@ static double run_step(specd_backend *be, const specd_kv_layout *kv, int32_t *pa
 
 int main(int argc, char **argv) {
     int threads = 2, reps = 3, f16 = 1, n_prompts = 0, prompts[MAX_PROMPTS];
+    int n_trees = 0, trees[MAX_PROMPTS];
     const char *paths[16];
     int n_paths = 0;
     for (int i = 1; i < argc; i++) {
@@ -81,9 +85,15 @@ int main(int argc, char **argv) {
                 if (*p == ',') p++;
                 else if (*p) die("--prompts: a comma-separated list of token counts");
             }
+        } else if (!strcmp(argv[i], "--trees") && i + 1 < argc) {
+            for (char *p = argv[++i]; *p && n_trees < MAX_PROMPTS;) {
+                trees[n_trees++] = (int)strtol(p, &p, 10);
+                if (*p == ',') p++;
+                else if (*p) die("--trees: a comma-separated list of token counts");
+            }
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32] "
-                            "[--prompts 512,1000,3000] [path ...]\n", argv[0]);
+                            "[--prompts 512,1000,3000] [--trees 5,9] [path ...]\n", argv[0]);
             return 2;
         } else if (n_paths < 16) {
             paths[n_paths++] = argv[i];
@@ -94,12 +104,26 @@ int main(int argc, char **argv) {
     if (threads < 1 || reps < 1) die("--threads and --reps must be at least 1");
     for (int i = 0; i < n_prompts; i++)
         if (prompts[i] < 1 || prompts[i] > 32768) die("--prompts: each from 1 to 32768");
+    for (int i = 0; i < n_trees; i++)
+        if (trees[i] < 2 || trees[i] > 64) die("--trees: each from 2 to 64");
 
     printf("attention, SmolLM2-135M shape (%d heads on %d KV heads of %d, %d layers), "
            "%d threads, KV cache %s, fastest of %d\n\n", N_HEADS, N_KV, HEAD, N_LAYERS,
            threads, f16 ? "f16" : "f32", reps);
+    int max_tree = 1;
+    for (int i = 0; i < n_trees; i++)
+        if (trees[i] > max_tree) max_tree = trees[i];
+    /* the ancestor mask of a chain: token i sees tokens 0..i */
+    uint8_t *chain = calloc((size_t)max_tree * max_tree, 1);
+    if (!chain) die("out of memory");
+    for (int i = 0; i < max_tree; i++)
+        for (int j = 0; j <= i; j++) chain[i * max_tree + j] = 1;
     printf("| path | prompt | prefill ms/layer | ns per pair | x %d layers, s | decode ms, "
-           "%d layers |\n|---|--:|--:|--:|--:|--:|\n", N_LAYERS, N_LAYERS);
+           "%d layers |", N_LAYERS, N_LAYERS);
+    for (int i = 0; i < n_trees; i++) printf(" chain of %d ms, %d layers |", trees[i], N_LAYERS);
+    printf("\n|---|--:|--:|--:|--:|--:|");
+    for (int i = 0; i < n_trees; i++) printf("--:|");
+    printf("\n");
     for (int pi = 0; pi < n_paths; pi++) {
         if (!cpu_simd_force(paths[pi])) {
             printf("| %s | (not on this CPU) | | | | |\n", paths[pi]);
@@ -110,11 +134,11 @@ int main(int argc, char **argv) {
             threads, SPECD_PRECISION_FAST, f16 ? SPECD_KV_F16 : SPECD_KV_F32, &err);
         if (!be) die(err.msg);
         for (int j = 0; j < n_prompts; j++) {
-            int P = prompts[j], rows_needed = P + 1;
+            int P = prompts[j], rows_needed = P + max_tree, toks = P > max_tree ? P : max_tree;
             int n_pages = (rows_needed + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS;
             int64_t n_rows = (int64_t)n_pages * SPECD_KV_PAGE_ROWS;
             int32_t *pages = malloc(sizeof(int32_t) * (size_t)n_pages);
-            size_t q_n = (size_t)P * N_HEADS * HEAD, kv_n = (size_t)P * N_KV * HEAD;
+            size_t q_n = (size_t)toks * N_HEADS * HEAD, kv_n = (size_t)toks * N_KV * HEAD;
             float *q = malloc(sizeof(float) * q_n), *out = malloc(sizeof(float) * q_n);
             float *k = malloc(sizeof(float) * kv_n), *v = malloc(sizeof(float) * kv_n);
             size_t pool = 2 * (size_t)N_LAYERS * (size_t)n_rows * N_KV * HEAD * (f16 ? 2 : 4);
@@ -127,23 +151,41 @@ int main(int argc, char **argv) {
             double pre = 1e30, dec = 1e30;
             for (int r = 0; r < reps; r++) {
                 /* prefill: 4 layers are enough to time (each has its own pool) */
-                double t = run_step(be, &kv, pages, 0, P, q, k, v, out, 4);
+                double t = run_step(be, &kv, pages, 0, P, NULL, q, k, v, out, 4);
                 if (t < pre) pre = t;
             }
             /* fill every layer's cache, then time decode over all of them */
-            run_step(be, &kv, pages, 0, P, q, k, v, out, N_LAYERS);
+            run_step(be, &kv, pages, 0, P, NULL, q, k, v, out, N_LAYERS);
             for (int r = 0; r < reps; r++) {
-                double t = run_step(be, &kv, pages, P, 1, q, k, v, out, N_LAYERS) * N_LAYERS;
+                double t = run_step(be, &kv, pages, P, 1, NULL, q, k, v, out, N_LAYERS) * N_LAYERS;
                 if (t < dec) dec = t;
             }
             double pairs = (double)N_HEADS * P * (P + 1) / 2;
-            printf("| %s | %d | %.2f | %.3f | %.2f | %.3f |\n", cpu_simd_name(), P,
-                   pre * 1e3, pre / pairs * 1e9, pre * N_LAYERS, dec * 1e3);
+            printf("| %s | %d | %.2f | %.3f | %.2f | %.3f |", cpu_simd_name(), P, pre * 1e3,
+                   pre / pairs * 1e9, pre * N_LAYERS, dec * 1e3);
+            for (int ti = 0; ti < n_trees; ti++) {
+                /* a verify step: the chain's rows after P, committed nowhere
+                 * (the next step writes the same rows again) */
+                int T = trees[ti];
+                uint8_t *mask = malloc((size_t)T * T);
+                if (!mask) die("out of memory");
+                for (int a = 0; a < T; a++) memcpy(mask + a * T, chain + a * max_tree, (size_t)T);
+                double tr = 1e30;
+                for (int r = 0; r < reps; r++) {
+                    double t = run_step(be, &kv, pages, P, T, mask, q, k, v, out, N_LAYERS) *
+                               N_LAYERS;
+                    if (t < tr) tr = t;
+                }
+                printf(" %.3f |", tr * 1e3);
+                free(mask);
+            }
+            printf("\n");
             be->ops->free(be, kv.base);
             free(pages), free(q), free(out), free(k), free(v);
         }
         be->ops->destroy(be);
     }
     cpu_simd_force("auto");
+    free(chain);
     return 0;
 }
