@@ -35,6 +35,7 @@ typedef struct cpu_backend {
     int *task_tok;
     int *task_h0;
     int task_cap;
+    int attn_qb; /* the current layer's query block (cpu_attention) */
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -348,7 +349,7 @@ static void attn_task(void *ctx, int task, int thread) {
     int t0 = c->task_tok[task];
     const specd_step_seq *s = &st->seqs[c->tok_seq[t0]];
     int i0 = t0 - s->tok_start; /* index among the sequence's new tokens */
-    int n_tok = s->n_new - i0 < ATTN_QB ? s->n_new - i0 : ATTN_QB;
+    int n_tok = s->n_new - i0 < c->attn_qb ? s->n_new - i0 : c->attn_qb;
     int group = j->n_heads / j->n_kv_heads, hg = heads_per_task(n_tok, group);
     int h0 = c->task_h0[task];
     int nq = n_tok * hg; /* queries: hg heads x n_tok tokens */
@@ -503,8 +504,8 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         }
         c->scores_cap = longest;
     }
-    /* The tasks: each sequence's new tokens in query blocks of ATTN_QB,
-     * times the block's head groups, ordered by KV head first. Tasks are
+    /* The tasks: each sequence's new tokens in query blocks of ATTN_QB (qb
+     * below), times the block's head groups, ordered by KV head first. Tasks are
      * taken in this order, so both threads work on one KV head's K and V
      * rows (768 KB for SmolLM2 at 3,000 tokens) while it stays in their
      * L2, instead of cycling through every KV head's rows block after
@@ -520,11 +521,23 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         if (!p || !h) abort(); /* a few bytes per token: nothing sensible is left to do */
         c->task_cap = (int)cap;
     }
-    int n_tasks = 0, group = n_heads / n_kv_heads;
+    /* A lone verify tree: its one query block per KV head makes as many
+     * tasks as KV heads (3 for SmolLM2), which two threads share 2 + 1.
+     * Halves of the tree make twice as many, shared evenly, each reading
+     * the KV head's rows again (bench_attention --trees, 2 threads, Cascade
+     * Lake: a chain of 9 after 64 rows 1.33-1.45 -> 1.14-1.15 ms, after
+     * 1,000 rows 16.1-16.9 -> 14.4-14.7 ms; a chain of 5 after 64 rows
+     * 0.73-0.80 -> 0.68-0.71 ms, after 200 and 1,000 rows unchanged). A
+     * query's arithmetic does not depend on its block (attn_task). */
+    int n_tasks = 0, group = n_heads / n_kv_heads, qb = ATTN_QB;
+    if (st->n_seqs == 1 && st->seqs[0].mask && st->seqs[0].n_new > 1 &&
+        st->seqs[0].n_new <= ATTN_QB && n_kv_heads < 2 * specd_pool_size(c->pool))
+        qb = (st->seqs[0].n_new + 1) / 2;
+    c->attn_qb = qb;
     for (int kvh = 0; kvh < n_kv_heads; kvh++)
         for (int s = 0; s < st->n_seqs; s++)
-            for (int i = 0; i < st->seqs[s].n_new; i += ATTN_QB) {
-                int n_tok = st->seqs[s].n_new - i < ATTN_QB ? st->seqs[s].n_new - i : ATTN_QB;
+            for (int i = 0; i < st->seqs[s].n_new; i += qb) {
+                int n_tok = st->seqs[s].n_new - i < qb ? st->seqs[s].n_new - i : qb;
                 int hg = heads_per_task(n_tok, group);
                 for (int h = kvh * group; h < (kvh + 1) * group; h += hg) {
                     c->task_tok[n_tasks] = st->seqs[s].tok_start + i;
