@@ -35,7 +35,6 @@ typedef struct cpu_backend {
     int *task_tok;
     int *task_h0;
     int task_cap;
-    int attn_qb; /* the current layer's query block (cpu_attention) */
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -250,6 +249,7 @@ typedef struct attn_job {
     const void *k_pool, *v_pool; /* this layer's */
     int f16;                     /* pools hold fp16, else fp32 */
     int n_heads, n_kv_heads, head_dim;
+    int qb; /* tokens per query block (cpu_attention) */
 } attn_job;
 
 /* The physical row of a sequence's logical cache row (backend.h). */
@@ -349,7 +349,7 @@ static void attn_task(void *ctx, int task, int thread) {
     int t0 = c->task_tok[task];
     const specd_step_seq *s = &st->seqs[c->tok_seq[t0]];
     int i0 = t0 - s->tok_start; /* index among the sequence's new tokens */
-    int n_tok = s->n_new - i0 < c->attn_qb ? s->n_new - i0 : c->attn_qb;
+    int n_tok = s->n_new - i0 < j->qb ? s->n_new - i0 : j->qb;
     int group = j->n_heads / j->n_kv_heads, hg = heads_per_task(n_tok, group);
     int h0 = c->task_h0[task];
     int nq = n_tok * hg; /* queries: hg heads x n_tok tokens */
@@ -533,7 +533,6 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     if (st->n_seqs == 1 && st->seqs[0].mask && st->seqs[0].n_new > 1 &&
         st->seqs[0].n_new <= ATTN_QB && n_kv_heads < 2 * specd_pool_size(c->pool))
         qb = (st->seqs[0].n_new + 1) / 2;
-    c->attn_qb = qb;
     for (int kvh = 0; kvh < n_kv_heads; kvh++)
         for (int s = 0; s < st->n_seqs; s++)
             for (int i = 0; i < st->seqs[s].n_new; i += qb) {
@@ -544,7 +543,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
                     c->task_h0[n_tasks++] = h;
                 }
             }
-    attn_job j = {c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim};
+    attn_job j = {c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim, qb};
     specd_pool_run(c->pool, n_tasks, attn_task, &j);
 }
 
