@@ -295,7 +295,9 @@ static void test_simd_force(void **state) {
 /* The peaks (peak.h) on every path this CPU has: positive, and below what
  * any core could issue (4 multiply-add instructions a cycle at 6 GHz, 16
  * fp32 lanes or 64 int8 products each), which a loop the compiler had
- * dropped or merged would exceed. One thread (a NULL pool). */
+ * dropped or merged would exceed. No lower bound beyond zero: a busy host
+ * can make any measured rate arbitrarily small (CI once saw the scalar int8
+ * loop at 1e8 MAC/s). One thread (a NULL pool). */
 static void test_peaks_every_path(void **state) {
     (void)state;
     const char *paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
@@ -304,8 +306,8 @@ static void test_peaks_every_path(void **state) {
         double fp32 = cpu_peak_fp32_macs(NULL), int8 = cpu_peak_int8_macs(NULL);
         print_message("  %-10s fp32 %6.1f G MAC/s, int8 %6.1f G MAC/s (1 thread)\n", paths[i],
                       fp32 / 1e9, int8 / 1e9);
-        assert_true(isfinite(fp32) && fp32 > 1e8 && fp32 < 4.0 * 16 * 6e9);
-        assert_true(isfinite(int8) && int8 > 1e8 && int8 < 4.0 * 64 * 6e9);
+        assert_true(isfinite(fp32) && fp32 > 0 && fp32 < 4.0 * 16 * 6e9);
+        assert_true(isfinite(int8) && int8 > 0 && int8 < 4.0 * 64 * 6e9);
     }
     cpu_simd_force("auto");
 }
