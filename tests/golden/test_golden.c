@@ -192,9 +192,16 @@ static void check_case_cuda(const golden_case *c, const specd_model_file *m,
  * as the fp32 run; the same checks as on CUDA. Measured over these
  * fixtures (2026-11-27): at most 2.8e-3 relative in prefill logits and
  * 3.0e-3 in a greedy step's logits against the fp32 run's (tiny models;
- * smollm2 5.1e-4 and 7.6e-4), so KV_F16_TOL = 6e-3 is a 2x margin. Three
- * cases flip at near-ties late in their 64 steps. */
-#define KV_F16_TOL 6e-3
+ * smollm2 5.1e-4 and 7.6e-4). The error grows with the sharpness of the
+ * model's attention and the length of the history: tiny-gqa after a random
+ * 130-token prompt reaches 5.1e-3, the same on the scalar path as on every
+ * SIMD one (so rounding, not a kernel), and the GPU kit's extra set (a
+ * transformers model initialised with std 0.2, 10x the usual, so its
+ * attention is near one-hot) reached 1.02e-2 at its 130-token prompt's
+ * greedy step 49 (H200 machine, 2026-11-28). KV_F16_TOL is the CUDA fp16
+ * tolerance's 1.5e-2 raised to 2e-2, a 2x margin over that worst case.
+ * Flips are accepted at near-ties only, as on CUDA. */
+#define KV_F16_TOL 2e-2
 
 static void check_case_kv_f16(const golden_case *c, const specd_model_file *m,
                               const float *cpu_steps) {
