@@ -18,6 +18,14 @@ so that the data can be 4M tokens:
              --seq-len, each one prefill; every position keeps the final-norm
              hidden state (spec_data.h's alignment: hidden[j] predicts
              token j+1).
+  prompts    with --self-prompts N, the target also writes N prompts of its
+             own: self_prompts.py's requests (everyday questions, small
+             programs, word problems), each sampled at --self-temperature,
+             the answers cleaned, deduplicated, any held-out prompt of
+             bench/eval-prompts.jsonl dropped, and rendered as user
+             messages; they join the templated prompts (the first --prompts)
+             and are the held-out rows of stage 2 (written to
+             self_prompts.jsonl in --out).
   stage 2    every prompt continued GREEDILY by the target (the server's
              default mode) for up to --gen-len tokens, many prompts side by
              side; rows are [last prompt token, generated...] with the
@@ -222,6 +230,50 @@ def generate(t, prompts, gen_len, batch, device, sampled=None, temperature=0.7, 
     return toks, lens, hidden, steps
 
 
+def write_prompts(t, z, a, device):
+    """--self-prompts: the target's own prompts (see the top of the file).
+    Returns (prompt id arrays, [(text, kind)])."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import self_prompts
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(a.tokenizer)
+    offs, ids, kinds = z["request_offsets"], z["request_ids"], z["request_kind"]
+    names = [str(k) for k in z["kind_names"]]
+    reqs = [ids[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+    order = [i % len(reqs) for i in range(a.self_prompts)]
+    toks, lens, _, _ = generate(t, [reqs[i] for i in order], a.self_len, a.gen_batch, device,
+                                np.ones(len(order), dtype=bool), a.self_temperature,
+                                a.self_top_k, a.seed + 7)
+    toks, lens = toks.cpu().numpy(), lens.cpu().numpy()
+    with open(a.eval_prompts, encoding="utf-8") as f:
+        seen = {self_prompts.key(json.loads(line)["prompt"]) for line in f if line.strip()}
+    held = len(seen)
+    pre, post = z["wrap_prefix"].astype(np.int64), z["wrap_suffix"].astype(np.int64)
+    out, texts, unfinished, rejected, dup = [], [], 0, 0, 0
+    for r, i in enumerate(order):
+        row = toks[r, 1:lens[r]]
+        if row.size == 0 or row[-1] != EOS:
+            unfinished += 1
+            continue
+        text = self_prompts.clean(tok.decode(row[:-1].tolist()))
+        if text is None:
+            rejected += 1
+            continue
+        k = self_prompts.key(text)
+        if k in seen:
+            dup += 1
+            continue
+        seen.add(k)
+        body = np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        out.append(np.concatenate([pre, body, post])[-384:])
+        texts.append((text, names[kinds[i]]))
+    log(f"written prompts: {len(out)} of {len(order)} answers kept ({unfinished} unfinished, "
+        f"{rejected} rejected by clean(), {dup} duplicates of each other or of the {held} "
+        f"held-out prompts); by kind " + ", ".join(
+            f"{n} {sum(1 for _, k in texts if k == n)}" for n in names))
+    return out, texts
+
+
 # ---- the speculator (tools/train/spec_model.c) ---------------------------------
 
 class Speculator(torch.nn.Module):
@@ -354,6 +406,14 @@ def main():
                     help="fraction of the prompts continued sampled (default 0: all greedy)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--self-prompts", type=int, default=0,
+                    help="answers to sample for prompts the target writes itself (0 = none)")
+    ap.add_argument("--self-len", type=int, default=64, help="tokens a written prompt may take")
+    ap.add_argument("--self-temperature", type=float, default=0.8)
+    ap.add_argument("--self-top-k", type=int, default=50)
+    ap.add_argument("--tokenizer", default="tests/golden/tokenizer/smollm2_tokenizer.json")
+    ap.add_argument("--eval-prompts", default="bench/eval-prompts.jsonl",
+                    help="held-out prompts that no written prompt may equal")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--inner", type=int, default=512)
     ap.add_argument("--draft-vocab", type=int, default=8192)
@@ -393,6 +453,15 @@ def main():
     n1 = s1[0].numel()
     log(f"stage 1: {s1[0].shape[0]} windows, {n1} tokens in {time.time() - t1:.1f} s "
         f"({n1 / (time.time() - t1):.0f} tok/s)")
+    os.makedirs(a.out, exist_ok=True)
+    if a.self_prompts:
+        t2 = time.time()
+        written, texts = write_prompts(t, z, a, dev)
+        prompts += written
+        with open(f"{a.out}/self_prompts.jsonl", "w", encoding="utf-8") as f:
+            for text, kind in texts:
+                f.write(json.dumps({"prompt": text, "kind": kind}) + "\n")
+        log(f"written prompts in {time.time() - t2:.1f} s")
     t2 = time.time()
     sampled = np.random.default_rng(a.seed).random(len(prompts)) < a.sampled_frac \
         if a.sampled_frac > 0 else None
@@ -402,7 +471,6 @@ def main():
     log(f"stage 2: {len(prompts)} prompts, {n2} tokens (mean {n2 / len(prompts):.0f} a row, "
         f"{int((s2toks == EOS).any(1).sum())} ended at EOS) in {time.time() - t2:.1f} s "
         f"({n2 / (time.time() - t2):.0f} tok/s, {steps} decode steps)")
-    os.makedirs(a.out, exist_ok=True)
     np.savez_compressed(f"{a.out}/stage2_tokens.npz", tokens=s2toks.cpu().numpy().astype(np.uint16),
                         lens=s2lens.cpu().numpy().astype(np.int32))
 
