@@ -15,7 +15,8 @@
 # train_speculator.py and leaves in $OUT what comes back: train.log,
 # config.json, model.safetensors in parts under 15 MiB (the device returns
 # files of at most 16 MiB; `cat model.safetensors.part-* > model.safetensors`
-# here) and stage2_tokens.npz (the target's greedy continuations).
+# here), stage2_tokens.npz (the target's greedy continuations) and, with
+# --self-prompts, self_prompts.jsonl (the prompts the target wrote).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-report}
@@ -30,7 +31,7 @@ work=$(mktemp -d)
 python3 scripts/gpu/train_speculator.py --tokens .gpu-spec/tokens.npz --out "$work" "$@" 2>&1 |
   tee "$OUT/train.log"
 rc=${PIPESTATUS[0]}
-for f in config.json stage2_tokens.npz; do [ -f "$work/$f" ] && cp "$work/$f" "$OUT/"; done
+for f in config.json stage2_tokens.npz self_prompts.jsonl; do [ -f "$work/$f" ] && cp "$work/$f" "$OUT/"; done
 [ -f "$work/model.safetensors" ] &&
   split -b 15M -d -a 1 "$work/model.safetensors" "$OUT/model.safetensors.part-"
 ls -la "$OUT"
