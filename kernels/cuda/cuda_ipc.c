@@ -2,14 +2,7 @@
  * per granted session on the target, one mapping per session on the
  * client. Host code in C; the copies are synchronous cudaMemcpy on the
  * legacy default stream, which is what makes "written before the response
- * is sent" and "read after it arrived" true across the two processes.
- *
- * When both services run in one process (specd generate --speculator and
- * specd bench --e2e, in-process), CUDA refuses to open a handle in the
- * process that made it (cudaIpcOpenMemHandle: "invalid device context"),
- * so the live exports are kept in a process-wide list and a grant for one
- * of them maps to its pointer directly. */
-#include <pthread.h>
+ * is sent" and "read after it arrived" true across the two processes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,31 +21,14 @@ struct specd_ipc_export {
     cudaIpcMemHandle_t handle;
     char uuid[33];
     uint16_t *host;           /* fp16 staging for put */
-    specd_ipc_export *next;   /* the process's live exports (g_exports) */
 };
 
 struct specd_ipc_import {
     int device, hidden_size;
     void *dev;                /* mapped: base of the exporter's allocation */
     size_t offset;
-    int local;                /* 1: dev is this process's own export's buffer,
-                                 not a mapping (nothing to close) */
     uint16_t *host;
 };
-
-/* This process's exports that have a handle, newest first. */
-static pthread_mutex_t g_exports_lock = PTHREAD_MUTEX_INITIALIZER;
-static specd_ipc_export *g_exports;
-
-/* The buffer of this process's export whose handle is h, or NULL. */
-static void *local_buffer(const cudaIpcMemHandle_t *h) {
-    void *dev = NULL;
-    pthread_mutex_lock(&g_exports_lock);
-    for (specd_ipc_export *e = g_exports; e && !dev; e = e->next)
-        if (!memcmp(e->handle.reserved, h->reserved, sizeof h->reserved)) dev = e->dev;
-    pthread_mutex_unlock(&g_exports_lock);
-    return dev;
-}
 
 static int cuda_err(specd_error *err, const char *what, cudaError_t e) {
     return specd_seterr(err, "ipc: %s: %s", what, cudaGetErrorString(e));
@@ -94,10 +70,6 @@ specd_ipc_export *specd_ipc_export_create(int device, int hidden_size, specd_err
         specd_ipc_export_free(e);
         return NULL;
     }
-    pthread_mutex_lock(&g_exports_lock);
-    e->next = g_exports;
-    g_exports = e;
-    pthread_mutex_unlock(&g_exports_lock);
     return e;
 }
 
@@ -125,13 +97,6 @@ int specd_ipc_export_put(specd_ipc_export *e, const float *hidden, specd_error *
 
 void specd_ipc_export_free(specd_ipc_export *e) {
     if (!e) return;
-    pthread_mutex_lock(&g_exports_lock);
-    for (specd_ipc_export **p = &g_exports; *p; p = &(*p)->next)
-        if (*p == e) {
-            *p = e->next;
-            break;
-        }
-    pthread_mutex_unlock(&g_exports_lock);
     if (e->dev) {
         cudaSetDevice(e->device);
         cudaFree(e->dev);
@@ -153,14 +118,9 @@ specd_ipc_import *specd_ipc_import_map(const specd_ipc_handle *g, int device, sp
     cudaIpcMemHandle_t h;
     memcpy(h.reserved, g->mem_handle, sizeof h);
     cudaError_t ce = cudaSetDevice(device);
-    /* the exporting process itself: the buffer's own pointer (unified
-     * addressing lets a copy from it run on any device) */
-    if (ce == cudaSuccess && (m->dev = local_buffer(&h))) {
-        m->local = 1;
-        return m;
-    }
     /* lazy peer access: a buffer on another GPU of the node (NVLink) maps
-     * too; on another node this fails and the caller keeps the bytes path */
+     * too; on another node, or in the exporting process itself, this fails
+     * and the caller keeps the bytes path */
     if (ce == cudaSuccess) ce = cudaIpcOpenMemHandle(&m->dev, h, cudaIpcMemLazyEnablePeerAccess);
     if (ce != cudaSuccess) {
         m->dev = NULL;
@@ -183,7 +143,7 @@ int specd_ipc_import_get(specd_ipc_import *m, float *hidden, specd_error *err) {
 
 void specd_ipc_import_free(specd_ipc_import *m) {
     if (!m) return;
-    if (m->dev && !m->local) {
+    if (m->dev) {
         cudaSetDevice(m->device);
         cudaIpcCloseMemHandle(m->dev);
     }
