@@ -70,6 +70,21 @@ static double run_step(specd_backend *be, const specd_kv_layout *kv, int32_t *pa
     return t;
 }
 
+/* "512,1000,3000" into out[MAX_PROMPTS]; the count. */
+static int int_list(const char *opt, char *p, int *out) {
+    int n = 0;
+    while (*p && n < MAX_PROMPTS) {
+        out[n++] = (int)strtol(p, &p, 10);
+        if (*p == ',') p++;
+        else if (*p) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "%s: a comma-separated list of token counts", opt);
+            die(msg);
+        }
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
     int threads = 2, reps = 3, f16 = 1, n_prompts = 0, prompts[MAX_PROMPTS];
     int n_trees = 0, trees[MAX_PROMPTS];
@@ -79,19 +94,11 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) f16 = strcmp(argv[++i], "f32") != 0;
-        else if (!strcmp(argv[i], "--prompts") && i + 1 < argc) {
-            for (char *p = argv[++i]; *p && n_prompts < MAX_PROMPTS;) {
-                prompts[n_prompts++] = (int)strtol(p, &p, 10);
-                if (*p == ',') p++;
-                else if (*p) die("--prompts: a comma-separated list of token counts");
-            }
-        } else if (!strcmp(argv[i], "--trees") && i + 1 < argc) {
-            for (char *p = argv[++i]; *p && n_trees < MAX_PROMPTS;) {
-                trees[n_trees++] = (int)strtol(p, &p, 10);
-                if (*p == ',') p++;
-                else if (*p) die("--trees: a comma-separated list of token counts");
-            }
-        } else if (argv[i][0] == '-') {
+        else if (!strcmp(argv[i], "--prompts") && i + 1 < argc)
+            n_prompts = int_list("--prompts", argv[++i], prompts);
+        else if (!strcmp(argv[i], "--trees") && i + 1 < argc)
+            n_trees = int_list("--trees", argv[++i], trees);
+        else if (argv[i][0] == '-') {
             fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32] "
                             "[--prompts 512,1000,3000] [--trees 5,9] [path ...]\n", argv[0]);
             return 2;

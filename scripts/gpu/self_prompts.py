@@ -18,6 +18,7 @@ bench/eval-prompts.jsonl is used here; train_speculator.py drops any
 written prompt that equals one (compared case- and space-insensitively).
 """
 
+import json
 import re
 
 TOPICS = [
@@ -115,3 +116,19 @@ def clean(text):
 def key(text):
     """The comparison key for duplicates and held-out prompts."""
     return " ".join(text.lower().split())
+
+
+def held_out_keys(path):
+    """key() of every prompt of a JSONL file (bench/eval-prompts.jsonl)."""
+    with open(path, encoding="utf-8") as f:
+        return {key(json.loads(line)["prompt"]) for line in f if line.strip()}
+
+
+def fresh(text, seen):
+    """True, and text's key added to `seen`, unless `seen` (the held-out
+    prompts and those kept so far) already holds it."""
+    k = key(text)
+    if k in seen:
+        return False
+    seen.add(k)
+    return True

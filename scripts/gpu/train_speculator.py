@@ -245,8 +245,7 @@ def write_prompts(t, z, a, device):
                                 np.ones(len(order), dtype=bool), a.self_temperature,
                                 a.self_top_k, a.seed + 7)
     toks, lens = toks.cpu().numpy(), lens.cpu().numpy()
-    with open(a.eval_prompts, encoding="utf-8") as f:
-        seen = {self_prompts.key(json.loads(line)["prompt"]) for line in f if line.strip()}
+    seen = self_prompts.held_out_keys(a.eval_prompts)
     held = len(seen)
     pre, post = z["wrap_prefix"].astype(np.int64), z["wrap_suffix"].astype(np.int64)
     out, texts, unfinished, rejected, dup = [], [], 0, 0, 0
@@ -259,11 +258,9 @@ def write_prompts(t, z, a, device):
         if text is None:
             rejected += 1
             continue
-        k = self_prompts.key(text)
-        if k in seen:
+        if not self_prompts.fresh(text, seen):
             dup += 1
             continue
-        seen.add(k)
         body = np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
         out.append(np.concatenate([pre, body, post])[-384:])
         texts.append((text, names[kinds[i]]))

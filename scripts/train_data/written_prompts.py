@@ -44,14 +44,12 @@ def main():
                            capture_output=True, text=True, cwd=ROOT, check=True)
         return kind, r.stdout
 
-    with open(os.path.join(ROOT, "bench", "eval-prompts.jsonl"), encoding="utf-8") as f:
-        seen = {self_prompts.key(json.loads(line)["prompt"]) for line in f if line.strip()}
+    seen = self_prompts.held_out_keys(os.path.join(ROOT, "bench", "eval-prompts.jsonl"))
     kept = []
     with ThreadPoolExecutor(a.threads) as ex:
         for kind, out in ex.map(answer, pick):
             text = self_prompts.clean(out)
-            if text and self_prompts.key(text) not in seen:
-                seen.add(self_prompts.key(text))
+            if text and self_prompts.fresh(text, seen):
                 kept.append({"prompt": text, "kind": kind})
     random.Random(5).shuffle(kept)
     with open(a.out, "w", encoding="utf-8") as f:
