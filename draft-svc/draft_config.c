@@ -96,6 +96,10 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       .fmax = 0.999),
     F("speculation.adaptive.min_depth", SPECD_CFG_INT64, speculation.adaptive.min_depth, "1",
       "paths are never stopped shorter than this", .min = 1, .max = 64),
+    F("speculation.pipeline", SPECD_CFG_BOOL, speculation.pipeline, "true",
+      "draft_lm: draft the next tree while the target verifies one, guessing that its most "
+      "likely path is accepted whole; used when the guess holds (pays when draft-svc has cores "
+      "of its own)"),
     F("limits.max_prompt_tokens", SPECD_CFG_INT64, limits.max_prompt_tokens, "32768",
       "longest prompt, in tokens (it must also fit the targets' context: 8192 for the default "
       "model)", .min = 1, .max = 1 << 24),

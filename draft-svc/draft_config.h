@@ -33,6 +33,7 @@ typedef struct specd_draft_cfg {
         int64_t warmup_steps, cooldown_steps;
         struct { double threshold; int64_t min_depth; } adaptive;
         bool sampled_load_aware;
+        bool pipeline;
         struct { int64_t max_tokens; bool shared; } suffix_cache; /* ngram's shared cache */
     } speculation;
     struct {

@@ -12,7 +12,7 @@ static struct {
     specd_metric *requests, *prompt, *generated, *steps;
     specd_metric *drafts, *draft_tokens, *accepted, *accepted_pos, *drafts_pos;
     specd_metric *tau, *ttft, *tpot, *e2e, *failovers, *sessions, *up, *spec_off;
-    specd_metric *step_seconds;
+    specd_metric *step_seconds, *pipelined;
 } M;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -68,6 +68,10 @@ static void init(void) {
         "target_wait (waiting for the target's answers), target_forward (the target's forward "
         "passes within those waits; the rest of the wait is transport and the target's queue)",
         "drafter,part");
+    M.pipelined = specd_metrics_counter(
+        r, "specd_draft_pipelined_drafts_total",
+        "Trees drafted ahead while the target verified the step before (speculation.pipeline), "
+        "by outcome: used (the guess held) or wasted", "drafter,outcome");
     M.failovers = specd_metrics_counter(r, "specd_draft_failovers_total",
                                         "Requests moved to another target mid-stream", NULL);
     M.sessions = specd_metrics_gauge(r, "specd_draft_target_sessions",
@@ -100,6 +104,11 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
     specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "target_wait"), st->wait_ms / 1e3);
     specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "target_forward"),
                      st->forward_ms / 1e3);
+    if (st->pipelined_drafts) {
+        specd_metric_add(M.pipelined, SPECD_LABELS(drafter, "used"), st->pipelined_hits);
+        specd_metric_add(M.pipelined, SPECD_LABELS(drafter, "wasted"),
+                         st->pipelined_drafts - st->pipelined_hits);
+    }
     if (st->drafted_tokens) {
         specd_metric_add(M.drafts, d, st->drafted_at[0]);
         specd_metric_add(M.draft_tokens, d, st->drafted_tokens);

@@ -16,6 +16,7 @@ int specd_draft_opts_from_config(const specd_draft_cfg *c, specd_draft_opts *o,
         .max_failovers = (int)c->target.max_failovers,
         .stop_threshold = (float)c->speculation.adaptive.threshold,
         .min_depth = (int)c->speculation.adaptive.min_depth,
+        .pipeline = c->speculation.pipeline,
     };
     specd_policy *p = &o->policy;
     p->off_above = (int)c->speculation.off_above;

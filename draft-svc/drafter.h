@@ -107,6 +107,14 @@ struct specd_drafter {
      * the job's lookup_* shape, and runs the rest (candidates x depth,
      * 0 x 0 = not this step) only when it could pay. */
     int has_lookup;
+    /* 1 when the driver may draft ahead (pipelined drafting, driver.c):
+     * drafting takes time worth hiding behind the target's pass, it needs
+     * no hidden state from the target, its session state follows whatever
+     * history a job brings (a guess that turns out wrong is rolled back by
+     * the next job), and the tree it drafts under a node does not depend
+     * on what it drafted above that node, so a deeper job's subtree is the
+     * tree a job rooted there would have drafted: draft_lm. */
+    int draft_ahead;
     void *impl;
 };
 

@@ -409,6 +409,10 @@ specd_drafter *specd_lm_drafter_create(const specd_lm_drafter_opts *o, specd_err
     d->max_batch = lm->max_jobs;
     /* the pending token takes a row; every other row can hold a draft */
     d->max_depth = lm->max_ctx - 1 > 0 ? lm->max_ctx - 1 : 1;
+    /* a chain whose every token depends only on the history and the chain
+     * above it, and a slot that follows any history (the prefix rule): the
+     * driver may draft ahead on a guessed history (driver.h) */
+    d->draft_ahead = 1;
     d->impl = lm;
     return d;
 fail:

@@ -86,6 +86,38 @@ typedef struct price_state {
 } price_state;
 
 
+/* Pipelined drafting. While the target verifies the tree in flight, a
+ * drafter with draft_ahead (drafter.h) drafts the next step's tree on a
+ * guess: that the target accepts the tree's most likely path whole. The
+ * tree drafted ahead is rooted at that path's last token, one level deeper
+ * than the next step asks, so its first level also guesses the target's own
+ * next token. When the answer accepts exactly that path and its next token
+ * is one of the first level's nodes, that node's subtree is the next tree
+ * (draft() adopts it instead of calling the drafter), and the step goes out
+ * with no drafting between the answer and the Tree: on a target with cores
+ * or a GPU of its own, the drafter's time hides behind the target's pass.
+ * Otherwise the next tree is drafted as always; the drafter's session state
+ * follows the history each job brings, so the wrong guess leaves nothing
+ * behind. Greedy and seed-exact requests only: a rejection-sampled tree
+ * carries the q its children were drawn from, and its shape must not follow
+ * anything but the request (policy.h). The guess drafts with the history's
+ * penalty counts, not counting the guessed path's tokens: a draft a little
+ * off, never an output (the target applies the exact penalties). */
+typedef struct ahead_state {
+    int on;              /* this request may draft ahead (buffers allocated) */
+    specd_tree_buf tb;   /* the tree drafted ahead */
+    int32_t *hist;       /* [cap_hist] the history + the guessed path */
+    int n_synced;        /* hist[0 .. n_synced) mirrors the request's history */
+    int32_t *map;        /* [tb.cap] scratch: node -> adopted node */
+    int n_path;          /* the guessed path: nodes of the tree in flight */
+    int32_t path[SPECD_MAX_DRAFT_DEPTH];
+    int base_hist;       /* the history's length when it was drafted */
+    int cand, depth;     /* its job's shape; depth counts the next-token level */
+    float stop;          /* its job's stop_threshold */
+    int valid;           /* tb is the tree drafted ahead of the tree in flight */
+    int hit, hit_node;   /* the answer confirmed the guess: hit_node's subtree */
+} ahead_state;
+
 typedef struct gen {
     const specd_driver_env *env;
     const specd_gen_request *req;
@@ -106,6 +138,7 @@ typedef struct gen {
     int target_load; /* active sessions the target reported last */
     specd_tpool_member *member; /* the target of the current session */
     price_state price;
+    ahead_state ahead;
     double t_start, t_first;
     int done;        /* finish reason reached */
     int target_finished; /* the target sent a finish reason: its status follows */
@@ -509,11 +542,159 @@ static int q_priced(const gen *g) {
            g->env->policy->cost_aware && q->calib;
 }
 
+/* The request's stop threshold for SpecDec++ adaptive length. */
+static float job_stop(const gen *g) {
+    float t = g->req->stop_threshold;
+    return t > 0 ? t : t < 0 ? 0.0f : g->env->stop_threshold;
+}
+
+/* ---- pipelined drafting (ahead_state above) ----------------------------------- */
+
+/* The shape draft() will ask the drafter for next, without its side
+ * effects; 0 when it will not call the drafter (a skip, the load table, a
+ * collapse's cooldown). The cost rules may still decline after the answer:
+ * the tree drafted ahead is then simply not used. */
+static int next_shape(const gen *g, int *cand, int *depth) {
+    const specd_gen_request *q = g->req;
+    int c = q->candidates, d = q->depth;
+    if (q_priced(g) && g->member) {
+        if (g->price.skip > 0) return 0;
+        c = g->price.want_cand;
+        d = g->price.want_depth;
+    } else {
+        if (!c || !d) {
+            int pc = 1, pd = 1;
+            if (!specd_policy_shape(g->env->policy, g->target_load, &pc, &pd)) return 0;
+            if (!c) c = pc;
+            if (!d) d = pd;
+        }
+        if (g->acc.cooldown > 0) return 0;
+    }
+    *cand = c;
+    *depth = d;
+    return c >= 1 && d >= 1;
+}
+
+/* The tree's most likely path from the root (at each level the child with
+ * the highest path log-probability, ties to the lower index) into path[];
+ * its length. */
+static int likely_path(const specd_tree_buf *tb, int32_t *path) {
+    int n = 0, parent = -1;
+    while (n < SPECD_MAX_DRAFT_DEPTH) {
+        int best = -1;
+        for (int i = 0; i < tb->n_nodes; i++)
+            if (tb->parents[i] == parent && (best < 0 || tb->logq[i] > tb->logq[best])) best = i;
+        if (best < 0) break;
+        path[n++] = best;
+        parent = best;
+    }
+    return n;
+}
+
+/* While the tree just sent is verified: drafts the step after it on the
+ * guess that its most likely path is accepted whole. */
+static void draft_ahead(gen *g, const specd_target_info *info) {
+    ahead_state *a = &g->ahead;
+    const specd_gen_request *q = g->req;
+    a->valid = a->hit = 0;
+    int cand, depth;
+    if (!a->on || !g->drafting || !next_shape(g, &cand, &depth)) return;
+    a->n_path = likely_path(&g->tb, a->path);
+    int n_guess = g->n_hist + a->n_path; /* its last token is the new root */
+    depth += 1;                          /* the level that guesses the next token */
+    if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
+    if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
+    /* the next tree's limits (draft()), plus the next-token level */
+    int cap = g->env->max_tree_tokens;
+    if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
+    cap += cand;
+    int room = info->context_length - n_guess - 1;
+    if (room < cap) cap = room;
+    if (cap > a->tb.cap) cap = a->tb.cap;
+    if (depth < 2 || cap < 2) return; /* nothing would be left under the next token */
+    memcpy(a->hist + a->n_synced, g->hist + a->n_synced,
+           sizeof(int32_t) * (size_t)(g->n_hist - a->n_synced));
+    a->n_synced = g->n_hist;
+    for (int i = 0; i < a->n_path; i++) a->hist[g->n_hist + i] = g->tb.tokens[a->path[i]];
+    specd_tree_buf_reset(&a->tb);
+    int alloc_cap = a->tb.cap;
+    a->tb.cap = cap;
+    specd_draft_job job = {
+        .state = g->draft_state,
+        .history = a->hist,
+        .n_history = n_guess,
+        .n_prompt = q->n_prompt,
+        .sampling = &q->sampling,
+        .counts = &g->counts,
+        .position = (uint64_t)(g->n_gen + a->n_path),
+        .candidates = cand,
+        .depth = depth,
+        .stop_threshold = job_stop(g),
+        .min_depth = g->env->min_depth,
+        .out = &a->tb,
+    };
+    specd_error err = {{0}};
+    int rc = specd_batcher_run(q->batcher, &job, &err);
+    a->tb.cap = alloc_cap;
+    if (rc || a->tb.n_nodes == 0) return; /* a failure shows again in the next draft() */
+    a->base_hist = g->n_hist;
+    a->cand = cand;
+    a->depth = depth;
+    a->stop = job.stop_threshold;
+    a->valid = 1;
+    g->st->pipelined_drafts++;
+}
+
+/* On the answer to the tree in flight: whether it confirmed the guess. */
+static void check_ahead(gen *g, const Specd__V1__VerifyResponse *r) {
+    ahead_state *a = &g->ahead;
+    a->hit = 0;
+    if (!a->valid || (int)r->n_accepted != a->n_path) return;
+    for (int i = 0; i < a->n_path; i++)
+        if (r->accepted_nodes[i] != a->path[i]) return;
+    for (int i = 0; i < a->tb.n_nodes; i++)
+        if (a->tb.parents[i] < 0 && a->tb.tokens[i] == r->next_token) {
+            a->hit = 1;
+            a->hit_node = i;
+            return;
+        }
+}
+
+/* Fills job->out with the subtree of the tree drafted ahead that the answer
+ * confirmed, when that is the tree the job asks for (its shape, within the
+ * job's depth and capacity). 1 = adopted. */
+static int adopt_ahead(gen *g, int hit, const specd_draft_job *job) {
+    ahead_state *a = &g->ahead;
+    if (!hit || g->n_hist != a->base_hist + a->n_path + 1 || job->candidates != a->cand ||
+        job->depth > a->depth - 1 || job->stop_threshold != a->stop)
+        return 0;
+    specd_tree_buf *tb = &a->tb, *out = job->out;
+    for (int i = 0; i < tb->n_nodes; i++) a->map[i] = -2; /* not adopted */
+    a->map[a->hit_node] = -1;                             /* the new root */
+    float base = tb->logq[a->hit_node];
+    /* parents come before their children (tree_builder.h) */
+    for (int i = a->hit_node + 1; i < tb->n_nodes; i++) {
+        int par = tb->parents[i];
+        if (par < 0 || a->map[par] == -2 || tb->depth[i] - 1 > job->depth) continue;
+        int k = specd_tree_buf_add(out, a->map[par], tb->tokens[i], tb->logq[i] - base);
+        if (k < 0) break; /* full: the rest is cut, as a drafter's own tree would be */
+        out->pcond[k] = tb->pcond[i];
+        out->src[k] = tb->src[i];
+        a->map[i] = k;
+    }
+    if (out->n_nodes == 0) return 0;
+    g->st->pipelined_hits++;
+    return 1;
+}
+
 /* Drafts the next tree into g->tb (left empty for a plain step). */
 static void draft(gen *g, const specd_target_info *info) {
     const specd_gen_request *q = g->req;
     if (!q->drafter) return; /* g->tb was never allocated: it stays empty */
     specd_tree_buf_reset(&g->tb);
+    /* a tree drafted ahead serves this step or none */
+    int ahead_hit = g->ahead.valid && g->ahead.hit;
+    g->ahead.valid = g->ahead.hit = 0;
     if (!g->drafting) return;
     int cand = q->candidates, depth = q->depth;
     int look_cand = 0, look_depth = 0; /* a lookup's shape: the job's lookup_* */
@@ -608,9 +789,7 @@ static void draft(gen *g, const specd_target_info *info) {
     if (cap < 1 || (depth < 1 && !(q->drafter->has_lookup && look_depth >= 1))) return;
     int alloc_cap = g->tb.cap;
     g->tb.cap = cap < alloc_cap ? cap : alloc_cap;
-    float stop = q->stop_threshold > 0   ? q->stop_threshold
-                 : q->stop_threshold < 0 ? 0.0f
-                                         : g->env->stop_threshold;
+    float stop = job_stop(g);
     specd_draft_job job = {
         .state = g->draft_state,
         .history = g->hist,
@@ -630,7 +809,10 @@ static void draft(gen *g, const specd_target_info *info) {
     };
     specd_error err = {{0}};
     double t0 = now_ms();
-    if (specd_batcher_run(q->batcher, &job, &err)) {
+    if (adopt_ahead(g, ahead_hit, &job)) {
+        /* drafted while the target worked: no drafting time on this step */
+        t0 = now_ms();
+    } else if (specd_batcher_run(q->batcher, &job, &err)) {
         /* A drafter failure costs speed, not correctness: decode plainly. */
         fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
         specd_tree_buf_reset(&g->tb);
@@ -752,6 +934,7 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
         g->st->accepted_tokens += n_acc;
         specd_accept_update(g->env->policy, &g->acc, maxd, n_acc);
     }
+    if (r->step > 0) check_ahead(g, r);
     take_hidden(g, r);
     if (r->finish_reason != SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED)
         g->target_finished = 1;
@@ -918,6 +1101,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
     g->member = m;
     g->price.active = 0; /* nothing priced is in flight on a new session */
+    g->ahead.valid = g->ahead.hit = 0;
     if (g->n_gen == 0 && q_priced(g) &&
         specd_accept_calib_gain(g->req->calib, g->target_load) < 1.0) {
         /* drafting has not been paying for this drafter lately: start
@@ -969,6 +1153,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             g->st->draft_ms += now_ms() - t_draft;
         }
         if ((rc = send_tree(g, s, step + 1, code, err)) != STEP_DONE) break;
+        if (g->ahead.on) draft_ahead(g, info);
         rc = recv_resp(g, s, m, g->env->step_timeout_ms, g->env->open_timeout_ms, &r, code, err);
     }
 out:
@@ -1022,6 +1207,20 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             specd_seterr(err, "out of memory");
             goto out;
+        }
+        /* pipelined drafting: a drafter that allows it, a request whose
+         * tree may follow the guess (ahead_state) */
+        if (env->pipeline && req->drafter->draft_ahead && req->drafter->hidden_size == 0 &&
+            !specd_sampling_is(&req->sampling, SPECD_SAMPLING_REJECTION)) {
+            int acap = 2 * env->max_tree_tokens;
+            g.ahead.hist = malloc(sizeof(int32_t) * (size_t)g.cap_hist);
+            g.ahead.map = malloc(sizeof(int32_t) * (size_t)acap);
+            if (!g.ahead.hist || !g.ahead.map || specd_tree_buf_init(&g.ahead.tb, acap, 0, err)) {
+                code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                specd_seterr(err, "out of memory");
+                goto out;
+            }
+            g.ahead.on = 1;
         }
         specd_error derr = {{0}};
         if (specd_drafter_session_open(req->drafter, &g.draft_state, &derr))
@@ -1130,6 +1329,9 @@ out:
     if (req->drafter) specd_drafter_session_close(req->drafter, g.draft_state);
     specd_token_counts_free(&g.counts);
     specd_tree_buf_free(&g.tb);
+    specd_tree_buf_free(&g.ahead.tb);
+    free(g.ahead.hist);
+    free(g.ahead.map);
     price_free(&g.price);
     specd_ipc_import_free(g.ipc);
     free(g.hidden);

@@ -4,7 +4,8 @@
  *
  *     pick a target -> Open(history) -> first token
  *     repeat: shape the tree (policy) -> draft it (batcher -> drafter)
- *             -> Tree -> accepted tokens + the target's next token -> sink
+ *             -> Tree -> [draft the next tree ahead] -> accepted tokens +
+ *             the target's next token -> sink
  *     until the target reports a finish reason or the sink stops (a stop
  *     string matched, or the client went away).
  *
@@ -58,6 +59,10 @@ typedef struct specd_driver_env {
      * and the shortest path it may cut. */
     float stop_threshold;
     int min_depth;
+    /* Pipelined drafting (speculation.pipeline): while the target verifies
+     * a tree, a drafter with draft_ahead drafts the next one, guessing that
+     * the target accepts the tree's most likely path whole. See driver.c. */
+    int pipeline;
 } specd_driver_env;
 
 typedef struct specd_gen_request {
@@ -108,6 +113,8 @@ typedef struct specd_gen_stats {
     /* the decode steps' time (ms, steps after the first token): drafting,
      * waiting for the answers, the target's forward passes within that */
     double draft_ms, wait_ms, forward_ms;
+    /* trees drafted ahead (pipelined, within wait_ms) and the ones used */
+    int pipelined_drafts, pipelined_hits;
     Specd__V1__FinishReason finish;
 } specd_gen_stats;
 

@@ -177,6 +177,8 @@ static void h_generate(specd_rpc_call *c, void *user) {
     gst.draft_ms = (float)st.draft_ms;
     gst.target_wait_ms = (float)st.wait_ms;
     gst.target_forward_ms = (float)st.forward_ms;
+    gst.pipelined_drafts = st.pipelined_drafts;
+    gst.pipelined_hits = st.pipelined_hits;
     gst.drafter = (char *)(gr.drafter ? specd_drafter_names[drafter] : "none");
     r.stats = &gst;
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)
@@ -300,6 +302,7 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         .max_failovers = o->max_failovers,
         .stop_threshold = o->stop_threshold,
         .min_depth = o->min_depth > 0 ? o->min_depth : 1,
+        .pipeline = o->pipeline,
     };
     if (o->pool) {
         if (specd_draft_metrics_watch(o->pool)) {

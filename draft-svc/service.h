@@ -52,6 +52,7 @@ typedef struct specd_draft_opts {
     int step_timeout_ms, open_timeout_ms, max_failovers;
     float stop_threshold; /* speculation.adaptive: default stop threshold, 0 = off */
     int min_depth;        /* speculation.adaptive.min_depth (0 = 1) */
+    int pipeline;         /* speculation.pipeline (driver.h) */
 } specd_draft_opts;
 
 /* The drafter requests that name none get: o->default_drafter, or for

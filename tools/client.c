@@ -27,6 +27,8 @@ static void take_stats(cli_gen_result *res, const Specd__V1__GenerateStats *st) 
     res->draft_ms = st->draft_ms;
     res->target_wait_ms = st->target_wait_ms;
     res->target_forward_ms = st->target_forward_ms;
+    res->pipelined_drafts = st->pipelined_drafts;
+    res->pipelined_hits = st->pipelined_hits;
     snprintf(res->drafter, sizeof res->drafter, "%s", st->drafter ? st->drafter : "");
 }
 

@@ -145,6 +145,7 @@ typedef struct req_rec {
     int tokens, steps, drafted, accepted, prompt_tokens;
     double t_start, t_first, t_end;
     double draft_ms, wait_ms, fwd_ms; /* the server's split of its decode steps */
+    int ahead, ahead_hits;            /* trees drafted ahead (pipelined), and used */
 } req_rec;
 
 typedef struct cell {
@@ -155,6 +156,7 @@ typedef struct cell {
     /* ms per decode step: drafting, waiting for the target, and the
      * target's forward pass within that wait */
     double draft_ms, wait_ms, fwd_ms;
+    long ahead, ahead_hits; /* pipelined drafting: trees drafted ahead, and used */
     double tau_cls[MAX_CLASSES];
     /* --shared-prefix: the first request's TTFT and prompt size, the median
      * TTFT of the requests started after its first token (n_later of them;
@@ -487,7 +489,8 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
                      .drafted = res.drafted_tokens, .accepted = res.accepted_tokens,
                      .t_start = res.t_start, .t_first = res.t_first, .t_end = res.t_end,
                      .draft_ms = res.draft_ms, .wait_ms = res.target_wait_ms,
-                     .fwd_ms = res.target_forward_ms};
+                     .fwd_ms = res.target_forward_ms, .ahead = res.pipelined_drafts,
+                     .ahead_hits = res.pipelined_hits};
     return GRPC_STATUS_OK;
 }
 
@@ -581,6 +584,7 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
         double t0 = 1e300, t1 = 0, per_stream = 0;
         long tokens = 0, steps = 0, drafted = 0, accepted = 0, decode_steps = 0;
         double draft_ms = 0, wait_ms = 0, fwd_ms = 0;
+        long ahead = 0, ahead_hits = 0;
         long cls_tokens[MAX_CLASSES] = {0}, cls_steps[MAX_CLASSES] = {0};
         double *ttft = calloc((size_t)n_recs, sizeof *ttft);
         int n_ttft = 0;
@@ -599,6 +603,8 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
                 draft_ms += q->draft_ms;
                 wait_ms += q->wait_ms;
                 fwd_ms += q->fwd_ms;
+                ahead += q->ahead;
+                ahead_hits += q->ahead_hits;
                 int c = class_index(classes, n_classes, rc->prompts[q->prompt].cls);
                 cls_tokens[c] += q->tokens;
                 cls_steps[c] += q->steps;
@@ -614,6 +620,8 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
         out->tok_s_stream = per_stream / streams;
         out->tau = steps ? (double)tokens / steps : 0;
         out->have_accept = drafted > 0;
+        out->ahead = ahead;
+        out->ahead_hits = ahead_hits;
         out->accept = drafted ? (double)accepted / drafted : 0;
         if (decode_steps) {
             out->draft_ms = draft_ms / decode_steps;
@@ -675,7 +683,8 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
  * be reproduced exactly. */
 /* The table as JSON: {"command", "machine", "threads", "max_new_tokens", "rounds",
  * "rows": [{drafter, streams, tok_s, tok_s_per_stream, tau, accept,
- * ttft_ms, step_draft_ms, step_wait_ms, step_forward_ms, speedup,
+ * ttft_ms, step_draft_ms, step_wait_ms, step_forward_ms, pipelined_drafts,
+ * pipelined_hits, speedup,
  * tau_by_class: {class: tau}}]}; with --shared-prefix also
  * "shared_prefix_tokens", "prefix_cache", and per row first_prompt_tokens,
  * ttft_first_ms, n_later, ttft_later_ms, ttft_later_over_first. */
@@ -714,6 +723,8 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
         cJSON_AddNumberToObject(r, "step_draft_ms", c->draft_ms);
         cJSON_AddNumberToObject(r, "step_wait_ms", c->wait_ms);
         cJSON_AddNumberToObject(r, "step_forward_ms", c->fwd_ms);
+        cJSON_AddNumberToObject(r, "pipelined_drafts", (double)c->ahead);
+        cJSON_AddNumberToObject(r, "pipelined_hits", (double)c->ahead_hits);
         if (c->speedup > 0) cJSON_AddNumberToObject(r, "speedup", c->speedup);
         for (int j = 0; j < n_classes; j++) cJSON_AddNumberToObject(bc, classes[j], c->tau_cls[j]);
         cJSON_AddItemToObject(r, "tau_by_class", bc);
@@ -1198,6 +1209,14 @@ int cmd_bench_e2e(int argc, char **argv) {
             printf(" %13.1f | %13s | %11s |", c->ttft_first_ms, "-", "-");
         printf("\n");
     }
+    /* pipelined drafting (draft_lm): how often the guess held */
+    int said = 0;
+    for (int i = 0; i < n_cells; i++)
+        if (cells[i].ahead)
+            printf("%s%s at %d streams: %ld trees drafted ahead, %.1f%% used\n",
+                   said++ ? "                    " : "\npipelined drafting: ", cells[i].drafter,
+                   cells[i].streams, cells[i].ahead,
+                   100.0 * (double)cells[i].ahead_hits / (double)cells[i].ahead);
     if (o.json && write_json(o.json, argc, argv, &o, shared_tokens, cells, n_cells, classes,
                              n_classes, &err))
         goto fail;

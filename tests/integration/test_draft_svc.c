@@ -119,6 +119,7 @@ typedef struct gen_out {
     int failovers;
     float tau;
     float draft_ms, wait_ms, forward_ms;
+    int pipelined_drafts, pipelined_hits;
     float acc_pos[64];
     int n_acc_pos;
     char drafter[32];
@@ -197,6 +198,8 @@ static void run_call_p(specd_rpc_channel *ch, const char *method,
                 o->draft_ms = st->draft_ms;
                 o->wait_ms = st->target_wait_ms;
                 o->forward_ms = st->target_forward_ms;
+                o->pipelined_drafts = st->pipelined_drafts;
+                o->pipelined_hits = st->pipelined_hits;
                 o->n_acc_pos = (int)(st->n_acceptance_by_position < 64
                                          ? st->n_acceptance_by_position
                                          : 64);
@@ -274,6 +277,13 @@ static const char *stats_problem(const gen_out *o, int n_prompt, const char *dra
     }
     if (drafter && strcmp(o->drafter, drafter)) {
         snprintf(buf, cap, "stats.drafter = '%s', want '%s'", o->drafter, drafter);
+        return buf;
+    }
+    /* pipelined drafting: draft_lm only, and a tree used was one drafted */
+    if (o->pipelined_hits < 0 || o->pipelined_hits > o->pipelined_drafts ||
+        (o->pipelined_drafts && strcmp(o->drafter, "draft_lm"))) {
+        snprintf(buf, cap, "stats: %d of %d trees drafted ahead used, drafter '%s'",
+                 o->pipelined_hits, o->pipelined_drafts, o->drafter);
         return buf;
     }
     if (drafter && !strcmp(drafter, "none") &&
@@ -383,6 +393,10 @@ static specd_rpc_channel *channel_to(const char *addr) {
     return ch;
 }
 
+/* speculation.pipeline of the next draft_up: on, as by default, so every
+ * draft_lm test here runs pipelined; test_tiny_pipelined turns it off once */
+static int draft_pipeline = 1;
+
 /* The draft service in front of `targets`, on 127.0.0.1:0. */
 static void draft_up(world *w, const char *const *targets, int n_targets, int max_failovers) {
     specd_error err = {{0}};
@@ -402,7 +416,7 @@ static void draft_up(world *w, const char *const *targets, int n_targets, int ma
                           .max_prompt_tokens = DRAFT_MAX_PROMPT, .max_new_tokens = DRAFT_MAX_NEW,
                           .default_max_new_tokens = 16, .max_tree_tokens = 32,
                           .step_timeout_ms = 20000, .open_timeout_ms = 20000,
-                          .max_failovers = max_failovers};
+                          .max_failovers = max_failovers, .pipeline = draft_pipeline};
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) o.drafters[i] = w->drafters[i];
     /* main.c's defaults, with wider trees */
     char *table[] = {"1:4x5", "4:2x4", "16:1x3"};
@@ -849,6 +863,96 @@ static void test_tiny_adaptive_length(void **state) {
     assert_int_equal(got->code, GRPC_STATUS_OK);
     expect_stats(got, NELEM(P1), "mlp", "sampling, stop_threshold 0.6");
     assert_true(got->n_acc_pos <= 2);
+    free(ref);
+    free(got);
+}
+
+/* Pipelined drafting (driver.c): with draft_lm, the next tree is drafted
+ * while the target verifies one, on the guess that the tree's most likely
+ * path is accepted whole, and used when the guess holds. The output is the
+ * target's own either way (greedy: plain decoding's tokens; seed-exact
+ * sampling: plain sampling with that seed); the draft model here is the
+ * target quantized, so the guess holds often and the trees drafted ahead
+ * really are used. With speculation.pipeline off nothing is drafted ahead,
+ * and the output is the same again. */
+static void test_tiny_pipelined(void **state) {
+    (void)state;
+    const int32_t *prompts[] = {P0, P1, P_REP};
+    const int n_prompts[] = {NELEM(P0), NELEM(P1), NELEM(P_REP)};
+    static const shape shapes[] = {{0, 0}, {1, 1}, {1, 3}, {2, 6}};
+    enum { NP = 3, NS = NELEM(shapes) };
+    gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
+    int32_t (*on_ids)[NS][MAXOUT] = calloc(NP, sizeof *on_ids);
+    int on_n[NP][NS];
+    for (int pass = 0; pass < 2; pass++) { /* pipelining on, then off */
+        long ahead = 0, hits = 0, steps = 0;
+        if (pass == 1) {
+            draft_down(&T);
+            draft_pipeline = 0;
+            const char *targets[] = {T.taddr};
+            draft_up(&T, targets, 1, 2);
+        }
+        for (int p = 0; p < NP; p++) {
+            reqb b;
+            req_ids(&b, prompts[p], n_prompts[p], 40);
+            target_gen(&T, &b, ref);
+            assert_int_equal(ref->code, GRPC_STATUS_OK);
+            for (int s = 0; s < NS; s++) {
+                req_ids(&b, prompts[p], n_prompts[p], 40);
+                req_drafter(&b, "draft_lm", shapes[s].candidates, shapes[s].depth);
+                draft_gen(&T, &b, got);
+                char what[128];
+                snprintf(what, sizeof what, "pipeline %s, prompt %d, draft_lm %dx%d",
+                         pass ? "off" : "on", p, shapes[s].candidates, shapes[s].depth);
+                expect_same(got, ref, what);
+                expect_stats(got, n_prompts[p], "draft_lm", what);
+                ahead += got->pipelined_drafts;
+                hits += got->pipelined_hits;
+                steps += got->target_steps;
+                if (pass == 0) {
+                    memcpy(on_ids[p][s], got->ids, sizeof(int32_t) * (size_t)got->n_ids);
+                    on_n[p][s] = got->n_ids;
+                } else {
+                    assert_int_equal(got->n_ids, on_n[p][s]);
+                    assert_memory_equal(got->ids, on_ids[p][s],
+                                        sizeof(int32_t) * (size_t)got->n_ids);
+                }
+            }
+        }
+        /* seed-exact sampling: plain sampling's tokens with the same seed */
+        for (int p = 0; p < NP; p++) {
+            reqb b;
+            req_ids(&b, prompts[p], n_prompts[p], 32);
+            req_sampling(&b);
+            b.sp.temperature = 0.9f;
+            b.sp.seed = 77 + (uint64_t)p;
+            req_drafter(&b, "none", 0, 0);
+            draft_gen(&T, &b, ref);
+            req_drafter(&b, "draft_lm", 1, 4);
+            draft_gen(&T, &b, got);
+            char what[128];
+            snprintf(what, sizeof what, "pipeline %s, prompt %d, draft_lm seed-exact T=0.9",
+                     pass ? "off" : "on", p);
+            expect_same(got, ref, what);
+            expect_stats(got, n_prompts[p], "draft_lm", what);
+            ahead += got->pipelined_drafts;
+            hits += got->pipelined_hits;
+            steps += got->target_steps;
+        }
+        printf("  pipeline %s: %ld trees drafted ahead over %ld steps, %ld used\n",
+               pass ? "off" : "on", ahead, steps, hits);
+        if (pass == 0) {
+            assert_true(ahead > steps / 4);
+            assert_true(hits > ahead / 4);
+        } else {
+            assert_int_equal(ahead, 0);
+        }
+    }
+    draft_down(&T);
+    draft_pipeline = 1;
+    const char *targets[] = {T.taddr};
+    draft_up(&T, targets, 1, 2);
+    free(on_ids);
     free(ref);
     free(got);
 }
@@ -1636,6 +1740,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_ngram_tau),
         cmocka_unit_test(test_tiny_suffix_shared_lossless),
         cmocka_unit_test(test_tiny_adaptive_length),
+        cmocka_unit_test(test_tiny_pipelined),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_penalties_and_logprobs),
