@@ -88,7 +88,9 @@ typedef struct price_state {
 
 /* Pipelined drafting. While the target verifies the tree in flight, a
  * drafter with draft_ahead (drafter.h) drafts the next step's tree on a
- * guess: that the target accepts the tree's most likely path whole. The
+ * guess: that the target accepts the tree's most likely path whole (while
+ * it prefills the prompt for Open, that the guess's first level holds the
+ * first token; the draft model's own prefill then overlaps the target's). The
  * tree drafted ahead is rooted at that path's last token, one level deeper
  * than the next step asks, so its first level also guesses the target's own
  * next token. When the answer accepts exactly that path and its next token
@@ -592,14 +594,21 @@ static int likely_path(const specd_tree_buf *tb, int32_t *path) {
 }
 
 /* While the tree just sent is verified: drafts the step after it on the
- * guess that its most likely path is accepted whole. */
-static void draft_ahead(gen *g, const specd_target_info *info) {
+ * guess that its most likely path is accepted whole. While Open is
+ * answered (opening: no tree in flight, the guess is only the first
+ * token), the draft model's prefill of the prompt overlaps the target's. */
+static void draft_ahead(gen *g, const specd_target_info *info, int opening) {
     ahead_state *a = &g->ahead;
     const specd_gen_request *q = g->req;
     a->valid = a->hit = 0;
-    int cand, depth;
-    if (!a->on || !g->drafting || !next_shape(g, &cand, &depth)) return;
-    a->n_path = likely_path(&g->tb, a->path);
+    int cand = 1, depth = 1;
+    if (!a->on || !g->drafting) return;
+    /* Opening, the draft is worth its time even when the first steps will
+     * not draft (a session that starts with a skip): it is the draft
+     * model's prefill of the prompt, which the next draft would otherwise
+     * do on the step's path. */
+    if (!next_shape(g, &cand, &depth) && !opening) return;
+    a->n_path = opening ? 0 : likely_path(&g->tb, a->path);
     int n_guess = g->n_hist + a->n_path; /* its last token is the new root */
     depth += 1;                          /* the level that guesses the next token */
     if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
@@ -934,7 +943,7 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
         g->st->accepted_tokens += n_acc;
         specd_accept_update(g->env->policy, &g->acc, maxd, n_acc);
     }
-    if (r->step > 0) check_ahead(g, r);
+    check_ahead(g, r);
     take_hidden(g, r);
     if (r->finish_reason != SPECD__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED)
         g->target_finished = 1;
@@ -1119,6 +1128,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
         goto out;
     }
     if ((rc = send_open(g, s, code, err)) != STEP_DONE) goto out;
+    if (g->ahead.on) draft_ahead(g, info, 1);
     /* Open's answer comes after the queue and the whole prefill: a live
      * target gets the time it may keep the session queued (its
      * limits.queue_wait, from GetInfo) plus open_timeout per started 2048
@@ -1153,7 +1163,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             g->st->draft_ms += now_ms() - t_draft;
         }
         if ((rc = send_tree(g, s, step + 1, code, err)) != STEP_DONE) break;
-        if (g->ahead.on) draft_ahead(g, info);
+        if (g->ahead.on) draft_ahead(g, info, 0);
         rc = recv_resp(g, s, m, g->env->step_timeout_ms, g->env->open_timeout_ms, &r, code, err);
     }
 out:
