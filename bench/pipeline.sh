@@ -13,6 +13,7 @@
 #
 #   bench/pipeline.sh [--rounds 3] [-n 64] [--per-class 2]
 #                     [--draft-model PATH] [--precision exact|fast]
+#                     [--draft-svc PATH]   (another build's draft-svc, to compare two)
 #
 # What it drafts with: the setup installs one model, so by default the draft
 # model is the target's own file, and the target runs it at `precision:
@@ -30,6 +31,7 @@ per_class=2
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 draft_model=$model
 precision=exact
+draft_svc=build/draft-svc
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -37,11 +39,12 @@ while [ $# -gt 0 ]; do
     --per-class) per_class=$2; shift 2 ;;
     --draft-model) draft_model=$2; shift 2 ;;
     --precision) precision=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --draft-svc) draft_svc=$2; shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "pipeline.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for f in build/target-svc build/draft-svc build/specd "$model" "$draft_model"; do
+for f in build/target-svc "$draft_svc" build/specd "$model" "$draft_model"; do
   [ -e "$f" ] || { echo "pipeline.sh: $f is missing (scripts/setup.sh builds and fetches)" >&2; exit 2; }
 done
 [ "$(nproc)" -ge 2 ] || { echo "pipeline.sh: needs 2 cores, one per service" >&2; exit 2; }
@@ -76,7 +79,7 @@ run() { # run on|off ROUND: one draft-svc, one bench; appends a JSON line
   dport=$(free_port)
   local pipe=true
   [ "$mode" = on ] || pipe=false
-  taskset -c 1 ./build/draft-svc --targets="127.0.0.1:$tport" --target.tls.insecure=true \
+  taskset -c 1 "$draft_svc" --targets="127.0.0.1:$tport" --target.tls.insecure=true \
     --tls.insecure=true --listen="127.0.0.1:$dport" --tokenizer="$model" --threads=1 \
     --drafter.draft_lm.path="$draft_model" --drafter.draft_lm.max_sessions=4 \
     --speculation.pipeline="$pipe" >"$work/draft-$mode-$round.log" 2>&1 &
