@@ -220,6 +220,14 @@ int specd_tree_could_pay(float p, const specd_tree_price *pr) {
     return (L + p) / one > L / plain;
 }
 
+int specd_tree_drafting_could_pay(const specd_tree_price *pr) {
+    double L = specd_tree_base_tokens(pr);
+    double plain = specd_step_cost_at(&pr->cost, pr->other_tokens + 1);
+    if (plain <= 0) return 1;
+    plain += pr->overhead_us;
+    return (L + SPECD_P_MAX) / (plain + stage_cost(pr, 1)) > L / plain;
+}
+
 /* Node order for the choice: higher p, then shallower, then lower index. */
 typedef struct ranked {
     float p;

@@ -202,6 +202,14 @@ typedef struct specd_tree_pick {
  * time: on shared cores it is. Nothing measured yet: 1. */
 int specd_tree_could_pay(float p, const specd_tree_price *pr);
 
+/* Whether the drafter's time alone leaves a sure node (SPECD_P_MAX) worth
+ * drafting: the same rate as specd_tree_could_pay with the node's row
+ * costing the target nothing. Only the drafter's stage time and a plain
+ * step (the most measured point of the curve) enter it, so a curve point
+ * measured high during a burst on shared cores cannot make it say no; a
+ * draft model about as slow per token as the target can. */
+int specd_tree_drafting_could_pay(const specd_tree_price *pr);
+
 /* L + E of a price: the tokens its pass yields besides this session's
  * accepted nodes (the numerator's fixed part in every rate above). */
 double specd_tree_base_tokens(const specd_tree_price *pr);

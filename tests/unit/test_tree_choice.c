@@ -411,11 +411,27 @@ static void test_could_pay(void **state) {
     specd_tree_pick pick;
     specd_tree_choose(chain, chain_depth, NULL, 3, &flat, keep, &pick);
     assert_int_equal(pick.n_keep, 0);
+    /* the drafter's time alone (specd_tree_drafting_could_pay): a sure
+     * node whose row costs nothing. Alone a plain step is 6600 us with the
+     * round trip: a 4000 us stage still leaves it worth drafting, a 7000
+     * us one (a draft model as slow as the target) does not */
+    alone.stage_us = 4000;
+    assert_true(specd_tree_drafting_could_pay(&alone));
+    alone.stage_us = 7000;
+    assert_false(specd_tree_drafting_could_pay(&alone));
+    /* an extra row's cost measured 10x too high (a burst on shared cores)
+     * says no to every node, but not to drafting as such */
+    specd_tree_price burst = linear_price(3900, 1700, 1000);
+    for (int i = 0; i < burst.cost.n; i++)
+        if (burst.cost.tokens[i] > 1) burst.cost.us[i] += 15300;
+    assert_false(could_pay(SPECD_P_MAX, 600, &burst));
+    assert_true(specd_tree_drafting_could_pay(&burst));
     /* nothing measured: no price, so it may */
     specd_tree_price none;
     memset(&none, 0, sizeof none);
     specd_step_cost_init(&none.cost, 64);
     assert_true(could_pay(0.01f, 600, &none));
+    assert_true(specd_tree_drafting_could_pay(&none));
     specd_tree_buf_free(&t);
     specd_accept_calib_destroy(&c);
 }
