@@ -434,13 +434,11 @@ static void price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
          * Unless the drafter's own time leaves even a sure node unpaid
          * (specd_tree_drafting_could_pay): then the skip is about the
          * drafter, not the acceptance, and an accepted look says nothing
-         * new. (A draft model that drafts a token in 10 ms for a target
-         * that decodes one in 11 ms had every look accepted, so the skip
-         * never grew: it drafted 30 of 34 steps, bench/pipeline.sh with
-         * the pipeline off; now 4-7.) Not the whole price: a cost point
-         * measured high during a burst is exactly what a look corrects
-         * (the n-gram drafter on a repetitive text under CI's parallel
-         * tests stayed at tau 1.14 with that rule). */
+         * new. (A draft model whose every look was accepted drafted 30 of
+         * 34 steps although each was priced below plain.) Not the whole
+         * price: a cost point measured high during a burst is exactly what
+         * a look corrects (the n-gram drafter on a repetitive text under
+         * CI's parallel tests stayed at tau 1.14 with that rule). */
         specd_tree_price pr;
         price_of_step(g, &pr);
         if (specd_tree_drafting_could_pay(&pr)) {
