@@ -115,6 +115,7 @@ typedef struct bench_opts {
     int shared_prefix;              /* --shared-prefix N tokens (0 = off) */
     const char *shared_prefix_file; /* the text it is cut from */
     int no_prefix_cache;            /* --no-prefix-cache: in-process target without it */
+    int pipeline;                   /* --pipeline: in-process draft-svc drafts ahead */
     int kv_dtype;                   /* --kv-cache-dtype: the in-process target's KV cache */
     int per_class; /* --per-class: keep the first N prompts of each class (0 = all) */
     int levels[MAX_LEVELS], n_levels;
@@ -206,6 +207,9 @@ static void usage(void) {
            "                       (the prefix cache); its text: whole lines of\n"
            "  --shared-prefix-file PATH  (default docs/ARCHITECTURE.md, repeated if short)\n"
            "  --no-prefix-cache    the in-process target without its prefix cache\n"
+           "  --pipeline           pipelined drafting in the in-process draft-svc (draft_lm;\n"
+           "                       off by default here: in one process it takes the target's\n"
+           "                       cores; bench/pipeline.sh measures it on separate ones)\n"
            "  --kv-cache-dtype T   the in-process target's KV cache: auto (default), f32 or f16\n"
            "  -n, --max-new-tokens N  tokens per request (default 128)\n"
            "  --requests N         requests per stream per cell (default: one per prompt)\n"
@@ -853,6 +857,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--shared-prefix-file"))
             o->shared_prefix_file = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--no-prefix-cache")) o->no_prefix_cache = 1;
+        else if (!strcmp(a, "--pipeline")) o->pipeline = 1;
         else if (!strcmp(a, "--kv-cache-dtype")) o->kv_dtype = cli_kv_dtype(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--rounds")) o->rounds = (int)cli_int(a, cli_value(argc, argv, &i), 1, 50);
@@ -919,6 +924,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
     if (o->no_prefix_cache && (o->draft || o->target)) {
         fprintf(stderr, "specd bench --e2e: --no-prefix-cache configures the in-process target; "
                         "against --draft or --target, start that target with --limits.prefix_cache=false\n");
+        return 2;
+    }
+    if (o->pipeline && o->draft) {
+        fprintf(stderr, "specd bench --e2e: --pipeline configures the in-process draft-svc; "
+                        "against --draft, that draft-svc's speculation.pipeline decides\n");
         return 2;
     }
     if (o->accept_head && !o->speculator) {
@@ -1006,6 +1016,7 @@ int cmd_bench_e2e(int argc, char **argv) {
              * prefix) plus the output and a tree */
             .ctx = o.ctx ? o.ctx : 1024 + o.shared_prefix + o.max_new,
             .no_prefix_cache = o.no_prefix_cache,
+            .pipeline = o.pipeline,
             .kv_dtype = o.kv_dtype,
             .ngram = 1,
             .draft_model = o.draft_model,

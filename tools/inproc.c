@@ -125,6 +125,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
     if (!(p->pool = specd_tpool_create(&po, err))) return -1;
     specd_draft_opts dop;
     if (specd_draft_opts_from_config(c, &dop, err)) return -1;
+    dop.pipeline = o->pipeline;
     dop.tok = p->tok;
     dop.pool = p->pool;
     for (int i = 0; i < SPECD_N_DRAFTERS; i++) dop.drafters[i] = p->drafters[i];

@@ -30,6 +30,13 @@ typedef struct cli_inproc_opts {
     /* the in-process target without automatic prefix caching
      * (limits.prefix_cache=false; `specd bench --e2e --no-prefix-cache`) */
     int no_prefix_cache;
+    /* pipelined drafting in the in-process draft-svc (speculation.pipeline;
+     * `specd bench --e2e --pipeline`). Off unless asked, unlike the
+     * configuration's default: in one process the drafting ahead runs on
+     * the target's own cores and slows its passes (draft_lm with the
+     * target's own model, 2 threads, Sapphire Rapids VM: 0.44-0.66x of
+     * plain pipelined, 0.56-0.82x serial). */
+    int pipeline;
     const char *draft_model; /* offer draft_lm with this model; NULL = not offered */
     const char *speculator;  /* offer mlp with this MLPSpeculator dir; NULL = not offered */
     /* Its SpecDec++ acceptance head; NULL = <speculator>/accept_head when
