@@ -562,6 +562,43 @@ static float job_stop(const gen *g) {
     return t > 0 ? t : t < 0 ? 0.0f : g->env->stop_threshold;
 }
 
+/* A drafted depth within what the drafter and the stats can hold. */
+static int clamp_depth(const gen *g, int depth) {
+    if (depth > g->req->drafter->max_depth) depth = g->req->drafter->max_depth;
+    return depth > SPECD_MAX_DRAFT_DEPTH ? SPECD_MAX_DRAFT_DEPTH : depth;
+}
+
+/* The most nodes a tree after n_hist tokens may have: what this target
+ * takes, and the context it has left (the pending token and every node
+ * need a cache row). */
+static int tree_cap(const gen *g, const specd_target_info *info, int n_hist) {
+    int cap = g->env->max_tree_tokens;
+    if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
+    int room = info->context_length - n_hist - 1;
+    return room < cap ? room : cap;
+}
+
+/* A job drafting after history[0 .. n_history) (its last token the root,
+ * whose children are output index `position`) into out; the caller adds
+ * what is particular to it (the hidden state, a lookup's shape). */
+static specd_draft_job make_job(const gen *g, const int32_t *history, int n_history,
+                                uint64_t position, int cand, int depth, specd_tree_buf *out) {
+    return (specd_draft_job){
+        .state = g->draft_state,
+        .history = history,
+        .n_history = n_history,
+        .n_prompt = g->req->n_prompt,
+        .sampling = &g->req->sampling,
+        .counts = &g->counts,
+        .position = position,
+        .candidates = cand,
+        .depth = depth,
+        .stop_threshold = job_stop(g),
+        .min_depth = g->env->min_depth,
+        .out = out,
+    };
+}
+
 /* ---- pipelined drafting (ahead_state above) ----------------------------------- */
 
 /* The shape draft() will ask the drafter for next, without its side
@@ -621,14 +658,10 @@ static void draft_ahead(gen *g, const specd_target_info *info, int opening) {
      * do on the step's path. */
     if (!next_shape(g, &cand, &depth) && !opening) return;
     a->n_path = opening ? 0 : likely_path(&g->tb, a->path);
-    int n_guess = g->n_hist + a->n_path; /* its last token is the new root */
-    depth += 1;                          /* the level that guesses the next token */
-    if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
-    if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
+    int n_guess = g->n_hist + a->n_path;  /* its last token is the new root */
+    depth = clamp_depth(g, depth + 1);    /* + the level that guesses the next token */
     /* the next tree's limits (draft()), plus the next-token level */
-    int cap = g->env->max_tree_tokens;
-    if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
-    cap += cand;
+    int cap = tree_cap(g, info, n_guess) + cand;
     int room = info->context_length - n_guess - 1;
     if (room < cap) cap = room;
     if (cap > a->tb.cap) cap = a->tb.cap;
@@ -640,20 +673,8 @@ static void draft_ahead(gen *g, const specd_target_info *info, int opening) {
     specd_tree_buf_reset(&a->tb);
     int alloc_cap = a->tb.cap;
     a->tb.cap = cap;
-    specd_draft_job job = {
-        .state = g->draft_state,
-        .history = a->hist,
-        .n_history = n_guess,
-        .n_prompt = q->n_prompt,
-        .sampling = &q->sampling,
-        .counts = &g->counts,
-        .position = (uint64_t)(g->n_gen + a->n_path),
-        .candidates = cand,
-        .depth = depth,
-        .stop_threshold = job_stop(g),
-        .min_depth = g->env->min_depth,
-        .out = &a->tb,
-    };
+    specd_draft_job job =
+        make_job(g, a->hist, n_guess, (uint64_t)(g->n_gen + a->n_path), cand, depth, &a->tb);
     specd_error err = {{0}};
     int rc = specd_batcher_run(q->batcher, &job, &err);
     a->tb.cap = alloc_cap;
@@ -794,53 +815,32 @@ static void draft(gen *g, const specd_target_info *info) {
         return;
     }
     if (q->drafter->hidden_size > 0 && !g->have_hidden) return;
-    if (depth > q->drafter->max_depth) depth = q->drafter->max_depth;
-    if (depth > SPECD_MAX_DRAFT_DEPTH) depth = SPECD_MAX_DRAFT_DEPTH;
+    depth = clamp_depth(g, depth);
     if (look_cand < cand) look_cand = cand;
-    if (look_depth < depth) look_depth = depth;
-    if (look_depth > q->drafter->max_depth) look_depth = q->drafter->max_depth;
-    if (look_depth > SPECD_MAX_DRAFT_DEPTH) look_depth = SPECD_MAX_DRAFT_DEPTH;
-    /* A tree may not exceed what this target takes, nor the context it has
-     * left (the pending token and every node need a cache row). */
-    int room = info->context_length - g->n_hist - 1;
-    int cap = g->env->max_tree_tokens;
-    if (info->max_tree_tokens < cap) cap = info->max_tree_tokens;
-    if (room < cap) cap = room;
+    look_depth = clamp_depth(g, look_depth < depth ? depth : look_depth);
+    int cap = tree_cap(g, info, g->n_hist);
     if (model_off) cand = depth = 0; /* the lookup's part only */
     if (cap < 1 || (depth < 1 && !(q->drafter->has_lookup && look_depth >= 1))) return;
     int alloc_cap = g->tb.cap;
     g->tb.cap = cap < alloc_cap ? cap : alloc_cap;
-    float stop = job_stop(g);
-    specd_draft_job job = {
-        .state = g->draft_state,
-        .history = g->hist,
-        .n_history = g->n_hist,
-        .n_prompt = g->req->n_prompt,
-        .hidden = g->have_hidden ? g->hidden : NULL,
-        .sampling = &q->sampling,
-        .counts = &g->counts,
-        .position = (uint64_t)g->n_gen,
-        .candidates = cand,
-        .depth = depth,
-        .lookup_candidates = look_cand,
-        .lookup_depth = look_depth,
-        .stop_threshold = stop,
-        .min_depth = g->env->min_depth,
-        .out = &g->tb,
-    };
+    specd_draft_job job = make_job(g, g->hist, g->n_hist, (uint64_t)g->n_gen, cand, depth, &g->tb);
+    job.hidden = g->have_hidden ? g->hidden : NULL;
+    job.lookup_candidates = look_cand;
+    job.lookup_depth = look_depth;
     specd_error err = {{0}};
-    double t0 = now_ms();
-    if (adopt_ahead(g, ahead_hit, &job)) {
-        /* drafted while the target worked: no drafting time on this step */
-        t0 = now_ms();
-    } else if (specd_batcher_run(q->batcher, &job, &err)) {
-        /* A drafter failure costs speed, not correctness: decode plainly. */
-        fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
-        specd_tree_buf_reset(&g->tb);
+    double draft_us = 0; /* a tree drafted ahead took none of this step's time */
+    if (!adopt_ahead(g, ahead_hit, &job)) {
+        double t0 = now_ms();
+        if (specd_batcher_run(q->batcher, &job, &err)) {
+            /* A drafter failure costs speed, not correctness: decode plainly. */
+            fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
+            specd_tree_buf_reset(&g->tb);
+        }
+        draft_us = (now_ms() - t0) * 1e3;
     }
     g->tb.cap = alloc_cap;
     if (priced && g->tb.n_nodes > 0) {
-        price_tree(g, (now_ms() - t0) * 1e3);
+        price_tree(g, draft_us);
     } else if (model_off) { /* the lookup found nothing either */
         g->st->plain_by_cost++;
         specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
