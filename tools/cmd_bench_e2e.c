@@ -117,6 +117,7 @@ typedef struct bench_opts {
     int no_prefix_cache;            /* --no-prefix-cache: in-process target without it */
     int pipeline;                   /* --pipeline: in-process draft-svc drafts ahead */
     int kv_dtype;                   /* --kv-cache-dtype: the in-process target's KV cache */
+    int precision;                  /* --precision: the in-process target's CPU matmuls */
     int per_class; /* --per-class: keep the first N prompts of each class (0 = all) */
     int levels[MAX_LEVELS], n_levels;
     int max_new, threads, requests, ctx, candidates, depth;
@@ -211,6 +212,8 @@ static void usage(void) {
            "                       off by default here: in one process it takes the target's\n"
            "                       cores; bench/pipeline.sh measures it on separate ones)\n"
            "  --kv-cache-dtype T   the in-process target's KV cache: auto (default), f32 or f16\n"
+           "  --precision P        the in-process target's CPU matmuls: fast (default) or exact;\n"
+           "                       a --draft-model stays fast (bench/pipeline.sh's pairing)\n"
            "  -n, --max-new-tokens N  tokens per request (default 128)\n"
            "  --requests N         requests per stream per cell (default: one per prompt)\n"
            "  -t, --threads N      CPU threads of the in-process services (default: all)\n"
@@ -859,6 +862,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--no-prefix-cache")) o->no_prefix_cache = 1;
         else if (!strcmp(a, "--pipeline")) o->pipeline = 1;
         else if (!strcmp(a, "--kv-cache-dtype")) o->kv_dtype = cli_kv_dtype(a, cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--precision")) o->precision = cli_precision(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--rounds")) o->rounds = (int)cli_int(a, cli_value(argc, argv, &i), 1, 50);
         else if (!strcmp(a, "--per-class"))
@@ -919,6 +923,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
     if (o->kv_dtype && (o->draft || o->target)) {
         fprintf(stderr, "specd bench --e2e: --kv-cache-dtype configures the in-process target; "
                         "against --draft or --target, start that target with --kv_cache_dtype\n");
+        return 2;
+    }
+    if (o->precision && (o->draft || o->target)) {
+        fprintf(stderr, "specd bench --e2e: --precision configures the in-process target; "
+                        "against --draft or --target, start that target with --precision\n");
         return 2;
     }
     if (o->no_prefix_cache && (o->draft || o->target)) {
@@ -1018,6 +1027,7 @@ int cmd_bench_e2e(int argc, char **argv) {
             .no_prefix_cache = o.no_prefix_cache,
             .pipeline = o.pipeline,
             .kv_dtype = o.kv_dtype,
+            .precision = o.precision,
             .ngram = 1,
             .draft_model = o.draft_model,
             .speculator = o.speculator,
@@ -1084,10 +1094,10 @@ int cmd_bench_e2e(int argc, char **argv) {
                                                                 : "on"));
     char threads_s[16] = "all";
     if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
-    printf("machine: %s, %ld CPUs online, %s threads, backend %s%s%s, %s\n\n", hostname,
+    printf("machine: %s, %ld CPUs online, %s threads, backend %s%s%s%s, %s\n\n", hostname,
            sysconf(_SC_NPROCESSORS_ONLN), threads_s, o.backend ? o.backend : "cpu",
            o.kv_dtype ? ", KV cache " : "", o.kv_dtype ? specd_kv_dtype_names[o.kv_dtype] : "",
-           date);
+           o.precision ? ", target precision exact" : "", date);
     fflush(stdout);
 
     run_ctx rc = {.ch = ch, .o = &o, .prompts = prompts, .n_prompts = n_prompts,
