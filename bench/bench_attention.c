@@ -3,8 +3,11 @@
  * 30 layers), for long prompts.
  *
  * Built by CMake as build/bench_attention.
- * Run: build/bench_attention [--threads N] [--reps R] [--kv f16|f32]
+ * Run: build/bench_attention [--threads N] [--reps R] [--kv f16|f32] [--kv-heads 1|3|9]
  *                            [--prompts 512,1000,3000] [--trees 5,9] [path ...]
+ *      (--kv-heads 1: the 9 heads on one KV head, where a decode step's
+ *      attention is one task, so it splits across threads (cpu_backend.c,
+ *      "split decode") at 1,024 cached rows and more)
  *      (paths: scalar avx2 avxvnni avx512 avx512vnni, as SPECD_SIMD; default
  *      the one this CPU picks)
  *
@@ -30,7 +33,10 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/matmul.h"
 
-enum { N_HEADS = 9, N_KV = 3, HEAD = 64, N_LAYERS = 30, MAX_PROMPTS = 16 };
+enum { N_HEADS = 9, HEAD = 64, N_LAYERS = 30, MAX_PROMPTS = 16 };
+/* KV heads: SmolLM2's 3, or (--kv-heads) 1 or 9, the multi-query and
+ * multi-head shapes of the same 9 heads */
+static int N_KV = 3;
 
 static double now_s(void) {
     struct timespec t;
@@ -94,12 +100,13 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) f16 = strcmp(argv[++i], "f32") != 0;
+        else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) N_KV = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prompts") && i + 1 < argc)
             n_prompts = int_list("--prompts", argv[++i], prompts);
         else if (!strcmp(argv[i], "--trees") && i + 1 < argc)
             n_trees = int_list("--trees", argv[++i], trees);
         else if (argv[i][0] == '-') {
-            fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32] "
+            fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32] [--kv-heads 1|3|9] "
                             "[--prompts 512,1000,3000] [--trees 5,9] [path ...]\n", argv[0]);
             return 2;
         } else if (n_paths < 16) {
@@ -109,6 +116,7 @@ int main(int argc, char **argv) {
     if (!n_prompts) prompts[0] = 512, prompts[1] = 1000, prompts[2] = 3000, n_prompts = 3;
     if (!n_paths) paths[n_paths++] = "auto";
     if (threads < 1 || reps < 1) die("--threads and --reps must be at least 1");
+    if (N_KV != 1 && N_KV != 3 && N_KV != 9) die("--kv-heads: 1, 3 or 9 (9 heads share them)");
     for (int i = 0; i < n_prompts; i++)
         if (prompts[i] < 1 || prompts[i] > 32768) die("--prompts: each from 1 to 32768");
     for (int i = 0; i < n_trees; i++)
@@ -187,6 +195,7 @@ int main(int argc, char **argv) {
             be->ops->free(be, kv.base);
             free(pages), free(q), free(out), free(k), free(v);
         }
+        fprintf(stderr, "XXX split decodes %ld\n", cpu_split_decodes(be));
         be->ops->destroy(be);
     }
     cpu_simd_force("auto");

@@ -35,6 +35,7 @@ typedef struct cpu_backend {
     int *task_tok;
     int *task_h0;
     int task_cap;
+    long split_decodes; /* decode steps' attention passes run split (cpu_split_decodes) */
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -458,6 +459,164 @@ static void attn_task(void *ctx, int task, int thread) {
     }
 }
 
+/* ---- split decode: one token's attention over a long context -----------
+ *
+ * A decode step of one sequence has one task per KV head above. With more
+ * threads than KV heads (3 for SmolLM2 on a 4-core machine, 8 for Llama-3
+ * on 16 cores, 1 for a multi-query model on any), some threads have no
+ * task at all while the others read the whole cache, and at a long context
+ * that pass is most of the step. Rows are independent on the K side and
+ * head elements on the V side, so the pass then splits into three runs
+ * that every thread shares, each value computed by the same kernel calls
+ * as above:
+ *
+ *   1. scores: each KV head's rows in page-aligned chunks, one per thread,
+ *      by the block kernel (every row's score is kv_dot's bits wherever
+ *      its block starts, test_matmul), with each chunk's maximum;
+ *   2. softmax: per query head, the chunks' maximum (a maximum does not
+ *      depend on order) and softmax_exp over all the rows in order, as
+ *      attn_task calls it;
+ *   3. V: each KV head's output elements in slices of 32, every slice's
+ *      elements the same fma chains over the rows in row order.
+ *
+ * So the output is attn_task's, bit for bit (test_backend_ops compares
+ * the two), and batch invariance holds. Measured (bench_attention
+ * --kv-heads 1, 2 threads, Sapphire Rapids VM): decode over 3,000 rows,
+ * 30 layers, 2.71-3.03 ms in one run against 2.15-2.29 ms split; over
+ * 1,000 rows even (0.96-1.00 against 0.89-1.03), the two extra runs eating
+ * the gain, hence SPLIT_MIN_ROWS. Where every thread has a KV head already
+ * (3 on 2 threads) splitting measured no faster (3,000 rows 4.46-4.75 ms
+ * against 4.56-4.70; 1,000 rows 1.44-1.45 against 1.64-1.73), so it is
+ * left to the one run. */
+#define SPLIT_MIN_ROWS 1024
+#define SPLIT_SLICE 32   /* V side: head elements per task */
+#define SPLIT_MAX_CHUNKS 64
+
+typedef struct split_job {
+    const cpu_kernel_set *ks;
+    float *out;
+    const float *q;
+    const void *k_pool, *v_pool;
+    int f16, n_heads, group, head_dim, kvw;
+    const specd_step_seq *s;
+    int width;                   /* rows the token sees: n_past + 1 */
+    int n_chunks, chunk_rows;    /* run 1: rows per task, a multiple of the page */
+    int n_slices;                /* run 3: head_dim / SPLIT_SLICE */
+    float *scores;               /* [n_heads][stride] */
+    size_t stride;
+    float maxs[CPU_ATTN_MAXQ * SPLIT_MAX_CHUNKS]; /* [head][chunk] */
+    float invs[CPU_ATTN_MAXQ];
+} split_job;
+
+static const float *split_q(const split_job *j, int h) {
+    return j->q + ((size_t)j->s->tok_start * j->n_heads + h) * j->head_dim;
+}
+
+static float *split_out(const split_job *j, int h) {
+    return j->out + ((size_t)j->s->tok_start * j->n_heads + h) * j->head_dim;
+}
+
+static void split_scores_task(void *ctx, int task, int thread) {
+    (void)thread;
+    split_job *j = ctx;
+    const int kvh = task / j->n_chunks, ci = task % j->n_chunks, h0 = kvh * j->group;
+    const int ra = ci * j->chunk_rows;
+    const int nr = j->width - ra < j->chunk_rows ? j->width - ra : j->chunk_rows;
+    const float *qs[CPU_ATTN_MAXQ];
+    float *ss[CPU_ATTN_MAXQ], m[CPU_ATTN_MAXQ];
+    for (int k = 0; k < j->group; k++) {
+        qs[k] = split_q(j, h0 + k);
+        ss[k] = j->scores + (size_t)(h0 + k) * j->stride + ra;
+        m[k] = -INFINITY;
+    }
+    if (nr > 0) {
+        const int32_t *pages = j->s->pages + ra / SPECD_KV_PAGE_ROWS;
+        const size_t off = (size_t)kvh * j->head_dim, kvw = (size_t)j->kvw;
+        const int hd = j->head_dim;
+        const float scale = 1.0f / sqrtf((float)hd);
+        if (j->f16 && j->group > 1)
+            j->ks->kv_dots_block_f16(qs, j->group, j->k_pool, pages, nr, kvw, off, hd, scale, ss, m);
+        else if (j->f16)
+            m[0] = j->ks->kv_dots_f16(qs[0], j->k_pool, pages, nr, kvw, off, hd, scale, ss[0]);
+        else if (j->group > 1)
+            j->ks->kv_dots_block(qs, j->group, j->k_pool, pages, nr, kvw, off, hd, scale, ss, m);
+        else
+            m[0] = j->ks->kv_dots(qs[0], j->k_pool, pages, nr, kvw, off, hd, scale, ss[0]);
+    }
+    for (int k = 0; k < j->group; k++) j->maxs[(h0 + k) * j->n_chunks + ci] = m[k];
+}
+
+static void split_softmax_task(void *ctx, int h, int thread) {
+    (void)thread;
+    split_job *j = ctx;
+    float m = -INFINITY;
+    for (int ci = 0; ci < j->n_chunks; ci++) {
+        const float x = j->maxs[h * j->n_chunks + ci];
+        if (x > m) m = x; /* as the kernels fold their lanes: NaN never wins */
+    }
+    const double sum = j->ks->softmax_exp(j->scores + (size_t)h * j->stride, j->width, m);
+    j->invs[h] = (float)(1.0 / sum);
+    memset(split_out(j, h), 0, sizeof(float) * (size_t)j->head_dim);
+}
+
+static void split_values_task(void *ctx, int task, int thread) {
+    (void)thread;
+    split_job *j = ctx;
+    const int kvh = task / j->n_slices, d0 = (task % j->n_slices) * SPLIT_SLICE;
+    const int h0 = kvh * j->group;
+    float *os[CPU_ATTN_MAXQ];
+    const float *ss[CPU_ATTN_MAXQ];
+    for (int k = 0; k < j->group; k++) {
+        os[k] = split_out(j, h0 + k) + d0;
+        ss[k] = j->scores + (size_t)(h0 + k) * j->stride;
+    }
+    const size_t off = (size_t)kvh * j->head_dim + (size_t)d0, kvw = (size_t)j->kvw;
+    if (j->f16)
+        j->ks->kv_axpys_block_f16(os, ss, j->invs + h0, j->group, j->v_pool, j->s->pages, j->width,
+                                  kvw, off, SPLIT_SLICE);
+    else
+        j->ks->kv_axpys_block(os, ss, j->invs + h0, j->group, j->v_pool, j->s->pages, j->width, kvw,
+                              off, SPLIT_SLICE);
+}
+
+/* The split decode for this step, or 0 where attn_task's one run serves:
+ * one sequence, one new token, no mask, a context of SPLIT_MIN_ROWS or
+ * more, more threads than KV heads, and the block kernels to call (not the
+ * scalar set). */
+static int split_decode(cpu_backend *c, float *out, const float *q, const void *k_pool,
+                        const void *v_pool, int f16, int n_heads, int n_kv_heads, int head_dim) {
+    const specd_step *st = &c->step;
+    const cpu_kernel_set *ks = cpu_active_kernels();
+    const int threads = specd_pool_size(c->pool);
+    if (st->n_seqs != 1 || threads <= n_kv_heads) return 0;
+    const specd_step_seq *s = &st->seqs[0];
+    const int width = s->n_past + 1;
+    if (s->n_new != 1 || s->mask || width < SPLIT_MIN_ROWS) return 0;
+    if (n_heads > CPU_ATTN_MAXQ || head_dim % SPLIT_SLICE) return 0;
+    if (f16 ? !ks->kv_dots_block_f16 || !ks->kv_axpys_block_f16 || head_dim > CPU_KV_F16_MAX_HEAD
+            : !ks->kv_dots_block || !ks->kv_axpys_block)
+        return 0;
+    split_job j; /* on this stack while the three runs last */
+    int chunks = threads < SPLIT_MAX_CHUNKS ? threads : SPLIT_MAX_CHUNKS;
+    int rows = (width + chunks - 1) / chunks;
+    rows = (rows + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS * SPECD_KV_PAGE_ROWS;
+    j = (split_job){.ks = ks, .out = out, .q = q, .k_pool = k_pool, .v_pool = v_pool, .f16 = f16,
+                    .n_heads = n_heads, .group = n_heads / n_kv_heads, .head_dim = head_dim,
+                    .kvw = n_kv_heads * head_dim, .s = s, .width = width,
+                    .n_chunks = (width + rows - 1) / rows, .chunk_rows = rows,
+                    .n_slices = head_dim / SPLIT_SLICE, .scores = c->scores[0],
+                    .stride = score_stride(width)};
+    specd_pool_run(c->pool, n_kv_heads * j.n_chunks, split_scores_task, &j);
+    specd_pool_run(c->pool, n_heads, split_softmax_task, &j);
+    specd_pool_run(c->pool, n_kv_heads * j.n_slices, split_values_task, &j);
+    c->split_decodes++;
+    return 1;
+}
+
+long cpu_split_decodes(const specd_backend *be) {
+    return be && !strcmp(be->ops->name, "cpu") ? ((const cpu_backend *)be)->split_decodes : 0;
+}
+
 /* Stores one fp32 row into a pool row of the backend's KV type. */
 static void kv_store(void *pool, int f16, size_t idx, const float *src, int n) {
     if (f16)
@@ -504,6 +663,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         }
         c->scores_cap = longest;
     }
+    if (split_decode(c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim)) return;
     /* The tasks: each sequence's new tokens in query blocks of ATTN_QB (qb
      * below), times the block's head groups, ordered by KV head first. Tasks are
      * taken in this order, so both threads work on one KV head's K and V

@@ -56,4 +56,9 @@ int cpu_simd_force(const char *name);
 /* 1 if the CPU (and this build) has the named path. */
 int cpu_simd_available(const char *name);
 
+struct specd_backend;
+/* Decode steps that a CPU backend ran as a split decode (cpu_backend.c), so
+ * that a test comparing that path with the one-run pass can see it ran. */
+long cpu_split_decodes(const struct specd_backend *be);
+
 #endif

@@ -146,12 +146,84 @@ axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, c
         else axpys_rows4(o, sc, inv, nq, pool, pages, stride, off, tile, t0, nt);            \
     } while (0)
 
+/* axpys_rows4 for a half head (n == 32: two zmm per query), the V side of
+ * a long decode step split by head elements across threads (cpu_backend.c,
+ * "split decode"): the same weights (sc * inv, 16 at a time), the same fma
+ * per element per row in row order, the same zero skip, so each element
+ * is the full-head kernels' bits. tile[r] is row t0 + r, widened or read. */
+static inline __attribute__((always_inline, target(TBW))) void
+axpys_rows_half(float *const *o, const float *const *sc, const float *inv, int nq,
+                const float *const *tile, int t0, int nt) {
+    __m512 a[4][2];
+    for (int k = 0; k < nq; k++)
+        a[k][0] = _mm512_loadu_ps(o[k]), a[k][1] = _mm512_loadu_ps(o[k] + 16);
+    float w[4][W_CHUNK] __attribute__((aligned(64)));
+    for (int c = 0; c < nt; c += W_CHUNK) {
+        const int cn = nt - c < W_CHUNK ? nt - c : W_CHUNK;
+        __mmask16 zero = 0;
+        for (int k = 0; k < nq; k++) {
+            const __m512 iv = _mm512_set1_ps(inv[k]);
+            for (int i = 0; i < cn; i += 16) {
+                const __mmask16 m = cn - i >= 16 ? 0xFFFF : (__mmask16)((1u << (cn - i)) - 1);
+                const __m512 x = _mm512_maskz_loadu_ps(m, sc[k] + t0 + c + i);
+                zero |= _mm512_mask_cmp_ps_mask(m, x, _mm512_setzero_ps(), _CMP_EQ_OQ);
+                _mm512_store_ps(w[k] + i, _mm512_mul_ps(x, iv));
+            }
+        }
+        for (int i = 0; i < cn; i++) {
+            const float *row = tile[c + i];
+            const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16);
+            for (int k = 0; k < nq; k++) {
+                if (zero && sc[k][t0 + c + i] == 0.0f) continue;
+                const __m512 wv = _mm512_set1_ps(w[k][i]);
+                a[k][0] = _mm512_fmadd_ps(wv, v0, a[k][0]);
+                a[k][1] = _mm512_fmadd_ps(wv, v1, a[k][1]);
+            }
+        }
+    }
+    for (int k = 0; k < nq; k++)
+        _mm512_storeu_ps(o[k], a[k][0]), _mm512_storeu_ps(o[k] + 16, a[k][1]);
+}
+
+/* A half head's V side for a block: rows V_TILE at a time (fp16 ones
+ * widened once for all queries), 4 queries at a time. */
+#define V_TILE_HALF 64
+static inline __attribute__((always_inline, target(TBW))) void
+axpys_block_half(float *const *o, const float *const *scores, const float *inv, int nq,
+                 const void *pool, int f16, const int32_t *pages, int n_rows, size_t stride,
+                 size_t off) {
+    float buf[V_TILE_HALF][32] __attribute__((aligned(64)));
+    const float *tile[V_TILE_HALF];
+    for (int t0 = 0; t0 < n_rows; t0 += V_TILE_HALF) {
+        const int nt = n_rows - t0 < V_TILE_HALF ? n_rows - t0 : V_TILE_HALF;
+        for (int r = 0; r < nt; r++) {
+            if (t0 + r + K_PREFETCH_ROWS < n_rows)
+                prefetch_kv_row(pool, f16, pages, t0 + r + K_PREFETCH_ROWS, stride, off, 32);
+            if (f16) {
+                widen16(buf[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), 32);
+                tile[r] = buf[r];
+            } else {
+                tile[r] = cpu_kv_paged_row(pool, pages, t0 + r, stride, off);
+            }
+        }
+        for (int k = 0; k < nq; k += 4) {
+            const int g = nq - k < 4 ? nq - k : 4;
+            if (g == 4) axpys_rows_half(o + k, scores + k, inv + k, 4, tile, t0, nt);
+            else axpys_rows_half(o + k, scores + k, inv + k, g, tile, t0, nt);
+        }
+    }
+}
+
 static __attribute__((target(TBW))) void kv_axpys_block_avx512(float *const *o,
                                                               const float *const *scores,
                                                               const float *inv, int nq,
                                                               const float *pool,
                                                               const int32_t *pages, int n_rows,
                                                               size_t stride, size_t off, int n) {
+    if (n == 32) {
+        axpys_block_half(o, scores, inv, nq, pool, 0, pages, n_rows, stride, off);
+        return;
+    }
     for (int k = 0; k < nq; k += 4) {
         int g = nq - k < 4 ? nq - k : 4;
         if (n == 64)
@@ -174,6 +246,10 @@ static __attribute__((target(TBW))) void kv_axpys_block_avx512(float *const *o,
 static __attribute__((target(TBW))) void kv_axpys_block_f16_avx512(
     float *const *o, const float *const *scores, const float *inv, int nq, const uint16_t *pool,
     const int32_t *pages, int n_rows, size_t stride, size_t off, int n) {
+    if (n == 32) {
+        axpys_block_half(o, scores, inv, nq, pool, 1, pages, n_rows, stride, off);
+        return;
+    }
     if (n != 64) {
         for (int k = 0; k < nq; k++)
             cpu_active_kernels()->kv_axpys_f16(o[k], scores[k], inv[k], pool, pages, n_rows,

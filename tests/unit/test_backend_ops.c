@@ -277,7 +277,7 @@ static void prep_ok(specd_backend *be, specd_bweight *w, const htensor *h) {
 
 /* --- steps ---------------------------------------------------------------- */
 
-enum { MAX_TOK = 96, MAX_SEQ = 4, MAX_PAGES = 64, MAX_ROT = 128 };
+enum { MAX_TOK = 96, MAX_SEQ = 4, MAX_PAGES = 128, MAX_ROT = 128 };
 
 typedef struct seq_spec {
     int n_past, n_new;
@@ -1149,6 +1149,82 @@ static void test_attention_blocks_bitwise(void **state) {
     for (size_t i = 0; i < sizeof avx2_out / sizeof avx2_out[0]; i++) free(avx2_out[i]);
     free(big);
     free(one);
+}
+
+/* A decode step over a long context with more threads than KV heads runs
+ * as a split decode (cpu_backend.c: row chunks, softmax per head, slices
+ * of head elements); its output and cache must be the one-run pass's bits
+ * (the same step on a 1-thread backend, which never splits), on every SIMD
+ * path, fp32 and fp16 KV, for GQA (3 heads a KV head), multi-query (9),
+ * MHA (one: the per-query kernels) and a 128-wide head (4 slices), at
+ * widths on and off page and chunk edges. 4 threads (on however many
+ * cores): below SPLIT_MIN_ROWS (1,024) and with 4 KV heads it must not
+ * split. */
+static void test_attention_split_decode(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const struct { int nh, nkv, hd, split; } shapes[] = {
+        {9, 3, 64, 1}, {9, 1, 64, 1}, {3, 3, 64, 1}, {6, 3, 128, 1}, {8, 4, 64, 0}};
+    static const int widths[] = {1024, 1039, 1501, 2000, 1023};
+    enum { PAGES = 126 };
+    int32_t pages[PAGES];
+    for (int i = 0; i < PAGES; i++) pages[i] = (i * 7 + 3) % PAGES; /* out of order */
+    specd_error err = {{0}};
+    specd_backend_opts o1 = {.name = "cpu", .n_threads = 1}, o4 = {.name = "cpu", .n_threads = 4};
+    specd_backend *one = specd_backend_create(&o1, &err), *four = specd_backend_create(&o4, &err);
+    assert_non_null(one);
+    assert_non_null(four);
+    tstep *st = malloc(sizeof *st);
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        /* the scalar set has no block kernels: nothing splits there */
+        const int can_split = strcmp(paths[pi], "scalar") != 0;
+        tested++;
+        for (int f16 = 0; f16 < 2; f16++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+                    const int nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd;
+                    const int width = widths[wi], kvd = nkv * hd, qw = nh * hd;
+                    const specd_dtype kvt = f16 ? SPECD_F16 : SPECD_F32;
+                    const uint64_t seed = 4000 + 100 * si + 10 * wi + (uint64_t)f16;
+                    kvcache c;
+                    one->kv_type = four->kv_type = kvt;
+                    kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)PAGES * SPECD_KV_PAGE_ROWS, seed);
+                    const seq_spec sp = {width - 1, 1, NULL, pages};
+                    tstep_init(st, 1, &sp, 16, 7, 100);
+                    float *q = malloc(sizeof(float) * qw), *k = malloc(sizeof(float) * kvd);
+                    float *v = malloc(sizeof(float) * kvd), *o2 = malloc(sizeof(float) * qw);
+                    float *o1 = malloc(sizeof(float) * qw);
+                    void *after2 = malloc(c.bytes), *after1 = malloc(c.bytes);
+                    test_fill_random(q, (size_t)qw, seed + 1, 2.0f);
+                    test_fill_random(k, (size_t)kvd, seed + 2, 1.0f);
+                    test_fill_random(v, (size_t)kvd, seed + 3, 1.0f);
+                    const long before = cpu_split_decodes(four);
+                    run_attention(four, st, &c, q, k, v, nh, nkv, hd, o2, after2);
+                    const int want = can_split && shapes[si].split && width >= 1024;
+                    if (cpu_split_decodes(four) - before != want)
+                        fail_msg("%s %s nh %d nkv %d hd %d width %d: split %ld times, want %d",
+                                 paths[pi], f16 ? "f16" : "f32", nh, nkv, hd, width,
+                                 cpu_split_decodes(four) - before, want);
+                    run_attention(one, st, &c, q, k, v, nh, nkv, hd, o1, after1);
+                    assert_int_equal(cpu_split_decodes(one), 0);
+                    for (int e = 0; e < qw; e++)
+                        if (memcmp(&o1[e], &o2[e], sizeof(float)))
+                            fail_msg("%s %s nh %d nkv %d hd %d width %d: element %d is %.9g "
+                                     "on 4 threads, %.9g on 1",
+                                     paths[pi], f16 ? "f16" : "f32", nh, nkv, hd, width, e,
+                                     (double)o2[e], (double)o1[e]);
+                    assert_memory_equal(after1, after2, c.bytes);
+                    free(c.host), free(q), free(k), free(v), free(o1), free(o2);
+                    free(after1), free(after2);
+                }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+    free(st);
+    one->ops->destroy(one);
+    four->ops->destroy(four);
 }
 
 /* An fp16 cache stores each new K/V element exactly as specd_f32_to_fp16
@@ -2038,6 +2114,7 @@ int main(void) {
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_blocks_bitwise),
+        cmocka_unit_test(test_attention_split_decode),
         cmocka_unit_test(test_kv_f16_store),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_gather_out),

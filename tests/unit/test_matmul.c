@@ -557,7 +557,8 @@ static float urand_pm1(uint32_t *st) {
  * per-row kernels, bit for bit, as quant_impl.h promises (the block ones
  * read each row once for nq queries and must not change a query's
  * arithmetic): nq 1..16 (whole and partial groups of 4), head sizes 64, 128
- * and 48, fp32 and fp16 pools, rows in shuffled pages and a partial page.
+ * 48 and 32 (a half head: the split decode's V side), fp32 and fp16 pools,
+ * rows in shuffled pages and a partial page.
  * V side scores hold zeros (rows the kernels must skip, as the per-row loop
  * does), in some queries only. test_backend_ops compares whole attention
  * passes across paths; this one reaches the block kernels' corner cases
@@ -566,7 +567,7 @@ static void test_attention_block_kernels(void **state) {
     (void)state;
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
     enum { ROWS = 150, PAGES = (ROWS + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS + 2 };
-    const int hds[] = {64, 128, 48};
+    const int hds[] = {64, 128, 48, 32}; /* 32: a half head (split decode) */
     int32_t pages[PAGES];
     for (int i = 0; i < PAGES; i++) pages[i] = (i * 3 + 1) % PAGES; /* out of order */
     int tested = 0;
