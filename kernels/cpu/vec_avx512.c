@@ -71,6 +71,26 @@ static inline __attribute__((always_inline, target(TBW))) void widen16(float *ds
         o3 = _mm512_fmadd_ps(wv_, v3, o3);            \
     } while (0)
 
+/* The weights sc * inv of rows r0 .. r0+cn-1 (cn <= W_CHUNK) for nq <= 4
+ * queries, 16 at a time; returns nonzero if any score among them is zero
+ * (a row the caller must skip for that query, as kv_axpys does). */
+#define W_CHUNK 64
+static inline __attribute__((always_inline, target(TBW))) __mmask16
+chunk_weights(float (*w)[W_CHUNK], const float *const *sc, const float *inv, int nq, int r0,
+              int cn) {
+    __mmask16 zero = 0;
+    for (int k = 0; k < nq; k++) {
+        const __m512 iv = _mm512_set1_ps(inv[k]);
+        for (int i = 0; i < cn; i += 16) {
+            const __mmask16 m = cn - i >= 16 ? 0xFFFF : (__mmask16)((1u << (cn - i)) - 1);
+            const __m512 s = _mm512_maskz_loadu_ps(m, sc[k] + r0 + i);
+            zero |= _mm512_mask_cmp_ps_mask(m, s, _mm512_setzero_ps(), _CMP_EQ_OQ);
+            _mm512_store_ps(w[k] + i, _mm512_mul_ps(s, iv));
+        }
+    }
+    return zero;
+}
+
 /* Up to 4 queries whose outputs stay in 16 zmm while rows t0 .. t0+nt-1
  * stream by: read from the fp32 pool, or, with `tile`, from fp16 rows
  * already widened into it (tile[r] is row t0 + r). always_inline: each
@@ -83,7 +103,6 @@ static inline __attribute__((always_inline, target(TBW))) void widen16(float *ds
  * zero score adds nothing and is skipped, as kv_axpys skips it; the rows
  * these kernels get are visible ones, whose exp is never 0 (softmax_exp
  * clamps), so a chunk with a zero takes the per-row test instead. */
-#define W_CHUNK 64
 static inline __attribute__((always_inline, target(TBW))) void
 axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, const float *pool,
             const int32_t *pages, size_t stride, size_t off, const float (*tile)[64], int t0,
@@ -101,16 +120,7 @@ axpys_rows4(float *const *o, const float *const *sc, const float *inv, int nq, c
     float w[4][W_CHUNK] __attribute__((aligned(64)));
     for (int c = 0; c < nt; c += W_CHUNK) {
         const int cn = nt - c < W_CHUNK ? nt - c : W_CHUNK;
-        __mmask16 zero = 0;
-        for (int k = 0; k < nq; k++) {
-            const __m512 iv = _mm512_set1_ps(inv[k]);
-            for (int i = 0; i < cn; i += 16) {
-                const __mmask16 m = cn - i >= 16 ? 0xFFFF : (__mmask16)((1u << (cn - i)) - 1);
-                const __m512 s = _mm512_maskz_loadu_ps(m, sc[k] + t0 + c + i);
-                zero |= _mm512_mask_cmp_ps_mask(m, s, _mm512_setzero_ps(), _CMP_EQ_OQ);
-                _mm512_store_ps(w[k] + i, _mm512_mul_ps(s, iv));
-            }
-        }
+        const __mmask16 zero = chunk_weights(w, sc, inv, nq, t0 + c, cn);
         for (int i = 0; i < cn; i++) {
             const int r = t0 + c + i;
             const float *row = tile ? tile[c + i] : cpu_kv_paged_row(pool, pages, r, stride, off);
@@ -160,16 +170,7 @@ axpys_rows_half(float *const *o, const float *const *sc, const float *inv, int n
     float w[4][W_CHUNK] __attribute__((aligned(64)));
     for (int c = 0; c < nt; c += W_CHUNK) {
         const int cn = nt - c < W_CHUNK ? nt - c : W_CHUNK;
-        __mmask16 zero = 0;
-        for (int k = 0; k < nq; k++) {
-            const __m512 iv = _mm512_set1_ps(inv[k]);
-            for (int i = 0; i < cn; i += 16) {
-                const __mmask16 m = cn - i >= 16 ? 0xFFFF : (__mmask16)((1u << (cn - i)) - 1);
-                const __m512 x = _mm512_maskz_loadu_ps(m, sc[k] + t0 + c + i);
-                zero |= _mm512_mask_cmp_ps_mask(m, x, _mm512_setzero_ps(), _CMP_EQ_OQ);
-                _mm512_store_ps(w[k] + i, _mm512_mul_ps(x, iv));
-            }
-        }
+        const __mmask16 zero = chunk_weights(w, sc, inv, nq, t0 + c, cn);
         for (int i = 0; i < cn; i++) {
             const float *row = tile[c + i];
             const __m512 v0 = _mm512_loadu_ps(row), v1 = _mm512_loadu_ps(row + 16);
