@@ -140,22 +140,6 @@ static int cpu_finish(specd_backend *be, specd_error *err) {
     return 0;
 }
 
-/* Norm weights are tiny vectors; they may be F32, F16 or BF16 on disk. */
-static float weight_at(const specd_tensor *t, int i) {
-    switch (t->type) {
-    case SPECD_F16: return specd_fp16_to_f32(((const uint16_t *)t->data)[i]);
-    case SPECD_BF16: return specd_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    default: return ((const float *)t->data)[i];
-    }
-}
-
-/* 1 / rms(x) over one row. Double accumulation: the reference computes
- * mean(x^2) in fp32 over a pairwise tree; a double sum keeps us well inside
- * its rounding. Eight partial sums (element i goes to sum i % 8), added in
- * a fixed order at the end: one serial chain of dependent double adds took
- * about 1 us for a 576-wide row, and a token has 61 norms. Each square is
- * exact in double, so the order moves the sum only within double rounding;
- * it is the same for every row, so batch invariance holds. */
 /* ---- row-wise ops over the pool -------------------------------------------
  *
  * RMSNorm, RoPE and the residual add are per row (per element for the
@@ -200,6 +184,22 @@ static void run_rows(cpu_backend *c, rows_job *j, int min) {
     specd_pool_run(c->pool, threads, rows_task, j);
 }
 
+/* Norm weights are tiny vectors; they may be F32, F16 or BF16 on disk. */
+static float weight_at(const specd_tensor *t, int i) {
+    switch (t->type) {
+    case SPECD_F16: return specd_fp16_to_f32(((const uint16_t *)t->data)[i]);
+    case SPECD_BF16: return specd_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    default: return ((const float *)t->data)[i];
+    }
+}
+
+/* 1 / rms(x) over one row. Double accumulation: the reference computes
+ * mean(x^2) in fp32 over a pairwise tree; a double sum keeps us well inside
+ * its rounding. Eight partial sums (element i goes to sum i % 8), added in
+ * a fixed order at the end: one serial chain of dependent double adds took
+ * about 1 us for a 576-wide row, and a token has 61 norms. Each square is
+ * exact in double, so the order moves the sum only within double rounding;
+ * it is the same for every row, so batch invariance holds. */
 static float inv_rms(const float *x, int dim, float eps) {
     double s[8] = {0};
     int i = 0;
