@@ -95,6 +95,19 @@ double specd_step_cost_at(const specd_step_cost *c, int tokens) {
     return v;
 }
 
+double specd_step_cost_raw_at(const specd_step_cost *c, int tokens) {
+    if (c->n < 1) return 0;
+    if (tokens < 1) tokens = 1;
+    int i = 0;
+    while (i + 1 < c->n && c->tokens[i + 1] <= tokens) i++;
+    const double v = point_value(c, i);
+    if (c->tokens[i] == tokens || i + 1 >= c->n || v <= 0) return v;
+    const double w = point_value(c, i + 1);
+    if (w <= 0) return v;
+    const double f = (double)(tokens - c->tokens[i]) / (c->tokens[i + 1] - c->tokens[i]);
+    return v + f * (w - v);
+}
+
 static void fold(specd_step_cost *c, int i, double us, double alpha) {
     c->us[i] = c->us[i] > 0 ? (1 - alpha) * c->us[i] + alpha * us : us;
 }

@@ -35,6 +35,12 @@ void specd_step_cost_init(specd_step_cost *c, int max_tokens);
  * been measured. Monotone: a bigger pass is never estimated cheaper. */
 double specd_step_cost_at(const specd_step_cost *c, int tokens);
 
+/* The curve's own value at `tokens`, interpolated between grid points,
+ * without the running maximum of specd_step_cost_at (0 where nothing near
+ * was measured): for the difference between two nearby sizes, which a
+ * stale high point at a smaller size must not flatten. */
+double specd_step_cost_raw_at(const specd_step_cost *c, int tokens);
+
 /* Folds one measured pass in: the grid points on either side of `tokens`
  * move towards the measurement (scaled by the curve's own ratio between
  * them and `tokens`) with weight alpha in (0, 1]; an unmeasured point takes

@@ -436,6 +436,43 @@ static void test_could_pay(void **state) {
     specd_accept_calib_destroy(&c);
 }
 
+/* The shared curve as a 4-stream run on the 2-vCPU VM left it: its 1- and
+ * 2-token points stale and high (3.9-4.0 ms; passes that small are rare
+ * under load), 3-8 tokens as measured. The running maximum reads 3.95 ms
+ * for 4 and 5 tokens alike, so the fifth row looked free; the points
+ * themselves say it costs 372 us. At 4 sessions (3 others' rows) a 30%
+ * node must not be kept, a 60% one still pays, and the raw value between
+ * grid points is their interpolation. */
+static void test_stale_small_points(void **state) {
+    (void)state;
+    specd_tree_price pr;
+    memset(&pr, 0, sizeof pr);
+    specd_step_cost_init(&pr.cost, 256);
+    static const double us[8] = {3912, 3948, 3423, 3422, 3794, 4267, 4718, 5016};
+    for (int i = 0; i < 8; i++) pr.cost.us[i] = us[i];
+    assert_true(specd_step_cost_at(&pr.cost, 5) == specd_step_cost_at(&pr.cost, 4));
+    assert_true(specd_step_cost_raw_at(&pr.cost, 5) == 3794);
+    assert_true(specd_step_cost_raw_at(&pr.cost, 4) == 3422);
+    /* between points 16 and 20: the interpolation; past the last measured
+     * point, the slope of the two before it */
+    specd_tree_price lin = linear_price(1000, 100, 0);
+    assert_true(fabs(specd_step_cost_raw_at(&lin.cost, 18) - 2800) < 1e-9);
+    assert_true(fabs(specd_step_cost_raw_at(&pr.cost, 10) - (5016 + 2 * (5016 - 4718))) < 1e-9);
+    pr.sessions = 4;
+    pr.other_tokens = 3;
+    assert_false(specd_tree_could_pay(0.3f, &pr));
+    assert_true(specd_tree_could_pay(0.6f, &pr));
+    float chain[3] = {0.35f, 0.3f, 0.2f};
+    int32_t depth[3] = {1, 2, 3};
+    uint8_t keep[3];
+    specd_tree_pick pick;
+    specd_tree_choose(chain, depth, NULL, 3, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
+    float sure[3] = {0.9f, 0.8f, 0.3f};
+    specd_tree_choose(sure, depth, NULL, 3, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 2);
+}
+
 /* A lookup's nodes cost no drafting stage (levels 0) and are calibrated
  * apart from the model's. */
 static void test_sources(void **state) {
@@ -610,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_gain_by_load),
         cmocka_unit_test(test_stage_time),
         cmocka_unit_test(test_could_pay),
+        cmocka_unit_test(test_stale_small_points),
         cmocka_unit_test(test_sources),
         cmocka_unit_test(test_sent_bias),
         cmocka_unit_test(test_sent_yield),
