@@ -30,6 +30,13 @@ int specd_step_cost_point(const specd_step_cost *c, int tokens) {
     return -1;
 }
 
+/* The last grid point at or below tokens (0 below the grid). */
+static int floor_point(const specd_step_cost *c, int tokens) {
+    int i = 0;
+    while (i + 1 < c->n && c->tokens[i + 1] <= tokens) i++;
+    return i;
+}
+
 /* The value at grid point i: measured, else interpolated between the
  * nearest measured points on either side, else extended along the slope of
  * the two nearest measured points on one side (flat with only one). */
@@ -70,8 +77,7 @@ double specd_step_cost_at(const specd_step_cost *c, int tokens) {
     if (c->n < 1) return 0;
     if (tokens < 1) tokens = 1;
     /* the last grid point at or below tokens, and the one above */
-    int i = 0;
-    while (i + 1 < c->n && c->tokens[i + 1] <= tokens) i++;
+    int i = floor_point(c, tokens);
     /* the running maximum: measurements are noisy, the estimate is not
      * allowed to fall with the size */
     double v = 0;
@@ -98,8 +104,7 @@ double specd_step_cost_at(const specd_step_cost *c, int tokens) {
 double specd_step_cost_raw_at(const specd_step_cost *c, int tokens) {
     if (c->n < 1) return 0;
     if (tokens < 1) tokens = 1;
-    int i = 0;
-    while (i + 1 < c->n && c->tokens[i + 1] <= tokens) i++;
+    int i = floor_point(c, tokens);
     const double v = point_value(c, i);
     if (c->tokens[i] == tokens || i + 1 >= c->n || v <= 0) return v;
     const double w = point_value(c, i + 1);
@@ -115,8 +120,7 @@ static void fold(specd_step_cost *c, int i, double us, double alpha) {
 void specd_step_cost_observe(specd_step_cost *c, int tokens, double us, double alpha) {
     if (c->n < 1 || tokens < 1 || !(us > 0) || !(alpha > 0)) return;
     if (alpha > 1) alpha = 1;
-    int i = 0;
-    while (i + 1 < c->n && c->tokens[i + 1] <= tokens) i++;
+    int i = floor_point(c, tokens);
     if (c->tokens[i] == tokens || i + 1 >= c->n) {
         if (c->tokens[i] == tokens) {
             fold(c, i, us, alpha);

@@ -151,9 +151,9 @@ static int cpu_finish(specd_backend *be, specd_error *err) {
  * same code either way, so no bit changes; below that a hand-off costs
  * more than the work (a decode step's one row, a small tree's few). */
 #define ROWS_SPLIT_MIN 32
-
-/* rows [0, n) in `threads` ranges: task t's first row */
-static int rows_from(int n, int tasks, int t) { return (int)((int64_t)n * t / tasks); }
+/* The residual add gets elements, not rows: ROWS_SPLIT_MIN rows of
+ * SmolLM2's width (576) */
+#define AXPY_SPLIT_MIN (ROWS_SPLIT_MIN * 576)
 
 typedef struct rows_job {
     void (*fn)(const struct rows_job *j, int r0, int r1);
@@ -170,7 +170,7 @@ typedef struct rows_job {
 static void rows_task(void *ctx, int task, int thread) {
     (void)thread;
     const rows_job *j = ctx;
-    j->fn(j, rows_from(j->n, j->tasks, task), rows_from(j->n, j->tasks, task + 1));
+    j->fn(j, specd_pool_share(j->n, j->tasks, task), specd_pool_share(j->n, j->tasks, task + 1));
 }
 
 /* j->fn over rows [0, j->n): on the pool from `min` rows */
@@ -787,10 +787,8 @@ static void cpu_axpy(specd_backend *be, float *y, float a, const float *x, size_
         for (size_t i = 0; i < n; i++) y[i] += a * x[i];
         return;
     }
-    /* the residual adds: a model-wide row per token, split from
-     * ROWS_SPLIT_MIN rows of SmolLM2's width */
     rows_job j = {.fn = axpy_rows, .n = (int)n, .y = y, .x = x, .a = a};
-    run_rows(cpu(be), &j, ROWS_SPLIT_MIN * 576);
+    run_rows(cpu(be), &j, AXPY_SPLIT_MIN);
 }
 
 static void cpu_scale(specd_backend *be, float *x, float a, size_t n) {

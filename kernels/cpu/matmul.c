@@ -367,8 +367,8 @@ typedef struct quant_job {
 static void quant_task(void *ctx, int task, int thread) {
     (void)thread;
     const quant_job *j = ctx;
-    const int t0 = (int)((int64_t)j->n_tok * task / j->tasks);
-    const int t1 = (int)((int64_t)j->n_tok * (task + 1) / j->tasks);
+    const int t0 = specd_pool_share(j->n_tok, j->tasks, task);
+    const int t1 = specd_pool_share(j->n_tok, j->tasks, task + 1);
     const size_t b0 = (size_t)t0 * (size_t)j->nb;
     active()->quantize(j->x + (size_t)t0 * j->cols, t1 - t0, j->cols, j->q + (size_t)t0 * j->cols,
                        j->d + b0, j->s + b0, j->sq + b0);

@@ -23,4 +23,10 @@ int specd_pool_size(const specd_pool *pool);
  * Not re-entrant: one run at a time per pool. */
 void specd_pool_run(specd_pool *pool, int n_tasks, specd_task_fn fn, void *ctx);
 
+/* The first of n items that task t of `tasks` takes when they are cut into
+ * contiguous, near-equal ranges (task t takes [share(t), share(t + 1))). */
+static inline int specd_pool_share(int n, int tasks, int t) {
+    return (int)((long long)n * t / tasks);
+}
+
 #endif

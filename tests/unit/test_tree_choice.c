@@ -352,6 +352,17 @@ static void test_stage_time(void **state) {
 }
 
 /* specd_tree_could_pay with a drafter taking stage_us per level. */
+/* The nodes specd_tree_choose keeps of a chain of three at depths 1-3
+ * whose path chances are a, b, c. */
+static int chain3_kept(float a, float b, float c, const specd_tree_price *pr) {
+    const float p[3] = {a, b, c};
+    const int32_t depth[3] = {1, 2, 3};
+    uint8_t keep[3];
+    specd_tree_pick pick;
+    specd_tree_choose(p, depth, NULL, 3, pr, keep, &pick);
+    return pick.n_keep;
+}
+
 static int could_pay(float p, double stage_us, specd_tree_price *pr) {
     pr->stage_us = stage_us;
     return specd_tree_could_pay(p, pr);
@@ -405,12 +416,7 @@ static void test_could_pay(void **state) {
     flat.other_tokens = 15;
     assert_true(specd_step_cost_at(&flat.cost, 17) == specd_step_cost_at(&flat.cost, 16));
     assert_false(could_pay(0.9f, 0, &flat));
-    float chain[3] = {0.9f, 0.8f, 0.7f};
-    int32_t chain_depth[3] = {1, 2, 3};
-    uint8_t keep[3];
-    specd_tree_pick pick;
-    specd_tree_choose(chain, chain_depth, NULL, 3, &flat, keep, &pick);
-    assert_int_equal(pick.n_keep, 0);
+    assert_int_equal(chain3_kept(0.9f, 0.8f, 0.7f, &flat), 0);
     /* the drafter's time alone (specd_tree_drafting_could_pay): a sure
      * node whose row costs nothing. Alone a plain step is 6600 us with the
      * round trip: a 4000 us stage still leaves it worth drafting, a 7000
@@ -462,15 +468,8 @@ static void test_stale_small_points(void **state) {
     pr.other_tokens = 3;
     assert_false(specd_tree_could_pay(0.3f, &pr));
     assert_true(specd_tree_could_pay(0.6f, &pr));
-    float chain[3] = {0.35f, 0.3f, 0.2f};
-    int32_t depth[3] = {1, 2, 3};
-    uint8_t keep[3];
-    specd_tree_pick pick;
-    specd_tree_choose(chain, depth, NULL, 3, &pr, keep, &pick);
-    assert_int_equal(pick.n_keep, 0);
-    float sure[3] = {0.9f, 0.8f, 0.3f};
-    specd_tree_choose(sure, depth, NULL, 3, &pr, keep, &pick);
-    assert_int_equal(pick.n_keep, 2);
+    assert_int_equal(chain3_kept(0.35f, 0.3f, 0.2f, &pr), 0);
+    assert_int_equal(chain3_kept(0.9f, 0.8f, 0.3f, &pr), 2);
 }
 
 /* A lookup's nodes cost no drafting stage (levels 0) and are calibrated
