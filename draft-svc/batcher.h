@@ -10,7 +10,9 @@
  * sessions cost about one call per round instead of N.
  *
  * A failed batch fails each of its jobs with the drafter's message (the
- * drivers then decode that step without a tree). */
+ * drivers then decode that step without a tree). Jobs that involve no model
+ * do not come here: the driver drafts them on its own thread (drafter.h,
+ * propose_inline). */
 #ifndef SPECD_BATCHER_H
 #define SPECD_BATCHER_H
 

@@ -21,6 +21,11 @@ int specd_drafter_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_
     return d->ops->propose(d, jobs, n, err);
 }
 
+int specd_drafter_propose_inline(specd_drafter *d, specd_draft_job *job, specd_error *err) {
+    if (!d->ops->propose_inline) return 1;
+    return d->ops->propose_inline(d, job, err);
+}
+
 void specd_drafter_free(specd_drafter *d) {
     if (d) d->ops->destroy(d);
 }

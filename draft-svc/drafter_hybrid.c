@@ -36,7 +36,9 @@
  *
  * A job of depth 0 (the driver's price found the model's drafting not
  * worth its time this step, drafter.h has_lookup) gets the lookup's tree
- * alone.
+ * alone, and the driver drafts it on its own thread (propose_inline) with
+ * the session's own scratch, not through the batcher: under load nearly
+ * every step is such a job.
  *
  * Rejection sampling: the model alone. Its siblings must be i.i.d. draws
  * from the q sent with them (tree_builder.h), and a lookup node is not a
@@ -62,9 +64,14 @@ typedef struct hybrid_impl {
     int32_t *map_m, *map_l;
 } hybrid_impl;
 
-/* A session: the model's state and the lookup's (either may be NULL). */
+/* A session: the model's state and the lookup's (either may be NULL), and
+ * the scratch of its lookup-alone drafts (propose_inline), which run on
+ * the session's own thread, so they cannot share the batch's. */
 typedef struct hybrid_session {
     void *model, *lookup;
+    specd_tree_buf ltb;
+    int32_t *map_l;
+    int cap; /* of ltb and map_l; 0 = none yet */
 } hybrid_session;
 
 static int rejection(const specd_draft_job *job) {
@@ -121,22 +128,23 @@ static int child_of(const specd_tree_buf *out, int parent, int32_t token) {
     return -1;
 }
 
-/* Merges the model's tree m and the lookup's tree l into out (empty), as
- * the top describes. */
-static void merge(hybrid_impl *h, const specd_tree_buf *m, const specd_tree_buf *l,
-                  specd_tree_buf *out) {
-    for (int i = 0; i < m->n_nodes; i++) {
-        int par = m->parents[i] >= 0 ? h->map_m[m->parents[i]] : -1;
+/* Merges the model's tree m (NULL: none) and the lookup's tree l into out
+ * (empty), as the top describes; map_m and map_l hold each node's place in
+ * out (room for m's and l's nodes). */
+static void merge(const specd_tree_buf *m, int32_t *map_m, const specd_tree_buf *l,
+                  int32_t *map_l, specd_tree_buf *out) {
+    for (int i = 0; m && i < m->n_nodes; i++) {
+        int par = m->parents[i] >= 0 ? map_m[m->parents[i]] : -1;
         int c = m->parents[i] >= 0 && par < 0 ? -1 : specd_tree_buf_add(out, par, m->tokens[i], m->logq[i]);
-        h->map_m[i] = c;
+        map_m[i] = c;
         if (c < 0) continue;
         out->pcond[c] = m->pcond[i];
         out->src[c] = SPECD_SRC_MODEL;
     }
     for (int j = 0; j < l->n_nodes; j++) {
-        h->map_l[j] = -1;
+        map_l[j] = -1;
         int lp = l->parents[j];
-        int par = lp >= 0 ? h->map_l[lp] : -1;
+        int par = lp >= 0 ? map_l[lp] : -1;
         if (lp >= 0 && par < 0) continue; /* its parent did not fit */
         float s = specd_tree_node_score(l, j);
         int c = child_of(out, par, l->tokens[j]);
@@ -152,8 +160,22 @@ static void merge(hybrid_impl *h, const specd_tree_buf *m, const specd_tree_buf 
             out->pcond[c] = s;
             out->src[c] = SPECD_SRC_LOOKUP;
         }
-        h->map_l[j] = c;
+        map_l[j] = c;
     }
+}
+
+/* The lookup's job for `job`: its own shape (lookup_*), its session state,
+ * into l. */
+static specd_draft_job lookup_job(const specd_draft_job *job, void *lookup_state,
+                                  specd_tree_buf *l) {
+    specd_draft_job lj = *job;
+    lj.state = lookup_state;
+    if (job->lookup_candidates > 0) lj.candidates = job->lookup_candidates;
+    if (job->lookup_depth > 0) lj.depth = job->lookup_depth;
+    specd_tree_buf_reset(l);
+    l->cap = job->out->cap;
+    lj.out = l;
+    return lj;
 }
 
 static int hybrid_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_error *err) {
@@ -182,19 +204,43 @@ static int hybrid_propose(specd_drafter *d, specd_draft_job *jobs, int n, specd_
             if (!rej) mj->out = &h->mtb[i];
         }
         if (rej) continue;
-        specd_draft_job *lj = &h->ljobs[nl++];
-        *lj = jobs[i];
-        lj->state = s ? s->lookup : NULL;
-        if (jobs[i].lookup_candidates > 0) lj->candidates = jobs[i].lookup_candidates;
-        if (jobs[i].lookup_depth > 0) lj->depth = jobs[i].lookup_depth;
-        specd_tree_buf_reset(&h->ltb[i]);
-        h->ltb[i].cap = jobs[i].out->cap;
-        lj->out = &h->ltb[i];
+        h->ljobs[nl++] = lookup_job(&jobs[i], s ? s->lookup : NULL, &h->ltb[i]);
     }
     if (nm > 0 && specd_drafter_propose(h->model, h->mjobs, nm, err)) return -1;
     if (nl > 0 && specd_drafter_propose(h->lookup, h->ljobs, nl, err)) return -1;
     for (int i = 0; i < n; i++)
-        if (!rejection(&jobs[i])) merge(h, &h->mtb[i], &h->ltb[i], jobs[i].out);
+        if (!rejection(&jobs[i]))
+            merge(&h->mtb[i], h->map_m, &h->ltb[i], h->map_l, jobs[i].out);
+    return 0;
+}
+
+/* Room in the session's scratch for trees of cap nodes. */
+static int grow_session(hybrid_session *s, int cap, specd_error *err) {
+    if (cap <= s->cap) return 0;
+    specd_tree_buf_free(&s->ltb);
+    free(s->map_l);
+    s->map_l = NULL;
+    s->cap = 0;
+    if (specd_tree_buf_init(&s->ltb, cap, 0, err)) return -1;
+    if (!(s->map_l = malloc(sizeof(int32_t) * (size_t)cap))) {
+        specd_tree_buf_free(&s->ltb);
+        return specd_seterr(err, "mlp_ngram drafter: out of memory");
+    }
+    s->cap = cap;
+    return 0;
+}
+
+/* A job of depth 0 (the lookup alone) on the caller's thread; any other
+ * goes through propose (1). The lookup drafter serializes its own calls. */
+static int hybrid_propose_inline(specd_drafter *d, specd_draft_job *job, specd_error *err) {
+    hybrid_impl *h = d->impl;
+    hybrid_session *s = job->state;
+    if ((job->depth >= 1 && job->candidates >= 1) || !s) return 1;
+    if (rejection(job)) return 0; /* the lookup has nothing for it (see the top) */
+    if (grow_session(s, job->out->cap, err)) return -1;
+    specd_draft_job lj = lookup_job(job, s->lookup, &s->ltb);
+    if (specd_drafter_propose(h->lookup, &lj, 1, err)) return -1;
+    merge(NULL, NULL, &s->ltb, s->map_l, job->out);
     return 0;
 }
 
@@ -221,6 +267,8 @@ static void hybrid_session_close(specd_drafter *d, void *state) {
     if (!s) return;
     specd_drafter_session_close(h->model, s->model);
     specd_drafter_session_close(h->lookup, s->lookup);
+    specd_tree_buf_free(&s->ltb);
+    free(s->map_l);
     free(s);
 }
 
@@ -238,6 +286,7 @@ static const specd_drafter_ops hybrid_ops = {
     .session_open = hybrid_session_open,
     .session_close = hybrid_session_close,
     .propose = hybrid_propose,
+    .propose_inline = hybrid_propose_inline,
     .destroy = hybrid_destroy,
 };
 

@@ -831,7 +831,10 @@ static void draft(gen *g, const specd_target_info *info) {
     double draft_us = 0; /* a tree drafted ahead took none of this step's time */
     if (!adopt_ahead(g, ahead_hit, &job)) {
         double t0 = now_ms();
-        if (specd_batcher_run(q->batcher, &job, &err)) {
+        /* a lookup on this thread; a model's draft in the next batch */
+        int rc = specd_drafter_propose_inline(q->drafter, &job, &err);
+        if (rc == 1) rc = specd_batcher_run(q->batcher, &job, &err);
+        if (rc) {
             /* A drafter failure costs speed, not correctness: decode plainly. */
             fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
             specd_tree_buf_reset(&g->tb);

@@ -5,8 +5,11 @@
  * node's source), that the lookup gets its own larger shape while the
  * model gets the priced one, that a full buffer cuts the lookup's nodes
  * first, that a job of depth 0 gets the lookup alone, and that rejection
- * sampling gets the model's tree alone. */
+ * sampling gets the model's tree alone; and that propose_inline drafts a
+ * depth-0 job exactly as propose does, on several threads at once, and
+ * leaves every other job to propose. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -183,6 +186,128 @@ static void test_lookup_only(void **state) {
     assert_int_equal(f->out.tokens[0], 13);
 }
 
+/* A depth-0 job with the session's own state, into out. */
+static specd_draft_job lookup_only_job(void *session, const specd_sampling *s,
+                                       specd_tree_buf *out) {
+    specd_tree_buf_reset(out);
+    return (specd_draft_job){.state = session, .history = HIST,
+                             .n_history = (int)(sizeof HIST / sizeof HIST[0]), .n_prompt = 1,
+                             .hidden = HIDDEN, .sampling = s, .candidates = 0, .depth = 0,
+                             .lookup_candidates = 4, .lookup_depth = 6, .out = out};
+}
+
+static void assert_same_tree(const specd_tree_buf *a, const specd_tree_buf *b) {
+    assert_int_equal(a->n_nodes, b->n_nodes);
+    for (int i = 0; i < a->n_nodes; i++) {
+        assert_int_equal(a->tokens[i], b->tokens[i]);
+        assert_int_equal(a->parents[i], b->parents[i]);
+        assert_int_equal(a->src[i], b->src[i]);
+        assert_true(a->logq[i] == b->logq[i]);
+        assert_true(a->pcond[i] == b->pcond[i]);
+    }
+}
+
+/* The inline path gives the batch path's tree, bit for bit, and takes only
+ * depth-0 jobs of a session. */
+static void test_inline_lookup(void **state) {
+    fixture *f = *state;
+    specd_error err = {{0}};
+    run_shape(f, &f->greedy, 32, 0, 0); /* through propose */
+    specd_tree_buf inl;
+    if (specd_tree_buf_init(&inl, 32, 0, &err)) fail_msg("%s", err.msg);
+    specd_draft_job job = lookup_only_job(f->session, &f->greedy, &inl);
+    assert_int_equal(specd_drafter_propose_inline(f->hybrid, &job, &err), 0);
+    assert_int_equal(f->model_state.calls, 0);
+    assert_int_equal(inl.n_nodes, 5);
+    assert_same_tree(&inl, &f->out);
+    /* a smaller buffer: the scratch follows the job's capacity */
+    job = lookup_only_job(f->session, &f->greedy, &inl);
+    inl.cap = 3;
+    assert_int_equal(specd_drafter_propose_inline(f->hybrid, &job, &err), 0);
+    assert_int_equal(inl.n_nodes, 3);
+    inl.cap = 32;
+    /* the model's part is the batch's: untouched, 1 */
+    job = lookup_only_job(f->session, &f->greedy, &inl);
+    job.candidates = job.depth = 1;
+    assert_int_equal(specd_drafter_propose_inline(f->hybrid, &job, &err), 1);
+    assert_int_equal(inl.n_nodes, 0);
+    assert_int_equal(f->model_state.calls, 0);
+    /* so is a job without a session (it has no scratch of its own) */
+    job = lookup_only_job(NULL, &f->greedy, &inl);
+    assert_int_equal(specd_drafter_propose_inline(f->hybrid, &job, &err), 1);
+    /* rejection sampling: the lookup has nothing for it, as in propose */
+    job = lookup_only_job(f->session, &f->rejection, &inl);
+    assert_int_equal(specd_drafter_propose_inline(f->hybrid, &job, &err), 0);
+    assert_int_equal(inl.n_nodes, 0);
+    /* the lookup alone drafts inline every job; the stand-in model none */
+    job = lookup_only_job(NULL, &f->greedy, &inl);
+    job.candidates = job.depth = 2;
+    assert_int_equal(specd_drafter_propose_inline(f->lookup, &job, &err), 0);
+    assert_int_equal(specd_drafter_propose_inline(f->model, &job, &err), 1);
+    specd_tree_buf_free(&inl);
+}
+
+/* Sessions of one drafter drafting inline on their own threads while the
+ * batch path runs: every tree is the single-threaded one (and, under the
+ * sanitizer build, no shared scratch is touched). */
+typedef struct inline_worker {
+    fixture *f;
+    void *session;
+    const specd_tree_buf *want;
+    int bad;
+} inline_worker;
+
+static void *inline_thread(void *arg) {
+    inline_worker *w = arg;
+    specd_error err = {{0}};
+    specd_tree_buf t;
+    if (specd_tree_buf_init(&t, 32, 0, &err)) {
+        w->bad = 1;
+        return NULL;
+    }
+    for (int i = 0; i < 2000 && !w->bad; i++) {
+        specd_draft_job job = lookup_only_job(w->session, &w->f->greedy, &t);
+        if (specd_drafter_propose_inline(w->f->hybrid, &job, &err) ||
+            t.n_nodes != w->want->n_nodes)
+            w->bad = 1;
+        for (int k = 0; k < t.n_nodes && !w->bad; k++)
+            if (t.tokens[k] != w->want->tokens[k] || t.parents[k] != w->want->parents[k] ||
+                t.pcond[k] != w->want->pcond[k])
+                w->bad = 1;
+    }
+    specd_tree_buf_free(&t);
+    return NULL;
+}
+
+static void test_inline_threads(void **state) {
+    fixture *f = *state;
+    specd_error err = {{0}};
+    run_shape(f, &f->greedy, 32, 0, 0); /* the reference, single-threaded */
+    enum { N = 4 };
+    inline_worker w[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (inline_worker){.f = f, .want = &f->out};
+        if (specd_drafter_session_open(f->hybrid, &w[i].session, &err)) fail_msg("%s", err.msg);
+    }
+    specd_tree_buf ref;
+    if (specd_tree_buf_init(&ref, 32, 0, &err)) fail_msg("%s", err.msg);
+    specd_tree_buf_reset(&ref);
+    for (int i = 0; i < ref.cap && i < f->out.n_nodes; i++) /* keep a copy of the reference */
+        specd_tree_buf_add(&ref, f->out.parents[i], f->out.tokens[i], f->out.logq[i]);
+    for (int i = 0; i < f->out.n_nodes; i++) ref.pcond[i] = f->out.pcond[i];
+    for (int i = 0; i < N; i++) w[i].want = &ref;
+    for (int i = 0; i < N; i++) assert_int_equal(pthread_create(&th[i], NULL, inline_thread, &w[i]), 0);
+    /* the batch path on the fixture's own session meanwhile */
+    for (int i = 0; i < 500; i++) run(f, &f->greedy, 32);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_false(w[i].bad);
+        specd_drafter_session_close(f->hybrid, w[i].session);
+    }
+    specd_tree_buf_free(&ref);
+}
+
 static void test_rejection_model_only(void **state) {
     fixture *f = *state;
     run(f, &f->rejection, 32);
@@ -215,6 +340,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_merge, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inline_lookup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_inline_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejection_model_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_checks, setup, teardown),
     };
