@@ -1,11 +1,21 @@
-/* batcher.c - gathering ready sessions into one drafter call (batcher.h). */
+/* batcher.c - gathering ready sessions into one drafter call (batcher.h).
+ *
+ * There is no worker thread: the submitters take turns (flat combining).
+ * Whoever finds no batch running becomes the runner, takes every job queued
+ * at that moment (its own among them) and makes the one drafter call on its
+ * own thread; the others wait on their own condition variable until their
+ * job is done or the runner hands the turn to the oldest job still queued.
+ * A lone session thus drafts with no thread hand-off at all: a worker
+ * thread cost two (submit, wake the worker; done, wake the session), 65 us
+ * of a 690 us draft at one stream on 2 vCPUs, and the same jobs are still
+ * batched under load. */
 #include "draft-svc/batcher.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Largest batch the worker gathers, whatever the drafter allows. */
+/* Largest batch a runner gathers, whatever the drafter allows. */
 #define SPECD_BATCHER_MAX_BATCH 256
 
 typedef struct pending {
@@ -19,60 +29,48 @@ typedef struct pending {
 struct specd_batcher {
     specd_drafter *d;
     pthread_mutex_t mu;
-    pthread_cond_t work_cv; /* the worker waits here for jobs */
-    pending *head, *tail;
-    int stopping;
-    pthread_t worker;
-    int cap;    /* most jobs per batch */
+    pending *head, *tail; /* queued, not yet taken by a runner */
+    int running;          /* a submitter is making a drafter call */
+    int cap;              /* most jobs per batch */
     long calls, jobs;
-    /* The worker's batch arrays, max_batch long. */
+    /* The runner's batch arrays, cap long (one runner at a time). */
     pending **batch;
     specd_draft_job *jobs_arr;
 };
 
-static void *worker_main(void *arg) {
-    specd_batcher *b = arg;
-    int cap = b->cap;
-    pthread_mutex_lock(&b->mu);
-    for (;;) {
-        while (!b->head && !b->stopping) pthread_cond_wait(&b->work_cv, &b->mu);
-        if (b->stopping) break;
-        int n = 0;
-        while (b->head && n < cap) {
-            pending *q = b->head;
-            b->head = q->next;
-            if (!b->head) b->tail = NULL;
-            b->batch[n] = q;
-            /* The drafter gets a contiguous array; results are copied back
-             * through the job's own tree buffer pointer, so a struct copy is
-             * enough. */
-            b->jobs_arr[n] = *q->job;
-            n++;
-        }
-        b->calls++;
-        b->jobs += n;
-        pthread_mutex_unlock(&b->mu);
-        specd_error err = {{0}};
-        int rc = specd_drafter_propose(b->d, b->jobs_arr, n, &err);
-        pthread_mutex_lock(&b->mu);
-        for (int i = 0; i < n; i++) {
-            pending *q = b->batch[i];
-            q->rc = rc;
-            if (rc) q->err = err;
-            q->done = 1;
-            pthread_cond_signal(&q->cv);
-        }
+/* Runs one batch from the head of the queue; called with mu held and no
+ * batch running, returns with mu held. */
+static void run_batch(specd_batcher *b) {
+    int n = 0;
+    while (b->head && n < b->cap) {
+        pending *q = b->head;
+        b->head = q->next;
+        if (!b->head) b->tail = NULL;
+        b->batch[n] = q;
+        /* The drafter gets a contiguous array; results are copied back
+         * through the job's own tree buffer pointer, so a struct copy is
+         * enough. */
+        b->jobs_arr[n] = *q->job;
+        n++;
     }
-    /* Fail whatever is still queued. */
-    for (pending *q = b->head; q; q = q->next) {
-        q->rc = -1;
-        specd_seterr(&q->err, "draft-svc is shutting down");
+    b->running = 1;
+    b->calls++;
+    b->jobs += n;
+    pthread_mutex_unlock(&b->mu);
+    specd_error err = {{0}};
+    int rc = specd_drafter_propose(b->d, b->jobs_arr, n, &err);
+    pthread_mutex_lock(&b->mu);
+    for (int i = 0; i < n; i++) {
+        pending *q = b->batch[i];
+        q->rc = rc;
+        if (rc) q->err = err;
         q->done = 1;
         pthread_cond_signal(&q->cv);
     }
-    b->head = b->tail = NULL;
-    pthread_mutex_unlock(&b->mu);
-    return NULL;
+    b->running = 0;
+    /* the turn passes to the oldest job still queued: its submitter runs
+     * the next batch */
+    if (b->head) pthread_cond_signal(&b->head->cv);
 }
 
 specd_batcher *specd_batcher_create(specd_drafter *d, specd_error *err) {
@@ -99,28 +97,12 @@ specd_batcher *specd_batcher_create(specd_drafter *d, specd_error *err) {
         return NULL;
     }
     pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->work_cv, NULL);
-    if (pthread_create(&b->worker, NULL, worker_main, b)) {
-        pthread_mutex_destroy(&b->mu);
-        pthread_cond_destroy(&b->work_cv);
-        free(b->batch);
-        free(b->jobs_arr);
-        free(b);
-        specd_seterr(err, "cannot start the drafter thread");
-        return NULL;
-    }
     return b;
 }
 
 void specd_batcher_free(specd_batcher *b) {
     if (!b) return;
-    pthread_mutex_lock(&b->mu);
-    b->stopping = 1;
-    pthread_cond_signal(&b->work_cv);
-    pthread_mutex_unlock(&b->mu);
-    pthread_join(b->worker, NULL);
     pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->work_cv);
     free(b->batch);
     free(b->jobs_arr);
     free(b);
@@ -132,20 +114,19 @@ int specd_batcher_run(specd_batcher *b, specd_draft_job *job, specd_error *err) 
     q.job = job;
     pthread_cond_init(&q.cv, NULL);
     pthread_mutex_lock(&b->mu);
-    if (b->stopping) {
-        pthread_mutex_unlock(&b->mu);
-        pthread_cond_destroy(&q.cv);
-        return specd_seterr(err, "draft-svc is shutting down");
-    }
     if (b->tail)
         b->tail->next = &q;
     else
         b->head = &q;
     b->tail = &q;
-    pthread_cond_signal(&b->work_cv);
-    /* No cancellation here: a drafter call is a few milliseconds, and the
-     * worker may be reading this job right now, so the caller must wait. */
-    while (!q.done) pthread_cond_wait(&q.cv, &b->mu);
+    /* No cancellation here: a drafter call is a few milliseconds, and a
+     * runner may be reading this job right now, so the caller must wait. */
+    while (!q.done) {
+        if (!b->running)
+            run_batch(b); /* ours is queued, so this batch or a later one takes it */
+        else
+            pthread_cond_wait(&q.cv, &b->mu);
+    }
     pthread_mutex_unlock(&b->mu);
     pthread_cond_destroy(&q.cv);
     if (q.rc && err) *err = q.err;

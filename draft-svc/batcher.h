@@ -2,12 +2,13 @@
  *
  * A drafter with a model (the MLP speculator, a draft LM) is far cheaper per
  * session when it runs many sessions in one call: the weights are read once
- * for all rows. Each session's driver thread submits its job and blocks; one
- * worker thread takes every job queued at that moment (up to the drafter's
- * max_batch) and runs them in ONE propose() call. No timer is involved:
- * while a call runs, the jobs of sessions that became ready meanwhile queue
- * up and form the next batch, so a lone session pays no waiting and N busy
- * sessions cost about one call per round instead of N.
+ * for all rows. Each session's driver thread submits its job and blocks; the
+ * first of them to find no call running takes every job queued at that
+ * moment (up to the drafter's max_batch) and runs them in ONE propose()
+ * call on its own thread (batcher.c). No timer is involved: while a call
+ * runs, the jobs of sessions that became ready meanwhile queue up and form
+ * the next batch, so a lone session pays no waiting and no thread hand-off,
+ * and N busy sessions cost about one call per round instead of N.
  *
  * A failed batch fails each of its jobs with the drafter's message (the
  * drivers then decode that step without a tree). Jobs that involve no model

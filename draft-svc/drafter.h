@@ -94,9 +94,10 @@ typedef struct specd_drafter_ops {
      * lookup alone), and returns 1 without touching it otherwise. Safe to
      * call from several threads at once, and beside propose, for
      * different sessions. The driver tries it before the batcher: a
-     * lookup takes about 15 us, and the batcher's two thread hand-offs
-     * took 110-220 us a step at 4 and 16 streams on 2 vCPUs, where
-     * mlp_ngram drafts the lookup alone on nearly every step. */
+     * lookup takes about 15 us, and a turn in the batcher (then with a
+     * worker thread's two hand-offs) took 110-220 us a step at 4 and 16
+     * streams on 2 vCPUs, where mlp_ngram drafts the lookup alone on
+     * nearly every step. */
     int (*propose_inline)(specd_drafter *d, specd_draft_job *job, specd_error *err);
     void (*destroy)(specd_drafter *d);
 } specd_drafter_ops;
