@@ -6,7 +6,8 @@
  *
  * Built by CMake as build/bench_draft.
  * Run: build/bench_draft [--speculator DIR] [--threads 1,2] [--shapes 1x1,1x2,1x4,3x4]
- *                        [--evict-mb 96] [--gap-ms 0] [--reps 300] [--f16]
+ *                        [--evict-mb 96] [--gap-ms 0] [--reps 300]
+ *                        [--quant none|q8_0|q4_1_head]
  *      --speculator  an MLPSpeculator directory; its accept_head/ is loaded
  *                    when present, as draft-svc does (default: the shipped
  *                    models/SmolLM2-135M-Instruct.speculator)
@@ -19,8 +20,9 @@
  *                    not a target step: an idle core clocks down, and on the
  *                    VM of docs/BENCHMARKS.md every level then took about
  *                    twice as long; 0 and 0 = back to back, caches warm
- *      --f16         the speculator's matrices as stored (draft-svc's
- *                    drafter.mlp.quantize: false); default Q8_0 as draft-svc
+ *      --quant       how the speculator's matrices are stored, as
+ *                    draft-svc's drafter.mlp.quantize (default q4_1_head,
+ *                    its default)
  *
  * Prints one row per (threads, shape): the nodes drafted, the median and
  * fastest draft in microseconds, and the median per level (depth). The
@@ -33,6 +35,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/model/mlp_speculator.h"
 #include "common/util/rng.h"
 #include "draft-svc/drafter.h"
 
@@ -96,7 +99,8 @@ static int parse_shapes(const char *s, int *cands, int *depths) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_draft [--speculator DIR] [--threads LIST] [--shapes CxD,...]\n"
-                    "                   [--evict-mb N] [--gap-ms X] [--reps N] [--f16]\n");
+                    "                   [--evict-mb N] [--gap-ms X] [--reps N]\n"
+                    "                   [--quant none|q8_0|q4_1_head]\n");
     return 2;
 }
 
@@ -105,11 +109,17 @@ int main(int argc, char **argv) {
     int threads[MAX_LIST] = {1, 2}, n_threads = 2;
     int cands[MAX_LIST] = {1, 1, 1, 3}, depths[MAX_LIST] = {1, 2, 4, 4}, n_shapes = 4;
     double gap_ms = 0, evict_mb = 96;
-    int reps = 300, q8 = 1;
+    int reps = 300, quant = SPECD_MLP_Q4_HEAD;
+    static const char *const quant_names[] = {"none", "q8_0", "q4_1_head"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--f16")) q8 = 0;
-        else if (!v) return usage();
+        if (!v) return usage();
+        else if (!strcmp(a, "--quant")) {
+            for (quant = 0; quant < 3 && strcmp(v, quant_names[quant]); quant++) {
+            }
+            if (quant == 3) return usage();
+            i++;
+        }
         else if (!strcmp(a, "--speculator")) dir = v, i++;
         else if (!strcmp(a, "--threads")) {
             if ((n_threads = parse_ints(v, threads)) < 1) return usage();
@@ -139,14 +149,14 @@ int main(int argc, char **argv) {
     if (!times || (evict_bytes && !evict)) return 1;
     if (evict) memset(evict, 1, evict_bytes);
     printf("speculator %s (%s%s), %d drafts per row, each after a %.0f MB read and %.1f ms idle\n\n",
-           dir, q8 ? "Q8_0" : "as stored", have_head ? ", with its acceptance head" : "", reps,
+           dir, quant_names[quant], have_head ? ", with its acceptance head" : "", reps,
            evict_mb, gap_ms);
     printf("| threads | shape | nodes | median us | fastest us | median us per level |\n");
     printf("|--------:|------:|------:|----------:|-----------:|--------------------:|\n");
     for (int ti = 0; ti < n_threads; ti++) {
         specd_error err = {{0}};
         specd_mlp_drafter_opts o = {.path = dir, .n_threads = threads[ti],
-                                    .accept_head = have_head ? head : NULL, .q8_weights = q8};
+                                    .accept_head = have_head ? head : NULL, .quant = quant};
         specd_drafter *d = specd_mlp_drafter_create(&o, &err);
         if (!d) {
             fprintf(stderr, "bench_draft: %s\n", err.msg);

@@ -20,7 +20,7 @@ typedef struct specd_draft_cfg {
     specd_cfg_strlist targets;
     struct {
         int def;
-        struct { char *path, *accept_head; int backend; int64_t device; bool quantize; } mlp;
+        struct { char *path, *accept_head; int backend; int64_t device; int quantize; } mlp;
         struct { char *path; int64_t max_sessions, max_ctx; } draft_lm;
         struct { bool enabled; int64_t min_n, max_n, max_scan; double min_prob; } ngram;
     } drafter;
@@ -56,6 +56,7 @@ typedef struct specd_draft_cfg {
  * list of drafter names. */
 /* Names of drafter.mlp.backend, indexed by its value. */
 extern const char *const specd_draft_backends[];
+extern const char *const specd_mlp_quant_names[];
 /* Names of speculation.tree, indexed by its value. */
 extern const char *const specd_speculation_trees[];
 extern const specd_cfg_field specd_draft_cfg_fields[];

@@ -148,9 +148,9 @@ typedef struct specd_mlp_drafter_opts {
     /* SpecDec++ acceptance head directory (accept_head.h) for this
      * speculator; NULL = none, and jobs' stop_threshold is ignored. */
     const char *accept_head;
-    /* 1: the speculator's matrices as Q8_0 on the CPU (mlp_speculator.h's
-     * specd_mlp_speculator_load_ex): about twice as fast a draft */
-    int q8_weights;
+    /* how the speculator's matrices are stored on the CPU: a
+     * specd_mlp_quant (common/model/mlp_speculator.h; 0 = as stored) */
+    int quant;
 } specd_mlp_drafter_opts;
 specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_error *err);
 

@@ -530,7 +530,7 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
     m->mu_ready = 1;
     specd_backend_opts bo = {.name = o->backend ? o->backend : "cpu", .n_threads = o->n_threads,
                              .device = o->device};
-    m->sp = specd_mlp_speculator_load_ex(o->path, &bo, o->q8_weights, err);
+    m->sp = specd_mlp_speculator_load_ex(o->path, &bo, (specd_mlp_quant)o->quant, err);
     if (!m->sp) goto fail;
     const specd_mlp_spec_config *c = specd_mlp_speculator_config(m->sp);
     m->vocab = c->target_vocab_size; /* the stage API's width, even over a reduced vocabulary */

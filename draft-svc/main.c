@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
                                     .backend = specd_draft_backends[cfg.drafter.mlp.backend],
                                     .device = (int)cfg.drafter.mlp.device,
                                     .accept_head = cfg.drafter.mlp.accept_head,
-                                    .q8_weights = cfg.drafter.mlp.quantize};
+                                    .quant = cfg.drafter.mlp.quantize};
         if (!(drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&o, &err))) goto fail;
         hidden = drafters[SPECD_DRAFTER_MLP]->hidden_size;
     }

@@ -99,7 +99,7 @@ static int start_draft(cli_inproc *p, const cli_inproc_opts *o, int ctx, specd_e
         specd_mlp_drafter_opts mo = {.path = o->speculator, .n_threads = o->threads,
                                      .backend = o->backend, .device = o->device,
                                      .accept_head = head,
-                                     .q8_weights = p->dcfg.drafter.mlp.quantize};
+                                     .quant = p->dcfg.drafter.mlp.quantize};
         if (!(p->drafters[SPECD_DRAFTER_MLP] = specd_mlp_drafter_create(&mo, err)))
             return specd_preferr(err, "--speculator");
         hidden = p->drafters[SPECD_DRAFTER_MLP]->hidden_size;

@@ -172,12 +172,13 @@ struct specd_mlp_speculator {
     /* GPU backends only: device copies of a stage's inputs and outputs,
      * grown on demand to dev_rows rows */
     int on_device;
-    /* q8: Q8_0 copies of the matrices (3 per stage at most, shared where
-     * the stages share a tensor), keyed by their source tensor */
-    int q8;
-    const safetensors_tensor *q8_src[3 * SPECD_MLP_SPEC_MAX_PREDICT];
-    void *q8_data[3 * SPECD_MLP_SPEC_MAX_PREDICT];
-    int n_q8;
+    /* quant (specd_mlp_quant; AS_STORED on a GPU): the quantized copies of
+     * the matrices (3 per stage at most, shared where the stages share a
+     * tensor), keyed by their source tensor, which has one role */
+    specd_mlp_quant quant;
+    const safetensors_tensor *q_src[3 * SPECD_MLP_SPEC_MAX_PREDICT];
+    void *q_data[3 * SPECD_MLP_SPEC_MAX_PREDICT];
+    int n_q;
     float *d_in, *d_out, *d_logits, *d_xs, *d_z;
     int32_t *d_ids;
     size_t dev_rows;
@@ -252,40 +253,83 @@ typedef struct q8_block {
 } q8_block;
 _Static_assert(sizeof(q8_block) == 34, "Q8_0 block");
 
-/* st (F16/BF16/F32, rows of a multiple of 32) as Q8_0, computed once per
- * source tensor (tied stages share it): scale = max|x| / 127 per block of
- * 32, each weight round(x / scale). NULL + err on out of memory. */
-static void *q8_of(specd_mlp_speculator *sp, const safetensors_tensor *st, specd_error *err) {
-    for (int i = 0; i < sp->n_q8; i++)
-        if (sp->q8_src[i] == st) return sp->q8_data[i];
-    if (sp->n_q8 >= (int)(sizeof sp->q8_data / sizeof sp->q8_data[0])) {
+/* One Q4_1 block: fp16 scale and minimum, then 32 nibbles, weight j in
+ * the low nibble of byte j and weight j + 16 in its high nibble. */
+typedef struct q41_block {
+    uint16_t d, m;
+    uint8_t qs[16];
+} q41_block;
+_Static_assert(sizeof(q41_block) == 20, "Q4_1 block");
+
+/* Block b of st (32 weights) in x. */
+static void block_f32(const safetensors_tensor *st, size_t b, float *x) {
+    for (int j = 0; j < 32; j++) x[j] = safetensors_elem_f32(st, b * 32 + (size_t)j);
+}
+
+/* Q8_0: scale = max|x| / 127, each weight round(x / scale). */
+static void quant_q8_0(const float *x, void *dst) {
+    q8_block *out = dst;
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+    float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    out->d = specd_f32_to_fp16(d);
+    for (int j = 0; j < 32; j++) out->q[j] = (int8_t)roundf(x[j] * id);
+}
+
+/* Q4_1: minimum m, scale (max - m) / 15, each weight round((x - m) / scale)
+ * in 0..15. */
+static void quant_q4_1(const float *x, void *dst) {
+    q41_block *out = dst;
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < 32; j++) {
+        if (x[j] < mn) mn = x[j];
+        if (x[j] > mx) mx = x[j];
+    }
+    float d = (mx - mn) / 15.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    out->d = specd_f32_to_fp16(d);
+    out->m = specd_f32_to_fp16(mn);
+    for (int j = 0; j < 16; j++) {
+        int lo = (int)roundf((x[j] - mn) * id), hi = (int)roundf((x[j + 16] - mn) * id);
+        lo = lo < 0 ? 0 : lo > 15 ? 15 : lo;
+        hi = hi < 0 ? 0 : hi > 15 ? 15 : hi;
+        out->qs[j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+/* st (F16/BF16/F32, rows of a multiple of 32) as `type` (Q8_0 or Q4_1),
+ * computed once per source tensor (tied stages share it). NULL + err on
+ * out of memory. */
+static void *quantized(specd_mlp_speculator *sp, const safetensors_tensor *st, specd_dtype type,
+                       specd_error *err) {
+    for (int i = 0; i < sp->n_q; i++)
+        if (sp->q_src[i] == st) return sp->q_data[i];
+    if (sp->n_q >= (int)(sizeof sp->q_data / sizeof sp->q_data[0])) {
         specd_seterr(err, "tensor '%s': too many matrices to quantize", st->name);
         return NULL;
     }
-    size_t n = st->numel, nb = n / 32;
-    q8_block *out = malloc(sizeof(q8_block) * (nb ? nb : 1));
+    const int q4 = type == SPECD_Q4_1;
+    const size_t nb = st->numel / 32, bb = q4 ? sizeof(q41_block) : sizeof(q8_block);
+    uint8_t *out = malloc(bb * (nb ? nb : 1));
     if (!out) {
-        specd_seterr(err, "tensor '%s': out of memory for its Q8_0 copy", st->name);
+        specd_seterr(err, "tensor '%s': out of memory for its %s copy", st->name,
+                     q4 ? "Q4_1" : "Q8_0");
         return NULL;
     }
     for (size_t b = 0; b < nb; b++) {
-        float x[32], amax = 0;
-        for (int j = 0; j < 32; j++) {
-            x[j] = safetensors_elem_f32(st, b * 32 + (size_t)j);
-            if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
-        }
-        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-        out[b].d = specd_f32_to_fp16(d);
-        for (int j = 0; j < 32; j++) out[b].q[j] = (int8_t)roundf(x[j] * id);
+        float x[32];
+        block_f32(st, b, x);
+        if (q4) quant_q4_1(x, out + b * bb);
+        else quant_q8_0(x, out + b * bb);
     }
-    sp->q8_src[sp->n_q8] = st;
-    sp->q8_data[sp->n_q8++] = out;
+    sp->q_src[sp->n_q] = st;
+    sp->q_data[sp->n_q++] = out;
     return out;
 }
 
 /* A 2-D weight as the backend sees it: GGUF order, ne[0] = input width. */
-static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, specd_tensor *t,
-                       specd_bweight *w, specd_error *err) {
+static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, int is_head,
+                       specd_tensor *t, specd_bweight *w, specd_error *err) {
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", st->name);
     t->type = st->type;
@@ -295,10 +339,10 @@ static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, s
     t->ne[2] = t->ne[3] = 1;
     t->data = st->data;
     t->nbytes = st->nbytes;
-    if (sp->q8 && t->ne[0] % 32 == 0) {
-        if (!(t->data = q8_of(sp, st, err))) return -1;
-        t->type = SPECD_Q8_0;
-        t->nbytes = st->numel / 32 * sizeof(q8_block);
+    if (sp->quant != SPECD_MLP_AS_STORED && t->ne[0] % 32 == 0) {
+        t->type = is_head && sp->quant == SPECD_MLP_Q4_HEAD ? SPECD_Q4_1 : SPECD_Q8_0;
+        if (!(t->data = quantized(sp, st, t->type, err))) return -1;
+        t->nbytes = st->numel / 32 * (t->type == SPECD_Q4_1 ? sizeof(q41_block) : sizeof(q8_block));
         return sp->be->ops->prepare_weight(sp->be, w, t, err);
     }
     prefault(st->data, st->nbytes);
@@ -351,9 +395,9 @@ static int bind_weights(specd_mlp_speculator *sp, specd_error *err) {
             !(lw = stage_tensor(sp, "ln", "weight", g, share, 1, c->inner_dim, 0, err)) ||
             !(lb = stage_tensor(sp, "ln", "bias", g, share, 1, c->inner_dim, 0, err)))
             return -1;
-        if (make_weight(sp, emb, &sp->t_emb[i], &sp->emb[i], err) ||
-            make_weight(sp, proj, &sp->t_proj[i], &sp->proj[i], err) ||
-            make_weight(sp, head, &sp->t_head[i], &sp->head[i], err))
+        if (make_weight(sp, emb, 0, &sp->t_emb[i], &sp->emb[i], err) ||
+            make_weight(sp, proj, 0, &sp->t_proj[i], &sp->proj[i], err) ||
+            make_weight(sp, head, 1, &sp->t_head[i], &sp->head[i], err))
             return -1;
         if (tied && i > 0) { /* same tensors as stage 0: share the fp32 copies */
             sp->ln_w[i] = sp->ln_w[0];
@@ -439,19 +483,25 @@ specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
 specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
                                                    const specd_backend_opts *backend,
                                                    specd_error *err) {
-    return specd_mlp_speculator_load_ex(dir, backend, 0, err);
+    return specd_mlp_speculator_load_ex(dir, backend, SPECD_MLP_AS_STORED, err);
 }
 
 specd_mlp_speculator *specd_mlp_speculator_load_ex(const char *dir,
-                                                   const specd_backend_opts *backend, int q8,
-                                                   specd_error *err) {
+                                                   const specd_backend_opts *backend,
+                                                   specd_mlp_quant quant, specd_error *err) {
     specd_mlp_speculator *sp = calloc(1, sizeof *sp);
     if (!sp) {
         specd_seterr(err, "mlp speculator: out of memory");
         return NULL;
     }
     /* only the CPU backend has the integer kernels; a GPU keeps fp16 */
-    sp->q8 = q8 && (!backend || !backend->name || !strcmp(backend->name, "cpu"));
+    if (quant < SPECD_MLP_AS_STORED || quant > SPECD_MLP_Q4_HEAD) {
+        specd_seterr(err, "mlp speculator %s: unknown quantization %d", dir, (int)quant);
+        free(sp);
+        return NULL;
+    }
+    sp->quant = !backend || !backend->name || !strcmp(backend->name, "cpu") ? quant
+                                                                          : SPECD_MLP_AS_STORED;
     if (load_config_file(sp, dir, err) || specd_hf_weights_open(&sp->files, dir, open_owned, NULL, err) ||
         !(sp->be = specd_backend_create(backend, err)) || bind_weights(sp, err) ||
         bind_vocab_map(sp, err)) {
@@ -501,7 +551,7 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
     free(sp->z);
     free(sp->draft_logits);
     free(sp->draft_tokens);
-    for (int i = 0; i < sp->n_q8; i++) free(sp->q8_data[i]);
+    for (int i = 0; i < sp->n_q; i++) free(sp->q_data[i]);
     free(sp);
 }
 

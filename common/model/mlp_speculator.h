@@ -98,14 +98,27 @@ specd_mlp_speculator *specd_mlp_speculator_load(const char *dir, int n_threads,
 specd_mlp_speculator *specd_mlp_speculator_load_on(const char *dir,
                                                    const specd_backend_opts *backend,
                                                    specd_error *err);
-/* The same, with q8 = 1: on the CPU backend the matrices (embedding,
- * projections, head) are quantized to Q8_0 at load (blocks of 32 weights
- * with one fp16 scale, llama.cpp's rounding), so a stage reads half the
- * bytes of fp16 and runs on the integer kernels (precision fast). Drafts
- * change a little, never the output: the target verifies every token. */
+/* How specd_mlp_speculator_load_ex stores the matrices on the CPU backend
+ * (a GPU keeps fp16). Quantized at load, in blocks of 32 weights with
+ * llama.cpp's rounding, they run on the integer kernels (precision fast).
+ * Drafts change a little, never the output: the target verifies every
+ * token. */
+typedef enum specd_mlp_quant {
+    SPECD_MLP_AS_STORED = 0, /* the checkpoint's own dtype */
+    /* every matrix (embedding, projections, head) Q8_0: a stage reads half
+     * the bytes of fp16, about twice as fast a draft */
+    SPECD_MLP_Q8_0 = 1,
+    /* the output heads Q4_1 (one fp16 scale and minimum per block), the
+     * rest Q8_0: the head, vocab x inner, is most of what a draft level
+     * reads. On the 2-vCPU VM of docs/BENCHMARKS.md a one-node draft took
+     * 192-196 against 216-232 us and a four-level chain 561-585 against
+     * 718-787 us, with the same tau (specd eval, 12 held-out prompts,
+     * every shape within 0.01) */
+    SPECD_MLP_Q4_HEAD = 2,
+} specd_mlp_quant;
 specd_mlp_speculator *specd_mlp_speculator_load_ex(const char *dir,
-                                                   const specd_backend_opts *backend, int q8,
-                                                   specd_error *err);
+                                                   const specd_backend_opts *backend,
+                                                   specd_mlp_quant quant, specd_error *err);
 void specd_mlp_speculator_free(specd_mlp_speculator *sp);
 
 const specd_mlp_spec_config *specd_mlp_speculator_config(const specd_mlp_speculator *sp);

@@ -517,8 +517,75 @@ static void test_create_errors(void **state) {
     specd_drafter_free(d);
 }
 
+/* sqrt(sum (a - b)^2) and sqrt(sum b^2) over the n values where b is
+ * finite (a reduced vocabulary's logits are -inf outside it); a must be
+ * -inf exactly where b is */
+static void diff_norms(const float *a, const float *b, int n, double *d, double *ref) {
+    *d = *ref = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(isfinite(a[i]), isfinite(b[i]));
+        if (!isfinite(b[i])) continue;
+        *d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        *ref += (double)b[i] * b[i];
+    }
+    *d = sqrt(*d);
+    *ref = sqrt(*ref);
+}
+
+/* The speculator's matrices quantized at load (specd_mlp_quant): Q8_0 stays
+ * close to the stored weights, and Q4_HEAD changes the heads alone (a
+ * stage's new state is bit for bit Q8_0's, its logits close to them but not
+ * equal); an unknown value is refused. The fixtures' heads (48 columns)
+ * are not a whole number of blocks and stay as stored; the shipped
+ * speculator's (512) are quantized. */
+static void test_quantized_loads(void **state) {
+    (void)state;
+    specd_backend_opts bo = {.name = "cpu", .n_threads = 1};
+    const char *dirs[] = {UNTIED, SHARDED, "models/SmolLM2-135M-Instruct.speculator"};
+    for (int set = 0; set < 3; set++) {
+        const char *dir = test_path(dirs[set]);
+        specd_error err = {{0}};
+        specd_mlp_speculator *sp[3];
+        for (int q = 0; q < 3; q++)
+            if (!(sp[q] = specd_mlp_speculator_load_ex(dir, &bo, (specd_mlp_quant)q, &err)))
+                fail_msg("%s", err.msg);
+        const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp[0]);
+        enum { ROWS = 3 };
+        int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
+        float *in = malloc(sizeof(float) * ROWS * (size_t)E);
+        float *st[3], *lg[3];
+        int32_t tok[ROWS] = {1, 7, 42 % V};
+        for (int i = 0; i < ROWS * E; i++) in[i] = (float)sin(0.37 * i) * 2.0f;
+        for (int q = 0; q < 3; q++) {
+            st[q] = malloc(sizeof(float) * ROWS * (size_t)I);
+            lg[q] = malloc(sizeof(float) * ROWS * (size_t)V);
+            assert_int_equal(specd_mlp_speculator_stage(sp[q], 0, ROWS, in, tok, st[q], lg[q], &err), 0);
+        }
+        double d, ref;
+        /* Q8_0 against the stored weights: within a few percent */
+        diff_norms(st[SPECD_MLP_Q8_0], st[SPECD_MLP_AS_STORED], ROWS * I, &d, &ref);
+        assert_true(d > 0 && d < 0.05 * ref);
+        diff_norms(lg[SPECD_MLP_Q8_0], lg[SPECD_MLP_AS_STORED], ROWS * V, &d, &ref);
+        assert_true(d < 0.05 * ref);
+        /* Q4_HEAD: the state is Q8_0's exactly, the logits move a little */
+        assert_memory_equal(st[SPECD_MLP_Q4_HEAD], st[SPECD_MLP_Q8_0], sizeof(float) * ROWS * (size_t)I);
+        diff_norms(lg[SPECD_MLP_Q4_HEAD], lg[SPECD_MLP_Q8_0], ROWS * V, &d, &ref);
+        if (I % 32 == 0) assert_true(d > 0 && d < 0.25 * ref);
+        else assert_true(d == 0);
+        for (int q = 0; q < 3; q++) {
+            free(st[q]);
+            free(lg[q]);
+            specd_mlp_speculator_free(sp[q]);
+        }
+        free(in);
+        assert_null(specd_mlp_speculator_load_ex(dir, &bo, (specd_mlp_quant)7, &err));
+        assert_non_null(strstr(err.msg, "quantization"));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantized_loads),
         cmocka_unit_test(test_greedy_chain_is_argmax),
         cmocka_unit_test(test_greedy_tree_shape),
         cmocka_unit_test(test_greedy_applies_adjustments),
