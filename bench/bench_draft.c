@@ -37,6 +37,7 @@
 
 #include "common/model/mlp_speculator.h"
 #include "common/util/rng.h"
+#include "draft-svc/draft_config.h"
 #include "draft-svc/drafter.h"
 
 #define MAX_LIST 16
@@ -110,14 +111,14 @@ int main(int argc, char **argv) {
     int cands[MAX_LIST] = {1, 1, 1, 3}, depths[MAX_LIST] = {1, 2, 4, 4}, n_shapes = 4;
     double gap_ms = 0, evict_mb = 96;
     int reps = 300, quant = SPECD_MLP_Q4_HEAD;
-    static const char *const quant_names[] = {"none", "q8_0", "q4_1_head"};
+    const char *const *quant_names = specd_mlp_quant_names;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage();
         else if (!strcmp(a, "--quant")) {
-            for (quant = 0; quant < 3 && strcmp(v, quant_names[quant]); quant++) {
+            for (quant = 0; quant_names[quant] && strcmp(v, quant_names[quant]); quant++) {
             }
-            if (quant == 3) return usage();
+            if (!quant_names[quant]) return usage();
             i++;
         }
         else if (!strcmp(a, "--speculator")) dir = v, i++;

@@ -35,6 +35,7 @@
 #include "common/model/model_file.h"
 #include "common/rpc/prompt.h"
 #include "common/text/tokenizer.h"
+#include "draft-svc/draft_config.h"
 #include "draft-svc/drafter.h"
 #include "draft-svc/policy.h"
 #include "tools/train/corpus.h"
@@ -62,6 +63,8 @@ static void eval_usage(void) {
            "  --drafter NAME         mlp (the speculator alone) or mlp_ngram (the speculator\n"
            "                         and suffix decoding over each prompt and its output in\n"
            "                         one tree, draft-svc's default drafter; default mlp)\n"
+           "  --quant Q              the speculator's matrices: none (as stored, default),\n"
+           "                         q8_0 or q4_1_head, as draft-svc's drafter.mlp.quantize\n"
            "  --lookup-shape KxD     mlp_ngram: the lookup's part of every tree, up to K\n"
            "                         candidates x D deep, beside the speculator's k x heads\n"
            "                         (default 4x6, draft-svc's speculation.max_shape)\n"
@@ -92,6 +95,7 @@ typedef struct eval_opts {
     int lookup;          /* drafter is mlp_ngram: its lookup part has a shape */
     int lookup_k, lookup_d;
     int max_new, threads, limit, lanes, min_depth, json;
+    int quant; /* specd_mlp_quant, by its name in specd_mlp_quant_names */
     int32_t *ks, *heads, *top_k;
     int n_ks, n_heads, n_top_k; /* n_heads 0 = 1..n_predict; n_top_k 0 = the checkpoint's */
     float thresholds[EVAL_MAX_LIST];
@@ -148,6 +152,17 @@ static int parse_args(int argc, char **argv, eval_opts *o) {
                 return 2;
             }
             o->lookup = !strcmp(o->drafter, "mlp_ngram");
+        } else if (!strcmp(a, "--quant")) {
+            const char *q = cli_value(argc, argv, &i);
+            for (o->quant = 0; specd_mlp_quant_names[o->quant] &&
+                               strcmp(q, specd_mlp_quant_names[o->quant]);
+                 o->quant++) {
+            }
+            if (!specd_mlp_quant_names[o->quant]) {
+                fprintf(stderr, "specd eval: --quant: expected none, q8_0 or q4_1_head, got '%s'\n",
+                        q);
+                return 2;
+            }
         } else if (!strcmp(a, "--lookup-shape")) {
             /* draft-svc's speculation.max_shape rule, which it stands for */
             specd_policy shape = {0};
@@ -410,6 +425,7 @@ static void print_markdown(const eval_report *R) {
         printf("%s%s %d", j ? ", " : "", ps->kinds[order[j]], ps->per_kind[order[j]]);
     printf(") through the chat template, greedy, up to %d new tokens each", o->max_new);
     if (R->accept_head) printf("; acceptance head %s", R->accept_head);
+    printf("; speculator matrices %s", specd_mlp_quant_names[o->quant]);
     printf(".\n\n");
     printf("tau = generated tokens / target forward passes, the prefill included (plain "
            "decoding: 1.00). Every output was checked token for token against plain greedy "
@@ -501,6 +517,7 @@ static int print_json(const eval_report *R) {
     }
     if (R->accept_head) cJSON_AddStringToObject(root, "accept_head", R->accept_head);
     cJSON_AddStringToObject(root, "prompts_file", o->prompts);
+    cJSON_AddStringToObject(root, "speculator_quant", specd_mlp_quant_names[o->quant]);
     cJSON_AddNumberToObject(root, "max_new_tokens", o->max_new);
     cJSON_AddNumberToObject(root, "batch", R->lanes);
     cJSON_AddStringToObject(root, "backend", R->backend);
@@ -590,7 +607,7 @@ int cmd_eval(int argc, char **argv) {
     if (!adaptive) fprintf(stderr, "specd eval: note: adaptive rows skipped: %s\n", note);
 
     specd_mlp_drafter_opts mo = {.path = spec_dir, .n_threads = o.threads, .max_batch = o.lanes,
-                                 .accept_head = adaptive ? accept_dir : NULL};
+                                 .accept_head = adaptive ? accept_dir : NULL, .quant = o.quant};
     int n_topk_opts = (int)(sizeof mo.top_k_per_stage / sizeof mo.top_k_per_stage[0]);
     if (o.n_top_k > n_topk_opts) {
         specd_seterr(&err, "--top-k takes at most %d values", n_topk_opts);
