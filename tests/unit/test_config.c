@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "common/util/config.h"
+#include "common/model/mlp_speculator.h"
 #include "draft-svc/draft_config.h"
 #include "draft-svc/service.h" /* specd_drafter_names */
 #include "target-svc/target_config.h"
@@ -1031,6 +1032,35 @@ static void test_draft_example_parses(void **state) {
     specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &c);
 }
 
+/* drafter.mlp.quantize: the example's (and the default) Q4_1 heads, the
+ * names in specd_mlp_quant's order, and the old boolean refused by name. */
+static void test_draft_mlp_quantize(void **state) {
+    (void)state;
+    const char *flags[] = {NULL, "--drafter.mlp.quantize=q8_0", "--drafter.mlp.quantize=none",
+                           "--drafter.mlp.quantize=true"};
+    const int want[] = {SPECD_MLP_Q4_HEAD, SPECD_MLP_Q8_0, SPECD_MLP_AS_STORED, -1};
+    for (int i = 0; i < 4; i++) {
+        specd_draft_cfg c;
+        specd_error err = {{0}};
+        char *argv[] = {"draft-svc", "--config",
+                        (char *)test_path("deploy/config/draft-svc.example.yaml"),
+                        (char *)flags[i]};
+        int rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields,
+                                   flags[i] ? 4 : 3, argv, &c, &err);
+        if (want[i] < 0) {
+            assert_int_equal(rc, -1);
+            assert_non_null(strstr(err.msg, "drafter.mlp.quantize"));
+            assert_non_null(strstr(err.msg, "q4_1_head"));
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(c.drafter.mlp.quantize, want[i]);
+        assert_string_equal(specd_mlp_quant_names[c.drafter.mlp.quantize],
+                            i == 0 ? "q4_1_head" : flags[i] + strlen("--drafter.mlp.quantize="));
+        specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &c);
+    }
+}
+
 static void test_draft_example_is_complete(void **state) {
     (void)state;
     char *text = test_read_file(test_path("deploy/config/draft-svc.example.yaml"), NULL);
@@ -1134,6 +1164,7 @@ int main(void) {
         cmocka_unit_test(test_target_example_is_complete),
         cmocka_unit_test(test_target_kv_cache_dtype),
         cmocka_unit_test(test_draft_example_parses),
+        cmocka_unit_test(test_draft_mlp_quantize),
         cmocka_unit_test(test_draft_example_is_complete),
         cmocka_unit_test(test_k8s_configs_parse),
     };
