@@ -308,18 +308,17 @@ static void *quantized(specd_mlp_speculator *sp, const safetensors_tensor *st, s
         specd_seterr(err, "tensor '%s': too many matrices to quantize", st->name);
         return NULL;
     }
-    const int q4 = type == SPECD_Q4_1;
-    const size_t nb = st->numel / 32, bb = q4 ? sizeof(q41_block) : sizeof(q8_block);
+    const specd_dtype_info *di = specd_dtype_get(type);
+    const size_t nb = st->numel / 32, bb = di->block_bytes;
     uint8_t *out = malloc(bb * (nb ? nb : 1));
     if (!out) {
-        specd_seterr(err, "tensor '%s': out of memory for its %s copy", st->name,
-                     q4 ? "Q4_1" : "Q8_0");
+        specd_seterr(err, "tensor '%s': out of memory for its %s copy", st->name, di->name);
         return NULL;
     }
     for (size_t b = 0; b < nb; b++) {
         float x[32];
         block_f32(st, b, x);
-        if (q4) quant_q4_1(x, out + b * bb);
+        if (type == SPECD_Q4_1) quant_q4_1(x, out + b * bb);
         else quant_q8_0(x, out + b * bb);
     }
     sp->q_src[sp->n_q] = st;
@@ -342,7 +341,7 @@ static int make_weight(specd_mlp_speculator *sp, const safetensors_tensor *st, i
     if (sp->quant != SPECD_MLP_AS_STORED && t->ne[0] % 32 == 0) {
         t->type = is_head && sp->quant == SPECD_MLP_Q4_HEAD ? SPECD_Q4_1 : SPECD_Q8_0;
         if (!(t->data = quantized(sp, st, t->type, err))) return -1;
-        t->nbytes = st->numel / 32 * (t->type == SPECD_Q4_1 ? sizeof(q41_block) : sizeof(q8_block));
+        t->nbytes = st->numel / 32 * specd_dtype_get(t->type)->block_bytes;
         return sp->be->ops->prepare_weight(sp->be, w, t, err);
     }
     prefault(st->data, st->nbytes);
