@@ -134,6 +134,7 @@ int main(int argc, char **argv) {
     printf("\n|---|--:|--:|--:|--:|--:|");
     for (int i = 0; i < n_trees; i++) printf("--:|");
     printf("\n");
+    long splits[16] = {0}; /* per path: decode passes that ran split */
     for (int pi = 0; pi < n_paths; pi++) {
         if (!cpu_simd_force(paths[pi])) {
             printf("| %s | (not on this CPU) | | | | |\n", paths[pi]);
@@ -195,9 +196,14 @@ int main(int argc, char **argv) {
             be->ops->free(be, kv.base);
             free(pages), free(q), free(out), free(k), free(v);
         }
-        fprintf(stderr, "XXX split decodes %ld\n", cpu_split_decodes(be));
+        splits[pi] = cpu_split_decodes(be);
         be->ops->destroy(be);
     }
+    /* which decode passes took the split path (cpu_backend.c, "split
+     * decode"): it depends on threads, KV heads and the prompt length */
+    printf("\ndecode passes run split (cpu_backend.c, \"split decode\"):");
+    for (int pi = 0; pi < n_paths; pi++) printf(" %s %ld", paths[pi], splits[pi]);
+    printf("\n");
     cpu_simd_force("auto");
     return 0;
 }
