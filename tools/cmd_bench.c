@@ -590,9 +590,12 @@ static int measure_prompt(verify_run *r, int P, double *ms) {
      * step's time depends on the steps before it: on the 2-core Xeon VM a
      * batch-8 plain step right after a 72-token verify step took 5.9 ms,
      * and 5.7, 5.4, 5.2, 5.0, 4.9, 4.8, 4.7 ms in the steps after that (at
-     * P=20; a 1-token step before it left it at 4.6-4.7). A lag of tens of
-     * milliseconds is the clock recovering after a burst of int8 work on
-     * both cores, not a cache refill (one step rewrites every cache). One
+     * P=20; a 1-token step before it left it at 4.6-4.7). It is the
+     * memory side that lags, not the cores: right after such a step a
+     * scalar loop ran at its usual speed, while a read of 64 MB took
+     * 3.9-4.1 ms against 2.3-2.4 settled, and recovered over tens of
+     * milliseconds (most likely the uncore's clock, lowered during
+     * compute-bound work; a cache refill would take one pass). One
      * step of each cell in turn had timed every plain step right after the
      * largest k: the batch-8 plain step at 6.8 ms against 5.0-5.1 ms in a
      * run of its own, the "3.1x of batch 1" that was 2.1x. A serving loop
