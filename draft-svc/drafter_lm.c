@@ -52,6 +52,7 @@
  * session must still decode (plainly), never fail. */
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,10 @@
 
 typedef struct lm_session {
     int slot;
-    int in_use;
+    /* Taken by compare-and-swap: requests open and close sessions on their
+     * own threads, at any time (a plain test-then-set let two concurrent
+     * opens take one slot: ThreadSanitizer, test_draft_svc). */
+    atomic_int in_use;
     int32_t *cached; /* [max_ctx] the tokens whose K/V rows 0..n_cached hold */
     int n_cached;
     unsigned stamp;  /* last propose() call that saw it (duplicate check) */
@@ -113,8 +117,8 @@ static int lm_session_open(specd_drafter *d, void **state, specd_error *err) {
     lm_impl *lm = d->impl;
     for (int i = 0; i < lm->n_slots; i++) {
         lm_session *s = &lm->sessions[i];
-        if (s->in_use) continue;
-        s->in_use = 1;
+        int free_slot = 0;
+        if (!atomic_compare_exchange_strong(&s->in_use, &free_slot, 1)) continue;
         s->n_cached = 0; /* whatever a previous session left is stale */
         *state = s;
         return 0;
@@ -126,8 +130,8 @@ static int lm_session_open(specd_drafter *d, void **state, specd_error *err) {
 static void lm_session_close(specd_drafter *d, void *state) {
     (void)d;
     lm_session *s = state;
-    s->in_use = 0;
     s->n_cached = 0;
+    atomic_store(&s->in_use, 0); /* last: the next owner sees the reset */
 }
 
 static int grow_adjust_scratch(lm_impl *lm, int max_path, specd_error *err) {

@@ -176,6 +176,7 @@ void specd_rpc_call_on_cancel(specd_rpc_call *c, void (*fn)(void *arg), void *ar
  * the call is marked cancelled instead. */
 static int start_batch_locked(specd_rpc_call *c, const grpc_op *ops, size_t n, rpc_tag *tag) {
     c->refs++;
+    RPC_TSAN_RELEASE(tag);
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, tag, NULL);
     if (e == GRPC_CALL_OK) return 0;
     fprintf(stderr, "rpc: %s: grpc_call_start_batch: %s\n", c->method_path ? c->method_path : "?",

@@ -15,6 +15,29 @@
 
 #include "common/rpc/rpc_server.h"
 
+/* ThreadSanitizer cannot see inside gRPC (an uninstrumented library), so a
+ * tag handed from the thread that starts an operation to the thread that
+ * gets it back from a completion queue looks like a race on everything the
+ * tag's object holds. These tell it what gRPC guarantees: starting an
+ * operation happens before its completion is returned. Nothing in other
+ * builds (the SPECD_TSAN build, CMakeLists.txt). */
+#if defined(__SANITIZE_THREAD__)
+#define RPC_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RPC_TSAN 1
+#endif
+#endif
+#ifdef RPC_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define RPC_TSAN_RELEASE(tag) __tsan_release((void *)(tag))
+#define RPC_TSAN_ACQUIRE(tag) __tsan_acquire((void *)(tag))
+#else
+#define RPC_TSAN_RELEASE(tag) ((void)(tag))
+#define RPC_TSAN_ACQUIRE(tag) ((void)(tag))
+#endif
+
 /* Outbound queue bounds (see specd_rpc_call_send): whichever is hit first. */
 #define RPC_SEND_QUEUE_MAX_MSGS 64
 #define RPC_SEND_QUEUE_MAX_BYTES (1u << 20)

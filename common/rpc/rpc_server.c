@@ -137,6 +137,7 @@ static void arm_request_slot(specd_rpc_server *s) {
     pthread_mutex_lock(&s->mu);
     s->pending_requests++;
     pthread_mutex_unlock(&s->mu);
+    RPC_TSAN_RELEASE(&c->t_new);
     grpc_call_error e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq,
                                                  s->cq, &c->t_new);
     if (e != GRPC_CALL_OK) {
@@ -174,6 +175,7 @@ static void *cq_thread_main(void *arg) {
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break; /* drained after shutdown: done */
         if (ev.type != GRPC_OP_COMPLETE) continue; /* no deadline, so no timeouts */
         rpc_tag *t = ev.tag;
+        RPC_TSAN_ACQUIRE(t);
         switch (t->kind) {
         case RPC_TAG_NEW: on_new_call(s, t->call, ev.success); break;
         case RPC_TAG_CLOSE: rpc_call_on_close(t->call); break;
@@ -379,6 +381,7 @@ void specd_rpc_server_shutdown(specd_rpc_server *s, int grace_ms) {
 
     /* probes see NOT_SERVING first; Watch streams send it and end */
     rpc_health_begin_shutdown(&s->health);
+    RPC_TSAN_RELEASE(&s->shutdown_tag);
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
 
     struct timespec deadline;

@@ -8,12 +8,14 @@
  *   - a batch of jobs proposes what each job proposes alone, including
  *     catch-ups split across several forward passes,
  *   - histories that do not fit the context get shorter or empty trees,
- *   - KV slots run out cleanly and are reused cleanly,
+ *   - KV slots run out cleanly and are reused cleanly, also when requests
+ *     open and close sessions on several threads at once,
  *   - sampling: q is the adjusted, filtered distribution of the model's own
  *     logits, it contains the drawn child, the draw is the one at the
  *     documented RNG address, and seeded draws are reproducible;
  *   - logit adjustments (bias, penalties) reach the greedy choice too. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -471,6 +473,67 @@ static void test_slots_run_out(void **state) {
     specd_drafter_free(d);
 }
 
+/* Requests open and close sessions on their own threads: never two open
+ * sessions on one slot, and with as many threads as slots nobody is ever
+ * refused (ThreadSanitizer found two concurrent opens taking one slot). */
+enum { OPEN_THREADS = 4, OPEN_ROUNDS = 20000 };
+typedef struct open_race {
+    specd_drafter *d;
+    pthread_mutex_t mu; /* guards open[]: the sessions now held */
+    void *open[OPEN_THREADS];
+    int twice, refused;
+} open_race;
+
+/* Records st as held; 0 when another thread holds it already. */
+static int hold(open_race *r, void *st, int take) {
+    pthread_mutex_lock(&r->mu);
+    int ok = 1, free_i = -1;
+    for (int i = 0; i < OPEN_THREADS; i++) {
+        if (r->open[i] == st) {
+            if (take) ok = 0;
+            else r->open[i] = NULL;
+        } else if (!r->open[i] && free_i < 0) {
+            free_i = i;
+        }
+    }
+    if (take && ok) {
+        if (free_i < 0) ok = 0; /* more sessions held than slots */
+        else r->open[free_i] = st;
+    }
+    if (!ok) r->twice++;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+static void *open_close_loop(void *arg) {
+    open_race *r = arg;
+    for (int i = 0; i < OPEN_ROUNDS; i++) {
+        void *st = NULL;
+        specd_error err = {{0}};
+        if (specd_drafter_session_open(r->d, &st, &err)) {
+            pthread_mutex_lock(&r->mu);
+            r->refused++;
+            pthread_mutex_unlock(&r->mu);
+            continue;
+        }
+        if (hold(r, st, 1)) hold(r, st, 0);
+        specd_drafter_session_close(r->d, st);
+    }
+    return NULL;
+}
+
+static void test_session_open_threads(void **state) {
+    (void)state;
+    open_race r = {.d = make_lm(OPEN_THREADS, 64, 4), .mu = PTHREAD_MUTEX_INITIALIZER};
+    pthread_t th[OPEN_THREADS];
+    for (int i = 0; i < OPEN_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, open_close_loop, &r), 0);
+    for (int i = 0; i < OPEN_THREADS; i++) pthread_join(th[i], NULL);
+    assert_int_equal(r.twice, 0);
+    assert_int_equal(r.refused, 0);
+    specd_drafter_free(r.d);
+}
+
 static void test_sampling_q_and_draws(void **state) {
     (void)state;
     specd_drafter *d = make_lm(4, 0, 4);
@@ -646,6 +709,7 @@ int main(void) {
         cmocka_unit_test(test_batch_equals_one_at_a_time),
         cmocka_unit_test(test_context_limit),
         cmocka_unit_test(test_slots_run_out),
+        cmocka_unit_test(test_session_open_threads),
         cmocka_unit_test(test_sampling_q_and_draws),
         cmocka_unit_test(test_greedy_applies_adjustments),
         cmocka_unit_test(test_create_errors),
