@@ -65,8 +65,12 @@ static void bench_usage(void) {
            "    --batches LIST     B values (default 1,2,4,8,32)\n"
            "    --ks LIST          k values, candidates per sequence (default 1,2,4,8,16)\n"
            "    --prompts LIST     P values, cached tokens per sequence (default 64,2048)\n"
-           "    --warmup N         untimed steps (and at least 50 ms of them) before each\n"
-           "                       run of a cell's timed steps (default 3)\n"
+           "    --warmup N         untimed steps (and at least --settle-ms of them) before\n"
+           "                       each run of a cell's timed steps (default 3)\n"
+           "    --settle-ms X      untimed ms of a cell's own shape before each run of its\n"
+           "                       timed steps (default 50); 0: the cells take turns one\n"
+           "                       step at a time instead (each step then follows another\n"
+           "                       shape, as the bench timed before)\n"
            "    --peak-gbs X       memory bandwidth for the bound, GB/s (default: the\n"
            "                       device's rating on cuda, measured here on cpu)\n",
            SPECD_DEFAULT_MODEL, SPECD_BENCH_SHAPE_NAMES);
@@ -175,7 +179,8 @@ static void print_prefill_bound(const specd_llama_hparams *hp, int L, double pre
  * budget, so it does not decide the memory the transformer needs. */
 #define PREFILL_CHUNK 512
 /* Untimed steps of a cell's shape before each run of its timed steps, in
- * ms, and the rounds a cell's --reps steps are split into (measure_prompt) */
+ * ms (--settle-ms' default), and the rounds a cell's --reps steps are split
+ * into (measure_prompt) */
 #define SETTLE_MS 50.0
 #define VERIFY_ROUNDS 3
 /* Seed of the random token ids: fixed, so two runs feed identical batches. */
@@ -187,6 +192,8 @@ typedef struct verify_opts {
     specd_kv_dtype kv_dtype;
     int device, threads;
     int reps, warmup;    /* reps 0 = the backend's default */
+    double settle_ms;    /* untimed ms of a cell's shape before its timed run; 0 = the
+                          * cells take turns one step at a time (measure_prompt) */
     int measure_bw;      /* cpu: measure read bandwidth for the bound */
     double peak_gbs;     /* > 0: the bound's bandwidth, overriding the rest */
     int batches[MAX_LIST], n_b;
@@ -231,7 +238,8 @@ static void note(const char *fmt, ...) {
 
 static void verify_defaults(verify_opts *o) {
     static const int b[] = {1, 2, 4, 8, 32}, k[] = {1, 2, 4, 8, 16}, p[] = {64, 2048};
-    *o = (verify_opts){.backend = "cpu", .warmup = 3, .measure_bw = 1, .n_b = 5, .n_k = 5,
+    *o = (verify_opts){.backend = "cpu", .warmup = 3, .settle_ms = SETTLE_MS, .measure_bw = 1,
+                       .n_b = 5, .n_k = 5,
                        .n_p = 2};
     memcpy(o->batches, b, sizeof b);
     memcpy(o->ks, k, sizeof k);
@@ -475,11 +483,18 @@ static void print_header(const verify_env *e, const verify_opts *o, const specd_
         printf("peak bw   %.1f GB/s, %s\n", e->peak_bytes_per_s / 1e9, e->peak_src);
     else
         printf("peak bw   %s\n", e->peak_src);
-    printf("timing    median of %d steps, monotonic clock around specd_transformer_forward "
-           "(which ends with the backend's sync); a batch size's cells take turns in %d "
-           "rounds, each cell a run of equal steps after %d or more untimed ones of its shape "
-           "(at least %.0f ms of them)\n\n",
-           o->reps, o->reps < VERIFY_ROUNDS ? o->reps : VERIFY_ROUNDS, o->warmup, SETTLE_MS);
+    if (o->settle_ms > 0)
+        printf("timing    median of %d steps, monotonic clock around specd_transformer_forward "
+               "(which ends with the backend's sync); a batch size's cells take turns in %d "
+               "rounds, each cell a run of equal steps after %d or more untimed ones of its "
+               "shape (at least %.0f ms of them)\n\n",
+               o->reps, o->reps < VERIFY_ROUNDS ? o->reps : VERIFY_ROUNDS, o->warmup,
+               o->settle_ms);
+    else
+        printf("timing    median of %d steps, monotonic clock around specd_transformer_forward "
+               "(which ends with the backend's sync); --settle-ms 0: after %d untimed steps "
+               "each, a batch size's cells take turns one step at a time\n\n",
+               o->reps, o->warmup);
     printf("columns   plain ms: one decode step, B sequences x 1 new token, argmax of each "
            "row on the device\n"
            "          bound ms: (weights + B x P cached tokens of KV) / peak bw, the least "
@@ -583,7 +598,7 @@ static int measure_prompt(verify_run *r, int P, double *ms) {
         return 0;
     }
     /* A batch size's cells are timed in rounds: in each round every cell in
-     * turn runs SETTLE_MS (and at least --warmup steps) untimed, then its
+     * turn runs --settle-ms (and at least --warmup steps) untimed, then its
      * share of --reps timed steps back to back. Rounds, so that a stretch
      * of a shared machine's noise falls on every cell alike (the ratios to
      * plain are what the goals are about). Runs of equal steps, because a
@@ -611,15 +626,18 @@ static int measure_prompt(verify_run *r, int P, double *ms) {
                 note("P=%d k=%d skipped: %d rows exceed the model's context %d\n", P, k, P + k + 1,
                      r->max_ctx);
         }
-        const int rounds = o->reps < VERIFY_ROUNDS ? o->reps : VERIFY_ROUNDS;
+        const int rounds = o->settle_ms <= 0      ? o->reps
+                           : o->reps < VERIFY_ROUNDS ? o->reps
+                                                     : VERIFY_ROUNDS;
         int done = 0; /* timed steps per cell so far, the same for every live cell */
         for (int round = 0; round < rounds; round++) {
             const int take = o->reps / rounds + (round < o->reps % rounds);
             for (int c = 0; c < w; c++) {
                 const int k = c ? o->ks[c - 1] : 0;
                 const double t0 = cli_now();
-                for (int i = 0; live[c] && (i < o->warmup || (cli_now() - t0) * 1e3 < SETTLE_MS);
-                     i++)
+                const int warm = round == 0 || o->settle_ms > 0 ? o->warmup : 0;
+                for (int i = 0;
+                     live[c] && (i < warm || (cli_now() - t0) * 1e3 < o->settle_ms); i++)
                     if (isnan(one_step(r, B, P, k))) live[c] = 0;
                 for (int i = 0; live[c] && i < take; i++) {
                     double t = one_step(r, B, P, k);
@@ -724,6 +742,8 @@ static int verify_option(int argc, char **argv, int *i, verify_opts *v, const ch
         v->n_p = parse_list(a, cli_value(argc, argv, i), v->prompts, MAX_LIST, 1 << 20);
     } else if (!strcmp(a, "--warmup")) {
         v->warmup = (int)cli_int(a, cli_value(argc, argv, i), 0, 1000);
+    } else if (!strcmp(a, "--settle-ms")) {
+        v->settle_ms = (double)cli_int(a, cli_value(argc, argv, i), 0, 10000);
     } else if (!strcmp(a, "--peak-gbs")) {
         v->peak_gbs = cli_float(a, cli_value(argc, argv, i), 1e-3, 1e6);
     } else {
