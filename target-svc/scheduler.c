@@ -596,13 +596,21 @@ static double calibrate_pass(specd_sched *s, int slot, int ctx, const int32_t *t
  * context matters: each row attends to it, so on an empty cache extra rows
  * look cheaper than they are in a running session.
  *
- * The sizes are timed in CALIBRATE_ROUNDS interleaved rounds (1, 2, ...,
- * max_n, then again) and each point keeps its median. Draft-svc prices a
- * tree by the RATIO of these points, and a shared machine slows down in
- * bursts: timed one size after another, a burst lands on some sizes only.
- * On a 2-core VM, timed one after the other at 256 cached tokens, a
- * 2-token pass was priced at 1.44x a 1-token one, where the served 2-token
- * steps of a session took 1.08x: the mlp drafter stopped drafting.
+ * The sizes are timed in CALIBRATE_ROUNDS interleaved rounds and each
+ * point keeps its median. Draft-svc prices a tree by the RATIO of these
+ * points, and a shared machine slows down in bursts: timed one size after
+ * another, a burst lands on some sizes only. On a 2-core VM, timed one
+ * after the other at 256 cached tokens, a 2-token pass was priced at 1.44x
+ * a 1-token one, where the served 2-token steps of a session took 1.08x:
+ * the mlp drafter stopped drafting. The rounds go up (1, 2, ..., max_n)
+ * and back down, so that every pass follows one of about its own size: a
+ * pass right after a much larger one runs slow (the memory side lags for
+ * tens of milliseconds after compute-bound work, bench/bench_step_lag.c),
+ * and with every round going up, the 1-token pass came right after the
+ * 64-token one and was priced at 3.7-4.1 ms where a run of them takes
+ * 2.1-2.3 (2-vCPU Xeon VM): 5 tokens then cost 0.96x of 1, trees looked
+ * free. Up and down: 1 token 2.11-2.23 ms, 2 tokens 1.10-1.13x, 5 tokens
+ * 1.60x, as `specd bench --verify` measures them.
  *
  * Every pass rewrites the rows after the context; the slot is emptied at
  * the end and nothing is published to the prefix cache. A point whose
@@ -645,7 +653,8 @@ static void calibrate(specd_sched *s, int max_n) {
         for (int r = 0; r < (p == 0 && warm < 1 ? 1 : warm); r++)
             calibrate_pass(s, slot, ctx, toks, s->cost.tokens[p], &err);
     for (int r = 0; r < CALIBRATE_ROUNDS; r++)
-        for (int p = 0; p < n_pts; p++) {
+        for (int i = 0; i < n_pts; i++) {
+            const int p = r % 2 ? n_pts - 1 - i : i; /* up, then down: see above */
             double t = calibrate_pass(s, slot, ctx, toks, s->cost.tokens[p], &err);
             if (t >= 0) us[p][ok[p]++] = t;
         }
