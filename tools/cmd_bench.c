@@ -20,9 +20,10 @@
  * (--shape llama2-7b: random fp16 weights generated on the device, see
  * bench_shapes.h). One table per prompt length P; each cell is the median
  * of --reps steps, timed in runs of equal steps after untimed ones of the
- * same shape (--warmup of them and at least 50 ms, which also let the CUDA
- * backend record its graph for the step's shape; measure_prompt says why). Steps re-run at the same n_past,
- * overwriting the same cache rows, so the measured state never drifts. */
+ * same shape (--warmup of them and at least --settle-ms, which also let the
+ * CUDA backend record its graph for the step's shape; measure_prompt says
+ * why). Steps re-run at the same n_past, overwriting the same cache rows,
+ * so the measured state never drifts. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -239,8 +240,7 @@ static void note(const char *fmt, ...) {
 static void verify_defaults(verify_opts *o) {
     static const int b[] = {1, 2, 4, 8, 32}, k[] = {1, 2, 4, 8, 16}, p[] = {64, 2048};
     *o = (verify_opts){.backend = "cpu", .warmup = 3, .settle_ms = SETTLE_MS, .measure_bw = 1,
-                       .n_b = 5, .n_k = 5,
-                       .n_p = 2};
+                       .n_b = 5, .n_k = 5, .n_p = 2};
     memcpy(o->batches, b, sizeof b);
     memcpy(o->ks, k, sizeof k);
     memcpy(o->prompts, p, sizeof p);
@@ -613,9 +613,10 @@ static int measure_prompt(verify_run *r, int P, double *ms) {
      * compute-bound work; a cache refill would take one pass). One
      * step of each cell in turn had timed every plain step right after the
      * largest k: the batch-8 plain step at 6.8 ms against 5.0-5.1 ms in a
-     * run of its own, the "3.1x of batch 1" that was 2.1x. A serving loop
-     * runs one shape after another much like it, so the settled figure is
-     * the one to plan with. */
+     * run of its own, the "3.1x of batch 1" that was 2.1x
+     * (bench/bench_step_lag.c measures the lag). A serving loop runs one
+     * shape after another much like it, so the settled figure is the one
+     * to plan with. */
     for (int bi = 0; bi < o->n_b; bi++) {
         const int B = o->batches[bi];
         int live[MAX_LIST + 1]; /* columns still measured: fit and not failed */
