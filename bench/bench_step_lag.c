@@ -123,8 +123,10 @@ int main(int argc, char **argv) {
         if (specd_transformer_forward(r.t, &b, &err)) die(err.msg);
     }
     double sum[2][MAX_AFTER] = {{0}};
+    int n[2] = {0, 0}; /* rounds of each kind */
     for (int rd = 0; rd < rounds; rd++) {
         const int heavy_round = rd % 2 == 0;
+        n[heavy_round]++;
         step(&r, heavy_round ? heavy / SEQS : 1);
         for (int i = 0; i < after; i++) {
             double t0 = now_ms();
@@ -132,9 +134,9 @@ int main(int argc, char **argv) {
             sum[heavy_round][i] += now_ms() - t0;
         }
     }
-    printf("probe %s (ms, mean of %d rounds each), %d threads, %s\n",
+    printf("probe %s (ms, mean of %d and %d rounds), %d threads, %s\n",
            kind == 's' ? "step: batch-8 plain step" : kind == 'a' ? "alu: scalar chain" : "mem: 64 MB read",
-           rounds / 2, threads, model);
+           n[1], n[0], threads, model);
     printf("| after | probe 1 |");
     for (int i = 1; i < after; i++) printf(" %d |", i + 1);
     printf("\n|---|");
@@ -143,7 +145,7 @@ int main(int argc, char **argv) {
     for (int h = 1; h >= 0; h--) {
         if (h) printf("| a %d-token step |", heavy);
         else printf("| a %d-token step |", SEQS);
-        for (int i = 0; i < after; i++) printf(" %.3f |", sum[h][i] / (rounds / 2));
+        for (int i = 0; i < after; i++) printf(" %.3f |", sum[h][i] / n[h]);
         printf("\n");
     }
     free(r.mem);

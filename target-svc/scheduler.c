@@ -608,9 +608,9 @@ static double calibrate_pass(specd_sched *s, int slot, int ctx, const int32_t *t
  * tens of milliseconds after compute-bound work, bench/bench_step_lag.c),
  * and with every round going up, the 1-token pass came right after the
  * 64-token one and was priced at 3.7-4.1 ms where a run of them takes
- * 2.1-2.3 (2-vCPU Xeon VM): 5 tokens then cost 0.96x of 1, trees looked
+ * 2.1-2.3 (2-vCPU Xeon VM): 5 tokens then cost 0.93-0.97x of 1, trees looked
  * free. Up and down: 1 token 2.11-2.23 ms, 2 tokens 1.10-1.13x, 5 tokens
- * 1.60x, as `specd bench --verify` measures them.
+ * 1.60-1.62x, as `specd bench --verify` measures them.
  *
  * Every pass rewrites the rows after the context; the slot is emptied at
  * the end and nothing is published to the prefix cache. A point whose
