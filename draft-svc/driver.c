@@ -239,6 +239,28 @@ static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
     }
 }
 
+/* Over the kept part of a tree that tree_shape measures (the model's
+ * nodes): the highest path chance at its deepest level and the lowest at
+ * its widest level, what one more level or one more sibling there would
+ * build on. 0 and 0 when nothing of it is kept. */
+static void kept_edges(const specd_tree_buf *tb, const uint8_t *keep, const float *p_path,
+                       float *p_deep, float *p_wide) {
+    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, deepest = 0, widest = 0, wide_at = 0;
+    for (int i = 0; i < tb->n_nodes; i++) {
+        if (!keep[i] || tb->src[i] == SPECD_SRC_LOOKUP) continue;
+        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
+        if (++width[d] > widest) widest = width[d], wide_at = d;
+        if (d > deepest) deepest = d;
+    }
+    *p_deep = *p_wide = 0;
+    for (int i = 0; i < tb->n_nodes; i++) {
+        if (!keep[i] || tb->src[i] == SPECD_SRC_LOOKUP) continue;
+        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
+        if (d == deepest && p_path[i] > *p_deep) *p_deep = p_path[i];
+        if (d == wide_at && (*p_wide == 0 || p_path[i] < *p_wide)) *p_wide = p_path[i];
+    }
+}
+
 /* Learns the drafter's time per tree level from a draft of `levels` levels
  * that took draft_us. Not from a session's first draft: that one also
  * builds the drafter's state for the request (a suffix structure over the
@@ -365,6 +387,8 @@ static void price_tree(gen *g, double draft_us) {
     }
     int n_kept = 0;
     for (int i = 0; i < n; i++) n_kept += ps->keep[i] != 0;
+    float p_deep, p_wide;
+    kept_edges(tb, ps->keep, ps->p_path, &p_deep, &p_wide);
     if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
     /* A step where the model did not draft (a lookup's part only) says
      * nothing about it: the skip rules and its shape carry on as they
@@ -372,18 +396,33 @@ static void price_tree(gen *g, double draft_us) {
     int model_drafted = drafted_deep > 0 || !g->req->drafter->has_lookup;
     if (model_drafted) judge_drafting(g, &pr, &pick, base_rate, drafted_deep);
     /* draft next time the shape that was kept, and on every EXPLORE_EVERY-th
-     * priced step one wider and one deeper (within max_shape), so the
-     * calibration keeps learning what the next node would earn. Drafting
-     * one more level and column every step (what this did first) cost the
-     * drafter twice the nodes that were kept: on two shared cores 1.3-1.8
-     * ms of a 7-10 ms step, most of what a kept node earned. */
+     * priced step one deeper or one wider, in turn (within max_shape), so
+     * the calibration keeps learning what the next node would earn.
+     * Drafting one more level and column every step (what this did first)
+     * cost the drafter twice the nodes that were kept: on two shared cores
+     * 1.3-1.8 ms of a 7-10 ms step, most of what a kept node earned. */
     int deepest, widest;
     tree_shape(tb, &deepest, &widest);
     const specd_policy *pol = g->env->policy;
-    /* a dimension kept whole (every drafted level, or the widest level's
-     * every node) grows at once: the next node there is likely worth it */
-    int explore = ++ps->priced_steps % EXPLORE_EVERY == 0 || deepest == 0;
-    int deeper = explore || deepest >= drafted_deep, wider = explore || widest >= drafted_wide;
+    /* A dimension kept whole (every drafted level, or the widest level's
+     * every node) grows at once where its next node is likely to pay for
+     * its row and stage (specd_tree_break_even): a child's chance taken as
+     * its parent's path chance times the session's first-node chance (a
+     * conditional acceptance), a sibling's as half its weakest kept
+     * sibling's (siblings come in falling order). Growing whenever a
+     * dimension was kept whole made the mlp drafter alternate 1x1 and 2x2
+     * drafts at one stream, each 2x2 taking 2.5x a 1x1's draft time and
+     * mostly cut back to one node (tau 1.46 either way; the default shape
+     * 1.14x plain where a fixed 1x1 ran 1.19x, docs/BENCHMARKS.md). */
+    int explore = ++ps->priced_steps % EXPLORE_EVERY == 0;
+    int explore_deep = explore && ps->priced_steps / EXPLORE_EVERY % 2;
+    const float pc = ps->p1 >= 0 ? ps->p1 : 0.5f;
+    int grow_deep = deepest >= drafted_deep &&
+                    p_deep * pc > specd_tree_break_even(&pr, &pick, 1);
+    int grow_wide = widest >= drafted_wide &&
+                    0.5f * p_wide > specd_tree_break_even(&pr, &pick, 0);
+    int deeper = deepest == 0 || explore_deep || grow_deep;
+    int wider = deepest == 0 || (explore && !explore_deep) || grow_wide;
     if (model_drafted) {
         ps->want_cand = widest + wider < pol->max_candidates ? widest + wider : pol->max_candidates;
         ps->want_depth = deepest + deeper < pol->max_depth ? deepest + deeper : pol->max_depth;

@@ -301,3 +301,12 @@ void specd_tree_choose(const float *p_path, const int32_t *depth, const int32_t 
     out->plain_rate = L / plain;
     if (r != stack_buf) free(r);
 }
+
+double specd_tree_break_even(const specd_tree_price *pr, const specd_tree_pick *pick, int levels) {
+    if (specd_step_cost_at(&pr->cost, 1) <= 0) return 0;
+    const int base = pr->other_tokens + 1, k = pick->n_keep;
+    const double row = pass_cost(pr, base, base + k + 1) - pass_cost(pr, base, base + k);
+    const double rate = pick->rate > 0 ? pick->rate : pick->plain_rate;
+    const double dt = (row > 0 ? row : 0) + stage_cost(pr, levels);
+    return rate > 0 ? rate * dt : 0;
+}

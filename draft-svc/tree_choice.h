@@ -221,4 +221,13 @@ double specd_tree_base_tokens(const specd_tree_price *pr);
 void specd_tree_choose(const float *p_path, const int32_t *depth, const int32_t *levels, int n,
                        const specd_tree_price *pr, uint8_t *keep, specd_tree_pick *out);
 
+/* The chance of acceptance one more node must have to pay for itself on
+ * top of the chosen tree `pick`: its row in the pass plus `levels` more
+ * drafter stages, at the pick's rate ((L + E + e + p) / (T + dT) beats
+ * (L + E + e) / T exactly when p > rate * dT). The driver grows the shape
+ * it drafts next only where the next node is likely to clear this: a
+ * drafted node that is then priced out cost its stage for nothing. 0 when
+ * nothing is measured yet (every node pays then). */
+double specd_tree_break_even(const specd_tree_price *pr, const specd_tree_pick *pick, int levels);
+
 #endif

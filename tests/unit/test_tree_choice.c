@@ -211,6 +211,42 @@ static void test_choose_cases(void **state) {
     assert_int_equal(pick.n_keep, 0);
 }
 
+/* specd_tree_break_even is the exact bar for one more node: on top of a
+ * chosen node, a child a hair above it is kept by specd_tree_choose and
+ * one a hair below is not, alone and under load, with and without a
+ * drafter stage for the child's level; nothing measured: no bar. */
+static void test_break_even(void **state) {
+    (void)state;
+    int32_t depth[2] = {1, 2};
+    uint8_t keep[2];
+    specd_tree_price cases[3] = {linear_price(2300, 350, 250), linear_price(2300, 350, 250),
+                                 linear_price(4000, 700, 0)};
+    cases[1].stage_us = 250;
+    cases[2].sessions = 4, cases[2].other_tokens = 3, cases[2].stage_us = 100;
+    for (int c = 0; c < 3; c++) {
+        specd_tree_price *pr = &cases[c];
+        float p[2] = {0.9f, 0.0f};
+        specd_tree_pick one, two;
+        specd_tree_choose(p, depth, NULL, 1, pr, keep, &one);
+        assert_int_equal(one.n_keep, 1);
+        double be = specd_tree_break_even(pr, &one, 1);
+        assert_true(be > 0 && be < 0.9);
+        p[1] = (float)(be * 1.02);
+        specd_tree_choose(p, depth, NULL, 2, pr, keep, &two);
+        assert_int_equal(two.n_keep, 2);
+        p[1] = (float)(be * 0.98);
+        specd_tree_choose(p, depth, NULL, 2, pr, keep, &two);
+        assert_int_equal(two.n_keep, 1);
+        /* a stage costs something: a child that needs one has a higher bar */
+        if (pr->stage_us > 0) assert_true(be > specd_tree_break_even(pr, &one, 0));
+    }
+    specd_tree_price none;
+    memset(&none, 0, sizeof none);
+    specd_step_cost_init(&none.cost, 64);
+    specd_tree_pick pick = {.n_keep = 1, .rate = 1e-3};
+    assert_true(specd_tree_break_even(&none, &pick, 1) == 0);
+}
+
 /* ---- calibration ------------------------------------------------------------- */
 
 static void chain_tree(specd_tree_buf *t, const float *q, int n) {
@@ -651,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_sent_bias),
         cmocka_unit_test(test_sent_yield),
         cmocka_unit_test(test_others_expected),
+        cmocka_unit_test(test_break_even),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
