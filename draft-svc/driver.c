@@ -64,6 +64,7 @@ typedef struct price_state {
     int32_t *levels;     /* [max_tree_tokens] drafting stages per node (price_tree) */
     float *p_alt;        /* [max_tree_tokens] scratch: the tree without the model's part */
     uint8_t *keep_alt;
+    uint8_t *keep_shape; /* [max_tree_tokens] the tree worth drafting again (price_tree) */
     double predicted;    /* expected accepted tokens of the tree sent, as priced */
     double predicted_raw;/* the same without the session's scale */
     double predicted_unbiased; /* ... with the scale, without the drafter's bias */
@@ -167,6 +168,7 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->levels = malloc(sizeof(int32_t) * (size_t)cap);
     ps->p_alt = malloc(sizeof(float) * (size_t)cap);
     ps->keep_alt = malloc((size_t)cap);
+    ps->keep_shape = malloc((size_t)cap);
     ps->scale = 1.0f;
     ps->p1 = -1.0f;
     ps->gain = 1.0;
@@ -175,7 +177,7 @@ static int price_init(price_state *ps, int cap, const specd_policy *pol) {
     ps->want_cand = pol->max_candidates > 2 ? 2 : pol->max_candidates > 0 ? pol->max_candidates : 1;
     ps->want_depth = pol->max_depth > 2 ? 2 : pol->max_depth > 0 ? pol->max_depth : 1;
     return ps->score && ps->p_path && ps->rank && ps->keep && ps->levels && ps->p_alt &&
-                   ps->keep_alt
+                   ps->keep_alt && ps->keep_shape
                ? 0
                : -1;
 }
@@ -188,6 +190,7 @@ static void price_free(price_state *ps) {
     free(ps->levels);
     free(ps->p_alt);
     free(ps->keep_alt);
+    free(ps->keep_shape);
 }
 
 /* What the next pass will cost us: the target's curve as this draft-svc
@@ -239,12 +242,12 @@ static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
     }
 }
 
-/* Over the kept part of a tree that tree_shape measures (the model's
- * nodes): the highest path chance at its deepest level and the lowest at
- * its widest level, what one more level or one more sibling there would
- * build on. 0 and 0 when nothing of it is kept. */
-static void kept_edges(const specd_tree_buf *tb, const uint8_t *keep, const float *p_path,
-                       float *p_deep, float *p_wide) {
+/* tree_shape over the nodes of tb that keep marks, and with it the highest
+ * path chance at the deepest level and the lowest at the widest level:
+ * what one more level or one more sibling there would build on. All 0
+ * when none of the model's nodes is marked. */
+static void kept_shape(const specd_tree_buf *tb, const uint8_t *keep, const float *p_path,
+                       int *deepest_out, int *widest_out, float *p_deep, float *p_wide) {
     int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, deepest = 0, widest = 0, wide_at = 0;
     for (int i = 0; i < tb->n_nodes; i++) {
         if (!keep[i] || tb->src[i] == SPECD_SRC_LOOKUP) continue;
@@ -259,6 +262,8 @@ static void kept_edges(const specd_tree_buf *tb, const uint8_t *keep, const floa
         if (d == deepest && p_path[i] > *p_deep) *p_deep = p_path[i];
         if (d == wide_at && (*p_wide == 0 || p_path[i] < *p_wide)) *p_wide = p_path[i];
     }
+    *deepest_out = deepest;
+    *widest_out = widest;
 }
 
 /* Learns the drafter's time per tree level from a draft of `levels` levels
@@ -279,9 +284,10 @@ static void note_draft_time(gen *g, double draft_us, int levels) {
 }
 
 /* Folds a priced step into the session's verdict on drafting: the gain of
- * the chosen step against base_rate (a plain step's, or a lookup part's
- * alone, price_tree), the draft's own time counted; a smoothed gain below
- * 1 skips the drafter for a while (skip_drafting). */
+ * the step as sent (pick: its rate without draft time) against base_rate
+ * (a plain step's, or a lookup part's alone, price_tree), the draft's own
+ * time counted once for every level drafted; a smoothed gain below 1 skips
+ * the drafter for a while (skip_drafting). */
 static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_pick *pick,
                            double base_rate, int drafted_deep) {
     price_state *ps = &g->price;
@@ -326,9 +332,21 @@ static void price_tree(gen *g, double draft_us) {
     for (int i = 0; i < n; i++)
         if (tb->parents[i] < 0 && ps->rank[i] == 0 && tb->src[i] != SPECD_SRC_LOOKUP)
             ps->p1 = ps->p1 >= 0 ? 0.5f * ps->p1 + 0.5f * ps->p_path[i] : ps->p_path[i];
-    specd_tree_pick pick;
+    /* Two choices. What to send: the drafting of this tree is done, so its
+     * time is spent whatever is sent, and a node goes out when it pays for
+     * its row in the pass (the price with no stage time). What to draft
+     * again: a tree drafted every step costs its levels' stages every
+     * step, so the shape to keep drafting is the best tree with them
+     * counted (pick). Sending only what paid for its stage as well priced
+     * out first nodes of chance 0.13-0.23 at one stream whose draft had
+     * already been paid (the default ran 1.07-1.17x plain where always
+     * sending a fixed 1x1 ran 1.15-1.20x, docs/BENCHMARKS.md). */
+    specd_tree_pick pick, send;
+    specd_tree_price sunk = pr;
+    sunk.stage_us = 0;
     for (int i = 0; i < n; i++) ps->levels[i] = tb->src[i] == SPECD_SRC_LOOKUP ? 0 : tb->depth[i];
-    specd_tree_choose(ps->p_path, tb->depth, ps->levels, n, &pr, ps->keep, &pick);
+    specd_tree_choose(ps->p_path, tb->depth, ps->levels, n, &pr, ps->keep_shape, &pick);
+    specd_tree_choose(ps->p_path, tb->depth, ps->levels, n, &sunk, ps->keep, &send);
     /* What drafting is judged against: a plain step, or for a drafter
      * with a lookup part the best tree of that part alone (the nodes the
      * lookup proposed, BOTH included, under parents it proposed too),
@@ -336,7 +354,7 @@ static void price_tree(gen *g, double draft_us) {
      * whether the model's drafting adds to it. Judged against plain, a
      * model whose trees the price discarded kept drafting whenever the
      * lookup's paid: 7-8% of throughput at 4 streams. */
-    double base_rate = pick.plain_rate;
+    double base_rate = send.plain_rate;
     if (g->req->drafter->has_lookup) {
         for (int i = 0; i < n; i++) {
             int par = tb->parents[i];
@@ -344,7 +362,7 @@ static void price_tree(gen *g, double draft_us) {
             ps->p_alt[i] = in ? ps->p_path[i] : 0.0f;
         }
         specd_tree_pick alt;
-        specd_tree_choose(ps->p_alt, tb->depth, ps->levels, n, &pr, ps->keep_alt, &alt);
+        specd_tree_choose(ps->p_alt, tb->depth, ps->levels, n, &sunk, ps->keep_alt, &alt);
         if (alt.rate > base_rate) base_rate = alt.rate;
     }
     /* A look that the estimate would prune to nothing still sends the
@@ -359,7 +377,7 @@ static void price_tree(gen *g, double draft_us) {
      * calibration already learns from all their trees. */
     ps->sent_look = 0;
     int alone = pr.sessions == 1;
-    if (ps->looking && alone && pick.n_keep == 0) {
+    if (ps->looking && alone && send.n_keep == 0) {
         for (int i = 0; i < n && !ps->sent_look; i++)
             if (tb->parents[i] < 0 && ps->rank[i] == 0) ps->keep[i] = ps->sent_look = 1;
     }
@@ -375,7 +393,7 @@ static void price_tree(gen *g, double draft_us) {
      * above: a shared pass's size varies with the others' trees, so its
      * curve points are measured anyway. */
     int explore_step = (ps->priced_steps + 1) % EXPLORE_EVERY == 0;
-    if (explore_step && alone && pick.n_keep > 0 && pick.n_keep < n) {
+    if (explore_step && alone && send.n_keep > 0 && send.n_keep < n) {
         int best = -1;
         for (int i = 0; i < n; i++)
             if (!ps->keep[i] && (best < 0 || ps->p_path[i] > ps->p_path[best] ||
@@ -387,22 +405,21 @@ static void price_tree(gen *g, double draft_us) {
     }
     int n_kept = 0;
     for (int i = 0; i < n; i++) n_kept += ps->keep[i] != 0;
+    int deepest, widest;
     float p_deep, p_wide;
-    kept_edges(tb, ps->keep, ps->p_path, &p_deep, &p_wide);
+    kept_shape(tb, ps->keep_shape, ps->p_path, &deepest, &widest, &p_deep, &p_wide);
     if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
     /* A step where the model did not draft (a lookup's part only) says
      * nothing about it: the skip rules and its shape carry on as they
      * were. */
     int model_drafted = drafted_deep > 0 || !g->req->drafter->has_lookup;
-    if (model_drafted) judge_drafting(g, &pr, &pick, base_rate, drafted_deep);
-    /* draft next time the shape that was kept, and on every EXPLORE_EVERY-th
+    if (model_drafted) judge_drafting(g, &pr, &send, base_rate, drafted_deep);
+    /* draft next time the shape worth drafting (pick), and on every EXPLORE_EVERY-th
      * priced step one deeper or one wider, in turn (within max_shape), so
      * the calibration keeps learning what the next node would earn.
      * Drafting one more level and column every step (what this did first)
      * cost the drafter twice the nodes that were kept: on two shared cores
      * 1.3-1.8 ms of a 7-10 ms step, most of what a kept node earned. */
-    int deepest, widest;
-    tree_shape(tb, &deepest, &widest);
     const specd_policy *pol = g->env->policy;
     /* A dimension kept whole (every drafted level, or the widest level's
      * every node) grows at once where its next node is likely to pay for

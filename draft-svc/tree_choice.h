@@ -18,14 +18,17 @@
  * step_cost.h), L the sessions in the pass (the other L - 1 each yield at
  * least one token), R the rows the other sessions bring, and overhead the
  * step's time outside the forward pass, D the depth of the n nodes and
- * stage the drafter's time per level (the shape kept is the shape drafted
- * next; with it the n best by p are a close, not an exact, optimum: a
- * shallower node of slightly lower p can be worth more). That is the pass's
- * tokens per
- * microsecond: at one session it is this stream's speed, under load the
- * whole target's, so a tree that slows everyone else down for a small gain
- * here is not sent. n = 0 is a plain step, so a step is never priced worse
- * than plain decoding.
+ * stage the drafter's time per level (with it the n best by p are a
+ * close, not an exact, optimum: a shallower node of slightly lower p can be
+ * worth more). That is the pass's tokens per microsecond: at one session
+ * it is this stream's speed, under load the whole target's, so a tree that
+ * slows everyone else down for a small gain here is not sent. n = 0 is a
+ * plain step, so a step is never priced worse than plain decoding.
+ *
+ * The driver chooses twice from each drafted tree: the shape to draft
+ * again, with stage counted (a tree drafted every step costs its levels
+ * every step), and the nodes to send, with stage 0 (this draft's time is
+ * spent already, so a node goes out when it pays for its row).
  *
  * Where p comes from. A drafter scores each node with its conditional
  * chance of acceptance given its parent was accepted: the acceptance head's
