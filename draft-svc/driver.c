@@ -391,8 +391,13 @@ static void price_tree(gen *g, double draft_us) {
      * request. The best left-out node has its parent kept (path chances
      * only fall with depth, ties go to the shallower node). Alone only, as
      * above: a shared pass's size varies with the others' trees, so its
-     * curve points are measured anyway. */
-    int explore_step = (ps->priced_steps + 1) % EXPLORE_EVERY == 0;
+     * curve points are measured anyway. It is the step after the one that
+     * chose a grown shape to explore (below), the step that drafted it:
+     * the node the exploring draft added goes out and is measured. (On the
+     * exploring step itself, as first written, the extra node came from
+     * the old shape and the explored level the next step drafted was
+     * mostly priced out unsent, its stage spent for nothing.) */
+    int explore_step = ps->priced_steps > 0 && ps->priced_steps % EXPLORE_EVERY == 0;
     if (explore_step && alone && send.n_keep > 0 && send.n_keep < n) {
         int best = -1;
         for (int i = 0; i < n; i++)
