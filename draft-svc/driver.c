@@ -230,40 +230,28 @@ static void skip_drafting(price_state *ps) {
  * the widest level of a tree's drafted part, the part a drafter pays for
  * per level: every node but a lookup's (tree_builder.h), whose shape is
  * not priced (a hybrid drafter's lookup always gets the policy's largest
- * shape, draft()). 0 and 0 when there is none. */
-static void tree_shape(const specd_tree_buf *tb, int *deepest, int *widest) {
-    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0};
+ * shape, draft()). Only the nodes keep marks when keep is given, and then
+ * also the highest path chance at the deepest level (*p_deep) and the
+ * lowest at the widest level (*p_wide): what one more level or one more
+ * sibling there would build on. All 0 when there is none. */
+static void tree_shape(const specd_tree_buf *tb, const uint8_t *keep, const float *p_path,
+                       int *deepest, int *widest, float *p_deep, float *p_wide) {
+    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, wide_at = 0;
     *deepest = *widest = 0;
     for (int i = 0; i < tb->n_nodes; i++) {
-        if (tb->src[i] == SPECD_SRC_LOOKUP) continue;
+        if ((keep && !keep[i]) || tb->src[i] == SPECD_SRC_LOOKUP) continue;
         int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
-        if (++width[d] > *widest) *widest = width[d];
+        if (++width[d] > *widest) *widest = width[d], wide_at = d;
         if (d > *deepest) *deepest = d;
     }
-}
-
-/* tree_shape over the nodes of tb that keep marks, and with it the highest
- * path chance at the deepest level and the lowest at the widest level:
- * what one more level or one more sibling there would build on. All 0
- * when none of the model's nodes is marked. */
-static void kept_shape(const specd_tree_buf *tb, const uint8_t *keep, const float *p_path,
-                       int *deepest_out, int *widest_out, float *p_deep, float *p_wide) {
-    int width[SPECD_MAX_DRAFT_DEPTH + 1] = {0}, deepest = 0, widest = 0, wide_at = 0;
-    for (int i = 0; i < tb->n_nodes; i++) {
-        if (!keep[i] || tb->src[i] == SPECD_SRC_LOOKUP) continue;
-        int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
-        if (++width[d] > widest) widest = width[d], wide_at = d;
-        if (d > deepest) deepest = d;
-    }
+    if (!keep) return;
     *p_deep = *p_wide = 0;
     for (int i = 0; i < tb->n_nodes; i++) {
         if (!keep[i] || tb->src[i] == SPECD_SRC_LOOKUP) continue;
         int d = tb->depth[i] < SPECD_MAX_DRAFT_DEPTH ? tb->depth[i] : SPECD_MAX_DRAFT_DEPTH;
-        if (d == deepest && p_path[i] > *p_deep) *p_deep = p_path[i];
+        if (d == *deepest && p_path[i] > *p_deep) *p_deep = p_path[i];
         if (d == wide_at && (*p_wide == 0 || p_path[i] < *p_wide)) *p_wide = p_path[i];
     }
-    *deepest_out = deepest;
-    *widest_out = widest;
 }
 
 /* Learns the drafter's time per tree level from a draft of `levels` levels
@@ -315,7 +303,7 @@ static void price_tree(gen *g, double draft_us) {
     price_state *ps = &g->price;
     specd_tree_buf *tb = &g->tb;
     int drafted_deep, drafted_wide;
-    tree_shape(tb, &drafted_deep, &drafted_wide);
+    tree_shape(tb, NULL, NULL, &drafted_deep, &drafted_wide, NULL, NULL);
     note_draft_time(g, draft_us, drafted_deep);
     int n = tb->n_nodes;
     specd_tree_price pr;
@@ -412,7 +400,7 @@ static void price_tree(gen *g, double draft_us) {
     for (int i = 0; i < n; i++) n_kept += ps->keep[i] != 0;
     int deepest, widest;
     float p_deep, p_wide;
-    kept_shape(tb, ps->keep_shape, ps->p_path, &deepest, &widest, &p_deep, &p_wide);
+    tree_shape(tb, ps->keep_shape, ps->p_path, &deepest, &widest, &p_deep, &p_wide);
     if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
     /* A step where the model did not draft (a lookup's part only) says
      * nothing about it: the skip rules and its shape carry on as they
