@@ -326,7 +326,8 @@ static void price_tree(gen *g, double draft_us) {
      * again: a tree drafted every step costs its levels' stages every
      * step, so the shape to keep drafting is the best tree with them
      * counted (pick). Sending only what paid for its stage as well priced
-     * out first nodes of chance 0.13-0.23 at one stream whose draft had
+     * out first nodes of chance 0.13-0.23 at one stream (the bar without
+     * and with the stage on a traced curve) whose draft had
      * already been paid (the default ran 1.07-1.17x plain where always
      * sending a fixed 1x1 ran 1.15-1.20x, docs/BENCHMARKS.md). */
     specd_tree_pick pick, send;
