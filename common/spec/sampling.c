@@ -17,7 +17,7 @@
  *   4. min-p filters what the walk kept; the kept weights are renormalized.
  *
  * Buckets come from the logit gap, not from w, so that they are monotone in
- * the logit by construction (no reliance on expf being monotone). Rank is
+ * the logit by construction (no reliance on the exp being monotone). Rank is
  * (logit descending, token id ascending), a strict total order, so the kept
  * set is unique and does not depend on which sort ran. */
 #include "common/spec/sampling.h"
@@ -26,15 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/spec/sampling_vec.h"
 #include "common/util/rng.h"
 
 #define NBUCKETS 64
 #define INV_LN2 1.4426950408889634074 /* 1 / ln 2 */
 
-/* Beyond this many nats below the best token the float weight is 0 anyway
- * (expf underflows below about -103.97); checking first also keeps the
- * double->float conversion of a huge gap in range. */
-#define MAX_GAP 110.0
+#define MAX_GAP SAMPLING_MAX_GAP
 
 /* A token competing for a place in top-k / top-p. The logit travels with the
  * id so that sorting reads contiguous memory. */
@@ -360,13 +358,7 @@ void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, floa
 
 int specd_argmax(const float *x, int n) {
     if (n <= 0) return -1;
-    int best = -1;
-    for (int i = 0; i < n; i++) {
-        if (isnan(x[i])) continue;
-        /* Strict > keeps the first of equal values: lowest index wins ties. */
-        if (best < 0 || x[i] > x[best]) best = i;
-    }
-    return best < 0 ? 0 : best;
+    return sampling_vec_active()->argmax(x, n);
 }
 
 size_t specd_sampling_scratch_size(int n) {
@@ -499,6 +491,28 @@ static inline double gap_of(float l, float lmax, double inv_t, int inf_mode) {
     return ((double)lmax - (double)l) * inv_t;
 }
 
+/* probs[i] = token i's weight exp(-gap) (sampling_vec.h's, so every SIMD
+ * path gives the same bits), 0 where it is below wmin; acc[i % 8] gathers
+ * the sum in the order every path keeps. */
+static void weigh(const sampling_vec *vec, const float *logits, int n, float lmax, double inv_t,
+                  int inf_mode, float wmin, float *probs, double acc[8]) {
+    if (!inf_mode) {
+        vec->weights(logits, n, lmax, inv_t, wmin, probs, acc);
+        return;
+    }
+    for (int i = 0; i < n; i++) { /* weight 1 for each +inf logit, else 0 */
+        float w = sampling_exp_neg(gap_of(logits[i], lmax, inv_t, 1));
+        if (!(w >= wmin)) w = 0.0f;
+        probs[i] = w;
+        acc[i & 7] += w;
+    }
+}
+
+/* The eight lane sums in one fixed order. */
+static double lane_sum(const double a[8]) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,
                           void *scratch) {
     if (n <= 0) return;
@@ -526,18 +540,13 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
     int want_k = s->top_k > 0 && s->top_k < n;
     int use_p = s->top_p < 1.0f; /* NaN compares false: off */
 
+    const sampling_vec *vec = sampling_vec_active();
     if (!want_k && !use_p) {
         /* No ranking needed: weights, min-p and the sum in one pass. */
-        double sum = 0.0;
-        for (int i = 0; i < n; i++) {
-            double gap = gap_of(logits[i], lmax, inv_t, inf_mode);
-            float w = gap < MAX_GAP ? expf((float)-gap) : 0.0f;
-            if (!(w >= wmin)) w = 0.0f;
-            probs[i] = w;
-            sum += w;
-        }
-        double scale = 1.0 / sum; /* sum >= 1: the best token weighs 1 */
-        for (int i = 0; i < n; i++) probs[i] = (float)(probs[i] * scale);
+        double acc[8] = {0};
+        weigh(vec, logits, n, lmax, inv_t, inf_mode, wmin, probs, acc);
+        double scale = 1.0 / lane_sum(acc); /* sum >= 1: the best token weighs 1 */
+        vec->scale(probs, n, scale);
         return;
     }
 
@@ -552,10 +561,12 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
 
     /* Pass 1: weights into probs[], each positive one filed in its bucket. */
     size_t m = 0; /* tokens with positive weight */
+    double acc[8] = {0}; /* unused: the walk sums bucket by bucket */
+    weigh(vec, logits, n, lmax, inv_t, inf_mode, 0.0f, probs, acc);
     for (int i = 0; i < n; i++) {
-        double gap = gap_of(logits[i], lmax, inv_t, inf_mode);
-        float w = gap < MAX_GAP ? expf((float)-gap) : 0.0f;
+        float w = probs[i];
         if (w > 0.0f) {
+            double gap = gap_of(logits[i], lmax, inv_t, inf_mode);
             double bb = gap * INV_LN2; /* = -log2(weight), up to rounding */
             int b = bb < NBUCKETS - 1 ? (int)bb : NBUCKETS - 1;
             bucket[i] = (uint8_t)b;
@@ -563,7 +574,6 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
             bk.sum[b] += w;
             m++;
         }
-        probs[i] = w;
     }
     int use_k = want_k && (size_t)s->top_k < m;
 
@@ -644,8 +654,6 @@ int specd_sample(const specd_sampling *s, const float *logits, int n, uint64_t s
 
 /* --- seed-exact sampling: the exponential race ------------------------------ */
 
-static inline double race_u(uint32_t w) { return ((double)w + 0.5) * 0x1.0p-32; }
-
 /* The Philox block holding the noise of ids 4j..4j+3. */
 static void race_block(specd_race_addr a, uint64_t j, uint32_t w[4]) {
     specd_rng_u32x4(a.seed, a.stream, SPECD_RACE_COUNTER + (a.counter << 30) + j, w);
@@ -691,43 +699,59 @@ static void race_offer(race *r, double key, int32_t id) {
     if (r->n < r->k) r->n++;
 }
 
-/* Whether a token with probability p and uniform u certainly loses to cut:
- * E = -log(u) >= 1 - u, so 1 - u >= cut * p (plus a margin far above the
- * rounding of the exact comparison) means E / p > cut. */
-static inline int race_hopeless(double u, float p, double cut) {
-    return 1.0 - u >= cut * (double)p + 1e-9;
-}
+/* Ids per chunk of the race: 16 Philox blocks, one 64-bit mask. */
+#define RACE_CHUNK 64
 
 static int race_run(const float *probs, int n, specd_race_addr a, int k, int32_t *ids) {
     if (k > SPECD_RACE_MAX_K) k = SPECD_RACE_MAX_K;
     if (k < 1 || n <= 0) return 0;
+    const sampling_vec *vec = sampling_vec_active();
     race r = {.k = k, .n = 0};
     /* Seed the race with the k most likely tokens, so that the cut is tight
-     * from the first block on. */
+     * from the first chunk on. A chunk's mask holds the ids above the k-th
+     * best so far; each is checked again, as the bar rises inside a chunk. */
     int32_t top[SPECD_RACE_MAX_K];
     float top_p[SPECD_RACE_MAX_K];
     int n_top = 0;
-    for (int i = 0; i < n; i++) {
-        float p = probs[i];
-        if (!(p > 0.0f)) continue;
-        if (n_top == k && !(p > top_p[n_top - 1])) continue;
-        int pos = n_top < k ? n_top++ : k - 1;
-        while (pos > 0 && p > top_p[pos - 1]) top_p[pos] = top_p[pos - 1], top[pos] = top[pos - 1], pos--;
-        top_p[pos] = p;
-        top[pos] = i;
+    for (int b = 0; b < n; b += RACE_CHUNK) {
+        int len = n - b < RACE_CHUNK ? n - b : RACE_CHUNK;
+        for (uint64_t m = vec->above(probs + b, len, n_top < k ? 0.0f : top_p[k - 1]); m;
+             m &= m - 1) {
+            int i = b + __builtin_ctzll(m);
+            float p = probs[i];
+            if (n_top == k && !(p > top_p[n_top - 1])) continue;
+            int pos = n_top < k ? n_top++ : k - 1;
+            while (pos > 0 && p > top_p[pos - 1])
+                top_p[pos] = top_p[pos - 1], top[pos] = top[pos - 1], pos--;
+            top_p[pos] = p;
+            top[pos] = i;
+        }
     }
     for (int j = 0; j < n_top; j++)
         race_offer(&r, specd_race_exp(a, top[j]) / (double)top_p[j], top[j]);
-    /* Then every other positive entry, one Philox block per four ids. */
-    for (int b = 0; b < n; b += 4) {
-        int e = b + 4 < n ? b + 4 : n, any = 0;
-        for (int i = b; i < e; i++) any |= probs[i] > 0.0f;
-        if (!any) continue;
-        uint32_t w[4];
-        race_block(a, (uint64_t)b / 4, w);
-        for (int i = b; i < e; i++) {
+    /* Then every other positive entry. A chunk with a few positive ids
+     * (top-k, top-p) draws their blocks one by one; a dense one draws all
+     * 16 blocks at once (rng.h's vector run) and lets the vector filter
+     * drop the tokens that certainly lose, which is nearly all of them.
+     * Each id left is decided exactly, against the current cut. */
+    uint32_t w[RACE_CHUNK];
+    for (int b = 0; b < n; b += RACE_CHUNK) {
+        int len = n - b < RACE_CHUNK ? n - b : RACE_CHUNK;
+        uint64_t m = vec->above(probs + b, len, 0.0f);
+        if (!m) continue;
+        if (__builtin_popcountll(m) <= 2) {
+            for (uint64_t t = m; t; t &= t - 1) {
+                int i = __builtin_ctzll(t);
+                race_block(a, (uint64_t)(b + i) / 4, w + (i & ~3));
+            }
+        } else {
+            specd_rng_u32x4_run(a.seed, a.stream, SPECD_RACE_COUNTER + (a.counter << 30) + b / 4,
+                                (size_t)(len + 3) / 4, w);
+            m = vec->contenders(w, probs + b, len, race_cut(&r));
+        }
+        for (; m; m &= m - 1) {
+            int i = b + __builtin_ctzll(m);
             float p = probs[i];
-            if (!(p > 0.0f)) continue;
             double u = race_u(w[i - b]), cut = race_cut(&r);
             if (race_hopeless(u, p, cut)) continue;
             int seeded = 0;

@@ -29,6 +29,7 @@
 #define SPECD_RNG_H
 
 #include <stdint.h>
+#include <stddef.h>
 
 /* The Philox4x32-10 block function itself, exactly as Random123 defines it
  * (philox4x32_R(10, ctr, key)); exposed so tests can check the published
@@ -37,6 +38,13 @@ void specd_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t 
 
 /* The four 32-bit words at address (seed, stream, counter). */
 void specd_rng_u32x4(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]);
+
+/* specd_rng_u32x4 at n consecutive counters: out[4 * i + r] is word r at
+ * (seed, stream, counter + i). Sixteen blocks at a time with AVX-512, eight
+ * with AVX2 (simd.h picks), the same words as the scalar loop: the
+ * sampling race draws noise for every token of the vocabulary this way. */
+void specd_rng_u32x4_run(uint64_t seed, uint64_t stream, uint64_t counter, size_t n,
+                         uint32_t *out);
 
 /* A uniform double in [0, 1) with 53 random bits (a multiple of 2^-53; 1.0 is
  * never returned, 0.0 is possible), built from the first two words at

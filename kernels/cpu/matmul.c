@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util/simd.h"
 #include "quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -129,6 +130,8 @@ int cpu_simd_force(const char *name) {
     const cpu_kernel_set *ks = !name || !strcmp(name, "auto") ? best_set() : set_named(name);
     if (!ks) return 0;
     atomic_store(&g_active, ks);
+    /* the loops below kernels/ (sampling, rng) follow at their width */
+    specd_simd_force(name);
     return 1;
 }
 

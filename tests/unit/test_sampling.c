@@ -23,7 +23,9 @@
 #include <cmocka.h>
 
 #include "common/util/rng.h"
+#include "common/util/simd.h"
 #include "common/spec/sampling.h"
+#include "common/spec/sampling_vec.h"
 #include "tests/harness/test_util.h"
 
 #define VOCAB 49152
@@ -598,6 +600,142 @@ static void test_probs_timing(void **state) {
     }
     free(scratch);
     free(p);
+    free(l);
+}
+
+/* --- the SIMD paths (simd.h) ------------------------------------------------ */
+
+static const char *const k_paths[] = {"scalar", "avx2", "avx512"};
+#define N_PATHS 3
+
+/* specd_rng_u32x4_run is the per-block function at consecutive counters, on
+ * every path: whole vector groups, a partial tail, and a run whose counter's
+ * low word wraps (the carry into the high word) inside a group. */
+static void test_rng_run_matches_blocks(void **state) {
+    (void)state;
+    static const struct {
+        uint64_t seed, stream, counter;
+        size_t n;
+    } runs[] = {
+        {0, 0, 0, 64},
+        {0xdeadbeefcafef00dull, 7, 1ull << 40, 37},
+        {42, 0x123456789abcdefull, 0xfffffffbull, 40}, /* low word wraps at +5 */
+        {42, 3, 0x1fffffff0ull, 33},                   /* and at +16 */
+        {1, 2, 3, 1},
+        {1, 2, 3, 0},
+    };
+    uint32_t *got = malloc(sizeof(uint32_t) * 4 * 65), want[4];
+    int paths = 0;
+    for (int p = 0; p < N_PATHS; p++) {
+        if (!specd_simd_force(k_paths[p])) continue;
+        paths++;
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            memset(got, 0xa5, sizeof(uint32_t) * 4 * 65);
+            specd_rng_u32x4_run(runs[r].seed, runs[r].stream, runs[r].counter, runs[r].n, got);
+            for (size_t i = 0; i < runs[r].n; i++) {
+                specd_rng_u32x4(runs[r].seed, runs[r].stream, runs[r].counter + i, want);
+                if (memcmp(got + 4 * i, want, sizeof want) != 0)
+                    fail_msg("path %s run %zu block %zu differs", k_paths[p], r, i);
+            }
+            /* nothing written past the last block */
+            assert_int_equal(got[4 * runs[r].n], 0xa5a5a5a5u);
+        }
+    }
+    specd_simd_force("auto");
+    assert_true(paths >= 1);
+    free(got);
+}
+
+/* The weight's exp against libm's exp in double, rounded once: at most one
+ * float ulp apart anywhere, and equal nearly everywhere. */
+static void test_exp_neg_accuracy(void **state) {
+    (void)state;
+    int total = 0, equal = 0;
+    for (double g = 0.0; g < 104.0; g += 0.000731) {
+        float got = sampling_exp_neg(g), want = (float)exp(-g);
+        total++;
+        if (got == want) {
+            equal++;
+            continue;
+        }
+        if (fabsf(got - want) > fabsf(nextafterf(want, INFINITY) - want))
+            fail_msg("exp(-%.9g): %a, libm %a", g, (double)got, (double)want);
+    }
+    print_message("exp_neg: %d of %d equal to libm's exp rounded to float\n", equal, total);
+    assert_true(equal >= total - total / 10000);
+    assert_true(sampling_exp_neg(0.0) == 1.0f);
+    assert_true(sampling_exp_neg(SAMPLING_MAX_GAP) == 0.0f);
+    assert_true(sampling_exp_neg(INFINITY) == 0.0f);
+    assert_true(sampling_exp_neg(NAN) == 0.0f);
+}
+
+/* Every path gives the scalar twin's bits: the probabilities of every
+ * filter setting (odd sizes, NaN and -inf holes, +inf logits), the race's
+ * picks and top-k, and argmax's ties, NaN and signed zeros. */
+static void test_simd_paths_bitwise(void **state) {
+    (void)state;
+    const int sizes[2] = {VOCAB, 1003};
+    float *l = malloc(sizeof(float) * VOCAB), *ref = malloc(sizeof(float) * VOCAB),
+          *got = malloc(sizeof(float) * VOCAB);
+    void *scratch = malloc(specd_sampling_scratch_size(VOCAB));
+    int compared = 0;
+    for (int z = 0; z < 2; z++)
+        for (int set = 0; set < 4; set++) {
+            int n = sizes[z];
+            gaussian_logits(l, n, (uint64_t)(300 + set), set == 1 ? 8.0f : 3.0f);
+            if (set == 2)
+                for (int i = 3; i < n; i += 101) l[i] = (i & 1) ? NAN : -INFINITY;
+            if (set == 3) l[n / 2] = l[n - 1] = INFINITY;
+            for (int c = 0; c < N_CONFIGS; c++) {
+                specd_sampling s = params(CONFIGS[c][0], (int)CONFIGS[c][1], CONFIGS[c][2],
+                                          CONFIGS[c][3]);
+                assert_true(specd_simd_force("scalar"));
+                specd_sampling_probs(&s, l, n, ref, scratch);
+                int32_t ref_ids[SPECD_RACE_MAX_K], got_ids[SPECD_RACE_MAX_K];
+                specd_race_addr a = {77 + (uint64_t)c, (uint64_t)set, (uint64_t)z};
+                int ref_pick = specd_race_pick(ref, n, a);
+                int ref_k = specd_race_topk(ref, n, a, 5, ref_ids);
+                int ref_max = specd_argmax(l, n);
+                for (int p = 1; p < N_PATHS; p++) {
+                    if (!specd_simd_force(k_paths[p])) continue;
+                    specd_sampling_probs(&s, l, n, got, scratch);
+                    if (memcmp(got, ref, sizeof(float) * (size_t)n) != 0)
+                        fail_msg("probs differ: path %s, n %d, set %d, config %d", k_paths[p], n,
+                                 set, c);
+                    assert_int_equal(specd_race_pick(got, n, a), ref_pick);
+                    assert_int_equal(specd_race_pick_ref(got, n, a), ref_pick);
+                    assert_int_equal(specd_race_topk(got, n, a, 5, got_ids), ref_k);
+                    assert_memory_equal(got_ids, ref_ids, sizeof(int32_t) * (size_t)ref_k);
+                    assert_int_equal(specd_argmax(l, n), ref_max);
+                    compared++;
+                }
+            }
+        }
+    /* argmax edge cases, each at several offsets within a vector */
+    float x[70];
+    for (int p = 0; p < N_PATHS; p++) {
+        if (!specd_simd_force(k_paths[p])) continue;
+        for (int at = 0; at < 70; at += 7) {
+            for (int i = 0; i < 70; i++) x[i] = NAN;
+            assert_int_equal(specd_argmax(x, 70), 0); /* all NaN */
+            x[at] = -INFINITY;
+            assert_int_equal(specd_argmax(x, 70), at); /* the only non-NaN */
+            for (int i = 0; i < 70; i++) x[i] = i == at ? 0.0f : -0.0f;
+            assert_int_equal(specd_argmax(x, 70), 0); /* +0 and -0 tie: the first */
+            for (int i = 0; i < 70; i++) x[i] = (float)(i % 5);
+            x[at] = 9.0f;
+            if (at + 20 < 70) x[at + 20] = 9.0f;
+            assert_int_equal(specd_argmax(x, 70), at); /* ties: the lowest id */
+            assert_int_equal(specd_argmax(x, at + 1), at);
+        }
+    }
+    specd_simd_force("auto");
+    print_message("%d (config, input) pairs compared across SIMD paths\n", compared);
+    assert_true(compared > 0 || !specd_simd_force("avx2"));
+    specd_simd_force("auto");
+    free(scratch);
+    free(got);
+    free(ref);
     free(l);
 }
 
@@ -1231,6 +1369,9 @@ int main(void) {
         cmocka_unit_test(test_degenerate_logits),
         cmocka_unit_test(test_large_vocab_matches_reference),
         cmocka_unit_test(test_probs_timing),
+        cmocka_unit_test(test_rng_run_matches_blocks),
+        cmocka_unit_test(test_exp_neg_accuracy),
+        cmocka_unit_test(test_simd_paths_bitwise),
         cmocka_unit_test(test_sample_from_probs),
         cmocka_unit_test(test_sample_determinism),
         cmocka_unit_test(test_race_matches_reference),
