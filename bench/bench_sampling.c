@@ -3,7 +3,9 @@
  * (specd_sampling_probs) under four filter settings, and the seed-exact
  * race that draws from it (specd_race_pick; with top-k 50 most tokens are
  * 0 and the race skips them). The target pays both once per verified row
- * of a sampled request, the draft once per drafted node.
+ * of a sampled request, the draft once per drafted node. Also the
+ * log-probabilities of one token with its top 5 (specd_logprobs), which a
+ * request asking for logprobs pays per emitted token, greedy or not.
  *
  * Built by CMake as build/bench_sampling.
  * Run: build/bench_sampling [--vocab 49152] [--reps 200] [--temperature 0.7]
@@ -62,8 +64,8 @@ int main(int argc, char **argv) {
     static const char *const paths[] = {"scalar", "avx2", "avx512"};
     printf("vocab %d, temperature %.2f, fastest of %d calls, microseconds per row\n\n", vocab,
            (double)temperature, reps);
-    printf("| path   | probs: none | min_p 0.05 | top_p 0.9 | top_k 50 | race: none | top_k 50 | none: probs + race |\n");
-    printf("|--------|------------:|-----------:|----------:|---------:|-----------:|---------:|------------------:|\n");
+    printf("| path   | probs: none | min_p 0.05 | top_p 0.9 | top_k 50 | race: none | top_k 50 | none: probs + race | logprobs, top 5 |\n");
+    printf("|--------|------------:|-----------:|----------:|---------:|-----------:|---------:|------------------:|----------------:|\n");
     int sink = 0;
     for (int p = 0; p < 3; p++) {
         if (!specd_simd_force(paths[p])) continue;
@@ -88,9 +90,19 @@ int main(int argc, char **argv) {
             probs_us[f] = best_p;
             race_us[f] = best_r;
         }
-        printf("| %-6s | %11.1f | %10.1f | %9.1f | %8.1f | %10.1f | %8.1f | %17.1f |\n", paths[p],
-               probs_us[0], probs_us[1], probs_us[2], probs_us[3], race_us[0], race_us[3],
-               probs_us[0] + race_us[0]);
+        double best_lp = 1e30;
+        for (int r = 0; r < reps; r++) {
+            float lp, top_lps[5];
+            int32_t top_ids[5];
+            double t0 = now_us();
+            specd_logprobs(logits, vocab, r % vocab, 5, &lp, top_ids, top_lps);
+            double t1 = now_us();
+            sink += top_ids[0];
+            if (t1 - t0 < best_lp) best_lp = t1 - t0;
+        }
+        printf("| %-6s | %11.1f | %10.1f | %9.1f | %8.1f | %10.1f | %8.1f | %17.1f | %15.1f |\n",
+               paths[p], probs_us[0], probs_us[1], probs_us[2], probs_us[3], race_us[0], race_us[3],
+               probs_us[0] + race_us[0], best_lp);
     }
     specd_simd_force("auto");
     fprintf(stderr, "(checksum %d)\n", sink);

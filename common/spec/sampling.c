@@ -291,6 +291,12 @@ void specd_logits_adjust(const specd_sampling *s, const specd_token_counts *c,
 
 /* --- log-probabilities ------------------------------------------------------ */
 
+/* The eight lane sums in one fixed order. */
+static double lane_sum(const double a[8]) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+
 /* 1 if logit a (token ia) ranks before b (token ib): larger first, lower id
  * on ties. */
 static inline int ranks_before(float a, int32_t ia, float b, int32_t ib) {
@@ -314,9 +320,10 @@ void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, floa
                     int32_t *top_ids, float *top_lps) {
     if (top_n < 0) top_n = 0;
     if (top_n > SPECD_MAX_TOP_LOGPROBS) top_n = SPECD_MAX_TOP_LOGPROBS;
-    /* The normalizer: log(sum exp(l)) = m + log(sum exp(l - m)) in double,
-     * summed in id order, so it is one fixed function of the logits. NaN
-     * logits take no part (as in sampling: probability 0, log-prob -inf). */
+    /* The normalizer: log(sum exp(l)) = m + log(sum exp(l - m)) in double
+     * (sampling_vec.h's exp, summed in eight lanes by id mod 8 on every
+     * SIMD path), so it is one fixed function of the logits. NaN logits
+     * take no part (as in sampling: probability 0, log-prob -inf). */
     int top = vocab > 0 ? specd_argmax(logits, vocab) : -1;
     float m = top >= 0 ? logits[top] : NAN;
     lp_norm z = {0, 0.0, 0.0};
@@ -330,24 +337,35 @@ void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, floa
         z.mode = 1;
         z.linf = -log((double)n_inf);
     } else {
-        double sum = 0.0;
-        for (int i = 0; i < vocab; i++)
-            if (!isnan(logits[i])) sum += exp((double)logits[i] - (double)m);
-        z.lse = (double)m + log(sum);
+        double acc[8] = {0};
+        sampling_vec_active()->exp_sum(logits, vocab, m, acc);
+        z.lse = (double)m + log(lane_sum(acc));
     }
     if (lp) *lp = logprob_of(tok >= 0 && tok < vocab ? logits[tok] : NAN, &z);
 
     /* Top-n by insertion into a sorted array of at most 20: most tokens fail
-     * the first comparison against the current n-th, so this is one pass. */
+     * the comparison against the current n-th, so this is one pass, and a
+     * vector compare per 64 tokens (>= the n-th, ties decided below) finds
+     * the few that do not. The n-th only rises, so a chunk's mask holds
+     * every token that can still enter. */
+    const sampling_vec *vec = sampling_vec_active();
     int n = 0;
     int32_t ids[SPECD_MAX_TOP_LOGPROBS];
-    for (int32_t i = 0; i < vocab && top_n > 0; i++) {
-        float x = logits[i];
-        if (isnan(x)) continue;
-        if (n == top_n && !ranks_before(x, i, logits[ids[n - 1]], ids[n - 1])) continue;
-        int j = n < top_n ? n++ : n - 1;
-        for (; j > 0 && ranks_before(x, i, logits[ids[j - 1]], ids[j - 1]); j--) ids[j] = ids[j - 1];
-        ids[j] = i;
+    for (int32_t b = 0; b < vocab && top_n > 0; b += 64) {
+        int len = vocab - b < 64 ? vocab - b : 64;
+        uint64_t m = len == 64 ? ~0ull : (1ull << len) - 1;
+        float bar = n == top_n ? logits[ids[n - 1]] : -INFINITY;
+        if (bar > -INFINITY) m = vec->above(logits + b, len, nextafterf(bar, -INFINITY));
+        for (; m; m &= m - 1) {
+            int32_t i = b + __builtin_ctzll(m);
+            float x = logits[i];
+            if (isnan(x)) continue;
+            if (n == top_n && !ranks_before(x, i, logits[ids[n - 1]], ids[n - 1])) continue;
+            int j = n < top_n ? n++ : n - 1;
+            for (; j > 0 && ranks_before(x, i, logits[ids[j - 1]], ids[j - 1]); j--)
+                ids[j] = ids[j - 1];
+            ids[j] = i;
+        }
     }
     for (int j = 0; j < top_n; j++) {
         /* Fewer usable tokens than asked: the rest is marked empty. */
@@ -506,11 +524,6 @@ static void weigh(const sampling_vec *vec, const float *logits, int n, float lma
         probs[i] = w;
         acc[i & 7] += w;
     }
-}
-
-/* The eight lane sums in one fixed order. */
-static double lane_sum(const double a[8]) {
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
 void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, float *probs,

@@ -56,6 +56,30 @@ float sampling_exp_neg(double gap) {
     return (float)(k_exp2_8th[j] * p * two_q);
 }
 
+/* The log-probabilities' exp keeps double precision: the same reduction
+ * with t = 8x / ln 2 and the Taylor polynomial to degree 8 (its error is
+ * below 2e-18; the rounding of t, up to 9e-13 at x = -700, dominates). */
+#define POS_8_OVER_LN2 0x1.71547652b82fep+3
+#define C7 0x1.a01a01a01a01ap-13
+#define C8 0x1.a01a01a01a01ap-16
+#define EXP_D_MIN (-700.0)
+
+double sampling_exp_d(double x) {
+    if (!(x >= EXP_D_MIN)) return 0.0;
+    double t = x * POS_8_OVER_LN2;
+    double k = (t + ROUNDER) - ROUNDER;
+    double r = (t - k) * LN2_OVER_8;
+    double p = ((((((((C8 * r + C7) * r + C6) * r + C5) * r + C4) * r + C3) * r + C2) * r + 1.0) *
+                    r +
+                1.0);
+    int ki = (int)k, j = ki & 7, q = (ki - j) / 8;
+    /* x >= -700 keeps q >= -1010: 2^q is a normal double */
+    uint64_t bits = (uint64_t)(q + 1023) << 52;
+    double two_q;
+    memcpy(&two_q, &bits, sizeof two_q);
+    return k_exp2_8th[j] * p * two_q;
+}
+
 /* ---- the scalar twin -------------------------------------------------------- */
 
 static void weights_scalar(const float *logits, int n, float lmax, double inv_t, float wmin,
@@ -66,6 +90,10 @@ static void weights_scalar(const float *logits, int n, float lmax, double inv_t,
         w[i] = v;
         acc[i & 7] += v;
     }
+}
+
+static void exp_sum_scalar(const float *logits, int n, float m, double acc[8]) {
+    for (int i = 0; i < n; i++) acc[i & 7] += sampling_exp_d((double)logits[i] - (double)m);
 }
 
 static int argmax_scalar(const float *x, int n) {
@@ -84,8 +112,7 @@ static void scale_scalar(float *p, int n, double scale) {
 
 static uint64_t above_scalar(const float *p, int len, float thr) {
     uint64_t m = 0;
-    for (int i = 0; i < len; i++)
-        if (p[i] > thr) m |= 1ull << i;
+    for (int i = 0; i < len; i++) m |= (uint64_t)(p[i] > thr) << i;
     return m;
 }
 
@@ -96,7 +123,7 @@ static uint64_t contenders_scalar(const uint32_t *w, const float *p, int len, do
     return m;
 }
 
-static const sampling_vec k_scalar = {weights_scalar, argmax_scalar, scale_scalar, above_scalar,
+static const sampling_vec k_scalar = {weights_scalar, exp_sum_scalar, argmax_scalar, scale_scalar, above_scalar,
                                       contenders_scalar};
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -152,6 +179,43 @@ T256 static void weights_avx2(const float *logits, int n, float lmax, double inv
     _mm256_storeu_pd(acc, a0);
     _mm256_storeu_pd(acc + 4, a1);
     weights_scalar(logits + i, n - i, lmax, inv_t, wmin, w + i, acc); /* i % 8 == 0 */
+}
+
+/* sampling_exp_d of 4 values */
+T256 static __m256d exp_d4(__m256d x) {
+    __m256d ok = _mm256_cmp_pd(x, _mm256_set1_pd(EXP_D_MIN), _CMP_GE_OQ);
+    __m256d t = _mm256_mul_pd(x, _mm256_set1_pd(POS_8_OVER_LN2));
+    __m256d k = _mm256_round_pd(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d r = _mm256_mul_pd(_mm256_sub_pd(t, k), _mm256_set1_pd(LN2_OVER_8));
+    __m256d p = _mm256_add_pd(_mm256_mul_pd(_mm256_set1_pd(C8), r), _mm256_set1_pd(C7));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(C6));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(C5));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(C4));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(C3));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(C2));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(1.0));
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(1.0));
+    __m128i ki = _mm256_cvtpd_epi32(_mm256_and_pd(k, ok));
+    __m128i j = _mm_and_si128(ki, _mm_set1_epi32(7)), q = _mm_srai_epi32(ki, 3);
+    __m256d tj = _mm256_i32gather_pd(k_exp2_8th, j, 8);
+    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(q),
+                                                   _mm256_set1_epi64x(1023)), 52);
+    __m256d res = _mm256_mul_pd(_mm256_mul_pd(tj, p), _mm256_castsi256_pd(e));
+    return _mm256_and_pd(res, ok);
+}
+
+T256 static void exp_sum_avx2(const float *logits, int n, float m, double acc[8]) {
+    const __m256d vm = _mm256_set1_pd((double)m);
+    __m256d a0 = _mm256_loadu_pd(acc), a1 = _mm256_loadu_pd(acc + 4);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        a0 = _mm256_add_pd(a0, exp_d4(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(logits + i)), vm)));
+        a1 = _mm256_add_pd(a1,
+                           exp_d4(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(logits + i + 4)), vm)));
+    }
+    _mm256_storeu_pd(acc, a0);
+    _mm256_storeu_pd(acc + 4, a1);
+    exp_sum_scalar(logits + i, n - i, m, acc); /* i % 8 == 0 */
 }
 
 /* The largest non-NaN value (NaN lanes count as -inf), then the first
@@ -223,7 +287,7 @@ T256 static uint64_t contenders_avx2(const uint32_t *w, const float *p, int len,
     return m | (i < len ? contenders_scalar(w + i, p + i, len - i, cut) << i : 0);
 }
 
-static const sampling_vec k_avx2 = {weights_avx2, argmax_avx2, scale_avx2, above_avx2,
+static const sampling_vec k_avx2 = {weights_avx2, exp_sum_avx2, argmax_avx2, scale_avx2, above_avx2,
                                     contenders_avx2};
 
 /* ---- AVX-512: 8 doubles a register ------------------------------------------ */
@@ -264,6 +328,37 @@ T512 static void weights_avx512(const float *logits, int n, float lmax, double i
     }
     _mm512_storeu_pd(acc, a);
     weights_scalar(logits + i, n - i, lmax, inv_t, wmin, w + i, acc); /* i % 8 == 0 */
+}
+
+T512 static __m512d exp_d8(__m512d x) {
+    __mmask8 ok = _mm512_cmp_pd_mask(x, _mm512_set1_pd(EXP_D_MIN), _CMP_GE_OQ);
+    __m512d t = _mm512_mul_pd(x, _mm512_set1_pd(POS_8_OVER_LN2));
+    __m512d k = _mm512_roundscale_pd(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d r = _mm512_mul_pd(_mm512_sub_pd(t, k), _mm512_set1_pd(LN2_OVER_8));
+    __m512d p = _mm512_add_pd(_mm512_mul_pd(_mm512_set1_pd(C8), r), _mm512_set1_pd(C7));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(C6));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(C5));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(C4));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(C3));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(C2));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(1.0));
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(1.0));
+    __m256i ki = _mm512_cvtpd_epi32(_mm512_maskz_mov_pd(ok, k));
+    __m512i j = _mm512_cvtepi32_epi64(_mm256_and_si256(ki, _mm256_set1_epi32(7)));
+    __m512i q = _mm512_cvtepi32_epi64(_mm256_srai_epi32(ki, 3));
+    __m512d tj = _mm512_permutexvar_pd(j, _mm512_loadu_pd(k_exp2_8th));
+    __m512i e = _mm512_slli_epi64(_mm512_add_epi64(q, _mm512_set1_epi64(1023)), 52);
+    return _mm512_maskz_mov_pd(ok, _mm512_mul_pd(_mm512_mul_pd(tj, p), _mm512_castsi512_pd(e)));
+}
+
+T512 static void exp_sum_avx512(const float *logits, int n, float m, double acc[8]) {
+    const __m512d vm = _mm512_set1_pd((double)m);
+    __m512d a = _mm512_loadu_pd(acc);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        a = _mm512_add_pd(a, exp_d8(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(logits + i)), vm)));
+    _mm512_storeu_pd(acc, a);
+    exp_sum_scalar(logits + i, n - i, m, acc); /* i % 8 == 0 */
 }
 
 T512 static int argmax_avx512(const float *x, int n) {
@@ -322,7 +417,7 @@ T512 static uint64_t contenders_avx512(const uint32_t *w, const float *p, int le
     return m | (i < len ? contenders_scalar(w + i, p + i, len - i, cut) << i : 0);
 }
 
-static const sampling_vec k_avx512 = {weights_avx512, argmax_avx512, scale_avx512, above_avx512,
+static const sampling_vec k_avx512 = {weights_avx512, exp_sum_avx512, argmax_avx512, scale_avx512, above_avx512,
                                       contenders_avx512};
 #endif
 

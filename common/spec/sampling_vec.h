@@ -25,12 +25,20 @@
  * scalar definition every form keeps bit for bit. */
 float sampling_exp_neg(double gap);
 
+/* exp(x) in double for x <= 0 (a logit minus the row's largest), to about
+ * 1e-13 relative; 0 for x < -700 (far below what a sum >= 1 can hold), for
+ * -inf and for NaN. The scalar definition of the log-probabilities'
+ * normalizer, which every form keeps bit for bit. */
+double sampling_exp_d(double x);
+
 typedef struct sampling_vec {
     /* w[i] = sampling_exp_neg((lmax - logits[i]) / T) with inv_t = 1 / T,
      * then 0 where !(w[i] >= wmin); acc[i % 8] += w[i] in id order. lmax
      * must be finite and >= every logit (the +inf case is sampling.c's). */
     void (*weights)(const float *logits, int n, float lmax, double inv_t, float wmin, float *w,
                     double acc[8]);
+    /* acc[i % 8] += sampling_exp_d(logits[i] - m) in id order */
+    void (*exp_sum)(const float *logits, int n, float m, double acc[8]);
     /* specd_argmax: the first index of the largest non-NaN value, 0 if
      * every value is NaN */
     int (*argmax)(const float *x, int n);

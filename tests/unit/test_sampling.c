@@ -663,6 +663,17 @@ static void test_exp_neg_accuracy(void **state) {
     }
     print_message("exp_neg: %d of %d equal to libm's exp rounded to float\n", equal, total);
     assert_true(equal >= total - total / 10000);
+    /* the log-probabilities' exp, in double */
+    double worst = 0.0;
+    for (double x = 0.0; x > -700.0; x -= 0.00731) {
+        double got = sampling_exp_d(x), want = exp(x), rel = fabs(got - want) / want;
+        if (rel > worst) worst = rel;
+    }
+    print_message("exp_d: worst relative error %.3g against libm's exp\n", worst);
+    assert_true(worst < 1e-12);
+    assert_true(sampling_exp_d(0.0) == 1.0);
+    assert_true(sampling_exp_d(-701.0) == 0.0 && sampling_exp_d(-INFINITY) == 0.0);
+    assert_true(sampling_exp_d(NAN) == 0.0);
     assert_true(sampling_exp_neg(0.0) == 1.0f);
     assert_true(sampling_exp_neg(SAMPLING_MAX_GAP) == 0.0f);
     assert_true(sampling_exp_neg(INFINITY) == 0.0f);
@@ -671,7 +682,8 @@ static void test_exp_neg_accuracy(void **state) {
 
 /* Every path gives the scalar twin's bits: the probabilities of every
  * filter setting (odd sizes, NaN and -inf holes, +inf logits), the race's
- * picks and top-k, and argmax's ties, NaN and signed zeros. */
+ * picks and top-k, the log-probabilities with their top 8, and argmax's
+ * ties, NaN and signed zeros. */
 static void test_simd_paths_bitwise(void **state) {
     (void)state;
     const int sizes[2] = {VOCAB, 1003};
@@ -696,6 +708,9 @@ static void test_simd_paths_bitwise(void **state) {
                 int ref_pick = specd_race_pick(ref, n, a);
                 int ref_k = specd_race_topk(ref, n, a, 5, ref_ids);
                 int ref_max = specd_argmax(l, n);
+                float ref_lp, got_lp, ref_tl[8], got_tl[8];
+                int32_t ref_ti[8], got_ti[8];
+                specd_logprobs(l, n, c, 8, &ref_lp, ref_ti, ref_tl);
                 for (int p = 1; p < N_PATHS; p++) {
                     if (!specd_simd_force(k_paths[p])) continue;
                     specd_sampling_probs(&s, l, n, got, scratch);
@@ -707,6 +722,10 @@ static void test_simd_paths_bitwise(void **state) {
                     assert_int_equal(specd_race_topk(got, n, a, 5, got_ids), ref_k);
                     assert_memory_equal(got_ids, ref_ids, sizeof(int32_t) * (size_t)ref_k);
                     assert_int_equal(specd_argmax(l, n), ref_max);
+                    specd_logprobs(l, n, c, 8, &got_lp, got_ti, got_tl);
+                    assert_memory_equal(&got_lp, &ref_lp, sizeof got_lp);
+                    assert_memory_equal(got_ti, ref_ti, sizeof got_ti);
+                    assert_memory_equal(got_tl, ref_tl, sizeof got_tl);
                     compared++;
                 }
             }
