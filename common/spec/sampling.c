@@ -7,7 +7,8 @@
  *      best token weighs exactly 1, and files it in bucket
  *      b = floor(-log2 w) (clipped to 63), keeping per-bucket counts and sums.
  *   2. No top-k / top-p: apply min-p (w >= min_p) and normalize. Done.
- *   3. Otherwise a counting sort groups the candidates by bucket. Buckets are
+ *   3. Otherwise the candidates are grouped by bucket (a counting sort whose
+ *      slices are filled only as far as the walk below reaches). Buckets are
  *      ordered by rank (a bucket's tokens all outrank the next bucket's), so
  *      the walk that takes tokens in rank order can take whole buckets without
  *      ordering them, and only sorts the one bucket where the top-k count or
@@ -29,8 +30,7 @@
 #include "common/spec/sampling_vec.h"
 #include "common/util/rng.h"
 
-#define NBUCKETS 64
-#define INV_LN2 1.4426950408889634074 /* 1 / ln 2 */
+#define NBUCKETS SAMPLING_NBUCKETS
 
 #define MAX_GAP SAMPLING_MAX_GAP
 
@@ -455,7 +455,35 @@ typedef struct bucketed {
     size_t count[NBUCKETS]; /* tokens per bucket */
     double sum[NBUCKETS];   /* weight per bucket */
     uint8_t sorted[NBUCKETS]; /* 1 once the bucket's slice is in rank order */
+    /* The slices are filled lazily, a run of buckets per scan of the
+     * bucket numbers, only as far as the walk reaches: top-k and top-p
+     * stop within the first few buckets, and the far ones hold most of
+     * the vocabulary. */
+    const uint8_t *bucket; /* [n] each token's bucket, 0xFF = weight 0 */
+    const float *logits;
+    int n;
+    int filled; /* buckets 0..filled-1 have their slices */
+    const sampling_vec *vec;
 } bucketed;
+
+/* Fill the slices of buckets filled..b and a few more (twice as many
+ * each time, so a walk through all 64 scans a handful of times), in id
+ * order within each bucket. */
+static void fill_to(bucketed *bk, int b) {
+    int hi = 2 * b + 4 < NBUCKETS - 1 ? 2 * b + 4 : NBUCKETS - 1;
+    int lo = bk->filled;
+    size_t fill[NBUCKETS];
+    for (int j = lo; j <= hi; j++) fill[j] = bk->start[j];
+    for (int c = 0; c < bk->n; c += 64) {
+        int len = bk->n - c < 64 ? bk->n - c : 64;
+        for (uint64_t m = bk->vec->in_range(bk->bucket + c, len, (uint8_t)lo, (uint8_t)hi); m;
+             m &= m - 1) {
+            int i = c + __builtin_ctzll(m);
+            bk->cands[fill[bk->bucket[i]]++] = (cand){bk->logits[i], (int32_t)i};
+        }
+    }
+    bk->filled = hi + 1;
+}
 
 /* Appends token ids to order[] in rank order until `k` tokens are taken or
  * their weight reaches `thr` (pass SIZE_MAX / INFINITY to disable either).
@@ -471,6 +499,7 @@ static size_t walk(bucketed *bk, const float *w, size_t k, double thr, int32_t *
     for (int b = 0; b < NBUCKETS; b++) {
         size_t len = bk->count[b];
         if (len == 0) continue;
+        if (b >= bk->filled) fill_to(bk, b);
         cand *sl = bk->cands + bk->start[b];
         if (kept + len <= k && cum + bk->sum[b] < thr) {
             for (size_t j = 0; j < len; j++) order[kept++] = sl[j].id;
@@ -571,35 +600,38 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
     memset(&bk, 0, sizeof bk);
     bk.cands = cands;
     bk.tmp = tmp;
+    bk.bucket = bucket;
+    bk.logits = logits;
+    bk.n = n;
+    bk.vec = vec;
 
-    /* Pass 1: weights into probs[], each positive one filed in its bucket. */
+    /* Pass 1: weights into probs[] and each positive one's bucket,
+     * floor(-log2(weight)) up to rounding, from the gap; then the buckets'
+     * counts and sums, in id order. */
     size_t m = 0; /* tokens with positive weight */
     double acc[8] = {0}; /* unused: the walk sums bucket by bucket */
     weigh(vec, logits, n, lmax, inv_t, inf_mode, 0.0f, probs, acc);
+    if (inf_mode)
+        for (int i = 0; i < n; i++) bucket[i] = probs[i] > 0.0f ? 0 : 0xFF; /* gap 0 */
+    else
+        vec->buckets(logits, probs, n, lmax, inv_t, bucket);
     for (int i = 0; i < n; i++) {
-        float w = probs[i];
-        if (w > 0.0f) {
-            double gap = gap_of(logits[i], lmax, inv_t, inf_mode);
-            double bb = gap * INV_LN2; /* = -log2(weight), up to rounding */
-            int b = bb < NBUCKETS - 1 ? (int)bb : NBUCKETS - 1;
-            bucket[i] = (uint8_t)b;
-            bk.count[b]++;
-            bk.sum[b] += w;
-            m++;
-        }
+        int b = bucket[i];
+        if (b == 0xFF) continue;
+        bk.count[b]++;
+        bk.sum[b] += probs[i];
+        m++;
     }
     int use_k = want_k && (size_t)s->top_k < m;
 
-    /* Counting sort of candidates by bucket (within a bucket: id order). */
-    size_t pos = 0, fill[NBUCKETS];
+    /* Each bucket's slice of cands (within a bucket: id order, filled as the
+     * walk needs it). */
+    size_t pos = 0;
     double total = 0.0; /* summed bucket by bucket, as walk() does */
     for (int b = 0; b < NBUCKETS; b++) {
-        bk.start[b] = fill[b] = pos;
+        bk.start[b] = pos;
         pos += bk.count[b];
         total += bk.sum[b];
-    }
-    for (int i = 0; i < n; i++) {
-        if (probs[i] > 0.0f) cands[fill[bucket[i]]++] = (cand){logits[i], (int32_t)i};
     }
 
     size_t k = use_k ? (size_t)s->top_k : SIZE_MAX;
@@ -627,8 +659,7 @@ void specd_sampling_probs(const specd_sampling *s, const float *logits, int n, f
             probs[id] = -probs[id];
         }
     }
-    double scale = -1.0 / sum;
-    for (int i = 0; i < n; i++) probs[i] = probs[i] < 0.0f ? (float)(probs[i] * scale) : 0.0f;
+    vec->finish(probs, n, -1.0 / sum);
 }
 
 int specd_sample_from_probs(const float *probs, int n, double u) {

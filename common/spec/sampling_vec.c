@@ -110,6 +110,28 @@ static void scale_scalar(float *p, int n, double scale) {
     for (int i = 0; i < n; i++) p[i] = (float)(p[i] * scale);
 }
 
+static void buckets_scalar(const float *logits, const float *w, int n, float lmax, double inv_t,
+                           uint8_t *bucket) {
+    for (int i = 0; i < n; i++) {
+        if (!(w[i] > 0.0f)) {
+            bucket[i] = 0xFF;
+            continue;
+        }
+        double bb = ((double)lmax - (double)logits[i]) * inv_t * SAMPLING_INV_LN2;
+        bucket[i] = (uint8_t)(bb < SAMPLING_NBUCKETS - 1 ? (int)bb : SAMPLING_NBUCKETS - 1);
+    }
+}
+
+static uint64_t in_range_scalar(const uint8_t *x, int len, uint8_t lo, uint8_t hi) {
+    uint64_t m = 0;
+    for (int i = 0; i < len; i++) m |= (uint64_t)(x[i] >= lo && x[i] <= hi) << i;
+    return m;
+}
+
+static void finish_scalar(float *p, int n, double scale) {
+    for (int i = 0; i < n; i++) p[i] = p[i] < 0.0f ? (float)(p[i] * scale) : 0.0f;
+}
+
 static uint64_t above_scalar(const float *p, int len, float thr) {
     uint64_t m = 0;
     for (int i = 0; i < len; i++) m |= (uint64_t)(p[i] > thr) << i;
@@ -123,8 +145,9 @@ static uint64_t contenders_scalar(const uint32_t *w, const float *p, int len, do
     return m;
 }
 
-static const sampling_vec k_scalar = {weights_scalar, exp_sum_scalar, argmax_scalar, scale_scalar, above_scalar,
-                                      contenders_scalar};
+static const sampling_vec k_scalar = {
+    weights_scalar, exp_sum_scalar, argmax_scalar, scale_scalar,     buckets_scalar,
+    in_range_scalar, finish_scalar,  above_scalar,  contenders_scalar};
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -250,6 +273,54 @@ T256 static void scale_avx2(float *p, int n, double scale) {
     scale_scalar(p + i, n - i, scale);
 }
 
+T256 static void buckets_avx2(const float *logits, const float *w, int n, float lmax,
+                              double inv_t, uint8_t *bucket) {
+    const __m256d vmax = _mm256_set1_pd((double)lmax), vinv = _mm256_set1_pd(inv_t),
+                  il2 = _mm256_set1_pd(SAMPLING_INV_LN2),
+                  top = _mm256_set1_pd(SAMPLING_NBUCKETS - 1);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d g0 = _mm256_mul_pd(
+            _mm256_mul_pd(_mm256_sub_pd(vmax, _mm256_cvtps_pd(_mm_loadu_ps(logits + i))), vinv), il2);
+        __m256d g1 = _mm256_mul_pd(
+            _mm256_mul_pd(_mm256_sub_pd(vmax, _mm256_cvtps_pd(_mm_loadu_ps(logits + i + 4))), vinv),
+            il2);
+        /* min(NaN, 63) is 63; such a token has w = 0 and is masked below */
+        __m128i b0 = _mm256_cvttpd_epi32(_mm256_min_pd(g0, top));
+        __m128i b1 = _mm256_cvttpd_epi32(_mm256_min_pd(g1, top));
+        __m256 pos = _mm256_cmp_ps(_mm256_loadu_ps(w + i), _mm256_setzero_ps(), _CMP_GT_OQ);
+        __m256i b = _mm256_blendv_epi8(_mm256_set1_epi32(0xFF), _mm256_set_m128i(b1, b0),
+                                       _mm256_castps_si256(pos));
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+        _mm_storel_epi64((__m128i *)(bucket + i), _mm_packus_epi16(w16, w16));
+    }
+    buckets_scalar(logits + i, w + i, n - i, lmax, inv_t, bucket + i);
+}
+
+T256 static uint64_t in_range_avx2(const uint8_t *x, int len, uint8_t lo, uint8_t hi) {
+    const __m256i vlo = _mm256_set1_epi8((char)lo), vhi = _mm256_set1_epi8((char)hi);
+    uint64_t m = 0;
+    int i = 0;
+    for (; i + 32 <= len; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(x + i));
+        __m256i ok = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_max_epu8(v, vlo), v),
+                                      _mm256_cmpeq_epi8(_mm256_min_epu8(v, vhi), v));
+        m |= (uint64_t)(uint32_t)_mm256_movemask_epi8(ok) << i;
+    }
+    return m | (i < len ? in_range_scalar(x + i, len - i, lo, hi) << i : 0);
+}
+
+T256 static void finish_avx2(float *p, int n, double scale) {
+    const __m256d s = _mm256_set1_pd(scale);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 v = _mm_loadu_ps(p + i);
+        __m128 r = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(v), s));
+        _mm_storeu_ps(p + i, _mm_and_ps(r, _mm_cmp_ps(v, _mm_setzero_ps(), _CMP_LT_OQ)));
+    }
+    finish_scalar(p + i, n - i, scale);
+}
+
 T256 static uint64_t above_avx2(const float *p, int len, float thr) {
     const __m256 t = _mm256_set1_ps(thr);
     uint64_t m = 0;
@@ -287,8 +358,9 @@ T256 static uint64_t contenders_avx2(const uint32_t *w, const float *p, int len,
     return m | (i < len ? contenders_scalar(w + i, p + i, len - i, cut) << i : 0);
 }
 
-static const sampling_vec k_avx2 = {weights_avx2, exp_sum_avx2, argmax_avx2, scale_avx2, above_avx2,
-                                    contenders_avx2};
+static const sampling_vec k_avx2 = {weights_avx2,  exp_sum_avx2, argmax_avx2,
+                                    scale_avx2,    buckets_avx2, in_range_avx2,
+                                    finish_avx2,   above_avx2,   contenders_avx2};
 
 /* ---- AVX-512: 8 doubles a register ------------------------------------------ */
 
@@ -389,6 +461,43 @@ T512 static void scale_avx512(float *p, int n, double scale) {
     scale_scalar(p + i, n - i, scale);
 }
 
+T512 static void buckets_avx512(const float *logits, const float *w, int n, float lmax,
+                                double inv_t, uint8_t *bucket) {
+    const __m512d vmax = _mm512_set1_pd((double)lmax), vinv = _mm512_set1_pd(inv_t),
+                  il2 = _mm512_set1_pd(SAMPLING_INV_LN2),
+                  top = _mm512_set1_pd(SAMPLING_NBUCKETS - 1);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d g = _mm512_mul_pd(
+            _mm512_mul_pd(_mm512_sub_pd(vmax, _mm512_cvtps_pd(_mm256_loadu_ps(logits + i))), vinv),
+            il2);
+        __m256i b = _mm512_cvttpd_epi32(_mm512_min_pd(g, top));
+        __mmask8 pos = _mm256_cmp_ps_mask(_mm256_loadu_ps(w + i), _mm256_setzero_ps(), _CMP_GT_OQ);
+        b = _mm256_mask_mov_epi32(_mm256_set1_epi32(0xFF), pos, b);
+        _mm_storel_epi64((__m128i *)(bucket + i), _mm256_cvtepi32_epi8(b));
+    }
+    buckets_scalar(logits + i, w + i, n - i, lmax, inv_t, bucket + i);
+}
+
+T512 static uint64_t in_range_avx512(const uint8_t *x, int len, uint8_t lo, uint8_t hi) {
+    if (len < 64) return in_range_avx2(x, len, lo, hi);
+    __m512i v = _mm512_loadu_si512(x);
+    return _mm512_cmp_epu8_mask(v, _mm512_set1_epi8((char)lo), _MM_CMPINT_NLT) &
+           _mm512_cmp_epu8_mask(v, _mm512_set1_epi8((char)hi), _MM_CMPINT_LE);
+}
+
+T512 static void finish_avx512(float *p, int n, double scale) {
+    const __m512d s = _mm512_set1_pd(scale);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(p + i);
+        __m256 r = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(v), s));
+        _mm256_storeu_ps(p + i, _mm256_maskz_mov_ps(
+                                    _mm256_cmp_ps_mask(v, _mm256_setzero_ps(), _CMP_LT_OQ), r));
+    }
+    finish_scalar(p + i, n - i, scale);
+}
+
 T512 static uint64_t above_avx512(const float *p, int len, float thr) {
     const __m512 t = _mm512_set1_ps(thr);
     uint64_t m = 0;
@@ -417,8 +526,9 @@ T512 static uint64_t contenders_avx512(const uint32_t *w, const float *p, int le
     return m | (i < len ? contenders_scalar(w + i, p + i, len - i, cut) << i : 0);
 }
 
-static const sampling_vec k_avx512 = {weights_avx512, exp_sum_avx512, argmax_avx512, scale_avx512, above_avx512,
-                                      contenders_avx512};
+static const sampling_vec k_avx512 = {
+    weights_avx512, exp_sum_avx512,  argmax_avx512,     scale_avx512,     buckets_avx512,
+    in_range_avx512, finish_avx512, above_avx512, contenders_avx512};
 #endif
 
 const sampling_vec *sampling_vec_active(void) {

@@ -19,6 +19,8 @@
  * (expf underflows below about -103.97); checking first also keeps the
  * double->float conversion of a huge gap in range. */
 #define SAMPLING_MAX_GAP 110.0
+#define SAMPLING_NBUCKETS 64
+#define SAMPLING_INV_LN2 1.4426950408889634074 /* 1 / ln 2 */
 
 /* exp(-gap) for a gap in nats, computed in double and rounded once to
  * float; 0 unless gap < SAMPLING_MAX_GAP (so NaN and +inf give 0). The
@@ -44,6 +46,15 @@ typedef struct sampling_vec {
     int (*argmax)(const float *x, int n);
     /* p[i] = (float)(p[i] * scale) */
     void (*scale)(float *p, int n, double scale);
+    /* The rank bucket of each token with w[i] > 0: floor(gap / ln 2) with
+     * gap = (lmax - logits[i]) * inv_t in double, at most 63; 0xFF where
+     * w[i] is 0. (The +inf case is sampling.c's.) */
+    void (*buckets)(const float *logits, const float *w, int n, float lmax, double inv_t,
+                    uint8_t *bucket);
+    /* bit i set (i < len <= 64) where lo <= x[i] <= hi */
+    uint64_t (*in_range)(const uint8_t *x, int len, uint8_t lo, uint8_t hi);
+    /* p[i] = p[i] < 0 ? (float)(p[i] * scale) : 0 */
+    void (*finish)(float *p, int n, double scale);
     /* bit i set (i < len <= 64) where p[i] > thr */
     uint64_t (*above)(const float *p, int len, float thr);
     /* bit i set (i < len <= 64) where p[i] > 0 and the race draw with
