@@ -41,9 +41,13 @@
  * own recent steps did against their predictions (a code prompt accepts
  * more than a poem).
  *
- * Sampling mode does not prune: a node's children must be drawn i.i.d. in a
- * number fixed before the draw (tree_builder.h), and a seed must reproduce
- * whatever the timing, so sampled requests keep a fixed shape (policy.h). */
+ * Seed-exact sampling (the default method) verifies by exact match like
+ * greedy (the race's winner at each row), so its trees are priced the same
+ * way, with p the chance that the draft's race and the target's agree.
+ * Rejection sampling does not prune: a node's children must be drawn i.i.d.
+ * in a number fixed before the draw (tree_builder.h), and a seed must
+ * reproduce whatever the timing, so those requests keep a fixed shape
+ * (policy.h). */
 #ifndef SPECD_TREE_CHOICE_H
 #define SPECD_TREE_CHOICE_H
 
