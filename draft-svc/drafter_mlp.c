@@ -159,6 +159,7 @@ typedef struct mlp_impl {
     int32_t *topk_ids; /* [max_k] */
     float *topk_vals;
     float *probs;      /* [vocab] */
+    int probs_zero;    /* probs is all 0 (a draft-id row scatters into it) */
     int32_t *q_ids;    /* [vocab] */
     float *q_probs;
     void *sample_scratch;
@@ -334,9 +335,26 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         /* decided from the parent's state alone: see the top on losslessness */
         float pacc = p->adaptive ? par->pacc * m->p_rows[r] : 1.0f;
         int grows = keeps_growing(p, s + 1, pacc);
-        float *row = m->logits + (size_t)r * m->vocab;
-        adjust_row(m, job, par->node, row);
-        specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
+        float *row = m->logits + (size_t)r * m->row_w;
+        if (m->row_map) {
+            /* Seed-exact over a reduced vocabulary (draft ids, no
+             * adjustments): q over the 8k draft ids, scattered into the
+             * all-zero target-width m->probs for the race, which addresses
+             * its noise by target id. q over the 49k-wide row (41k of it
+             * -inf) was half of a sampled node's time. The "other" bucket
+             * is no token. */
+            if (!m->probs_zero) memset(m->probs, 0, sizeof(float) * (size_t)m->vocab);
+            for (int i = 0; i < m->row_w; i++)
+                if (m->row_map[i] < 0) row[i] = -INFINITY;
+            specd_sampling_probs(smp, row, m->row_w, m->q_probs, m->sample_scratch);
+            for (int i = 0; i < m->row_w; i++)
+                if (m->row_map[i] >= 0) m->probs[m->row_map[i]] = m->q_probs[i];
+            m->probs_zero = 0;
+        } else {
+            adjust_row(m, job, par->node, row);
+            specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
+            m->probs_zero = 0;
+        }
         if (raced) {
             int32_t ids[SPECD_RACE_MAX_K];
             int nb = specd_race_topk(m->probs, m->vocab, (specd_race_addr){smp->seed, stream, 0},
@@ -344,11 +362,17 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
             for (int c = 0; c < nb; c++) {
                 float logq = par->logq + logf(m->probs[ids[c]]);
                 int node = specd_tree_buf_add(out, par->node, ids[c], logq);
-                if (node < 0) return n_next;
+                if (node < 0) break;
                 if (grows)
                     m->next[n_next++] =
                         (mlp_front){par->job, node, ids[c], logq, pacc, par->chain * p->branching[s] + c, r};
             }
+            if (m->row_map) { /* back to all zero, cheaper than a memset */
+                for (int i = 0; i < m->row_w; i++)
+                    if (m->row_map[i] >= 0) m->probs[m->row_map[i]] = 0.0f;
+                m->probs_zero = 1;
+            }
+            if (out->n_nodes >= out->cap) return n_next;
             continue;
         }
         /* Draw from (and send) q cut to its most likely tokens: see
@@ -373,11 +397,13 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
 static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_error *err) {
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
-    int draft_ids = m->draft_vocab > 0; /* every job greedy and unadjusted */
+    /* every job greedy or seed-exact, and unadjusted */
+    int draft_ids = m->draft_vocab > 0;
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
-        if (m->plans[i].sampling ||
+        if ((m->plans[i].sampling &&
+             !specd_sampling_is(jobs[i].sampling, SPECD_SAMPLING_SEED_EXACT)) ||
             (jobs[i].sampling && specd_sampling_adjusts_logits(jobs[i].sampling)))
             draft_ids = 0;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);

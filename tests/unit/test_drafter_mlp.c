@@ -428,6 +428,102 @@ static void test_seed_exact_children_are_the_race(void **state) {
     fixture_free(&f);
 }
 
+/* Seed-exact over a reduced vocabulary (the shipped speculator: 8k draft
+ * ids over SmolLM2's 49k): the drafter takes q over the draft ids alone
+ * and races it scattered into target ids. The children must be what the
+ * race picks over q taken across the full target-width row, -inf outside
+ * the map: the same distribution, up to the rounding of its sum. Plain
+ * temperature and top-p, and a greedy job in the same call. */
+static void test_seed_exact_reduced_vocab(void **state) {
+    (void)state;
+    const char *dir = "models/SmolLM2-135M-Instruct.speculator";
+    specd_drafter *d = open_drafter(dir, NULL);
+    specd_error err = {{0}};
+    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
+    if (!sp) fail_msg("%s", err.msg);
+    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
+    assert_true(c->vocab_size < c->target_vocab_size); /* a reduced vocabulary */
+    int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
+    float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
+    float *in = malloc(sizeof(float) * (size_t)I), *logits = malloc(sizeof(float) * (size_t)V);
+    float *probs = malloc(sizeof(float) * (size_t)V);
+    void *scratch = malloc(specd_sampling_scratch_size(V));
+    test_fill_random(hidden, (size_t)E, 77, 2.0f);
+    int32_t history[4] = {1, 504, 2683, 28};
+    specd_token_counts counts;
+    assert_int_equal(specd_token_counts_init(&counts, V, &err), 0);
+    specd_tree_buf out[2];
+    for (int j = 0; j < 2; j++) assert_int_equal(specd_tree_buf_init(&out[j], CAP, QPOOL, &err), 0);
+    for (int cfg = 0; cfg < 2; cfg++) {
+        specd_sampling s, greedy;
+        specd_sampling_init(&s);
+        specd_sampling_init(&greedy);
+        s.temperature = 0.8f;
+        s.top_p = cfg ? 0.9f : 1.0f;
+        s.seed = 99 + (uint64_t)cfg;
+        specd_draft_job jobs[2];
+        for (int j = 0; j < 2; j++) {
+            specd_tree_buf_reset(&out[j]);
+            jobs[j] = (specd_draft_job){.history = history, .n_history = 4, .n_prompt = 4,
+                                        .hidden = hidden, .sampling = j ? &greedy : &s,
+                                        .counts = &counts, .position = 11, .candidates = 2,
+                                        .depth = 3, .out = &out[j]};
+        }
+        if (specd_drafter_propose(d, jobs, 2, &err)) fail_msg("propose: %s", err.msg);
+        const specd_tree_buf *b = &out[0];
+        assert_true(b->n_nodes >= 2);
+        /* the root's two children: the race's two best over full-width q */
+        int32_t tok = history[3];
+        assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, hidden, &tok, st, logits, &err), 0);
+        specd_sampling_probs(&s, logits, V, probs, scratch);
+        int32_t want[2];
+        assert_int_equal(specd_race_topk(probs, V, (specd_race_addr){s.seed, 11, 0}, 2, want), 2);
+        int kids = 0;
+        for (int i = 0; i < b->n_nodes; i++)
+            if (b->parents[i] == -1) {
+                assert_true(kids < 2);
+                assert_int_equal(b->tokens[i], want[kids++]);
+                assert_true(fabsf(b->logq[i] - logf(probs[want[kids - 1]])) < 1e-5f);
+            }
+        assert_int_equal(kids, 2);
+        /* chain 0 goes on with each row's winner */
+        int node = -1;
+        for (int dd = 0; dd < 3; dd++) {
+            int child = -1;
+            for (int i = 0; i < b->n_nodes && child < 0; i++)
+                if (b->parents[i] == node) child = i;
+            if (child < 0) break; /* the tree may end early */
+            if (dd > 0) {
+                memcpy(in, st, sizeof(float) * (size_t)I);
+                assert_int_equal(specd_mlp_speculator_stage(sp, dd, 1, in, &tok, st, logits, &err),
+                                 0);
+                specd_sampling_probs(&s, logits, V, probs, scratch);
+                assert_int_equal(b->tokens[child],
+                                 specd_race_pick(probs, V, (specd_race_addr){s.seed, 11 + (uint64_t)dd, 0}));
+            }
+            tok = b->tokens[child];
+            node = child;
+        }
+        /* the greedy job of the same call: the argmax is one of its root's children */
+        assert_true(out[1].n_nodes >= 1);
+        assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, hidden, &history[3], st, logits, &err),
+                         0);
+        int am = specd_argmax(logits, V), found = 0;
+        for (int i = 0; i < out[1].n_nodes; i++) found |= out[1].parents[i] == -1 && out[1].tokens[i] == am;
+        assert_true(found);
+    }
+    for (int j = 0; j < 2; j++) specd_tree_buf_free(&out[j]);
+    specd_token_counts_free(&counts);
+    free(scratch);
+    free(probs);
+    free(logits);
+    free(in);
+    free(st);
+    free(hidden);
+    specd_mlp_speculator_free(sp);
+    specd_drafter_free(d);
+}
+
 /* ---- batching ---------------------------------------------------------------------- */
 
 /* Four jobs in one call (greedy and sampling mixed, one without a hidden
@@ -592,6 +688,7 @@ int main(void) {
         cmocka_unit_test(test_sampling_shape_and_q),
         cmocka_unit_test(test_sampling_deterministic),
         cmocka_unit_test(test_seed_exact_children_are_the_race),
+        cmocka_unit_test(test_seed_exact_reduced_vocab),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_create_errors),
     };
