@@ -134,7 +134,14 @@ static void finish_scalar(float *p, int n, double scale) {
 
 static uint64_t above_scalar(const float *p, int len, float thr) {
     uint64_t m = 0;
-    for (int i = 0; i < len; i++) m |= (uint64_t)(p[i] > thr) << i;
+    /* most eights hold nothing above (a top-k row, a reduced vocabulary):
+     * test them whole before building their bits */
+    for (int i = 0; i < len; i += 8) {
+        int e = len - i < 8 ? len - i : 8, any = 0;
+        for (int j = 0; j < e; j++) any |= p[i + j] > thr;
+        if (!any) continue;
+        for (int j = 0; j < e; j++) m |= (uint64_t)(p[i + j] > thr) << (i + j);
+    }
     return m;
 }
 
