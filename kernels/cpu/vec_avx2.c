@@ -10,6 +10,7 @@
  * ulp of expf (test_backend_ops compares the op with the scalar twin). */
 #include <string.h>
 
+#include "common/spec/sampling.h"
 #include "quant_impl.h"
 #include "vec_exp.h"
 #include "vec_hsum.h"
@@ -32,31 +33,6 @@ static TAVX2 void swiglu_avx2(float *out, const float *gate, const float *up, si
         _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
     }
     for (; i < n; i++) out[i] = cpu_swiglu_scalar_one(gate[i], up[i]);
-}
-
-/* specd_argmax's rule: the first index of the largest value, NaN never
- * wins (all NaN: 0). Pass 1 finds the maximum (vmaxps returns its second
- * operand when the first is NaN, so the running max never becomes NaN);
- * pass 2 the first index holding it. A row of logits (196 KB for 49k
- * entries) stays in L2 between the passes. */
-static TAVX2 int argmax_avx2(const float *x, int n) {
-    if (n <= 0) return -1;
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
-    float mx[8], best;
-    _mm256_storeu_ps(mx, m);
-    best = mx[0];
-    for (int k = 1; k < 8; k++) best = mx[k] > best ? mx[k] : best;
-    for (; i < n; i++) best = x[i] > best ? x[i] : best;
-    const __m256 b = _mm256_set1_ps(best);
-    for (i = 0; i + 8 <= n; i += 8) {
-        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_EQ_OQ));
-        if (mask) return i + __builtin_ctz((unsigned)mask);
-    }
-    for (; i < n; i++)
-        if (x[i] == best) return i;
-    return 0; /* every value NaN */
 }
 
 /* Attention's inner loops over one KV row (fp32 or fp16 cache): q . row and
@@ -586,7 +562,9 @@ int cpu_vec_avx2(cpu_kernel_set *ks) {
     ks->softmax_exp = softmax_exp_avx2;
     ks->kv_dot = kv_dot_avx2;
     ks->kv_axpy = kv_axpy_avx2;
-    ks->argmax = argmax_avx2;
+    /* argmax: specd_argmax itself, which runs at this width
+     * (common/spec/sampling_vec.c) */
+    ks->argmax = specd_argmax;
     ks->swiglu = swiglu_avx2;
     return 1;
 }
