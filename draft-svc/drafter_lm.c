@@ -244,14 +244,15 @@ static int draft_one(lm_impl *lm, specd_draft_job *job, lm_job_state *js, float 
         specd_sampling_probs(s, row, lm->vocab, lm->probs, lm->sample_scratch);
         /* Draw from (and send) q cut to its most likely tokens: see
          * SPECD_DRAFT_Q_MAX. */
-        int nq = specd_draft_q_truncate(lm->probs, lm->vocab, lm->q_ids, lm->q_probs);
+        int nq = specd_draft_q_sparse(lm->probs, lm->vocab, NULL, lm->q_ids, lm->q_probs);
         double u = specd_rng_uniform(s->seed ^ SPECD_DRAFT_RNG_SALT,
                                      job->position + (uint64_t)step, 0);
-        tok = specd_sample_from_probs(lm->probs, lm->vocab, u);
         /* q goes on the parent before the child exists, so a full pool
          * never leaves a drawn child without its distribution */
         if (specd_tree_buf_set_q(out, js->node, lm->q_ids, lm->q_probs, nq)) return -1;
-        lp = logf(lm->probs[tok]);
+        int j = specd_sample_from_probs(lm->q_probs, nq, u);
+        tok = lm->q_ids[j];
+        lp = logf(lm->q_probs[j]);
     }
     js->logq += lp;
     int node = specd_tree_buf_add(out, js->node, tok, js->logq);

@@ -160,8 +160,10 @@ typedef struct mlp_impl {
     float *topk_vals;
     float *probs;      /* [vocab] */
     int probs_zero;    /* probs is all 0 (a draft-id row scatters into it) */
-    int32_t *q_ids;    /* [vocab] */
-    float *q_probs;
+    float *q_probs;    /* [vocab]: a draft-id row's dense q */
+    /* a rejection-sampled node's q as sent (specd_draft_q_sparse) */
+    int32_t sq_ids[SPECD_DRAFT_Q_MAX];
+    float sq_probs[SPECD_DRAFT_Q_MAX];
     void *sample_scratch;
     void *adjust_scratch; /* specd_logits_adjust_scratch_size(n_predict) */
     int32_t path[MLP_MAX_DEPTH];
@@ -336,26 +338,37 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         float pacc = p->adaptive ? par->pacc * m->p_rows[r] : 1.0f;
         int grows = keeps_growing(p, s + 1, pacc);
         float *row = m->logits + (size_t)r * m->row_w;
+        /* q, dense: over the draft ids of a reduced vocabulary (no
+         * adjustments; q_map maps them to target ids) or over the target's
+         * vocabulary. A draft-id row is 8k entries where the target-width
+         * one is 49k, 41k of them -inf: q over the wide row was half of a
+         * sampled node's time. The "other" bucket is no token. */
+        const float *q;
+        const int32_t *q_map = NULL;
+        int q_n;
         if (m->row_map) {
-            /* Seed-exact over a reduced vocabulary (draft ids, no
-             * adjustments): q over the 8k draft ids, scattered into the
-             * all-zero target-width m->probs for the race, which addresses
-             * its noise by target id. q over the 49k-wide row (41k of it
-             * -inf) was half of a sampled node's time. The "other" bucket
-             * is no token. */
-            if (!m->probs_zero) memset(m->probs, 0, sizeof(float) * (size_t)m->vocab);
             for (int i = 0; i < m->row_w; i++)
                 if (m->row_map[i] < 0) row[i] = -INFINITY;
             specd_sampling_probs(smp, row, m->row_w, m->q_probs, m->sample_scratch);
-            for (int i = 0; i < m->row_w; i++)
-                if (m->row_map[i] >= 0) m->probs[m->row_map[i]] = m->q_probs[i];
-            m->probs_zero = 0;
+            q = m->q_probs;
+            q_map = m->row_map;
+            q_n = m->row_w;
         } else {
             adjust_row(m, job, par->node, row);
             specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
             m->probs_zero = 0;
+            q = m->probs;
+            q_n = m->vocab;
         }
         if (raced) {
+            /* The race addresses its noise by target id: a draft-id q is
+             * scattered into the all-zero target-width m->probs for it. */
+            if (m->row_map) {
+                if (!m->probs_zero) memset(m->probs, 0, sizeof(float) * (size_t)m->vocab);
+                for (int i = 0; i < m->row_w; i++)
+                    if (m->row_map[i] >= 0) m->probs[m->row_map[i]] = m->q_probs[i];
+                m->probs_zero = 0;
+            }
             int32_t ids[SPECD_RACE_MAX_K];
             int nb = specd_race_topk(m->probs, m->vocab, (specd_race_addr){smp->seed, stream, 0},
                                      p->branching[s], ids);
@@ -375,17 +388,19 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
             if (out->n_nodes >= out->cap) return n_next;
             continue;
         }
-        /* Draw from (and send) q cut to its most likely tokens: see
-         * SPECD_DRAFT_Q_MAX. */
-        int nq = specd_draft_q_truncate(m->probs, m->vocab, m->q_ids, m->q_probs);
-        if (specd_tree_buf_set_q(out, par->node, m->q_ids, m->q_probs, nq)) return n_next;
+        /* Draw from (and send) q cut to its most likely tokens, sparse and
+         * in target-id order: see SPECD_DRAFT_Q_MAX and
+         * specd_draft_q_sparse. */
+        int nq = specd_draft_q_sparse(q, q_n, q_map, m->sq_ids, m->sq_probs);
+        if (specd_tree_buf_set_q(out, par->node, m->sq_ids, m->sq_probs, nq)) return n_next;
         for (int c = 0; c < p->branching[s]; c++) {
             /* the root (chain 0) fans out into chains 0..k-1; deeper rows
              * have one child, which continues its parent's chain */
             int chain = par->chain * p->branching[s] + c;
             double u = specd_rng_uniform(seed, stream, (uint64_t)chain);
-            int32_t tok = specd_sample_from_probs(m->probs, m->vocab, u);
-            float logq = par->logq + logf(m->probs[tok]);
+            int j = specd_sample_from_probs(m->sq_probs, nq, u);
+            int32_t tok = m->sq_ids[j];
+            float logq = par->logq + logf(m->sq_probs[j]);
             int node = specd_tree_buf_add(out, par->node, tok, logq);
             if (node < 0) return n_next; /* full (the shape was sized to fit; a guard) */
             if (grows) m->next[n_next++] = (mlp_front){par->job, node, tok, logq, pacc, chain, r};
@@ -397,15 +412,12 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
 static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_error *err) {
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
-    /* every job greedy or seed-exact, and unadjusted */
+    /* draft-id rows when no job adjusts its logits */
     int draft_ids = m->draft_vocab > 0;
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
-        if ((m->plans[i].sampling &&
-             !specd_sampling_is(jobs[i].sampling, SPECD_SAMPLING_SEED_EXACT)) ||
-            (jobs[i].sampling && specd_sampling_adjusts_logits(jobs[i].sampling)))
-            draft_ids = 0;
+        if (jobs[i].sampling && specd_sampling_adjusts_logits(jobs[i].sampling)) draft_ids = 0;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
         rows += bound;
         if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
@@ -495,7 +507,6 @@ static void mlp_free_impl(mlp_impl *m) {
     free(m->topk_ids);
     free(m->topk_vals);
     free(m->probs);
-    free(m->q_ids);
     free(m->q_probs);
     free(m->sample_scratch);
     free(m->adjust_scratch);
@@ -576,11 +587,10 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
     m->topk_ids = malloc(sizeof(int32_t) * (size_t)m->max_k);
     m->topk_vals = malloc(sizeof(float) * (size_t)m->max_k);
     m->probs = malloc(sizeof(float) * V);
-    m->q_ids = malloc(sizeof(int32_t) * V);
     m->q_probs = malloc(sizeof(float) * V);
     m->sample_scratch = malloc(specd_sampling_scratch_size(m->vocab));
     m->adjust_scratch = malloc(specd_logits_adjust_scratch_size(MLP_MAX_DEPTH));
-    if (!m->plans || !m->topk_ids || !m->topk_vals || !m->probs || !m->q_ids || !m->q_probs ||
+    if (!m->plans || !m->topk_ids || !m->topk_vals || !m->probs || !m->q_probs ||
         !m->sample_scratch || !m->adjust_scratch) {
         specd_seterr(err, "mlp drafter: out of memory");
         goto fail;

@@ -1,6 +1,7 @@
 /* target_watch.c - target health probes and draft-svc readiness
  * (target_watch.h). */
 #include "draft-svc/target_watch.h"
+#include "common/util/thread_name.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -60,6 +61,7 @@ static void set_ready(specd_target_watch *w, int ready) {
 
 static void *watch_main(void *arg) {
     specd_target_watch *w = arg;
+    specd_thread_name("target-watch");
     specd_tpool_member *ms[WATCH_MAX_MEMBERS];
     int last = -1;
     int64_t trimmed_at = now_ms();

@@ -225,29 +225,44 @@ int specd_topk(const float *x, int n, int k, int32_t *ids, float *vals) {
     return m;
 }
 
-int specd_draft_q_truncate(float *probs, int vocab, int32_t *ids, float *sparse) {
+/* Sorts (ids, vals) by id ascending; n <= SPECD_DRAFT_Q_MAX, ids distinct
+ * (insertion sort: the input is short, and often sorted already). */
+static void sort_by_id(int32_t *ids, float *vals, int n) {
+    for (int i = 1; i < n; i++) {
+        int32_t id = ids[i];
+        float v = vals[i];
+        int j = i - 1;
+        while (j >= 0 && ids[j] > id) {
+            ids[j + 1] = ids[j];
+            vals[j + 1] = vals[j];
+            j--;
+        }
+        ids[j + 1] = id;
+        vals[j + 1] = v;
+    }
+}
+
+int specd_draft_q_sparse(const float *probs, int n, const int32_t *id_map, int32_t *ids,
+                         float *sparse) {
     int nz = 0;
-    for (int i = 0; i < vocab; i++) nz += probs[i] > 0.0f;
-    int n;
+    for (int i = 0; i < n && nz <= SPECD_DRAFT_Q_MAX; i++) nz += probs[i] > 0.0f;
+    int m;
     if (nz <= SPECD_DRAFT_Q_MAX) {
-        n = 0;
-        for (int i = 0; i < vocab; i++)
+        m = 0;
+        for (int i = 0; i < n; i++)
             if (probs[i] > 0.0f) {
-                ids[n] = i;
-                sparse[n++] = probs[i];
+                ids[m] = i;
+                sparse[m++] = probs[i];
             }
     } else {
-        n = specd_topk(probs, vocab, SPECD_DRAFT_Q_MAX, ids, sparse);
+        m = specd_topk(probs, n, SPECD_DRAFT_Q_MAX, ids, sparse);
     }
+    if (id_map)
+        for (int j = 0; j < m; j++) ids[j] = id_map[ids[j]];
+    sort_by_id(ids, sparse, m);
     double sum = 0;
-    for (int j = 0; j < n; j++) sum += sparse[j];
-    if (n == 0 || !(sum > 0)) return 0;
-    /* Rewrite the dense vector as the truncated q so the draw that follows
-     * uses exactly the distribution that is sent. */
-    memset(probs, 0, sizeof(float) * (size_t)vocab);
-    for (int j = 0; j < n; j++) {
-        sparse[j] = (float)(sparse[j] / sum);
-        probs[ids[j]] = sparse[j];
-    }
-    return n;
+    for (int j = 0; j < m; j++) sum += sparse[j];
+    if (m == 0 || !(sum > 0)) return 0;
+    for (int j = 0; j < m; j++) sparse[j] = (float)(sparse[j] / sum);
+    return m;
 }

@@ -111,12 +111,22 @@ int specd_tree_sampling_branching(int candidates, int depth, int max_nodes, int 
  * samples. */
 #define SPECD_DRAFT_Q_MAX 256
 
-/* Truncates a dense draft distribution probs[0..vocab) to its SPECD_DRAFT_Q_MAX
- * most likely tokens (ties: lower id), renormalized, IN PLACE (so the caller
- * then draws from exactly the q it sends), and writes its sparse form to
- * ids/sparse (capacity SPECD_DRAFT_Q_MAX). Returns the number of entries (>= 1
- * for a distribution with any positive entry, else 0). */
-int specd_draft_q_truncate(float *probs, int vocab, int32_t *ids, float *sparse);
+/* The q a sampling-mode node sends and draws from: the dense distribution
+ * probs[0..n) cut to its SPECD_DRAFT_Q_MAX most likely entries (all of its
+ * positive entries when there are no more; ties: lower index), each index
+ * mapped through id_map (NULL: the index is the token id; a reduced draft
+ * vocabulary's draft id -> target id map, whose unmapped entries must have
+ * probability 0), sorted by token id ascending and renormalized (a double
+ * sum in that order). probs is not modified. Writes ids/sparse (capacity
+ * SPECD_DRAFT_Q_MAX) and returns the count (>= 1 for a distribution with
+ * any positive entry, else 0).
+ *
+ * Drawing from it: specd_sample_from_probs(sparse, n, u) gives an index j,
+ * the token ids[j]. That is the token the same u draws from the dense
+ * target-width q (the walk visits the positive entries in id order with the
+ * same sums), without two passes over 49k entries per draw. */
+int specd_draft_q_sparse(const float *probs, int n, const int32_t *id_map, int32_t *ids,
+                         float *sparse);
 
 /* Top-k of a log-probability (or logit) row: the k largest, descending, ties
  * broken by lower id; k is clamped to n. Returns the count written. O(n log k). */

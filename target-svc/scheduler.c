@@ -5,6 +5,7 @@
  * (and be cancelled) while the model runs. Each item has its own condition
  * variable so waking one session never wakes the others. */
 #include "target-svc/scheduler.h"
+#include "common/util/thread_name.h"
 
 #include "target-svc/target_metrics.h"
 
@@ -443,6 +444,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
 
 static void *worker_main(void *arg) {
     specd_sched *s = arg;
+    specd_thread_name("sched");
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);

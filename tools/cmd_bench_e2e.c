@@ -60,6 +60,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "common/util/thread_name.h"
 #include "common/util/small_file.h"
 #include "kernels/backend.h"
 #include "tools/client.h"
@@ -504,6 +505,7 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
 static void *stream_main(void *arg) {
     stream_arg *sa = arg;
     run_ctx *rc = sa->rc;
+    specd_thread_name("bench-stream");
     for (int r = 0; r < rc->requests; r++) {
         pthread_mutex_lock(&rc->mu);
         int stop = rc->failed;

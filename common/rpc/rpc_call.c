@@ -22,6 +22,7 @@
  * registered cancellation callback runs once, on the CQ thread that saw it,
  * outside c->mu. */
 #include "common/rpc/rpc_internal.h"
+#include "common/util/thread_name.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -351,6 +352,9 @@ static void *handler_main(void *arg) {
     specd_rpc_call *c = arg;
     specd_rpc_server *s = c->server;
     const rpc_method *m = c->method;
+    /* "/specd.v1.Target/Verify" -> "Target/Verify" */
+    const char *dot = c->method_path ? strrchr(c->method_path, '.') : NULL;
+    specd_thread_name("%s", dot ? dot + 1 : c->method_path ? c->method_path : "rpc-call");
     int run = 1;
     if (m->kind != SPECD_RPC_BIDI_STREAMING) {
         /* unary and server-streaming handlers start with their request */

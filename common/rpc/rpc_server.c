@@ -24,6 +24,7 @@
  * SPECD_RPC_IO_CANCELLED) and we wait for them to return. Then the gRPC
  * server is destroyed, the CQ shut down and drained, the CQ threads joined. */
 #include "common/rpc/rpc_internal.h"
+#include "common/util/thread_name.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -169,6 +170,7 @@ static void on_new_call(specd_rpc_server *s, specd_rpc_call *c, int success) {
 
 static void *cq_thread_main(void *arg) {
     specd_rpc_server *s = arg;
+    specd_thread_name("rpc-cq:%d", s->port);
     for (;;) {
         grpc_event ev =
             grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);

@@ -29,6 +29,7 @@
  * The shared counters sit on separate cache lines so that spinning readers of
  * one do not slow down writers of another. */
 #include "threadpool.h"
+#include "common/util/thread_name.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -142,6 +143,7 @@ static unsigned wait_for_run(specd_pool *pool, unsigned seen) {
 static void *worker_main(void *p) {
     worker_arg *arg = p;
     specd_pool *pool = arg->pool;
+    specd_thread_name("pool-%d", arg->thread);
     /* Runs are numbered from 1. */
     unsigned seen = 0;
     for (;;) {

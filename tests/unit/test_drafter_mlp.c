@@ -20,7 +20,9 @@
 
 #include "common/spec/sampling.h"
 #include "common/spec/tree.h"
+#include "common/util/rng.h"
 #include "draft-svc/drafter.h"
+#include "draft-svc/tree_builder.h"
 #include "common/model/mlp_speculator.h"
 #include "tests/harness/test_util.h"
 
@@ -524,6 +526,83 @@ static void test_seed_exact_reduced_vocab(void **state) {
     specd_drafter_free(d);
 }
 
+/* Rejection sampling with the shipped speculator (a reduced vocabulary,
+ * whose q is taken over its 8k draft ids): the root's q as sent is the
+ * full-width q (the speculator's logits over the target's vocabulary, -inf
+ * outside the map) cut to its SPECD_DRAFT_Q_MAX best, in target-id order,
+ * summing to 1; and every root child is the draw of its chain's uniform
+ * from that q, as the dense target-width walk makes it. */
+static void test_rejection_reduced_vocab(void **state) {
+    (void)state;
+    const char *dir = "models/SmolLM2-135M-Instruct.speculator";
+    specd_drafter *d = open_drafter(dir, NULL);
+    specd_error err = {{0}};
+    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
+    if (!sp) fail_msg("%s", err.msg);
+    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
+    int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
+    float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
+    float *logits = malloc(sizeof(float) * (size_t)V), *probs = malloc(sizeof(float) * (size_t)V);
+    float *dense = calloc((size_t)V, sizeof(float));
+    void *scratch = malloc(specd_sampling_scratch_size(V));
+    test_fill_random(hidden, (size_t)E, 78, 2.0f);
+    int32_t history[4] = {1, 504, 2683, 28};
+    specd_token_counts counts;
+    assert_int_equal(specd_token_counts_init(&counts, V, &err), 0);
+    specd_tree_buf out;
+    assert_int_equal(specd_tree_buf_init(&out, CAP, QPOOL, &err), 0);
+    specd_sampling s;
+    specd_sampling_init(&s);
+    s.temperature = 0.8f;
+    s.method = SPECD_SAMPLING_REJECTION;
+    s.seed = 5;
+    specd_draft_job job = {.history = history, .n_history = 4, .n_prompt = 4, .hidden = hidden,
+                           .sampling = &s, .counts = &counts, .position = 11, .candidates = 3,
+                           .depth = 2, .out = &out};
+    if (specd_drafter_propose(d, &job, 1, &err)) fail_msg("propose: %s", err.msg);
+    const specd_sparse_dist *q = &out.q[0];
+    assert_int_equal(q->n, SPECD_DRAFT_Q_MAX);
+    /* the full-width q, from the test's own pass */
+    assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, hidden, &history[3], st, logits, &err), 0);
+    specd_sampling_probs(&s, logits, V, probs, scratch);
+    double sum = 0, kept_mass = 0;
+    float kept_min = 1.0f;
+    for (int k = 0; k < q->n; k++) {
+        if (k) assert_true(q->ids[k - 1] < q->ids[k]);
+        assert_true(q->ids[k] >= 0 && q->ids[k] < V);
+        assert_true(probs[q->ids[k]] > 0.0f);
+        sum += q->probs[k];
+        kept_mass += probs[q->ids[k]];
+        if (probs[q->ids[k]] < kept_min) kept_min = probs[q->ids[k]];
+        dense[q->ids[k]] = q->probs[k];
+    }
+    assert_true(fabs(sum - 1.0) < 1e-5);
+    for (int k = 0; k < q->n; k++) /* renormalized by the kept mass */
+        assert_true(fabsf(q->probs[k] - (float)(probs[q->ids[k]] / kept_mass)) <= 1e-5f * q->probs[k] + 1e-9f);
+    /* nothing left out beats what was kept (up to the rounding of two sums) */
+    for (int i = 0; i < V; i++)
+        if (dense[i] == 0.0f) assert_true(probs[i] <= kept_min * (1.0f + 1e-5f));
+    /* the root's children: chain c's uniform drawn from q as a dense walk */
+    int kids = 0;
+    for (int i = 0; i < out.n_nodes; i++) {
+        if (out.parents[i] != -1) continue;
+        double u = specd_rng_uniform(s.seed ^ SPECD_DRAFT_RNG_SALT, 11, (uint64_t)kids);
+        assert_int_equal(out.tokens[i], specd_sample_from_probs(dense, V, u));
+        kids++;
+    }
+    assert_int_equal(kids, 3);
+    specd_tree_buf_free(&out);
+    specd_token_counts_free(&counts);
+    free(scratch);
+    free(dense);
+    free(probs);
+    free(logits);
+    free(st);
+    free(hidden);
+    specd_mlp_speculator_free(sp);
+    specd_drafter_free(d);
+}
+
 /* ---- batching ---------------------------------------------------------------------- */
 
 /* Four jobs in one call (greedy and sampling mixed, one without a hidden
@@ -689,6 +768,7 @@ int main(void) {
         cmocka_unit_test(test_sampling_deterministic),
         cmocka_unit_test(test_seed_exact_children_are_the_race),
         cmocka_unit_test(test_seed_exact_reduced_vocab),
+        cmocka_unit_test(test_rejection_reduced_vocab),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_create_errors),
     };

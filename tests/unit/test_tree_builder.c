@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "common/spec/sampling.h"
 #include "draft-svc/tree_builder.h"
 
 static void test_buf_add_view_reset(void **state) {
@@ -89,9 +90,9 @@ static void test_topk(void **state) {
     assert_int_equal(specd_topk(x, 8, 0, ids, vals), 0);
 }
 
-/* q truncation keeps the SPECD_DRAFT_Q_MAX most likely tokens, renormalized,
- * and the dense vector becomes exactly the q that is sent. */
-static void test_q_truncate(void **state) {
+/* q cut to its SPECD_DRAFT_Q_MAX most likely tokens, renormalized, in id
+ * order; and a draw from the sparse q is the draw from the dense one. */
+static void test_q_sparse(void **state) {
     (void)state;
     enum { V = 1000 };
     float p[V], orig[V];
@@ -100,38 +101,62 @@ static void test_q_truncate(void **state) {
     double sum = 0;
     for (int i = 0; i < V; i++) sum += (orig[i] = 1.0f / (float)(1 + (i * 7919) % V));
     for (int i = 0; i < V; i++) p[i] = orig[i] = (float)(orig[i] / sum);
-    int n = specd_draft_q_truncate(p, V, ids, sp);
+    int n = specd_draft_q_sparse(p, V, NULL, ids, sp);
     assert_int_equal(n, SPECD_DRAFT_Q_MAX);
+    assert_memory_equal(p, orig, sizeof p); /* the input stays as it was */
     double s = 0, kept_min = 1, dropped_max = 0;
+    uint8_t kept[V] = {0};
     for (int j = 0; j < n; j++) {
         s += sp[j];
-        assert_true(p[ids[j]] == sp[j]);
+        if (j) assert_true(ids[j - 1] < ids[j]);
+        kept[ids[j]] = 1;
         if (orig[ids[j]] < kept_min) kept_min = orig[ids[j]];
     }
     assert_true(fabs(s - 1.0) < 1e-5);
-    int nz = 0;
-    for (int i = 0; i < V; i++) {
-        nz += p[i] > 0;
-        if (p[i] == 0 && orig[i] > dropped_max) dropped_max = orig[i];
-    }
-    assert_int_equal(nz, SPECD_DRAFT_Q_MAX);
+    for (int i = 0; i < V; i++)
+        if (!kept[i] && orig[i] > dropped_max) dropped_max = orig[i];
     assert_true(dropped_max <= kept_min);
-    /* a small support passes through unchanged, ids ascending */
+
+    /* The dense truncated q, target-width, and the sparse one draw the same
+     * token for every u (the walk's sums are the same). */
+    float dense[V] = {0};
+    for (int j = 0; j < n; j++) dense[ids[j]] = sp[j];
+    for (int k = 0; k < 20000; k++) {
+        double u = (k + 0.5) / 20000.0;
+        int j = specd_sample_from_probs(sp, n, u);
+        assert_int_equal(ids[j], specd_sample_from_probs(dense, V, u));
+    }
+    assert_int_equal(ids[specd_sample_from_probs(sp, n, 0.0)], specd_sample_from_probs(dense, V, 0.0));
+    assert_int_equal(ids[specd_sample_from_probs(sp, n, 1.0)], specd_sample_from_probs(dense, V, 1.0));
+
+    /* a small support passes through, ids ascending */
     float small[6] = {0, 0.25f, 0, 0.5f, 0.25f, 0};
-    n = specd_draft_q_truncate(small, 6, ids, sp);
+    n = specd_draft_q_sparse(small, 6, NULL, ids, sp);
     assert_int_equal(n, 3);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[2], 4);
     assert_true(sp[1] == 0.5f);
+    /* through a draft-id map (reversing the order), still ascending by
+     * target id; the unmapped entry has probability 0 and is left out */
+    const int32_t map[6] = {50, 40, -1, 30, 20, 10};
+    float mapped[6] = {0.125f, 0.25f, 0, 0.5f, 0.125f, 0};
+    n = specd_draft_q_sparse(mapped, 6, map, ids, sp);
+    assert_int_equal(n, 4);
+    const int32_t want_ids[4] = {20, 30, 40, 50};
+    const float want_p[4] = {0.125f, 0.5f, 0.25f, 0.125f};
+    for (int j = 0; j < 4; j++) {
+        assert_int_equal(ids[j], want_ids[j]);
+        assert_true(sp[j] == want_p[j]);
+    }
     float zero[3] = {0, 0, 0};
-    assert_int_equal(specd_draft_q_truncate(zero, 3, ids, sp), 0);
+    assert_int_equal(specd_draft_q_sparse(zero, 3, NULL, ids, sp), 0);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_buf_add_view_reset), cmocka_unit_test(test_beam_select),
         cmocka_unit_test(test_sampling_branching), cmocka_unit_test(test_topk),
-        cmocka_unit_test(test_q_truncate),
+        cmocka_unit_test(test_q_sparse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
