@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/util/simd.h"
 #include "common/util/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/peak.h"
@@ -267,7 +268,7 @@ int main(int argc, char **argv) {
 
     /* 1. memory bandwidth */
     printf("== memory bandwidth (streaming read, best of 5) ==\n");
-    if (__builtin_cpu_supports("avx2")) {
+    if (specd_cpu_features_get()->avx2) {
         size_t big = (size_t)512 << 20;
         uint8_t *buf = aligned_alloc(64, big);
         memset(buf, 1, big); /* fault the pages in */

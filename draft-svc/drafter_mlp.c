@@ -282,7 +282,7 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
          * are a function of the logits alone; -inf entries (a bias, or ids
          * outside a reduced vocabulary) count 0 and cost no exp. Scalar
          * expf over the row was a fifth of a draft level's time. */
-        double lse = cpu_log_sum_exp(row, m->row_w);
+        double lse = specd_log_sum_exp(row, m->row_w);
         int k = specd_topk(row, m->row_w, m->top_k[s], m->topk_ids, m->topk_vals);
         if (m->row_map)
             for (int i = 0; i < k; i++) m->topk_ids[i] = m->row_map[m->topk_ids[i]];

@@ -32,6 +32,7 @@
 #include <cblas.h>
 
 #include "cli.h"
+#include "common/util/simd.h"
 #include "common/util/dtype.h"
 #include "common/model/model_file.h"
 #include "common/util/rng.h"
@@ -743,10 +744,8 @@ static void ensure_fast_blas(char **argv_from_program) {
     if (getenv("OPENBLAS_CORETYPE") || !core || (strcasecmp(core, "prescott") &&
                                                  strcasecmp(core, "core2") && strcasecmp(core, "nehalem")))
         return;
-    __builtin_cpu_init();
-    const char *want = __builtin_cpu_supports("avx512f")  ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2") ? "Haswell"
-                                                        : NULL;
+    const specd_cpu_features *cpu = specd_cpu_features_get();
+    const char *want = cpu->avx512 ? "SkylakeX" : cpu->avx2 ? "Haswell" : NULL;
     if (!want) return;
     fprintf(stderr, "specd train: OpenBLAS chose its %s kernels; running again with "
                     "OPENBLAS_CORETYPE=%s\n", core, want);

@@ -316,6 +316,20 @@ static float logprob_of(float l, const lp_norm *z) {
     return (float)((double)l - z->lse);
 }
 
+/* The normalizer m + log(sum exp(x - m)) for a finite row maximum m. */
+static double lse_at(const float *x, int n, float m) {
+    double acc[8] = {0};
+    sampling_vec_active()->exp_sum(x, n, m, acc);
+    return (double)m + log(lane_sum(acc));
+}
+
+double specd_log_sum_exp(const float *x, int n) {
+    if (n <= 0) return -INFINITY;
+    float m = x[specd_argmax(x, n)];
+    if (!isfinite(m)) return m; /* -inf, +inf, or NaN when every entry is */
+    return lse_at(x, n, m);
+}
+
 void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, float *lp,
                     int32_t *top_ids, float *top_lps) {
     if (top_n < 0) top_n = 0;
@@ -337,9 +351,7 @@ void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, floa
         z.mode = 1;
         z.linf = -log((double)n_inf);
     } else {
-        double acc[8] = {0};
-        sampling_vec_active()->exp_sum(logits, vocab, m, acc);
-        z.lse = (double)m + log(lane_sum(acc));
+        z.lse = lse_at(logits, vocab, m);
     }
     if (lp) *lp = logprob_of(tok >= 0 && tok < vocab ? logits[tok] : NAN, &z);
 

@@ -148,6 +148,14 @@ size_t specd_logits_adjust_scratch_size(int n_path);
 void specd_logprobs(const float *logits, int vocab, int32_t tok, int top_n, float *lp,
                     int32_t *top_ids, float *top_lps);
 
+/* log(sum_i exp(x[i])) of a row of logits: m + log(sum exp(x[i] - m)) with
+ * m the largest, each exp and the sum in double (sampling_vec.h's exp in
+ * eight lanes by index mod 8, on every SIMD path the same bits): the
+ * normalizer of specd_logprobs, and the one the drafters score paths with.
+ * -inf entries count 0; NaN entries take no part. -inf for an empty or
+ * all -inf row, +inf when some entry is +inf, NaN when every entry is. */
+double specd_log_sum_exp(const float *x, int n);
+
 /* Index of the largest value, lowest index on ties. NaNs are skipped; if all
  * values are NaN the answer is 0. -1 only when n <= 0. */
 int specd_argmax(const float *logits, int n);

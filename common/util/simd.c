@@ -7,19 +7,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static specd_cpu_features g_features;
 static specd_simd_level g_best;
 static _Atomic int g_active;
 
-static specd_simd_level detect_best(void) {
+static void detect_features(specd_cpu_features *f) {
+    memset(f, 0, sizeof *f);
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    if (avx2 && avx512) return SPECD_SIMD_AVX512;
-    if (avx2) return SPECD_SIMD_AVX2;
+    f->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    f->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    /* Older compilers' __builtin_cpu_supports lack "f16c" and the VNNI
+     * names: ask CPUID (leaf 1 ECX.29; leaf 7.0 ECX.11; leaf 7.1 EAX.4).
+     * The register state they need is AVX's or AVX-512's, checked above. */
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) f->f16c = (c & bit_F16C) != 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f->avx512vnni = f->avx512 && ((c >> 11) & 1);
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f->avxvnni = f->avx2 && ((a >> 4) & 1);
 #endif
+}
+
+static specd_simd_level detect_best(const specd_cpu_features *f) {
+    if (f->avx2 && f->avx512) return SPECD_SIMD_AVX512;
+    if (f->avx2) return SPECD_SIMD_AVX2;
     return SPECD_SIMD_SCALAR;
 }
 
@@ -32,7 +48,8 @@ static int level_named(const char *name) {
 }
 
 static void init(void) {
-    g_best = detect_best();
+    detect_features(&g_features);
+    g_best = detect_best(&g_features);
     int level = (int)g_best;
     const char *env = getenv("SPECD_SIMD");
     if (env && *env && strcmp(env, "auto") != 0) {
@@ -54,4 +71,9 @@ int specd_simd_force(const char *name) {
     if (want < 0 || want > (int)g_best) return 0;
     atomic_store(&g_active, want);
     return 1;
+}
+
+const specd_cpu_features *specd_cpu_features_get(void) {
+    pthread_once(&g_once, init);
+    return &g_features;
 }

@@ -21,6 +21,20 @@ typedef enum specd_simd_level {
     SPECD_SIMD_AVX512 = 2, /* AVX-512 F, BW, VL, DQ */
 } specd_simd_level;
 
+/* What this CPU can run, detected once (CPUID, and through
+ * __builtin_cpu_supports the register state the OS enables): the one
+ * feature check in specd. kernels/cpu picks its kernel sets from it, and the
+ * levels above are its avx2 and avx512. */
+typedef struct specd_cpu_features {
+    int avx2;       /* AVX2 and FMA */
+    int f16c;       /* fp16 <-> fp32 conversions */
+    int avxvnni;    /* AVX-VNNI: vpdpbusd on ymm, VEX-encoded */
+    int avx512;     /* AVX-512 F, BW, VL and DQ */
+    int avx512vnni; /* AVX512-VNNI */
+} specd_cpu_features;
+
+const specd_cpu_features *specd_cpu_features_get(void);
+
 /* The active level: the best this CPU has unless SPECD_SIMD or
  * specd_simd_force() chose another. */
 specd_simd_level specd_simd_active(void);

@@ -1,7 +1,8 @@
 /* matmul.c - picks a SIMD kernel set and spreads matmuls over the pool.
  *
  * The kernel set (quant_avx512.c, quant_avx2.c or quant_scalar.c) is chosen
- * once, from __builtin_cpu_supports, the first time any entry point runs.
+ * once, from common/util/simd.h's feature check, the first time any entry
+ * point runs.
  * SPECD_SIMD=avx512|avx2|scalar in the environment, or cpu_simd_force(),
  * overrides the choice (tests and benches compare paths this way).
  *
@@ -26,10 +27,6 @@
 
 #include "common/util/simd.h"
 #include "quant_impl.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 /* The kernel sets, best last. A set with VNNI shares its fp32 kernels with
  * the plain set of its width and differs only in the integer kernels. */
@@ -57,23 +54,11 @@ static void detect(void) {
     g_have[SET_SCALAR] = cpu_kernels_scalar(&g_sets[SET_SCALAR]) &&
                          cpu_qkernels_scalar(&g_sets[SET_SCALAR]);
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
     /* The kernels also use F16C (fp16 scales) and FMA; every AVX2 CPU made
      * has them, but a hypervisor can mask features, so check all. */
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    int f16c = 0, avxvnni = 0, avx512vnni = 0;
-    {
-        /* Older compilers' __builtin_cpu_supports lack "f16c" and the VNNI
-         * names: ask CPUID (leaf 1 ECX.29; leaf 7.0 ECX.11; leaf 7.1 EAX.4).
-         * The register state they need is AVX's or AVX-512's, checked above
-         * and below through __builtin_cpu_supports. */
-        unsigned a, b, c, d;
-        if (__get_cpuid(1, &a, &b, &c, &d)) f16c = (c & bit_F16C) != 0;
-        if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) avx512vnni = (c >> 11) & 1;
-        if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avxvnni = (a >> 4) & 1;
-    }
-    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    const specd_cpu_features *cpu = specd_cpu_features_get();
+    int avx2 = cpu->avx2, f16c = cpu->f16c, avxvnni = cpu->avxvnni;
+    int avx512 = cpu->avx512, avx512vnni = cpu->avx512vnni;
     g_have[SET_AVX2] = avx2 && f16c && cpu_kernels_avx2(&g_sets[SET_AVX2]) &&
                        cpu_qkernels_avx2(&g_sets[SET_AVX2], 0) && cpu_vec_avx2(&g_sets[SET_AVX2]);
     if (g_have[SET_AVX2] && avxvnni) {
@@ -315,23 +300,6 @@ void cpu_argmax_rows(specd_pool *pool, int32_t *ids, const float *x, int n_rows,
     argmax_job j = {active()->argmax, ids, x, width};
     if (n_rows == 1) ids[0] = j.fn(x, width);
     else if (n_rows > 1) specd_pool_run(pool, n_rows, argmax_task, &j);
-}
-
-double cpu_log_sum_exp(const float *x, int n) {
-    if (n <= 0) return -INFINITY;
-    const cpu_kernel_set *ks = active();
-    float mx = x[ks->argmax(x, n)];
-    if (!isfinite(mx)) return mx;
-    /* softmax_exp writes its exponentials: it works on a copy, a chunk at
-     * a time (one vocabulary row is a few chunks) */
-    float buf[1024];
-    double sum = 0;
-    for (int i = 0; i < n; i += 1024) {
-        int m = n - i < 1024 ? n - i : 1024;
-        memcpy(buf, x + i, sizeof(float) * (size_t)m);
-        sum += ks->softmax_exp(buf, m, mx);
-    }
-    return mx + log(sum);
 }
 
 void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up, size_t n) {

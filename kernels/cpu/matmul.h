@@ -39,13 +39,6 @@ void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up
  * path (AVX2: two vector passes), rows over the pool. */
 void cpu_argmax_rows(specd_pool *pool, int32_t *ids, const float *x, int n_rows, int width);
 
-/* log(sum(exp(x[i]))) over a row of n, in one fixed order: the maximum m
- * first, then exp(x[i] - m) by the active path's softmax exponential
- * (vec_exp.h: within 2 ulp of expf; -inf entries count 0 and cost no exp),
- * summed in double. -inf when every entry is -inf; NaN or +inf when the
- * row's maximum is (NaN rows are the caller's to avoid). */
-double cpu_log_sum_exp(const float *x, int n);
-
 /* Name of the SIMD path chosen at run time: "avx512vnni", "avx512",
  * "avxvnni", "avx2" or "scalar" (the best the CPU has, unless SPECD_SIMD
  * names another). The VNNI paths differ from their plain twins only in the

@@ -19,7 +19,7 @@
  * vpdpbusd latency chain; integer addition is exact, so this changes no bit.
  *
  * Compiled with per-function target attributes (no -march), and only called
- * after matmul.c checked __builtin_cpu_supports. */
+ * after matmul.c checked the CPU (common/util/simd.h). */
 #include "qmatmul.h"
 #include "quant_impl.h"
 

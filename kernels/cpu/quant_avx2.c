@@ -13,7 +13,7 @@
  * a single cycle, so bytes are widened with it directly.
  *
  * Compiled with per-function target attributes (no -march), and only called
- * after matmul.c checked __builtin_cpu_supports. */
+ * after matmul.c checked the CPU (common/util/simd.h). */
 #include "quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

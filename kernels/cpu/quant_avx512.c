@@ -38,7 +38,7 @@
  * well inside the 1e-5 relative tolerance the tests use.
  *
  * Compiled with per-function target attributes (no -march), and only called
- * after matmul.c checked __builtin_cpu_supports. */
+ * after matmul.c checked the CPU (common/util/simd.h). */
 #include "quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -20,7 +20,7 @@
  * arithmetic. test_backend_ops' test_attention_blocks_bitwise compares this
  * set's attention with the AVX2 set's, bit for bit. Compiled with
  * per-function target attributes (no -march), and only installed after
- * matmul.c checked __builtin_cpu_supports. */
+ * matmul.c checked the CPU (common/util/simd.h). */
 #include <math.h>
 #include <string.h>
 

@@ -680,6 +680,42 @@ static void test_exp_neg_accuracy(void **state) {
     assert_true(sampling_exp_neg(NAN) == 0.0f);
 }
 
+/* specd_log_sum_exp against a double reference, the same bits on every
+ * path, and its edge rows; and it is specd_logprobs' normalizer. */
+static void test_log_sum_exp(void **state) {
+    (void)state;
+    enum { N = 3001 };
+    float *x = malloc(sizeof(float) * N);
+    gaussian_logits(x, N, 11, 8.0f);
+    for (int i = 0; i < N; i += 7) x[i] = -INFINITY;
+    x[5] = NAN;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < N; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < N; i++)
+        if (x[i] > -INFINITY) sum += exp((double)x[i] - mx);
+    double want = mx + log(sum);
+    assert_true(specd_simd_force("scalar"));
+    double ref = specd_log_sum_exp(x, N);
+    assert_true(fabs(ref - want) < 1e-12 * fabs(want) + 1e-12);
+    float lp;
+    specd_logprobs(x, N, 1, 0, &lp, NULL, NULL);
+    assert_true(lp == (float)((double)x[1] - ref));
+    for (int p = 1; p < N_PATHS; p++) {
+        if (!specd_simd_force(k_paths[p])) continue;
+        double got = specd_log_sum_exp(x, N);
+        assert_memory_equal(&got, &ref, sizeof got);
+    }
+    specd_simd_force("auto");
+    assert_true(specd_log_sum_exp(x + 1, 1) == (double)x[1]);
+    float none[3] = {-INFINITY, -INFINITY, -INFINITY}, nans[2] = {NAN, NAN};
+    float inf[3] = {1.0f, INFINITY, 2.0f};
+    assert_true(specd_log_sum_exp(none, 3) == -INFINITY);
+    assert_true(specd_log_sum_exp(none, 0) == -INFINITY);
+    assert_true(specd_log_sum_exp(inf, 3) == INFINITY);
+    assert_true(isnan(specd_log_sum_exp(nans, 2)));
+    free(x);
+}
+
 /* Every path gives the scalar twin's bits: the probabilities of every
  * filter setting (odd sizes, NaN and -inf holes, +inf logits), the race's
  * picks and top-k, the log-probabilities with their top 8, and argmax's
@@ -1391,6 +1427,7 @@ int main(void) {
         cmocka_unit_test(test_rng_run_matches_blocks),
         cmocka_unit_test(test_exp_neg_accuracy),
         cmocka_unit_test(test_simd_paths_bitwise),
+        cmocka_unit_test(test_log_sum_exp),
         cmocka_unit_test(test_sample_from_probs),
         cmocka_unit_test(test_sample_determinism),
         cmocka_unit_test(test_race_matches_reference),
