@@ -430,6 +430,17 @@ static void test_seed_exact_children_are_the_race(void **state) {
     fixture_free(&f);
 }
 
+/* The shipped speculator, as a drafter and as the bare model the tests
+ * compare its trees with. */
+static specd_mlp_speculator *open_shipped(specd_drafter **d) {
+    const char *dir = "models/SmolLM2-135M-Instruct.speculator";
+    *d = open_drafter(dir, NULL);
+    specd_error err = {{0}};
+    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
+    if (!sp) fail_msg("%s", err.msg);
+    return sp;
+}
+
 /* Seed-exact over a reduced vocabulary (the shipped speculator: 8k draft
  * ids over SmolLM2's 49k): the drafter takes q over the draft ids alone
  * and races it scattered into target ids. The children must be what the
@@ -438,11 +449,9 @@ static void test_seed_exact_children_are_the_race(void **state) {
  * temperature and top-p, and a greedy job in the same call. */
 static void test_seed_exact_reduced_vocab(void **state) {
     (void)state;
-    const char *dir = "models/SmolLM2-135M-Instruct.speculator";
-    specd_drafter *d = open_drafter(dir, NULL);
+    specd_drafter *d;
+    specd_mlp_speculator *sp = open_shipped(&d);
     specd_error err = {{0}};
-    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
-    if (!sp) fail_msg("%s", err.msg);
     const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
     assert_true(c->vocab_size < c->target_vocab_size); /* a reduced vocabulary */
     int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
@@ -534,11 +543,9 @@ static void test_seed_exact_reduced_vocab(void **state) {
  * from that q, as the dense target-width walk makes it. */
 static void test_rejection_reduced_vocab(void **state) {
     (void)state;
-    const char *dir = "models/SmolLM2-135M-Instruct.speculator";
-    specd_drafter *d = open_drafter(dir, NULL);
+    specd_drafter *d;
+    specd_mlp_speculator *sp = open_shipped(&d);
     specd_error err = {{0}};
-    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
-    if (!sp) fail_msg("%s", err.msg);
     const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
     int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
     float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
