@@ -73,7 +73,7 @@ const specd_cfg_field specd_draft_cfg_fields[] = {
       .choices = specd_speculation_trees),
     F("speculation.max_shape", SPECD_CFG_STRING, speculation.max_shape, "4x6",
       "tree = cost: the largest tree drafted, CANDIDATESxDEPTH (the drafter's depth caps it)"),
-    F("speculation.load_table", SPECD_CFG_STRLIST, speculation.load_table, "1:1x5,4:1x4,16:1x2",
+    F("speculation.load_table", SPECD_CFG_STRLIST, speculation.load_table, "1:1x1",
       "SESSIONS:CANDIDATESxDEPTH entries: tree shape while the target has at most SESSIONS "
       "active sessions"),
     F("speculation.off_above", SPECD_CFG_INT64, speculation.off_above, "32",

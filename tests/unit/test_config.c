@@ -1021,8 +1021,8 @@ static void test_draft_example_parses(void **state) {
     assert_null(c.drafter.mlp.path);
     assert_null(c.drafter.mlp.accept_head);
     assert_true(c.drafter.ngram.enabled);
-    assert_int_equal(c.speculation.load_table.n, 3);
-    assert_string_equal(c.speculation.load_table.items[1], "4:1x4");
+    assert_int_equal(c.speculation.load_table.n, 1);
+    assert_string_equal(c.speculation.load_table.items[0], "1:1x1");
     assert_int_equal(c.speculation.off_above, 32);
     assert_true(c.speculation.adaptive.threshold == 0.0); /* adaptive length off */
     assert_int_equal(c.speculation.adaptive.min_depth, 1);
@@ -1105,6 +1105,17 @@ static void test_k8s_configs_parse(void **state) {
     assert_int_equal(d.targets.n, 1);
     assert_string_equal(d.targets.items[0], "dns:target-svc:50052");
     assert_string_equal(d.metrics.listen, "0.0.0.0:9401");
+    assert_int_equal(d.speculation.load_table.n, 1); /* the CPU default */
+    assert_string_equal(d.speculation.load_table.items[0], "1:1x1");
+    specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
+    /* the GPU overlay's draft-svc: the same, with wider fixed trees */
+    char *gd[] = {"draft-svc", "--config", (char *)test_path("deploy/k8s-gpu/draft-svc-config.yaml")};
+    rc = specd_config_load(specd_draft_cfg_fields, specd_draft_cfg_n_fields, 3, gd, &d, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_string_equal(d.targets.items[0], "dns:target-svc:50052");
+    assert_int_equal(d.speculation.load_table.n, 3);
+    assert_string_equal(d.speculation.load_table.items[0], "1:4x5");
     specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
     /* the co-located overlays: the pair talks over the pod's Unix socket */
     const char *const overlays[] = {"deploy/k8s-colocated", "deploy/k8s-colocated-gpu"};
