@@ -277,11 +277,11 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
         } else {
             adjust_row(m, job, m->front[r].node, row);
         }
-        /* log(sum(exp(row))) by the machine's vector exp, summed in double
-         * in a fixed order (kernels/cpu/matmul.h), so the log-probabilities
-         * are a function of the logits alone; -inf entries (a bias, or ids
-         * outside a reduced vocabulary) count 0 and cost no exp. Scalar
-         * expf over the row was a fifth of a draft level's time. */
+        /* log(sum(exp(row))) by the sampling core's vector exp, in double
+         * and summed in a fixed order (specd_log_sum_exp), so the
+         * log-probabilities are a function of the logits alone; -inf
+         * entries (a bias, or ids outside a reduced vocabulary) count 0.
+         * Scalar expf over the row was a fifth of a draft level's time. */
         double lse = specd_log_sum_exp(row, m->row_w);
         int k = specd_topk(row, m->row_w, m->top_k[s], m->topk_ids, m->topk_vals);
         if (m->row_map)
