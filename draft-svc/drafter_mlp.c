@@ -125,11 +125,11 @@ typedef struct mlp_impl {
     specd_accept_head *head; /* NULL = no adaptive length */
     int vocab, emb_dim, inner_dim, n_predict, max_batch;
     int top_k[MLP_MAX_DEPTH]; /* per stage, already clamped to the vocabulary */
-    /* A reduced draft vocabulary's size (0: none). A call whose jobs are all
-     * greedy without logit adjustments ranks the draft-id logits directly
-     * (specd_mlp_speculator_stage_draft_ids): 8k entries a row instead of
-     * the target's 49k, which was most of a draft's time. row_w and
-     * row_map describe the logits of the current call. */
+    /* A reduced draft vocabulary's size (0: none). Its rows stay at the
+     * draft ids (specd_mlp_speculator_stage_draft_ids), greedy or sampled,
+     * adjusted or not (prepare_draft_row): 8k entries a row instead of the
+     * target's 49k, which was most of a draft's time. row_w and row_map
+     * describe the logits of the current call. */
     int draft_vocab;
     int row_w;
     const int32_t *row_map;
@@ -159,6 +159,9 @@ typedef struct mlp_impl {
     int32_t *topk_ids; /* [max_k] */
     float *topk_vals;
     float *probs;      /* [vocab] */
+    /* [vocab] with a reduced vocabulary: a draft-id row at target width for
+     * its adjustments, -inf off the map (prepare_draft_row) */
+    float *wide;
     int probs_zero;    /* probs is all 0 (a draft-id row scatters into it) */
     float *q_probs;    /* [vocab]: a draft-id row's dense q */
     /* a rejection-sampled node's q as sent (specd_draft_q_sparse) */
@@ -260,6 +263,24 @@ static void adjust_row(mlp_impl *m, const specd_draft_job *job, int node, float 
                         m->adjust_scratch);
 }
 
+/* A draft-id row ready for use: the "other" bucket is no token (-inf), and
+ * the request's adjustments apply. They address target ids, so an adjusted
+ * row goes out to m->wide, the target-width row that is -inf off the map
+ * (an adjustment leaves -inf at -inf, so it stays so), and back: the same
+ * logits as the target-width row gets, at 8k entries a row instead of 49k,
+ * and one request with a penalty no longer sends the whole batch's rows
+ * to target width. */
+static void prepare_draft_row(mlp_impl *m, const specd_draft_job *job, int node, float *row) {
+    for (int i = 0; i < m->row_w; i++)
+        if (m->row_map[i] < 0) row[i] = -INFINITY;
+    if (!job->sampling || !specd_sampling_adjusts_logits(job->sampling)) return;
+    for (int i = 0; i < m->row_w; i++)
+        if (m->row_map[i] >= 0) m->wide[m->row_map[i]] = row[i];
+    adjust_row(m, job, node, m->wide);
+    for (int i = 0; i < m->row_w; i++)
+        if (m->row_map[i] >= 0) row[i] = m->wide[m->row_map[i]];
+}
+
 /* Greedy expansion of one job's frontier rows [a, b) at stage s: every row's
  * top-k children, then the `candidates` best of them by path log-probability
  * join the tree (in frontier order, so parents precede children); those that
@@ -270,13 +291,8 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
     int nc = 0;
     for (int r = a; r < b; r++) {
         float *row = m->logits + (size_t)r * m->row_w;
-        if (m->row_map) {
-            /* draft ids: the "other" bucket is no token, never proposed */
-            for (int i = 0; i < m->row_w; i++)
-                if (m->row_map[i] < 0) row[i] = -INFINITY;
-        } else {
-            adjust_row(m, job, m->front[r].node, row);
-        }
+        if (m->row_map) prepare_draft_row(m, job, m->front[r].node, row);
+        else adjust_row(m, job, m->front[r].node, row);
         /* log(sum(exp(row))) by the sampling core's vector exp, in double
          * and summed in a fixed order (specd_log_sum_exp), so the
          * log-probabilities are a function of the logits alone; -inf
@@ -338,17 +354,15 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         float pacc = p->adaptive ? par->pacc * m->p_rows[r] : 1.0f;
         int grows = keeps_growing(p, s + 1, pacc);
         float *row = m->logits + (size_t)r * m->row_w;
-        /* q, dense: over the draft ids of a reduced vocabulary (no
-         * adjustments; q_map maps them to target ids) or over the target's
-         * vocabulary. A draft-id row is 8k entries where the target-width
-         * one is 49k, 41k of them -inf: q over the wide row was half of a
-         * sampled node's time. The "other" bucket is no token. */
+        /* q, dense: over the draft ids of a reduced vocabulary (q_map maps
+         * them to target ids) or over the target's vocabulary. A draft-id
+         * row is 8k entries where the target-width one is 49k, 41k of them
+         * -inf: q over the wide row was half of a sampled node's time. */
         const float *q;
         const int32_t *q_map = NULL;
         int q_n;
         if (m->row_map) {
-            for (int i = 0; i < m->row_w; i++)
-                if (m->row_map[i] < 0) row[i] = -INFINITY;
+            prepare_draft_row(m, job, par->node, row);
             specd_sampling_probs(smp, row, m->row_w, m->q_probs, m->sample_scratch);
             q = m->q_probs;
             q_map = m->row_map;
@@ -412,12 +426,11 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
 static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_error *err) {
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
-    /* draft-id rows when no job adjusts its logits */
+    /* a reduced vocabulary's rows stay at its draft ids (prepare_draft_row) */
     int draft_ids = m->draft_vocab > 0;
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
-        if (jobs[i].sampling && specd_sampling_adjusts_logits(jobs[i].sampling)) draft_ids = 0;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
         rows += bound;
         if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
@@ -507,6 +520,7 @@ static void mlp_free_impl(mlp_impl *m) {
     free(m->topk_ids);
     free(m->topk_vals);
     free(m->probs);
+    free(m->wide);
     free(m->q_probs);
     free(m->sample_scratch);
     free(m->adjust_scratch);
@@ -588,10 +602,15 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
     m->topk_vals = malloc(sizeof(float) * (size_t)m->max_k);
     m->probs = malloc(sizeof(float) * V);
     m->q_probs = malloc(sizeof(float) * V);
+    if (m->draft_vocab > 0) {
+        m->wide = malloc(sizeof(float) * V);
+        if (m->wide)
+            for (size_t i = 0; i < V; i++) m->wide[i] = -INFINITY;
+    }
     m->sample_scratch = malloc(specd_sampling_scratch_size(m->vocab));
     m->adjust_scratch = malloc(specd_logits_adjust_scratch_size(MLP_MAX_DEPTH));
     if (!m->plans || !m->topk_ids || !m->topk_vals || !m->probs || !m->q_probs ||
-        !m->sample_scratch || !m->adjust_scratch) {
+        (m->draft_vocab > 0 && !m->wide) || !m->sample_scratch || !m->adjust_scratch) {
         specd_seterr(err, "mlp drafter: out of memory");
         goto fail;
     }

@@ -610,6 +610,105 @@ static void test_rejection_reduced_vocab(void **state) {
     specd_drafter_free(d);
 }
 
+/* Penalties and a logit bias with the shipped speculator: its rows stay at
+ * the draft ids, and still give the target-width row's choices after the
+ * adjustments. A greedy job's root children are the top-k of the adjusted
+ * full-width logits (a bias of -100 pushes out their unadjusted best); a
+ * seed-exact job's are the race's picks over their q; and a job without
+ * adjustments in the same call gets the tree it gets alone. */
+static void test_adjusted_reduced_vocab(void **state) {
+    (void)state;
+    specd_drafter *d;
+    specd_mlp_speculator *sp = open_shipped(&d);
+    specd_error err = {{0}};
+    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
+    int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
+    float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
+    float *raw = malloc(sizeof(float) * (size_t)V), *logits = malloc(sizeof(float) * (size_t)V);
+    float *probs = malloc(sizeof(float) * (size_t)V);
+    void *scratch = malloc(specd_sampling_scratch_size(V));
+    test_fill_random(hidden, (size_t)E, 79, 2.0f);
+    int32_t history[6] = {1, 504, 2683, 28, 2683, 28};
+    specd_token_counts counts;
+    assert_int_equal(specd_token_counts_init(&counts, V, &err), 0);
+    for (int i = 0; i < 6; i++) specd_token_counts_add(&counts, history[i], i >= 4);
+    int32_t tok = history[5];
+    assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, hidden, &tok, st, raw, &err), 0);
+    int32_t best = specd_argmax(raw, V);
+    float minus = -100.0f;
+
+    specd_sampling greedy, race, plain;
+    specd_sampling_init(&greedy);
+    greedy.temperature = 0.0f;
+    greedy.repetition_penalty = 1.3f;
+    greedy.n_logit_bias = 1;
+    greedy.bias_ids = &best;
+    greedy.bias_values = &minus;
+    specd_sampling_init(&race);
+    race.temperature = 0.8f;
+    race.seed = 17;
+    race.frequency_penalty = 0.5f;
+    race.presence_penalty = 0.2f;
+    race.n_logit_bias = 1;
+    race.bias_ids = &best;
+    race.bias_values = &minus;
+    specd_sampling_init(&plain);
+    plain.temperature = 0.0f;
+    const specd_sampling *which[3] = {&greedy, &race, &plain};
+    int cands[3] = {5, 2, 3};
+    specd_tree_buf out[3], alone;
+    for (int j = 0; j < 3; j++) assert_int_equal(specd_tree_buf_init(&out[j], CAP, QPOOL, &err), 0);
+    assert_int_equal(specd_tree_buf_init(&alone, CAP, QPOOL, &err), 0);
+    specd_draft_job jobs[3];
+    for (int j = 0; j < 3; j++)
+        jobs[j] = (specd_draft_job){.history = history, .n_history = 6, .n_prompt = 4,
+                                    .hidden = hidden, .sampling = which[j], .counts = &counts,
+                                    .position = 21, .candidates = cands[j], .depth = 1,
+                                    .out = &out[j]};
+    if (specd_drafter_propose(d, jobs, 3, &err)) fail_msg("propose: %s", err.msg);
+
+    /* greedy: the top 5 of the adjusted full-width row, best first */
+    memcpy(logits, raw, sizeof(float) * (size_t)V);
+    specd_logits_adjust(&greedy, &counts, NULL, 0, logits, V, NULL);
+    int32_t want[5];
+    float vals[5];
+    assert_int_equal(specd_topk(logits, V, 5, want, vals), 5);
+    assert_int_equal(out[0].n_nodes, 5);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(out[0].parents[i], -1);
+        assert_int_equal(out[0].tokens[i], want[i]);
+        assert_int_not_equal(out[0].tokens[i], best);
+    }
+    /* seed-exact: the race's two best over q of the adjusted row */
+    memcpy(logits, raw, sizeof(float) * (size_t)V);
+    specd_logits_adjust(&race, &counts, NULL, 0, logits, V, NULL);
+    specd_sampling_probs(&race, logits, V, probs, scratch);
+    assert_true(probs[best] < 1e-20f);
+    int32_t picks[2];
+    assert_int_equal(specd_race_topk(probs, V, (specd_race_addr){race.seed, 21, 0}, 2, picks), 2);
+    assert_int_equal(out[1].n_nodes, 2);
+    for (int i = 0; i < 2; i++) assert_int_equal(out[1].tokens[i], picks[i]);
+    /* the unadjusted job: as alone */
+    specd_draft_job one = jobs[2];
+    one.out = &alone;
+    if (specd_drafter_propose(d, &one, 1, &err)) fail_msg("propose: %s", err.msg);
+    assert_int_equal(alone.n_nodes, out[2].n_nodes);
+    for (int i = 0; i < alone.n_nodes; i++) assert_int_equal(alone.tokens[i], out[2].tokens[i]);
+    assert_int_equal(out[2].tokens[0], best);
+
+    for (int j = 0; j < 3; j++) specd_tree_buf_free(&out[j]);
+    specd_tree_buf_free(&alone);
+    specd_token_counts_free(&counts);
+    free(scratch);
+    free(probs);
+    free(logits);
+    free(raw);
+    free(st);
+    free(hidden);
+    specd_mlp_speculator_free(sp);
+    specd_drafter_free(d);
+}
+
 /* ---- batching ---------------------------------------------------------------------- */
 
 /* Four jobs in one call (greedy and sampling mixed, one without a hidden
@@ -776,6 +875,7 @@ int main(void) {
         cmocka_unit_test(test_seed_exact_children_are_the_race),
         cmocka_unit_test(test_seed_exact_reduced_vocab),
         cmocka_unit_test(test_rejection_reduced_vocab),
+        cmocka_unit_test(test_adjusted_reduced_vocab),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_create_errors),
     };
