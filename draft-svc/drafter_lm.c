@@ -101,8 +101,9 @@ typedef struct lm_impl {
      * buffers are shared by every call anyway) */
     float *logits;         /* [max_jobs][vocab]: row k = active job k */
     float *probs;          /* [vocab] */
-    int32_t *q_ids;        /* [vocab] */
-    float *q_probs;        /* [vocab] */
+    /* a rejection-sampled node's q as sent (specd_draft_q_sparse) */
+    int32_t q_ids[SPECD_DRAFT_Q_MAX];
+    float q_probs[SPECD_DRAFT_Q_MAX];
     void *sample_scratch;  /* specd_sampling_scratch_size(vocab) */
     void *adjust_scratch;  /* grown to specd_logits_adjust_scratch_size(depth) */
     size_t adjust_cap;
@@ -326,8 +327,6 @@ static void lm_free_impl(lm_impl *lm) {
     free(lm->cached_pool);
     free(lm->logits);
     free(lm->probs);
-    free(lm->q_ids);
-    free(lm->q_probs);
     free(lm->sample_scratch);
     free(lm->adjust_scratch);
     free(lm->tokens);
@@ -389,8 +388,6 @@ specd_drafter *specd_lm_drafter_create(const specd_lm_drafter_opts *o, specd_err
     lm->cached_pool = malloc(sizeof(int32_t) * (size_t)lm->n_slots * (size_t)lm->max_ctx);
     lm->logits = malloc(sizeof(float) * V * (size_t)lm->max_jobs);
     lm->probs = malloc(sizeof(float) * V);
-    lm->q_ids = malloc(sizeof(int32_t) * V);
-    lm->q_probs = malloc(sizeof(float) * V);
     lm->sample_scratch = malloc(specd_sampling_scratch_size(lm->vocab));
     lm->tokens = malloc(sizeof(int32_t) * (size_t)lm->max_tokens);
     /* a catch-up forward can hold at most one sequence per job, but sizing
@@ -399,8 +396,8 @@ specd_drafter *specd_lm_drafter_create(const specd_lm_drafter_opts *o, specd_err
     lm->out_rows = malloc(sizeof(int32_t) * (size_t)lm->max_tokens);
     lm->js = malloc(sizeof(lm_job_state) * (size_t)lm->max_jobs);
     lm->active = malloc(sizeof(int) * (size_t)lm->max_jobs);
-    if (!lm->sessions || !lm->cached_pool || !lm->logits || !lm->probs || !lm->q_ids ||
-        !lm->q_probs || !lm->sample_scratch || !lm->tokens || !lm->seqs || !lm->out_rows ||
+    if (!lm->sessions || !lm->cached_pool || !lm->logits || !lm->probs ||
+        !lm->sample_scratch || !lm->tokens || !lm->seqs || !lm->out_rows ||
         !lm->js || !lm->active) {
         specd_seterr(err, "draft_lm drafter: out of memory");
         goto fail;

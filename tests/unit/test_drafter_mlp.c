@@ -430,15 +430,52 @@ static void test_seed_exact_children_are_the_race(void **state) {
     fixture_free(&f);
 }
 
-/* The shipped speculator, as a drafter and as the bare model the tests
- * compare its trees with. */
-static specd_mlp_speculator *open_shipped(specd_drafter **d) {
+/* The shipped speculator (8k draft ids over SmolLM2's 49k), as a drafter
+ * and as the bare model the tests compare its trees with, with the buffers
+ * those comparisons use: a random hidden state, stage states, target-width
+ * rows (aux starts all zero) and an empty history count. */
+typedef struct shipped {
+    specd_drafter *d;
+    specd_mlp_speculator *sp;
+    int V, E, I;
+    float *hidden, *st, *in;
+    float *logits, *probs, *aux;
+    void *scratch;
+    specd_token_counts counts;
+} shipped;
+
+static void shipped_open(shipped *x, uint64_t seed) {
     const char *dir = "models/SmolLM2-135M-Instruct.speculator";
-    *d = open_drafter(dir, NULL);
+    x->d = open_drafter(dir, NULL);
     specd_error err = {{0}};
-    specd_mlp_speculator *sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
-    if (!sp) fail_msg("%s", err.msg);
-    return sp;
+    x->sp = specd_mlp_speculator_load(test_path(dir), 1, &err);
+    if (!x->sp) fail_msg("%s", err.msg);
+    const specd_mlp_spec_config *c = specd_mlp_speculator_config(x->sp);
+    assert_true(c->vocab_size < c->target_vocab_size); /* a reduced vocabulary */
+    x->V = c->target_vocab_size, x->E = c->emb_dim, x->I = c->inner_dim;
+    x->hidden = malloc(sizeof(float) * (size_t)x->E);
+    x->st = malloc(sizeof(float) * (size_t)x->I);
+    x->in = malloc(sizeof(float) * (size_t)x->I);
+    x->logits = malloc(sizeof(float) * (size_t)x->V);
+    x->probs = malloc(sizeof(float) * (size_t)x->V);
+    x->aux = calloc((size_t)x->V, sizeof(float));
+    x->scratch = malloc(specd_sampling_scratch_size(x->V));
+    assert_true(x->hidden && x->st && x->in && x->logits && x->probs && x->aux && x->scratch);
+    test_fill_random(x->hidden, (size_t)x->E, seed, 2.0f);
+    assert_int_equal(specd_token_counts_init(&x->counts, x->V, &err), 0);
+}
+
+static void shipped_close(shipped *x) {
+    specd_token_counts_free(&x->counts);
+    free(x->scratch);
+    free(x->aux);
+    free(x->probs);
+    free(x->logits);
+    free(x->in);
+    free(x->st);
+    free(x->hidden);
+    specd_mlp_speculator_free(x->sp);
+    specd_drafter_free(x->d);
 }
 
 /* Seed-exact over a reduced vocabulary (the shipped speculator: 8k draft
@@ -449,20 +486,16 @@ static specd_mlp_speculator *open_shipped(specd_drafter **d) {
  * temperature and top-p, and a greedy job in the same call. */
 static void test_seed_exact_reduced_vocab(void **state) {
     (void)state;
-    specd_drafter *d;
-    specd_mlp_speculator *sp = open_shipped(&d);
+    shipped x;
+    shipped_open(&x, 77);
+    specd_drafter *d = x.d;
+    specd_mlp_speculator *sp = x.sp;
     specd_error err = {{0}};
-    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
-    assert_true(c->vocab_size < c->target_vocab_size); /* a reduced vocabulary */
-    int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
-    float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
-    float *in = malloc(sizeof(float) * (size_t)I), *logits = malloc(sizeof(float) * (size_t)V);
-    float *probs = malloc(sizeof(float) * (size_t)V);
-    void *scratch = malloc(specd_sampling_scratch_size(V));
-    test_fill_random(hidden, (size_t)E, 77, 2.0f);
+    int V = x.V, I = x.I;
+    float *hidden = x.hidden, *st = x.st, *in = x.in, *logits = x.logits, *probs = x.probs;
+    void *scratch = x.scratch;
     int32_t history[4] = {1, 504, 2683, 28};
-    specd_token_counts counts;
-    assert_int_equal(specd_token_counts_init(&counts, V, &err), 0);
+    specd_token_counts *counts = &x.counts;
     specd_tree_buf out[2];
     for (int j = 0; j < 2; j++) assert_int_equal(specd_tree_buf_init(&out[j], CAP, QPOOL, &err), 0);
     for (int cfg = 0; cfg < 2; cfg++) {
@@ -477,7 +510,7 @@ static void test_seed_exact_reduced_vocab(void **state) {
             specd_tree_buf_reset(&out[j]);
             jobs[j] = (specd_draft_job){.history = history, .n_history = 4, .n_prompt = 4,
                                         .hidden = hidden, .sampling = j ? &greedy : &s,
-                                        .counts = &counts, .position = 11, .candidates = 2,
+                                        .counts = counts, .position = 11, .candidates = 2,
                                         .depth = 3, .out = &out[j]};
         }
         if (specd_drafter_propose(d, jobs, 2, &err)) fail_msg("propose: %s", err.msg);
@@ -524,15 +557,7 @@ static void test_seed_exact_reduced_vocab(void **state) {
         assert_true(found);
     }
     for (int j = 0; j < 2; j++) specd_tree_buf_free(&out[j]);
-    specd_token_counts_free(&counts);
-    free(scratch);
-    free(probs);
-    free(logits);
-    free(in);
-    free(st);
-    free(hidden);
-    specd_mlp_speculator_free(sp);
-    specd_drafter_free(d);
+    shipped_close(&x);
 }
 
 /* Rejection sampling with the shipped speculator (a reduced vocabulary,
@@ -543,19 +568,17 @@ static void test_seed_exact_reduced_vocab(void **state) {
  * from that q, as the dense target-width walk makes it. */
 static void test_rejection_reduced_vocab(void **state) {
     (void)state;
-    specd_drafter *d;
-    specd_mlp_speculator *sp = open_shipped(&d);
+    shipped x;
+    shipped_open(&x, 78);
+    specd_drafter *d = x.d;
+    specd_mlp_speculator *sp = x.sp;
     specd_error err = {{0}};
-    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
-    int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
-    float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
-    float *logits = malloc(sizeof(float) * (size_t)V), *probs = malloc(sizeof(float) * (size_t)V);
-    float *dense = calloc((size_t)V, sizeof(float));
-    void *scratch = malloc(specd_sampling_scratch_size(V));
-    test_fill_random(hidden, (size_t)E, 78, 2.0f);
+    int V = x.V;
+    float *hidden = x.hidden, *st = x.st, *logits = x.logits, *probs = x.probs;
+    float *dense = x.aux; /* all zero */
+    void *scratch = x.scratch;
     int32_t history[4] = {1, 504, 2683, 28};
-    specd_token_counts counts;
-    assert_int_equal(specd_token_counts_init(&counts, V, &err), 0);
+    specd_token_counts *counts = &x.counts;
     specd_tree_buf out;
     assert_int_equal(specd_tree_buf_init(&out, CAP, QPOOL, &err), 0);
     specd_sampling s;
@@ -564,7 +587,7 @@ static void test_rejection_reduced_vocab(void **state) {
     s.method = SPECD_SAMPLING_REJECTION;
     s.seed = 5;
     specd_draft_job job = {.history = history, .n_history = 4, .n_prompt = 4, .hidden = hidden,
-                           .sampling = &s, .counts = &counts, .position = 11, .candidates = 3,
+                           .sampling = &s, .counts = counts, .position = 11, .candidates = 3,
                            .depth = 2, .out = &out};
     if (specd_drafter_propose(d, &job, 1, &err)) fail_msg("propose: %s", err.msg);
     const specd_sparse_dist *q = &out.q[0];
@@ -599,15 +622,7 @@ static void test_rejection_reduced_vocab(void **state) {
     }
     assert_int_equal(kids, 3);
     specd_tree_buf_free(&out);
-    specd_token_counts_free(&counts);
-    free(scratch);
-    free(dense);
-    free(probs);
-    free(logits);
-    free(st);
-    free(hidden);
-    specd_mlp_speculator_free(sp);
-    specd_drafter_free(d);
+    shipped_close(&x);
 }
 
 /* Penalties and a logit bias with the shipped speculator: its rows stay at
@@ -618,20 +633,17 @@ static void test_rejection_reduced_vocab(void **state) {
  * adjustments in the same call gets the tree it gets alone. */
 static void test_adjusted_reduced_vocab(void **state) {
     (void)state;
-    specd_drafter *d;
-    specd_mlp_speculator *sp = open_shipped(&d);
+    shipped x;
+    shipped_open(&x, 79);
+    specd_drafter *d = x.d;
+    specd_mlp_speculator *sp = x.sp;
     specd_error err = {{0}};
-    const specd_mlp_spec_config *c = specd_mlp_speculator_config(sp);
-    int V = c->target_vocab_size, E = c->emb_dim, I = c->inner_dim;
-    float *hidden = malloc(sizeof(float) * (size_t)E), *st = malloc(sizeof(float) * (size_t)I);
-    float *raw = malloc(sizeof(float) * (size_t)V), *logits = malloc(sizeof(float) * (size_t)V);
-    float *probs = malloc(sizeof(float) * (size_t)V);
-    void *scratch = malloc(specd_sampling_scratch_size(V));
-    test_fill_random(hidden, (size_t)E, 79, 2.0f);
+    int V = x.V;
+    float *hidden = x.hidden, *st = x.st, *raw = x.aux, *logits = x.logits, *probs = x.probs;
+    void *scratch = x.scratch;
     int32_t history[6] = {1, 504, 2683, 28, 2683, 28};
-    specd_token_counts counts;
-    assert_int_equal(specd_token_counts_init(&counts, V, &err), 0);
-    for (int i = 0; i < 6; i++) specd_token_counts_add(&counts, history[i], i >= 4);
+    specd_token_counts *counts = &x.counts;
+    for (int i = 0; i < 6; i++) specd_token_counts_add(counts, history[i], i >= 4);
     int32_t tok = history[5];
     assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, hidden, &tok, st, raw, &err), 0);
     int32_t best = specd_argmax(raw, V);
@@ -662,14 +674,14 @@ static void test_adjusted_reduced_vocab(void **state) {
     specd_draft_job jobs[3];
     for (int j = 0; j < 3; j++)
         jobs[j] = (specd_draft_job){.history = history, .n_history = 6, .n_prompt = 4,
-                                    .hidden = hidden, .sampling = which[j], .counts = &counts,
+                                    .hidden = hidden, .sampling = which[j], .counts = counts,
                                     .position = 21, .candidates = cands[j], .depth = 1,
                                     .out = &out[j]};
     if (specd_drafter_propose(d, jobs, 3, &err)) fail_msg("propose: %s", err.msg);
 
     /* greedy: the top 5 of the adjusted full-width row, best first */
     memcpy(logits, raw, sizeof(float) * (size_t)V);
-    specd_logits_adjust(&greedy, &counts, NULL, 0, logits, V, NULL);
+    specd_logits_adjust(&greedy, counts, NULL, 0, logits, V, NULL);
     int32_t want[5];
     float vals[5];
     assert_int_equal(specd_topk(logits, V, 5, want, vals), 5);
@@ -681,7 +693,7 @@ static void test_adjusted_reduced_vocab(void **state) {
     }
     /* seed-exact: the race's two best over q of the adjusted row */
     memcpy(logits, raw, sizeof(float) * (size_t)V);
-    specd_logits_adjust(&race, &counts, NULL, 0, logits, V, NULL);
+    specd_logits_adjust(&race, counts, NULL, 0, logits, V, NULL);
     specd_sampling_probs(&race, logits, V, probs, scratch);
     assert_true(probs[best] < 1e-20f);
     int32_t picks[2];
@@ -698,15 +710,7 @@ static void test_adjusted_reduced_vocab(void **state) {
 
     for (int j = 0; j < 3; j++) specd_tree_buf_free(&out[j]);
     specd_tree_buf_free(&alone);
-    specd_token_counts_free(&counts);
-    free(scratch);
-    free(probs);
-    free(logits);
-    free(raw);
-    free(st);
-    free(hidden);
-    specd_mlp_speculator_free(sp);
-    specd_drafter_free(d);
+    shipped_close(&x);
 }
 
 /* ---- batching ---------------------------------------------------------------------- */
