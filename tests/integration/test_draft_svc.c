@@ -1544,7 +1544,8 @@ static void test_smol_text(void **state) {
      * steps to lift it. Over 24 tokens a CI run under load once read tau
      * 1.50 exactly (1.85-2.00 alone); over 64 it read 2.00-3.56, and
      * 1.94-2.78 beside two other test processes on two cores. */
-    req_text(&b, "a b c d e f g h a b c d e f g h a b c d e f g h a b c", n_new);
+    const char *const repetitive = "a b c d e f g h a b c d e f g h a b c d e f g h a b c";
+    req_text(&b, repetitive, n_new);
     req_drafter(&b, "ngram", 1, 6);
     draft_gen(&W, &b, got);
     if (got->code != GRPC_STATUS_OK) fail_msg("repetitive text: %s", got->detail);
@@ -1552,7 +1553,7 @@ static void test_smol_text(void **state) {
            (double)got->tau, got->text);
     assert_true(got->tau > 1.5f);
 #ifndef SPECD_SANITIZE_BUILD
-    req_text(&b, "a b c d e f g h a b c d e f g h a b c d e f g h a b c", 64);
+    req_text(&b, repetitive, 64);
     b.r.speculation = NULL;
     req_drafter(&b, "ngram", 0, 0);
     draft_gen(&W, &b, got);
