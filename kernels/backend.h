@@ -197,10 +197,11 @@ typedef struct specd_backend_ops {
 
 struct specd_backend {
     const specd_backend_ops *ops;
-    /* SPECD_F32 or SPECD_F16: what the KV pools hold. Set at creation from
-     * specd_backend_opts.kv_dtype (CPU: F32 unless F16; CUDA: F16 unless
-     * F32). A test may also set it on a CPU backend, before allocating a
-     * cache, to get the twin of the GPU's layout. */
+    /* SPECD_F32, SPECD_F16 or (CPU only) SPECD_Q8_0: what the KV pools
+     * hold. Set at creation from specd_backend_opts.kv_dtype (CPU: see
+     * specd_kv_dtype; CUDA: F16 unless F32). A test may also set it on a CPU
+     * backend, before allocating a cache, to get the twin of the GPU's
+     * layout. */
     specd_dtype kv_type;
     /* Untimed passes a step shape needs before its time is what later steps
      * of that shape take: CPU 0; CUDA 2 (a shape runs eagerly the first time
@@ -227,8 +228,24 @@ extern const char *const specd_precision_names[];
  * reads); K and V are rounded to fp16 as they are written, as llama.cpp's
  * default cache does, and every attention product is still fp32. F32 on
  * CUDA is its fp32 reference mode: KV and the model's F32 matrices stay
- * fp32 (the small reference models of the golden tests). */
-typedef enum specd_kv_dtype { SPECD_KV_AUTO = 0, SPECD_KV_F32 = 1, SPECD_KV_F16 = 2 } specd_kv_dtype;
+ * fp32 (the small reference models of the golden tests).
+ *
+ * Q8_0 (CPU only; opt-in) stores each row of K and V in GGML's Q8_0 blocks,
+ * as llama.cpp's `--cache-type-k q8_0 --cache-type-v q8_0` does: 32 values
+ * as int8 with one fp16 scale, 34 bytes where fp16 takes 64, so the cache
+ * holds 1.88x the tokens of fp16 in the same memory and a long-context
+ * step reads 53% of the bytes. Rounding is to the nearest of 255 levels per
+ * block (about 2 decimal digits against fp16's 3). The attention
+ * arithmetic stays fp32: a row is dequantized exactly (int8 times an fp16
+ * scale fits an fp32 significand) and then takes the fp32 kernels, so a
+ * result is bit for bit fp32 attention over the dequantized cache, on
+ * every SIMD path and in any batch. Heads must be a multiple of 32 wide. */
+typedef enum specd_kv_dtype {
+    SPECD_KV_AUTO = 0,
+    SPECD_KV_F32 = 1,
+    SPECD_KV_F16 = 2,
+    SPECD_KV_Q8_0 = 3
+} specd_kv_dtype;
 
 /* Names as config and CLI spell them, indexed by specd_kv_dtype. */
 extern const char *const specd_kv_dtype_names[];
@@ -249,10 +266,16 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
 /* NULL + "not built" message when the build had no nvcc. */
 specd_backend *specd_cuda_backend_create(int device, int kv_f32, specd_error *err);
 
-/* A KV type as config, GetInfo and logs spell it ("f32", "f16"). */
-static inline const char *specd_kv_type_name(specd_dtype t) { return t == SPECD_F16 ? "f16" : "f32"; }
+/* A KV type as config, GetInfo and logs spell it ("f32", "f16", "q8_0"). */
+static inline const char *specd_kv_type_name(specd_dtype t) {
+    return t == SPECD_F16 ? "f16" : t == SPECD_Q8_0 ? "q8_0" : "f32";
+}
 
-/* Bytes of one KV element of the given type. */
-static inline size_t specd_kv_elem_bytes(specd_dtype t) { return t == SPECD_F16 ? 2 : 4; }
+/* Bytes of one KV row of kv_dim elements (a multiple of 32 for Q8_0: whole
+ * 34-byte blocks). */
+static inline size_t specd_kv_row_bytes(specd_dtype t, int kv_dim) {
+    if (t == SPECD_Q8_0) return (size_t)kv_dim / 32 * 34;
+    return (size_t)kv_dim * (t == SPECD_F16 ? 2 : 4);
+}
 
 #endif

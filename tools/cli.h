@@ -33,7 +33,7 @@ void cli_cpu_model(char *out, size_t cap);
 long cli_int(const char *opt, const char *val, long lo, long hi);
 /* --precision fast|exact as a specd_precision; exits 2 on anything else. */
 int cli_precision(const char *opt, const char *val);
-/* --kv-cache-dtype auto|f32|f16 as a specd_kv_dtype; exits 2 on anything else. */
+/* --kv-cache-dtype auto|f32|f16|q8_0 as a specd_kv_dtype; exits 2 on anything else. */
 int cli_kv_dtype(const char *opt, const char *val);
 double cli_float(const char *opt, const char *val, double lo, double hi);
 /* The value after option argv[*i], advancing *i; exits if missing. */

@@ -51,8 +51,8 @@ static void bench_usage(void) {
            "                       the int8 and fp32 multiply-add peaks for prefill)\n"
            "  --precision P        CPU matmul: fast (int8 activations, default) or exact\n"
            "                       (fp32 activations); also applies to --verify\n"
-           "  --kv-cache-dtype T   auto (f16; f32 with --precision exact on the cpu), f32 or\n"
-           "                       f16; also --verify\n"
+           "  --kv-cache-dtype T   auto (f16; f32 with --precision exact on the cpu), f32, f16\n"
+           "                       or q8_0 (cpu only); also --verify\n"
            "  --e2e                instead: tokens/s and tau through draft-svc + target-svc,\n"
            "                       plain vs each drafter at 1..32 streams (specd bench --e2e -h)\n"
            "  --verify             instead: ms per greedy verification step of a chain of k\n"
@@ -457,8 +457,8 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
     e->kv_name = kv && kv->name ? kv->name : "?";
     e->weight_bytes = specd_transformer_decode_weight_bytes(r->t);
     e->file_bytes = decode_weight_bytes(m);
-    e->kv_token_bytes = (double)m->hp.n_layers * 2 * m->hp.n_kv_heads * m->hp.head_dim *
-                        (double)specd_kv_elem_bytes(be->kv_type);
+    e->kv_token_bytes = (double)m->hp.n_layers * 2 *
+                        (double)specd_kv_row_bytes(be->kv_type, m->hp.n_kv_heads * m->hp.head_dim);
     e->peak_bytes_per_s = 0;
     pick_peak(e, o, &di, n_threads);
 }

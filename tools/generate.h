@@ -29,7 +29,7 @@ typedef struct gen_opts {
     const char *backend; /* --backend cpu|cuda (NULL = cpu) */
     int device;          /* --device N: CUDA device id */
     int precision;       /* --precision fast|exact (specd_precision) */
-    int kv_dtype;        /* --kv-cache-dtype auto|f32|f16 (specd_kv_dtype) */
+    int kv_dtype;        /* --kv-cache-dtype auto|f32|f16|q8_0 (specd_kv_dtype) */
     /* --speculator DIR: speculative decoding on the local model, through
      * target-svc and draft-svc started in this process (tools/inproc.h);
      * the server-mode flags then apply to them. */

@@ -27,6 +27,7 @@
 #include "common/util/json.h"
 #include "common/util/small_file.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/matmul.h"
 
 #define CONFIG SPECD_HF_CONFIG
 #define MAX_JSON_FILE (16u << 20) /* config/index files are KBs; larger = wrong file */
@@ -245,14 +246,6 @@ static void prefault(const void *p, size_t n) {
     (void)sum;
 }
 
-
-/* One Q8_0 block: fp16 scale, then 32 weights (dtype.h's layout). */
-typedef struct q8_block {
-    uint16_t d;
-    int8_t q[32];
-} q8_block;
-_Static_assert(sizeof(q8_block) == 34, "Q8_0 block");
-
 /* One Q4_1 block: fp16 scale and minimum, then 32 nibbles, weight j in
  * the low nibble of byte j and weight j + 16 in its high nibble. */
 typedef struct q41_block {
@@ -264,17 +257,6 @@ _Static_assert(sizeof(q41_block) == 20, "Q4_1 block");
 /* Block b of st (32 weights) in x. */
 static void block_f32(const safetensors_tensor *st, size_t b, float *x) {
     for (int j = 0; j < 32; j++) x[j] = safetensors_elem_f32(st, b * 32 + (size_t)j);
-}
-
-/* Q8_0: scale = max|x| / 127, each weight round(x / scale). */
-static void quant_q8_0(const float *x, void *dst) {
-    q8_block *out = dst;
-    float amax = 0;
-    for (int j = 0; j < 32; j++)
-        if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
-    float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-    out->d = specd_f32_to_fp16(d);
-    for (int j = 0; j < 32; j++) out->q[j] = (int8_t)roundf(x[j] * id);
 }
 
 /* Q4_1: minimum m, scale (max - m) / 15, each weight round((x - m) / scale)
@@ -319,7 +301,7 @@ static void *quantized(specd_mlp_speculator *sp, const safetensors_tensor *st, s
         float x[32];
         block_f32(st, b, x);
         if (type == SPECD_Q4_1) quant_q4_1(x, out + b * bb);
-        else quant_q8_0(x, out + b * bb);
+        else cpu_quantize_row_q8_0(x, out + b * bb, 32);
     }
     sp->q_src[sp->n_q] = st;
     sp->q_data[sp->n_q++] = out;

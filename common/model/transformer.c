@@ -139,8 +139,8 @@ static int alloc_kv(specd_transformer *t, int kv_pages, specd_error *err) {
 
     t->kv = (specd_kv_layout){NULL, t->hp.n_layers, t->kv_dim,
                               (int64_t)t->n_pages * SPECD_KV_PAGE_ROWS};
-    size_t bytes = 2 * (size_t)t->hp.n_layers * (size_t)t->kv.n_rows * (size_t)t->kv_dim *
-                   specd_kv_elem_bytes(t->be->kv_type);
+    size_t bytes = 2 * (size_t)t->hp.n_layers * (size_t)t->kv.n_rows *
+                   specd_kv_row_bytes(t->be->kv_type, t->kv_dim);
     t->kv.base = t->be->ops->alloc(t->be, bytes);
     if (!t->kv.base)
         return specd_seterr(err, "transformer: out of memory for the KV cache (%zu bytes: %d pages "
@@ -215,6 +215,13 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
         free(t);
         return NULL;
     }
+    if (t->be->kv_type == SPECD_Q8_0 && m->hp.head_dim % 32) {
+        /* a Q8_0 block is 32 values of one head's row */
+        specd_seterr(err, "transformer: kv_cache_dtype 'q8_0' needs heads a multiple of 32 wide; "
+                          "this model's are %d (use 'f16')",
+                     m->hp.head_dim);
+        goto fail;
+    }
     t->layers = calloc((size_t)m->hp.n_layers, sizeof(layer_weights));
     t->inv_freq = calloc((size_t)m->hp.head_dim / 2, sizeof(float));
     if (!t->layers || !t->inv_freq) {
@@ -245,8 +252,8 @@ specd_transformer *specd_transformer_create(const specd_model_file *m,
         /* One pool for every session: kv_memory buys pages, and any session
          * may grow to the whole context, so the pool must hold at least one
          * whole context. */
-        uint64_t page_bytes = 2ull * (uint64_t)m->hp.n_layers * (uint64_t)t->kv_dim *
-                              specd_kv_elem_bytes(t->be->kv_type) * SPECD_KV_PAGE_ROWS;
+        uint64_t page_bytes = 2ull * (uint64_t)m->hp.n_layers *
+                              specd_kv_row_bytes(t->be->kv_type, t->kv_dim) * SPECD_KV_PAGE_ROWS;
         uint64_t pages = opts->kv_memory / page_bytes;
         uint64_t need = (uint64_t)(t->max_ctx + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS;
         if (pages < need) {
@@ -314,7 +321,7 @@ const char *specd_transformer_backend_name(const specd_transformer *t) {
 specd_backend *specd_transformer_backend(const specd_transformer *t) { return t->be; }
 specd_dtype specd_transformer_kv_dtype(const specd_transformer *t) { return t->be->kv_type; }
 size_t specd_transformer_kv_bytes_per_token(const specd_transformer *t) {
-    return 2 * (size_t)t->hp.n_layers * (size_t)t->kv_dim * specd_kv_elem_bytes(t->be->kv_type);
+    return 2 * (size_t)t->hp.n_layers * specd_kv_row_bytes(t->be->kv_type, t->kv_dim);
 }
 
 double specd_transformer_decode_weight_bytes(const specd_transformer *t) {

@@ -19,6 +19,10 @@
 #include "quant_impl.h"
 #include "threadpool.h"
 
+/* A Q8_0 cache's rows reach the fp32 attention kernels in chunks of this
+ * many rows at most, dequantized (q8_rows). */
+#define Q8_MAX_CHUNK 256
+
 typedef struct cpu_backend {
     specd_backend base;
     specd_pool *pool;
@@ -26,6 +30,12 @@ typedef struct cpu_backend {
     /* per-thread attention score buffers, grown on demand */
     float **scores;
     size_t scores_cap;
+    /* Q8_0 cache only: per-thread buffers of q8_rows() dequantized rows of
+     * one head (kvbuf_floats each), and the identity page table the fp32
+     * kernels read them through */
+    float **kvbuf;
+    size_t kvbuf_floats;
+    int32_t ident_pages[Q8_MAX_CHUNK / SPECD_KV_PAGE_ROWS];
     /* the current step (begin_step): the caller's host arrays, which live
      * until its forward pass returns, plus the sequence of each token */
     specd_step step;
@@ -46,6 +56,8 @@ static void cpu_destroy(specd_backend *be) {
     int n = specd_pool_size(c->pool);
     for (int i = 0; i < n && c->scores; i++) free(c->scores[i]);
     free(c->scores);
+    for (int i = 0; i < n && c->kvbuf; i++) free(c->kvbuf[i]);
+    free(c->kvbuf);
     free(c->tok_seq);
     free(c->task_tok);
     free(c->task_h0);
@@ -310,7 +322,8 @@ typedef struct attn_job {
     float *out;
     const float *q;
     const void *k_pool, *v_pool; /* this layer's */
-    int f16;                     /* pools hold fp16, else fp32 */
+    int f16;                     /* pools hold fp16 */
+    int q8;                      /* pools hold Q8_0 (else fp32 unless f16) */
     int n_heads, n_kv_heads, head_dim;
     int qb; /* tokens per query block (cpu_attention) */
 } attn_job;
@@ -397,6 +410,131 @@ static int heads_per_task(int n_tok, int group) {
  * of a 3,000-token prefill, Cascade Lake: 5-10% faster. */
 static size_t score_stride(int width) { return (((size_t)width + 15) / 16 | 1) * 16; }
 
+/* ---- a Q8_0 cache ----------------------------------------------------------
+ *
+ * The fp32 kernels do a Q8_0 cache's arithmetic: a task dequantizes its
+ * KV head's rows into its thread's buffer a chunk at a time (the active
+ * set's Q8_0 dequantizer, bitwise the reference) and runs the paged fp32
+ * kernels over the buffer through an identity page table. Dequantizing is
+ * exact (int8 times an fp16 scale), every score is per row and every V
+ * element is one fma per row in row order with o kept in memory between
+ * calls, so the chunks give the one-call result: fp32 attention over the
+ * dequantized cache, bit for bit, whatever the chunking, SIMD path or
+ * batch (test_backend_ops compares it with an fp32 pool holding the
+ * dequantized rows). A chunk stays in L1 while a block's queries use it. */
+
+/* Rows per chunk for heads of hd: as many as fill 32 KB, a whole number of
+ * pages, at least one page. */
+static int q8_rows(int hd) {
+    int rows = 8192 / hd / SPECD_KV_PAGE_ROWS * SPECD_KV_PAGE_ROWS;
+    if (rows > Q8_MAX_CHUNK) rows = Q8_MAX_CHUNK;
+    return rows < SPECD_KV_PAGE_ROWS ? SPECD_KV_PAGE_ROWS : rows;
+}
+
+/* Dequantizes cache rows [r, r + nr) of one head (element off, hd wide) into
+ * buf, row i at buf + i * hd. */
+static void q8_dequant_rows(const cpu_kernel_set *ks, const void *pool, const int32_t *pages,
+                            int r, int nr, size_t stride, size_t off, int hd, float *buf) {
+    for (int i = 0; i < nr; i++) {
+        /* the row a page ahead: pages are scattered, which the hardware
+         * prefetcher cannot follow */
+        if (i + SPECD_KV_PAGE_ROWS < nr)
+            __builtin_prefetch(cpu_kv_paged_row_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS, stride, off));
+        ks->dequant[SPECD_Q8_0](cpu_kv_paged_row_q8(pool, pages, r + i, stride, off),
+                                buf + (size_t)i * hd, hd);
+    }
+}
+
+/* Cache row r of a sequence, element off, as kv_dot and kv_axpy take it:
+ * where it lies in an fp32 or fp16 pool, or a Q8_0 row dequantized into
+ * buf (then *f16 = 0). */
+static const void *task_row(const attn_job *j, const void *pool, const specd_step_seq *s, int r,
+                            size_t off, float *buf, int *f16) {
+    const size_t kvw = (size_t)j->n_kv_heads * j->head_dim;
+    *f16 = j->f16;
+    if (!j->q8) return kv_at(pool, j->f16, kv_row(s, r) * kvw + off);
+    cpu_active_kernels()->dequant[SPECD_Q8_0](cpu_kv_paged_row_q8(pool, s->pages, r, kvw, off), buf,
+                                              j->head_dim);
+    return buf;
+}
+
+/* The K side of rows [0, r0) for nq queries: scores ss[k][r] and their
+ * maxima (maxs start at -inf). */
+static void task_scores(const attn_job *j, const specd_step_seq *s, const float *const *qs,
+                        int nq, int r0, size_t off, float scale, float *const *ss, float *maxs,
+                        float *buf) {
+    const cpu_kernel_set *ks = cpu_active_kernels();
+    const int hd = j->head_dim;
+    const size_t kvw = (size_t)j->n_kv_heads * hd;
+    if (j->q8) {
+        const int ch = q8_rows(hd);
+        for (int ra = 0; ra < r0; ra += ch) {
+            const int nr = r0 - ra < ch ? r0 - ra : ch;
+            q8_dequant_rows(ks, j->k_pool, s->pages, ra, nr, kvw, off, hd, buf);
+            float *sc[CPU_ATTN_MAXQ];
+            for (int k = 0; k < nq; k++) sc[k] = ss[k] + ra;
+            if (nq > 1 && ks->kv_dots_block)
+                ks->kv_dots_block(qs, nq, buf, j->c->ident_pages, nr, (size_t)hd, 0, hd, scale, sc,
+                                  maxs);
+            else
+                for (int k = 0; k < nq; k++) {
+                    const float m = ks->kv_dots(qs[k], buf, j->c->ident_pages, nr, (size_t)hd, 0,
+                                                hd, scale, sc[k]);
+                    if (m > maxs[k]) maxs[k] = m; /* NaN never the max, as in the kernels */
+                }
+        }
+    } else if (j->f16) {
+        if (nq > 1 && ks->kv_dots_block_f16)
+            ks->kv_dots_block_f16(qs, nq, j->k_pool, s->pages, r0, kvw, off, hd, scale, ss, maxs);
+        else
+            for (int k = 0; k < nq; k++)
+                maxs[k] = ks->kv_dots_f16(qs[k], j->k_pool, s->pages, r0, kvw, off, hd, scale,
+                                          ss[k]);
+    } else {
+        if (nq > 1 && ks->kv_dots_block)
+            ks->kv_dots_block(qs, nq, j->k_pool, s->pages, r0, kvw, off, hd, scale, ss, maxs);
+        else
+            for (int k = 0; k < nq; k++)
+                maxs[k] = ks->kv_dots(qs[k], j->k_pool, s->pages, r0, kvw, off, hd, scale, ss[k]);
+    }
+}
+
+/* The V side of rows [0, r0): os[k] += (ss[k][r] * invs[k]) * V_r. */
+static void task_values(const attn_job *j, const specd_step_seq *s, float *const *os,
+                        const float *const *ss, const float *invs, int nq, int r0, size_t off,
+                        float *buf) {
+    const cpu_kernel_set *ks = cpu_active_kernels();
+    const int hd = j->head_dim;
+    const size_t kvw = (size_t)j->n_kv_heads * hd;
+    if (j->q8) {
+        const int ch = q8_rows(hd);
+        for (int ra = 0; ra < r0; ra += ch) {
+            const int nr = r0 - ra < ch ? r0 - ra : ch;
+            q8_dequant_rows(ks, j->v_pool, s->pages, ra, nr, kvw, off, hd, buf);
+            const float *sc[CPU_ATTN_MAXQ];
+            for (int k = 0; k < nq; k++) sc[k] = ss[k] + ra;
+            if (nq > 1 && ks->kv_axpys_block)
+                ks->kv_axpys_block(os, sc, invs, nq, buf, j->c->ident_pages, nr, (size_t)hd, 0, hd);
+            else
+                for (int k = 0; k < nq; k++)
+                    ks->kv_axpys(os[k], sc[k], invs[k], buf, j->c->ident_pages, nr, (size_t)hd, 0,
+                                 hd);
+        }
+    } else if (j->f16) {
+        if (nq > 1 && ks->kv_axpys_block_f16)
+            ks->kv_axpys_block_f16(os, ss, invs, nq, j->v_pool, s->pages, r0, kvw, off, hd);
+        else
+            for (int k = 0; k < nq; k++)
+                ks->kv_axpys_f16(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, kvw, off, hd);
+    } else {
+        if (nq > 1 && ks->kv_axpys_block)
+            ks->kv_axpys_block(os, ss, invs, nq, j->v_pool, s->pages, r0, kvw, off, hd);
+        else
+            for (int k = 0; k < nq; k++)
+                ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, kvw, off, hd);
+    }
+}
+
 /* One task = one query block and heads_per_task() of its heads (one KV
  * head's): for each query (token t, head h), softmax(q_th . K^T / sqrt(d))
  * . V over the rows t sees: the n_past committed rows plus the new rows the
@@ -416,11 +554,12 @@ static void attn_task(void *ctx, int task, int thread) {
     int group = j->n_heads / j->n_kv_heads, hg = heads_per_task(n_tok, group);
     int h0 = c->task_h0[task];
     int nq = n_tok * hg; /* queries: hg heads x n_tok tokens */
-    int hd = j->head_dim, kvw = j->n_kv_heads * hd;
+    int hd = j->head_dim;
     int kvh = h0 / group;
     float scale = 1.0f / sqrtf((float)hd);
     int width = s->n_past + i0 + n_tok; /* rows the block's last token sees */
     float *scores = c->scores[thread];  /* [nq][width] */
+    float *buf = j->q8 ? c->kvbuf[thread] : NULL; /* dequantized Q8_0 rows */
     const float *qs[CPU_ATTN_MAXQ];
     float *os[CPU_ATTN_MAXQ], *ss[CPU_ATTN_MAXQ], maxs[CPU_ATTN_MAXQ], invs[CPU_ATTN_MAXQ];
     int tok[CPU_ATTN_MAXQ]; /* each query's token, 0..n_tok-1 */
@@ -445,23 +584,7 @@ static void attn_task(void *ctx, int task, int thread) {
      * attention for a tree of 5 over 64 rows. */
     const int tree = s->mask && r0 > 0;
     if (tree) r0 = width;
-    if (r0 > 0 && j->f16) {
-        if (nq > 1 && ks->kv_dots_block_f16)
-            ks->kv_dots_block_f16(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale, ss,
-                                  maxs);
-        else
-            for (int k = 0; k < nq; k++)
-                maxs[k] = ks->kv_dots_f16(qs[k], j->k_pool, s->pages, r0, (size_t)kvw, off, hd,
-                                          scale, ss[k]);
-    } else if (r0 > 0) {
-        if (nq > 1 && ks->kv_dots_block)
-            ks->kv_dots_block(qs, nq, j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale, ss,
-                              maxs);
-        else
-            for (int k = 0; k < nq; k++)
-                maxs[k] = ks->kv_dots(qs[k], j->k_pool, s->pages, r0, (size_t)kvw, off, hd, scale,
-                                      ss[k]);
-    }
+    if (r0 > 0) task_scores(j, s, qs, nq, r0, off, scale, ss, maxs, buf);
     if (tree)
         for (int k = 0; k < nq; k++) {
             /* -inf where the query may not look (later nodes, other
@@ -487,36 +610,24 @@ static void attn_task(void *ctx, int task, int thread) {
                 sc[r] = -INFINITY;
                 continue;
             }
-            size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-            sc[r] = ks->kv_dot(qs[k], kv_at(j->k_pool, j->f16, base), j->f16, hd) * scale;
+            int f16;
+            const void *row = task_row(j, j->k_pool, s, r, off, buf, &f16);
+            sc[r] = ks->kv_dot(qs[k], row, f16, hd) * scale;
             if (sc[r] > maxs[k]) maxs[k] = sc[r];
         }
         double sum = ks->softmax_exp(sc, n_rows, maxs[k]);
         invs[k] = (float)(1.0 / sum);
         memset(os[k], 0, sizeof(float) * hd);
     }
-    const float *const *sc = (const float *const *)ss;
-    if (r0 && j->f16) {
-        if (nq > 1 && ks->kv_axpys_block_f16)
-            ks->kv_axpys_block_f16(os, sc, invs, nq, j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
-        else
-            for (int k = 0; k < nq; k++)
-                ks->kv_axpys_f16(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw, off,
-                                 hd);
-    } else if (r0) {
-        if (nq > 1 && ks->kv_axpys_block)
-            ks->kv_axpys_block(os, sc, invs, nq, j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
-        else
-            for (int k = 0; k < nq; k++)
-                ks->kv_axpys(os[k], ss[k], invs[k], j->v_pool, s->pages, r0, (size_t)kvw, off, hd);
-    }
+    if (r0) task_values(j, s, os, (const float *const *)ss, invs, nq, r0, off, buf);
     for (int k = 0; k < nq; k++) {
         int n_rows = tree ? width : s->n_past + i0 + tok[k] + 1;
         for (int r = r0; r < n_rows; r++) {
             if (ss[k][r] == 0.0f) continue;
             float w = ss[k][r] * invs[k];
-            size_t base = kv_row(s, r) * kvw + (size_t)kvh * hd;
-            ks->kv_axpy(os[k], w, kv_at(j->v_pool, j->f16, base), j->f16, hd);
+            int f16;
+            const void *row = task_row(j, j->v_pool, s, r, off, buf, &f16);
+            ks->kv_axpy(os[k], w, row, f16, hd);
         }
     }
 }
@@ -679,12 +790,15 @@ long cpu_split_decodes(const specd_backend *be) {
     return be && !strcmp(be->ops->name, "cpu") ? ((const cpu_backend *)be)->split_decodes : 0;
 }
 
-/* Stores one fp32 row into a pool row of the backend's KV type. */
-static void kv_store(void *pool, int f16, size_t idx, const float *src, int n) {
-    if (f16)
-        cpu_active_kernels()->f32_to_f16_row((uint16_t *)pool + idx, src, n);
+/* Stores one fp32 row of n elements as row `row` of a pool of the backend's
+ * KV type. */
+static void kv_store(void *pool, specd_dtype type, size_t row, const float *src, int n) {
+    if (type == SPECD_F16)
+        cpu_active_kernels()->f32_to_f16_row((uint16_t *)pool + row * (size_t)n, src, n);
+    else if (type == SPECD_Q8_0)
+        cpu_quantize_row_q8_0(src, (char *)pool + row * specd_kv_row_bytes(type, n), n);
     else
-        memcpy((float *)pool + idx, src, sizeof(float) * n);
+        memcpy((float *)pool + row * (size_t)n, src, sizeof(float) * n);
 }
 
 static void cpu_attention(specd_backend *be, float *out, const float *q, const float *k,
@@ -693,9 +807,8 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     cpu_backend *c = cpu(be);
     const specd_step *st = &c->step;
     int kvw = n_kv_heads * head_dim;
-    int f16 = be->kv_type == SPECD_F16;
-    size_t esz = specd_kv_elem_bytes(be->kv_type);
-    size_t layer_bytes = (size_t)kv->n_rows * kv->kv_dim * esz;
+    int f16 = be->kv_type == SPECD_F16, q8 = be->kv_type == SPECD_Q8_0;
+    size_t layer_bytes = (size_t)kv->n_rows * specd_kv_row_bytes(be->kv_type, kv->kv_dim);
     char *k_pool = (char *)kv->base + (size_t)(2 * layer) * layer_bytes;
     char *v_pool = k_pool + layer_bytes;
     size_t longest = 0;
@@ -704,10 +817,10 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         /* the new rows go into the cache first, so a token's own K/V and its
          * visible siblings are read from one place */
         for (int i = 0; i < sq->n_new; i++) {
-            size_t dst = kv_row(sq, sq->n_past + i) * kvw;
+            size_t dst = kv_row(sq, sq->n_past + i);
             size_t src = (size_t)(sq->tok_start + i) * kvw;
-            kv_store(k_pool, f16, dst, k + src, kvw);
-            kv_store(v_pool, f16, dst, v + src, kvw);
+            kv_store(k_pool, be->kv_type, dst, k + src, kvw);
+            kv_store(v_pool, be->kv_type, dst, v + src, kvw);
         }
         size_t len = (size_t)sq->n_past + sq->n_new;
         if (len > longest) longest = len;
@@ -725,7 +838,18 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         }
         c->scores_cap = longest;
     }
-    if (split_decode(c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim)) return;
+    size_t kvbuf_floats = (size_t)q8_rows(head_dim) * (size_t)head_dim;
+    if (q8 && kvbuf_floats > c->kvbuf_floats) {
+        int nt = specd_pool_size(c->pool);
+        for (int i = 0; i < nt; i++) {
+            free(c->kvbuf[i]);
+            c->kvbuf[i] = aligned_alloc(64, sizeof(float) * kvbuf_floats);
+            if (!c->kvbuf[i]) abort(); /* 32 KB a thread; as the score buffers above */
+        }
+        c->kvbuf_floats = kvbuf_floats;
+    }
+    /* a Q8_0 cache is left to the one run (its tasks dequantize per KV head) */
+    if (!q8 && split_decode(c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim)) return;
     /* The tasks: each sequence's new tokens in query blocks of ATTN_QB (qb
      * below), times the block's head groups, ordered by KV head first. Tasks are
      * taken in this order, so both threads work on one KV head's K and V
@@ -765,7 +889,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
                     c->task_h0[n_tasks++] = h;
                 }
             }
-    attn_job j = {c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim, qb};
+    attn_job j = {c, out, q, k_pool, v_pool, f16, q8, n_heads, n_kv_heads, head_dim, qb};
     specd_pool_run(c->pool, n_tasks, attn_task, &j);
 }
 
@@ -811,7 +935,7 @@ static void cpu_argmax(specd_backend *be, int32_t *ids, const float *x, int n_ro
 
 static void cpu_kv_move(specd_backend *be, const specd_kv_layout *kv, const int32_t *src,
                         const int32_t *dst, int n) {
-    size_t row_bytes = (size_t)kv->kv_dim * specd_kv_elem_bytes(be->kv_type);
+    size_t row_bytes = specd_kv_row_bytes(be->kv_type, kv->kv_dim);
     size_t pool_bytes = (size_t)kv->n_rows * row_bytes;
     for (int p = 0; p < 2 * kv->n_layers; p++) {
         char *pool = (char *)kv->base + (size_t)p * pool_bytes;
@@ -860,7 +984,8 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
      * (int8 activations, and its fp16 cache), half the bytes a long-context
      * step reads; exact keeps fp32 throughout. */
     int f16 = kv_dtype == SPECD_KV_F16 || (kv_dtype == SPECD_KV_AUTO && precision == SPECD_PRECISION_FAST);
-    c->base.kv_type = f16 ? SPECD_F16 : SPECD_F32;
+    c->base.kv_type = kv_dtype == SPECD_KV_Q8_0 ? SPECD_Q8_0 : f16 ? SPECD_F16 : SPECD_F32;
+    for (int i = 0; i < Q8_MAX_CHUNK / SPECD_KV_PAGE_ROWS; i++) c->ident_pages[i] = i;
     c->base.warm_passes = 0;
     c->precision = precision;
     c->pool = specd_pool_create(n_threads);
@@ -870,5 +995,11 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
         return NULL;
     }
     c->scores = calloc((size_t)specd_pool_size(c->pool), sizeof(float *));
+    c->kvbuf = calloc((size_t)specd_pool_size(c->pool), sizeof(float *));
+    if (!c->scores || !c->kvbuf) {
+        cpu_destroy(&c->base);
+        specd_seterr(err, "cpu backend: out of memory");
+        return NULL;
+    }
     return &c->base;
 }

@@ -25,6 +25,14 @@
 void cpu_dequant_row(specd_dtype type, const void *src, float *dst, int64_t n);
 void cpu_dequant_row_ref(specd_dtype type, const void *src, float *dst, int64_t n);
 
+/* Quantizes n values (a multiple of 32) into GGML's Q8_0 blocks at dst,
+ * as llama.cpp's reference quantizer does: per block d = max|x| / 127, each
+ * value round(x / d) (half away from zero), d stored as fp16. A NaN becomes
+ * 0. One plain-C definition for every caller (the Q8_0 KV cache, the
+ * speculator's quantized export), so its bits never depend on the SIMD
+ * path. */
+void cpu_quantize_row_q8_0(const float *x, void *dst, int64_t n);
+
 /* Row r of W as fp32 (used for embedding lookups). */
 void cpu_tensor_row(const specd_tensor *W, int64_t r, float *dst);
 

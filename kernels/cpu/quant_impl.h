@@ -180,6 +180,16 @@ static inline const uint16_t *cpu_kv_paged_row_f16(const uint16_t *pool, const i
                    (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
 }
 
+/* The first byte of element `off` of cache row r in a paged Q8_0 pool
+ * (backend.h's SPECD_Q8_0 KV type): rows of `stride` elements in 34-byte
+ * blocks of 32, stride and off multiples of 32. */
+static inline const uint8_t *cpu_kv_paged_row_q8(const void *pool, const int32_t *pages, int r,
+                                                 size_t stride, size_t off) {
+    return (const uint8_t *)pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                    (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride / 32 * sizeof(blk_q8_0) +
+           off / 32 * sizeof(blk_q8_0);
+}
+
 /* Widest head the fp16 paged kernels convert into their stack buffers;
  * wider heads take the per-row kernels. */
 #define CPU_KV_F16_MAX_HEAD 256

@@ -119,6 +119,22 @@ static void deq_q6_k(const void *src, float *dst, int64_t n) {
     }
 }
 
+void cpu_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
+    uint8_t *out = dst; /* blocks by byte offset: dst may sit at any even address */
+    for (int64_t b = 0; b < n / 32; b++, x += 32, out += sizeof(blk_q8_0)) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+        const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        const uint16_t dh = specd_f32_to_fp16(d);
+        memcpy(out + offsetof(blk_q8_0, d), &dh, 2);
+        for (int j = 0; j < 32; j++) {
+            const float r = roundf(x[j] * id); /* within [-127, 127] unless NaN */
+            out[offsetof(blk_q8_0, qs) + (size_t)j] = (uint8_t)(int8_t)(r == r ? r : 0.0f);
+        }
+    }
+}
+
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
     switch (type) {
     case SPECD_F32: return deq_f32;

@@ -208,7 +208,7 @@ void cuda_op_attention(specd_backend *be, float *out, const float *q, const floa
     }
     /* pools of this layer: K at 2*layer, V at 2*layer + 1 (specd_kv_layout) */
     size_t layer_bytes =
-        (size_t)kv->n_rows * (size_t)kv->kv_dim * specd_kv_elem_bytes(cb->base.kv_type);
+        (size_t)kv->n_rows * specd_kv_row_bytes(cb->base.kv_type, kv->kv_dim);
     unsigned char *kpool = (unsigned char *)kv->base + 2 * (size_t)layer * layer_bytes;
     unsigned char *vpool = kpool + layer_bytes;
     int f16 = cb->base.kv_type == SPECD_F16;
@@ -288,7 +288,7 @@ void cuda_op_kv_move(specd_backend *be, const specd_kv_layout *kv, const int32_t
                  "kv_move: cudaMemcpyAsync") ||
         !cuda_ok(cb, cudaEventRecord(cb->move_copied, cb->stream), "kv_move: cudaEventRecord"))
         return;
-    size_t row_bytes = (size_t)kv->kv_dim * specd_kv_elem_bytes(cb->base.kv_type);
+    size_t row_bytes = specd_kv_row_bytes(cb->base.kv_type, kv->kv_dim);
     cuda_ok(cb, cuda_kv_move(kv->base, kv->n_layers, kv->n_rows, row_bytes, cb->move_dev, n,
                              cb->stream),
             "kv_move");

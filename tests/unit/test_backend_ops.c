@@ -785,7 +785,7 @@ typedef struct kvcache {
 
 static void kv_init(kvcache *c, specd_dtype type, int n_layers, int kv_dim, int64_t n_rows,
                     uint64_t seed) {
-    c->elem = specd_kv_elem_bytes(type);
+    c->elem = specd_kv_row_bytes(type, 1); /* F32 or F16 here */
     c->n_layers = n_layers;
     c->kv_dim = kv_dim;
     c->n_rows = n_rows;
@@ -1275,6 +1275,126 @@ static void test_kv_f16_store(void **state) {
     cpu_kv(SPECD_F32);
     assert_true(tested >= 1);
     free(one);
+}
+
+/* A Q8_0 cache (backend.h: CPU only) is fp32 attention over the dequantized
+ * rows, bit for bit: the same step on a Q8_0 cache and on an fp32 cache
+ * holding each row's dequantized values must give identical outputs, on
+ * every SIMD path, for prompt chunks over 300 rows (past the 128- and
+ * 256-row chunks cpu_backend.c dequantizes at a time), a decode step, trees
+ * and a batch of sequences, in GQA, MHA and 32- and 128-wide heads. The new
+ * rows are stored as cpu_quantize_row_q8_0 rounds them; the step's k and v
+ * are given already on the Q8_0 grid (quantizing a dequantized row gives
+ * the same blocks back, checked), so the fp32 cache stores the same values. */
+static void test_attention_q8_cache(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const struct { int nh, nkv, hd; } shapes[] = {{9, 3, 64}, {9, 9, 64}, {16, 2, 128}, {4, 2, 32}};
+    int32_t pages[ATT_PAGES];
+    for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES; /* out of order */
+    static const int chain5[5] = {-1, 0, 1, 2, 3};
+    const seq_spec chunk = {300, 40, NULL, pages}, decode = {339, 1, NULL, pages};
+    const seq_spec batch[3] = {{300, 1, NULL, pages}, {5, 4, k_tree4, pages + 20}, {0, 7, NULL, pages + 21}};
+    const seq_spec tree = {290, 5, chain5, pages};
+    const struct { const seq_spec *sp; int n; const char *name; } steps[] = {
+        {&chunk, 1, "chunk of 40 after 300"}, {&decode, 1, "decode after 339"},
+        {batch, 3, "batch of a decode, a tree and a prompt"}, {&tree, 1, "chain of 5 after 290"}};
+    const int64_t n_rows = (int64_t)ATT_PAGES * SPECD_KV_PAGE_ROWS;
+    tstep *st = malloc(sizeof *st);
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        for (size_t hi = 0; hi < sizeof shapes / sizeof shapes[0]; hi++)
+            for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+                const int nh = shapes[hi].nh, nkv = shapes[hi].nkv, hd = shapes[hi].hd;
+                const int kvd = nkv * hd, qw = nh * hd;
+                const uint64_t seed = 7000 + 10 * hi + si;
+                tstep_init(st, steps[si].n, steps[si].sp, 16, 7, 100);
+                const int nt = st->st.n_tokens;
+                /* the two caches: Q8_0 blocks, and their values in fp32 */
+                const size_t rb = specd_kv_row_bytes(SPECD_Q8_0, kvd);
+                const size_t n_all = 2 * (size_t)ATT_LAYERS * (size_t)n_rows;
+                kvcache q8 = {.bytes = n_all * rb, .n_layers = ATT_LAYERS, .kv_dim = kvd, .n_rows = n_rows};
+                kvcache f32 = {.elem = 4, .bytes = n_all * kvd * 4, .n_layers = ATT_LAYERS,
+                               .kv_dim = kvd, .n_rows = n_rows};
+                q8.host = malloc(q8.bytes);
+                f32.host = malloc(f32.bytes);
+                float *row = malloc(sizeof(float) * kvd);
+                for (size_t r = 0; r < n_all; r++) {
+                    test_fill_random(row, (size_t)kvd, seed * 1000003 + r, 1.0f);
+                    cpu_quantize_row_q8_0(row, (char *)q8.host + r * rb, kvd);
+                    cpu_dequant_row_ref(SPECD_Q8_0, (char *)q8.host + r * rb,
+                                        (float *)f32.host + r * kvd, kvd);
+                }
+                /* the step's rows, on the grid */
+                float *q = malloc(sizeof(float) * nt * qw), *k = malloc(sizeof(float) * nt * kvd);
+                float *v = malloc(sizeof(float) * nt * kvd);
+                char *blk = malloc(rb), *blk2 = malloc(rb);
+                test_fill_random(q, (size_t)nt * qw, seed + 1, 2.0f);
+                for (int t = 0; t < 2 * nt; t++) {
+                    float *x = t < nt ? k + (size_t)t * kvd : v + (size_t)(t - nt) * kvd;
+                    test_fill_random(x, (size_t)kvd, seed + 2 + (uint64_t)t, 1.0f);
+                    cpu_quantize_row_q8_0(x, blk, kvd);
+                    cpu_dequant_row_ref(SPECD_Q8_0, blk, x, kvd);
+                    cpu_quantize_row_q8_0(x, blk2, kvd);
+                    assert_memory_equal(blk, blk2, rb);
+                }
+                float *o8 = malloc(sizeof(float) * nt * qw), *o32 = malloc(sizeof(float) * nt * qw);
+                void *after8 = malloc(q8.bytes), *after32 = malloc(f32.bytes);
+                cpu_kv(SPECD_Q8_0);
+                run_attention(g_cpu, st, &q8, q, k, v, nh, nkv, hd, o8, after8);
+                cpu_kv(SPECD_F32);
+                run_attention(g_cpu, st, &f32, q, k, v, nh, nkv, hd, o32, after32);
+                for (int e = 0; e < nt * qw; e++)
+                    if (memcmp(&o8[e], &o32[e], sizeof(float)))
+                        fail_msg("%s heads %d/%d hd %d, %s: token %d element %d is %.9g with "
+                                 "the Q8_0 cache, %.9g with its values in fp32",
+                                 paths[pi], nh, nkv, hd, steps[si].name, e / qw, e % qw,
+                                 (double)o8[e], (double)o32[e]);
+                /* the Q8_0 cache after: its rows dequantize to the fp32 cache's */
+                for (size_t r = 0; r < n_all; r++) {
+                    cpu_dequant_row_ref(SPECD_Q8_0, (char *)after8 + r * rb, row, kvd);
+                    if (memcmp(row, (float *)after32 + r * kvd, sizeof(float) * kvd))
+                        fail_msg("%s heads %d/%d hd %d, %s: Q8_0 cache row %zu (of all layers' "
+                                 "pools) differs from the fp32 cache's",
+                                 paths[pi], nh, nkv, hd, steps[si].name, r);
+                }
+                free(q8.host), free(f32.host), free(row), free(q), free(k), free(v);
+                free(blk), free(blk2), free(o8), free(o32), free(after8), free(after32);
+            }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+    free(st);
+}
+
+/* cpu_quantize_row_q8_0 is llama.cpp's reference quantizer (ggml-quants.c,
+ * quantize_row_q8_0_ref): worked values, an all-zero block (d = 0, every
+ * q 0), a half-way value rounded away from zero, and a NaN stored as 0. */
+static void test_quantize_q8_0(void **state) {
+    (void)state;
+    float x[64] = {0};
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) * 0.25f; /* -4 .. 3.75 */
+    x[5] = 0.5f * 4.0f / 127.0f * 3.0f; /* 1.5 steps of d = 4/127: rounds to 2 */
+    x[40] = NAN;
+    x[41] = -1.0f;
+    uint8_t b[68];
+    cpu_quantize_row_q8_0(x, b, 64);
+    uint16_t d0, d1;
+    memcpy(&d0, b, 2);
+    memcpy(&d1, b + 34, 2);
+    assert_int_equal(d0, specd_f32_to_fp16(4.0f / 127.0f));
+    assert_int_equal((int8_t)b[2 + 0], -127);                 /* -4 / d */
+    assert_int_equal((int8_t)b[2 + 31], (int)roundf(3.75f * 127.0f / 4.0f)); /* 119 */
+    assert_int_equal((int8_t)b[2 + 5], 2);                    /* 1.5 away from zero */
+    assert_int_equal((int8_t)b[2 + 16], 0);
+    assert_int_equal(d1, specd_f32_to_fp16(1.0f / 127.0f));
+    assert_int_equal((int8_t)b[34 + 2 + 8], 0);   /* the NaN */
+    assert_int_equal((int8_t)b[34 + 2 + 9], -127); /* -1 / d */
+    float z[32] = {0};
+    cpu_quantize_row_q8_0(z, b, 32);
+    for (int j = 0; j < 34; j++) assert_int_equal(b[j], 0);
 }
 
 /* --- swiglu / axpy / scale ------------------------------------------------- */
@@ -1917,8 +2037,8 @@ static void mini_run_init(mini_run *r, specd_backend *be, const mini_model *m,
     r->hid = dput(be, NULL, sizeof(float) * T * M_DIM);
     r->logits = dput(be, NULL, sizeof(float) * T * M_VOCAB);
     r->ids = dput(be, NULL, sizeof(int32_t) * T);
-    r->kv_bytes = 2 * (size_t)M_LAYERS * M_PAGES * SPECD_KV_PAGE_ROWS * M_NKV * M_HD *
-                  specd_kv_elem_bytes(be->kv_type);
+    r->kv_bytes = 2 * (size_t)M_LAYERS * M_PAGES * SPECD_KV_PAGE_ROWS *
+                  specd_kv_row_bytes(be->kv_type, M_NKV * M_HD);
     r->kv = (specd_kv_layout){dput(be, kv_init_host, r->kv_bytes), M_LAYERS, M_NKV * M_HD,
                               (int64_t)M_PAGES * SPECD_KV_PAGE_ROWS};
 }
@@ -2116,6 +2236,8 @@ int main(void) {
         cmocka_unit_test(test_attention_blocks_bitwise),
         cmocka_unit_test(test_attention_split_decode),
         cmocka_unit_test(test_kv_f16_store),
+        cmocka_unit_test(test_attention_q8_cache),
+        cmocka_unit_test(test_quantize_q8_0),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_gather_out),
         cmocka_unit_test(test_argmax),
