@@ -4,7 +4,7 @@
  * Built and run only by make_llamacpp_logits.sh, against llama.cpp built
  * from source (bench/llamacpp_build.sh); not part of the specd build.
  *
- *   llamacpp_logits MODEL TOP_K N_GREEDY < prompts > fixture.json
+ *   llamacpp_logits MODEL TOP_K N_GREEDY [KV] < prompts > fixture.json
  *
  * stdin: one prompt per line, as text ("\\n" stands for a newline; special
  * tokens such as <|im_start|> are recognized), tokenized by llama.cpp's own
@@ -14,7 +14,10 @@
  * one batch with logits for every position, and the JSON gets the tokens
  * and, per position, the TOP_K largest logits (id and value, descending)
  * and the logits of 8 fixed ids spread over the vocabulary. The KV cache is
- * fp32, as specd's. Weight repacking
+ * fp32 (KV "f32", the default: the fast path's own arithmetic without a
+ * cache rounding), or with KV "q8_0" Q8_0 for K and V (llama.cpp's
+ * --cache-type-k q8_0 --cache-type-v q8_0, which needs its flash
+ * attention), the reference of specd's kv_cache_dtype q8_0. Weight repacking
  * ("extra buffer types") is off: the AMX repack crashes in prefill on some
  * VMs that advertise AMX (see bench/llamacpp_yardstick.py). */
 #include <stdio.h>
@@ -79,8 +82,13 @@ static int argmax(const float *lg, int vocab) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s MODEL TOP_K N_GREEDY < prompts\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s MODEL TOP_K N_GREEDY [f32|q8_0] < prompts\n", argv[0]);
+        return 2;
+    }
+    const int kv_q8 = argc == 5 && !strcmp(argv[4], "q8_0");
+    if (argc == 5 && !kv_q8 && strcmp(argv[4], "f32")) {
+        fprintf(stderr, "KV must be f32 or q8_0, got '%s'\n", argv[4]);
         return 2;
     }
     const int top_k = atoi(argv[2]), n_greedy = atoi(argv[3]);
@@ -98,9 +106,9 @@ int main(int argc, char **argv) {
     cp.n_ctx = MAX_TOK;
     cp.n_batch = cp.n_ubatch = MAX_TOK;
     cp.n_threads = cp.n_threads_batch = 2;
-    /* fp32 KV cache, as specd's CPU backend keeps it (llama.cpp's default
-     * is fp16) */
-    cp.type_k = cp.type_v = GGML_TYPE_F32;
+    /* fp32 KV cache (llama.cpp's default is fp16), or Q8_0 */
+    cp.type_k = cp.type_v = kv_q8 ? GGML_TYPE_Q8_0 : GGML_TYPE_F32;
+    if (kv_q8) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED; /* a quantized V needs it */
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) return 1;
     static char line[1 << 16];

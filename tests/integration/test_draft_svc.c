@@ -435,6 +435,9 @@ static void draft_up(world *w, const char *const *targets, int n_targets, int ma
 
 static char spec_dir[64];
 
+/* The KV cache type world_up gives its target (test_smol_q8_cache sets it). */
+static specd_kv_dtype g_world_kv = SPECD_KV_AUTO;
+
 /* A target on `model` (in-process) and a draft-svc in front of it, offering
  * ngram, a draft LM on `draft_model` (max_sessions = 1) and, with mlp_dir,
  * the MLP speculator there. */
@@ -447,8 +450,9 @@ static void world_up(world *w, const char *model, const char *draft_model, const
     specd_error tok_err = {{0}};
     w->tok = specd_tokenizer_from_model(w->m, &tok_err); /* the tiny models have none */
     w->vocab = w->m->hp.vocab_size;
-    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = threads}, .n_slots = 8,
-                                 .max_ctx = ctx, .max_batch = 256};
+    specd_transformer_opts to = {.backend = {.name = "cpu", .n_threads = threads,
+                                             .kv_dtype = g_world_kv},
+                                 .n_slots = 8, .max_ctx = ctx, .max_batch = 256};
     w->t = specd_transformer_create(w->m, &to, &err);
     if (!w->t) fail_msg("%s", err.msg);
     specd_target_opts o = {.max_sessions = 8, .max_prompt_tokens = max_prompt,
@@ -1434,6 +1438,43 @@ static void test_sampling_lossless(void **state) {
 
 static int smol_present(void) { return test_file_exists(test_path(SMOL)); }
 
+/* A target with a Q8_0 KV cache (kv_cache_dtype q8_0): the coarser cache
+ * changes the numbers, not the rule, so every drafter and tree shape
+ * still gives exactly the target's own plain greedy text (its verify rows
+ * read the same dequantized cache as its decode rows). */
+static void test_smol_q8_cache(void **state) {
+    (void)state;
+    if (!smol_present()) {
+        printf("  %s is missing: SmolLM2 cases skipped\n", SMOL);
+        skip();
+    }
+    world W;
+    g_world_kv = SPECD_KV_Q8_0;
+    world_up(&W, SMOL, SMOL, NULL, 512, 256, 2);
+    g_world_kv = SPECD_KV_AUTO;
+    assert_int_equal(specd_transformer_kv_dtype(W.t), SPECD_Q8_0);
+    gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
+    const char *drafters[] = {"ngram", "draft_lm", "draft_lm"};
+    const shape shapes[] = {{2, 3}, {2, 3}, {1, 5}};
+    reqb b;
+    req_chat(&b, NULL, "Name three rivers in Europe and one fact about each.", SANITIZED ? 12 : 32);
+    target_gen(&W, &b, ref);
+    assert_int_equal(ref->code, GRPC_STATUS_OK);
+    for (int d = 0; d < 3; d++) {
+        b.r.drafter = NULL;
+        b.r.speculation = NULL;
+        req_drafter(&b, drafters[d], shapes[d].candidates, shapes[d].depth);
+        draft_gen(&W, &b, got);
+        char what[96];
+        snprintf(what, sizeof what, "q8_0 KV, %s, %dx%d", drafters[d], shapes[d].candidates,
+                 shapes[d].depth);
+        expect_same(got, ref, what);
+    }
+    free(ref);
+    free(got);
+    world_down(&W);
+}
+
 static void test_smol_text(void **state) {
     (void)state;
     if (!smol_present()) {
@@ -1753,6 +1794,7 @@ int main(void) {
         cmocka_unit_test(test_penalties_and_logprobs),
         cmocka_unit_test(test_sampling_lossless),
         cmocka_unit_test(test_smol_text),
+        cmocka_unit_test(test_smol_q8_cache),
         cmocka_unit_test(test_cost_curves_alone_and_shared),
         cmocka_unit_test_setup_teardown(test_failover, NULL, failover_teardown),
     };

@@ -530,6 +530,23 @@ static void test_interleaved_slots_small_pool(void **state) {
 /* A batch that asks for `argmax` (logits NULL) gets specd_argmax of the
  * logits the same batch returns when asked for logits; with hidden too,
  * the hidden state is unchanged; with both, both agree. */
+/* kv_cache_dtype q8_0 stores blocks of 32 values of one head's row: a model
+ * with narrower heads (8 here) is refused at creation, naming the setting,
+ * the width and the way out. */
+static void test_kv_q8_0_needs_wide_heads(void **state) {
+    (void)state;
+    synth_model *s = synth_create(0);
+    specd_error err = {{0}};
+    specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 1, .kv_dtype = SPECD_KV_Q8_0},
+                                .n_slots = 1, .max_ctx = CTX, .max_batch = 64};
+    specd_transformer *t = specd_transformer_create(&s->m, &o, &err);
+    assert_null(t);
+    assert_non_null(strstr(err.msg, "'q8_0'"));
+    assert_non_null(strstr(err.msg, "are 8"));
+    assert_non_null(strstr(err.msg, "'f16'"));
+    synth_free(s);
+}
+
 static void test_argmax_batch(void **state) {
     (void)state;
     synth_model *s = synth_create(0);
@@ -596,6 +613,7 @@ int main(void) {
         cmocka_unit_test(test_kv_compact_returns_pages),
         cmocka_unit_test(test_interleaved_slots_small_pool),
         cmocka_unit_test(test_argmax_batch),
+        cmocka_unit_test(test_kv_q8_0_needs_wide_heads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
