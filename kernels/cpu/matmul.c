@@ -80,6 +80,7 @@ static void detect(void) {
     g_sets[SET_AVX512].kv_dots_block = g_sets[SET_AVX2].kv_dots_block;
     g_sets[SET_AVX512].kv_dots_f16 = g_sets[SET_AVX2].kv_dots_f16;
     g_sets[SET_AVX512].f32_to_f16_row = g_sets[SET_AVX2].f32_to_f16_row;
+    g_sets[SET_AVX512].kv_rows_q8 = g_sets[SET_AVX2].kv_rows_q8;
     g_sets[SET_AVX512].kv_axpys_f16 = g_sets[SET_AVX2].kv_axpys_f16;
     g_sets[SET_AVX512].kv_dots_block_f16 = g_sets[SET_AVX2].kv_dots_block_f16;
     g_sets[SET_AVX512].kv_axpys_block_f16 = g_sets[SET_AVX2].kv_axpys_block_f16;

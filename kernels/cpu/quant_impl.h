@@ -258,6 +258,12 @@ typedef struct cpu_kernel_set {
     void (*kv_axpys_block_f16)(float *const *o, const float *const *scores, const float *inv,
                                int nq, const uint16_t *pool, const int32_t *pages, int n_rows,
                                size_t stride, size_t off, int n);
+    /* Rows r..r+nr-1 of a sequence in a Q8_0 pool (cpu_kv_paged_row_q8),
+     * the n values from element off, dequantized into dst, row i at
+     * dst + i * n: bitwise the reference dequantizer's d * q, which is
+     * exact (cpu_kv_rows_q8_scalar, vec_avx2.c, vec_avx512.c) */
+    void (*kv_rows_q8)(float *dst, const void *pool, const int32_t *pages, int r, int nr,
+                       size_t stride, size_t off, int n);
     /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
     int (*argmax)(const float *x, int n);
     /* dst[i] = x[i] rounded to fp16 (to nearest, ties to even; overflow to
@@ -290,6 +296,8 @@ float cpu_kv_dot_scalar(const float *q, const void *row, int f16, int n);
 double cpu_softmax_exp_scalar(float *s, int n, float max);
 void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n);
 void cpu_f32_to_f16_row_scalar(uint16_t *dst, const float *x, int n);
+void cpu_kv_rows_q8_scalar(float *dst, const void *pool, const int32_t *pages, int r, int nr,
+                           size_t stride, size_t off, int n);
 /* The kernel set chosen at run time (matmul.c). */
 const cpu_kernel_set *cpu_active_kernels(void);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);

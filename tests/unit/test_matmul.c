@@ -742,6 +742,58 @@ static void test_argmax_paths(void **state) {
     free(x);
 }
 
+/* kv_rows_q8 (a Q8_0 KV cache's rows into fp32) on every path equals the
+ * reference dequantizer bit for bit, over random block bytes: int8 values
+ * from -128 to 127 and fp16 scales from subnormal to 65504 (every finite
+ * exponent; NaN and inf scales left out, whose payloads are not part of
+ * the contract), for heads of 32, 64 and 128 at an offset into the row,
+ * through a scattered page table, with a page's prefetch in range. */
+static void test_kv_rows_q8_paths(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { KVD = 256, PAGES = 4, ROWS = PAGES * SPECD_KV_PAGE_ROWS, RB = KVD / 32 * 34 };
+    static uint8_t pool[ROWS * RB];
+    uint64_t st = 77;
+    for (size_t i = 0; i < sizeof pool; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        pool[i] = (uint8_t)(st >> 33);
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < KVD / 32; b++) {
+            uint8_t *d = pool + (size_t)r * RB + (size_t)b * 34;
+            if ((d[1] & 0x7C) == 0x7C) d[1] &= 0xBB; /* exponent 31 (inf/NaN) -> finite */
+        }
+    const int32_t pages[PAGES] = {2, 0, 3, 1};
+    static const int heads[] = {32, 64, 128};
+    static float got[ROWS * 128 + 1], want[ROWS * 128];
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++) {
+            const int n = heads[hi];
+            const size_t off = (size_t)(KVD - n); /* the last head of the row */
+            const int r = 3, nr = ROWS - 3 - 5;
+            memset(got, 0xAB, sizeof got);
+            cpu_active_kernels()->kv_rows_q8(got, pool, pages, r, nr, KVD, off, n);
+            for (int i = 0; i < nr; i++) {
+                const int phys = pages[(r + i) / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                 (r + i) % SPECD_KV_PAGE_ROWS;
+                cpu_dequant_row_ref(SPECD_Q8_0, pool + (size_t)phys * RB + off / 32 * 34,
+                                    want + (size_t)i * n, n);
+            }
+            for (int e = 0; e < nr * n; e++)
+                if (memcmp(&got[e], &want[e], sizeof(float)))
+                    fail_msg("%s head %d: row %d element %d is %.9g, the reference %.9g", paths[pi],
+                             n, e / n, e % n, (double)got[e], (double)want[e]);
+            const uint8_t guard[4] = {0xAB, 0xAB, 0xAB, 0xAB};
+            if (memcmp(&got[nr * n], guard, 4)) fail_msg("%s head %d: wrote past its rows", paths[pi], n);
+        }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -760,6 +812,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_argmax_paths),
         cmocka_unit_test(test_attention_block_kernels),
         cmocka_unit_test(test_softmax_exp_paths),
+        cmocka_unit_test(test_kv_rows_q8_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
