@@ -3,7 +3,7 @@
  * 30 layers), for long prompts.
  *
  * Built by CMake as build/bench_attention.
- * Run: build/bench_attention [--threads N] [--reps R] [--kv f16|f32] [--kv-heads 1|3|9]
+ * Run: build/bench_attention [--threads N] [--reps R] [--kv f16|f32|q8_0] [--kv-heads 1|3|9]
  *                            [--prompts 512,1000,3000] [--trees 5,9] [path ...]
  *      (--kv-heads 1: the 9 heads on one KV head, where a decode step's
  *      attention is one task, so it splits across threads (cpu_backend.c,
@@ -92,21 +92,25 @@ static int int_list(const char *opt, char *p, int *out) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 2, reps = 3, f16 = 1, n_prompts = 0, prompts[MAX_PROMPTS];
+    int threads = 2, reps = 3, n_prompts = 0, prompts[MAX_PROMPTS];
+    specd_kv_dtype kvt = SPECD_KV_F16;
     int n_trees = 0, trees[MAX_PROMPTS];
     const char *paths[16];
     int n_paths = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) f16 = strcmp(argv[++i], "f32") != 0;
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
+            const char *t = argv[++i];
+            kvt = !strcmp(t, "f32") ? SPECD_KV_F32 : !strcmp(t, "q8_0") ? SPECD_KV_Q8_0 : SPECD_KV_F16;
+        }
         else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) N_KV = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prompts") && i + 1 < argc)
             n_prompts = int_list("--prompts", argv[++i], prompts);
         else if (!strcmp(argv[i], "--trees") && i + 1 < argc)
             n_trees = int_list("--trees", argv[++i], trees);
         else if (argv[i][0] == '-') {
-            fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32] [--kv-heads 1|3|9] "
+            fprintf(stderr, "usage: %s [--threads N] [--reps R] [--kv f16|f32|q8_0] [--kv-heads 1|3|9] "
                             "[--prompts 512,1000,3000] [--trees 5,9] [path ...]\n", argv[0]);
             return 2;
         } else if (n_paths < 16) {
@@ -124,7 +128,7 @@ int main(int argc, char **argv) {
 
     printf("attention, SmolLM2-135M shape (%d heads on %d KV heads of %d, %d layers), "
            "%d threads, KV cache %s, fastest of %d\n\n", N_HEADS, N_KV, HEAD, N_LAYERS,
-           threads, f16 ? "f16" : "f32", reps);
+           threads, specd_kv_dtype_names[kvt], reps);
     int max_tree = 1;
     for (int i = 0; i < n_trees; i++)
         if (trees[i] > max_tree) max_tree = trees[i];
@@ -142,7 +146,7 @@ int main(int argc, char **argv) {
         }
         specd_error err = {0};
         specd_backend *be = specd_cpu_backend_create(
-            threads, SPECD_PRECISION_FAST, f16 ? SPECD_KV_F16 : SPECD_KV_F32, &err);
+            threads, SPECD_PRECISION_FAST, kvt, &err);
         if (!be) die(err.msg);
         for (int j = 0; j < n_prompts; j++) {
             int P = prompts[j], rows_needed = P + max_tree, toks = P > max_tree ? P : max_tree;
@@ -152,7 +156,7 @@ int main(int argc, char **argv) {
             size_t q_n = (size_t)toks * N_HEADS * HEAD, kv_n = (size_t)toks * N_KV * HEAD;
             float *q = malloc(sizeof(float) * q_n), *out = malloc(sizeof(float) * q_n);
             float *k = malloc(sizeof(float) * kv_n), *v = malloc(sizeof(float) * kv_n);
-            size_t pool = 2 * (size_t)N_LAYERS * (size_t)n_rows * N_KV * HEAD * (f16 ? 2 : 4);
+            size_t pool = 2 * (size_t)N_LAYERS * (size_t)n_rows * specd_kv_row_bytes(be->kv_type, N_KV * HEAD);
             specd_kv_layout kv = {be->ops->alloc(be, pool), N_LAYERS, N_KV * HEAD, n_rows};
             if (!pages || !q || !out || !k || !v || !kv.base) die("out of memory");
             for (int i = 0; i < n_pages; i++) pages[i] = i;
