@@ -1369,6 +1369,16 @@ static void test_attention_q8_cache(void **state) {
     free(st);
 }
 
+/* The CUDA backend has no Q8_0 cache: asking for one is a clear error
+ * naming the setting, whether or not a GPU or nvcc is here. */
+static void test_kv_q8_0_cuda_refused(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    specd_backend_opts o = {.name = "cuda", .kv_dtype = SPECD_KV_Q8_0};
+    assert_null(specd_backend_create(&o, &err));
+    if (!strstr(err.msg, "'q8_0' is CPU only")) fail_msg("unexpected error: %s", err.msg);
+}
+
 /* cpu_quantize_row_q8_0 is llama.cpp's reference quantizer (ggml-quants.c,
  * quantize_row_q8_0_ref): worked values, an all-zero block (d = 0, every
  * q 0), a half-way value rounded away from zero, and a NaN stored as 0. */
@@ -2238,6 +2248,7 @@ int main(void) {
         cmocka_unit_test(test_kv_f16_store),
         cmocka_unit_test(test_attention_q8_cache),
         cmocka_unit_test(test_quantize_q8_0),
+        cmocka_unit_test(test_kv_q8_0_cuda_refused),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_gather_out),
         cmocka_unit_test(test_argmax),

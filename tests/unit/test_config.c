@@ -959,8 +959,8 @@ static void test_target_example_parses(void **state) {
     specd_config_free(TARGET_FIELDS, N_TARGET, &c);
 }
 
-/* kv_cache_dtype: the example's auto, the flag's f16 reaching the backend
- * options (target_opts.c), and a misspelt value refused by name. */
+/* kv_cache_dtype: the example's auto, the flag's f16 and q8_0 reaching the
+ * backend options (target_opts.c), and a misspelt value refused by name. */
 static void test_target_kv_cache_dtype(void **state) {
     (void)state;
     specd_target_cfg c;
@@ -976,6 +976,11 @@ static void test_target_kv_cache_dtype(void **state) {
     specd_transformer_opts to;
     specd_transformer_opts_from_config(&c, 8192, &to);
     assert_int_equal(to.backend.kv_dtype, SPECD_KV_F16);
+    specd_config_free(TARGET_FIELDS, N_TARGET, &c);
+    argv[4] = "q8_0";
+    assert_int_equal(specd_config_load(TARGET_FIELDS, N_TARGET, 5, argv, &c, &err), 0);
+    specd_transformer_opts_from_config(&c, 8192, &to);
+    assert_int_equal(to.backend.kv_dtype, SPECD_KV_Q8_0);
     specd_config_free(TARGET_FIELDS, N_TARGET, &c);
     char *bad[] = {"target-svc", "--config",
                    (char *)test_path("deploy/config/target-svc.example.yaml"),
