@@ -190,6 +190,15 @@ static inline const uint8_t *cpu_kv_paged_row_q8(const void *pool, const int32_t
            off / 32 * sizeof(blk_q8_0);
 }
 
+/* Prefetches the n values from element off of cache row r of a Q8_0 pool
+ * (kv_rows_q8 calls it a page ahead: pages are scattered, which the
+ * hardware prefetcher cannot follow). */
+static inline void cpu_kv_prefetch_q8(const void *pool, const int32_t *pages, int r, size_t stride,
+                                      size_t off, int n) {
+    const char *p = (const char *)cpu_kv_paged_row_q8(pool, pages, r, stride, off);
+    for (int l = 0; l < n / 32 * (int)sizeof(blk_q8_0); l += 64) __builtin_prefetch(p + l);
+}
+
 /* Widest head the fp16 paged kernels convert into their stack buffers;
  * wider heads take the per-row kernels. */
 #define CPU_KV_F16_MAX_HEAD 256

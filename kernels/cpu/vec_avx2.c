@@ -223,16 +223,12 @@ static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, 
  * subnormals and overflow included). */
 /* quant_impl.h's kv_rows_q8: per block of 32, the fp16 scale widened by
  * F16C and the int8 values sign-extended and converted (both exact), one
- * multiply each: d * q as the reference rounds it. A page ahead of the row
- * being read is prefetched (pages are scattered). */
+ * multiply each: d * q as the reference rounds it. */
 static TAVX2F16 void kv_rows_q8_avx2(float *dst, const void *pool, const int32_t *pages, int r,
                                      int nr, size_t stride, size_t off, int n) {
     for (int i = 0; i < nr; i++) {
-        if (i + SPECD_KV_PAGE_ROWS < nr) {
-            const char *p = (const char *)cpu_kv_paged_row_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS,
-                                                              stride, off);
-            for (int l = 0; l < n / 32 * 34; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
-        }
+        if (i + SPECD_KV_PAGE_ROWS < nr)
+            cpu_kv_prefetch_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS, stride, off, n);
         const uint8_t *b = cpu_kv_paged_row_q8(pool, pages, r + i, stride, off);
         float *o = dst + (size_t)i * n;
         for (int c = 0; c < n; c += 32, b += 34) {

@@ -739,11 +739,8 @@ static __attribute__((target(TBW))) void kv_rows_q8_avx512(float *dst, const voi
                                                           const int32_t *pages, int r, int nr,
                                                           size_t stride, size_t off, int n) {
     for (int i = 0; i < nr; i++) {
-        if (i + SPECD_KV_PAGE_ROWS < nr) {
-            const char *p = (const char *)cpu_kv_paged_row_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS,
-                                                              stride, off);
-            for (int l = 0; l < n / 32 * 34; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
-        }
+        if (i + SPECD_KV_PAGE_ROWS < nr)
+            cpu_kv_prefetch_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS, stride, off, n);
         const uint8_t *b = cpu_kv_paged_row_q8(pool, pages, r + i, stride, off);
         float *o = dst + (size_t)i * n;
         for (int c = 0; c < n; c += 32, b += 34) {
