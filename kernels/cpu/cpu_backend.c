@@ -438,9 +438,9 @@ static size_t score_stride(int width) { return (((size_t)width + 15) / 16 | 1) *
  *
  *   - a sequence with more than one query block this step (a prompt
  *     chunk) has all its rows, every KV head, dequantized once before the
- *     attention tasks into a buffer the step shares (q8_prepass): its
- *     blocks would otherwise each dequantize the same rows again, which
- *     cost a 3,000-token prefill a fifth of its speed;
+ *     attention tasks into a buffer the step shares (q8_prepare): its
+ *     blocks would otherwise each dequantize the same rows again (a
+ *     3,000-token prefill 3-5% faster);
  *   - any other (a decode step, a tree) is dequantized by its one task, a
  *     chunk of q8_rows() rows at a time into its thread's buffer, which
  *     stays in L1 while the task's queries use it.
