@@ -39,8 +39,9 @@ static void init(void) {
                                              "Forward passes that failed", NULL);
     M.kv_used = specd_metrics_gauge(r, "specd_target_kv_pages_used",
                                     "KV cache pages holding rows of some session", NULL);
-    M.kv_free = specd_metrics_gauge(r, "specd_target_kv_pages_free", "KV cache pages free",
-                                    NULL);
+    M.kv_free = specd_metrics_gauge(r, "specd_target_kv_pages_free",
+                                    "KV cache pages a session can take (free, or cached for "
+                                    "prefix reuse)", NULL);
     M.kv_cached = specd_metrics_gauge(r, "specd_target_kv_pages_cached",
                                       "KV pages no session holds, kept for prefix reuse", NULL);
     M.prefix_lookup = specd_metrics_counter(r, "specd_target_prefix_cache_queries_total",
@@ -77,16 +78,11 @@ void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t 
     }
     specd_metric_observe(M.batch_tokens, NULL, batch_tokens);
     specd_metric_observe(M.forward_s, NULL, forward_us / 1e6);
-    int n_free = 0, n_total = 0;
-    specd_transformer_kv_pages(t, &n_free, &n_total);
-    specd_metric_set(M.kv_used, NULL, n_total - n_free);
-    specd_metric_set(M.kv_free, NULL, n_free);
     /* The pool keeps running totals; the counters get what is new since the
      * last pass on this thread (each scheduler has its own worker thread). */
     static _Thread_local uint64_t last_lookup, last_hit, last_evict;
     specd_kv_pool_stats st;
     specd_transformer_kv_stats(t, &st);
-    specd_metric_set(M.kv_cached, NULL, st.n_cached);
     if (st.lookup_pages >= last_lookup)
         specd_metric_add(M.prefix_lookup, NULL, (double)(st.lookup_pages - last_lookup));
     if (st.hit_pages >= last_hit)
@@ -124,6 +120,14 @@ static void on_scrape(void *arg) {
     specd_metric_set(M.max_sessions, NULL, w->max_sessions);
     specd_metric_set(M.queued_items, NULL, items);
     specd_metric_set(M.queued_tokens, NULL, tokens);
+    /* The page gauges at scrape time, from the scheduler's copy (the pool as
+     * of its last pass, or of its start): set only after passes, a fresh
+     * target read 0 free pages until its first request. */
+    specd_kv_pool_stats st;
+    specd_sched_kv_stats(w->s, &st);
+    specd_metric_set(M.kv_used, NULL, st.n_held);
+    specd_metric_set(M.kv_free, NULL, st.n_free + st.n_cached); /* a cached page is free to take */
+    specd_metric_set(M.kv_cached, NULL, st.n_cached);
 }
 
 specd_target_watch *specd_target_metrics_watch(specd_sched *s, int max_sessions) {

@@ -33,7 +33,9 @@
 #include "common/model/transformer.h"
 
 /* After every forward pass, on the worker thread (which owns t): the pass's
- * size and time, and the KV pages in use after it. ok = 0 for a failed pass. */
+ * size and time, and the prefix cache's lookups, hits and evictions since
+ * the last pass. ok = 0 for a failed pass. (The KV page gauges are set at
+ * scrape time, specd_target_metrics_watch.) */
 void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t forward_us,
                                int ok);
 

@@ -278,6 +278,10 @@ static void test_prometheus_scrapes_both(void **state) {
     assert_true(up == 2);
     double steps0 = wait_above("specd_target_verify_steps_total", -1, SCRAPE_WAIT_S);
     assert_true(steps0 == 0);
+    /* before any request, the page gauges already show the whole pool free */
+    double free0 = wait_above("specd_target_kv_pages_free", 0.5, SCRAPE_WAIT_S);
+    if (!(free0 > 0.5)) fail_msg("a fresh target reports %g free KV pages", free0);
+    assert_true(wait_above("specd_target_kv_pages_used", -1, SCRAPE_WAIT_S) == 0);
 
     /* one request through draft-svc */
     char server[64], cmd[512];
