@@ -39,7 +39,7 @@ struct specd_sched {
     int64_t t_pass_end_us;         /* when the last pass's results went out */
     double prefill_us_per_tok;     /* the last pass with prompt work: time / tokens */
     pthread_cond_t pass_cv;        /* signalled when a pass ends */
-    specd_kv_pool_stats kv_stats;  /* as of the last pass */
+    specd_kv_pool_stats kv_stats;  /* as of the last pass or idle release */
     specd_step_cost cost;          /* forward time by pass size (step_cost.h) */
     /* slots given back whose KV pages the worker has yet to return (the
      * transformer belongs to the worker thread alone) */
@@ -447,7 +447,18 @@ static void *worker_main(void *arg) {
     specd_thread_name("sched");
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+        while (!s->head && !s->stop) {
+            /* Idle with slots given back: their pages go back to the pool
+             * now rather than at the next request's pass, so GetInfo and
+             * the page gauges show an idle target's pool as it is. */
+            if (s->n_released > 0) {
+                while (s->n_released > 0)
+                    specd_transformer_release_slot(s->t, s->released[--s->n_released]);
+                specd_transformer_kv_stats(s->t, &s->kv_stats);
+                continue;
+            }
+            pthread_cond_wait(&s->work_cv, &s->mu);
+        }
         if (s->stop) break;
         /* A small batch waits a little for others to join: bigger passes
          * mean more throughput, max_wait bounds the latency it costs. But

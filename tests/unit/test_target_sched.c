@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -399,6 +400,29 @@ static void test_open_checks(void **state) {
     specd_session_free(&s);
 }
 
+/* A session's pages held after it generated go back to the pool once its
+ * slot is released, while the target is idle (not at the next request's
+ * pass), so GetInfo and the page gauges of an idle target show them free:
+ * within a second. */
+static void test_idle_release_returns_pages(void **state) {
+    (void)state;
+    env e;
+    env_open(&e);
+    Specd__V1__SamplingParams sp;
+    penalized(&sp, 0.0f, 0);
+    int32_t out[N_GEN];
+    specd_token_logprob lps[N_GEN];
+    generate(&e, k_prompt, P, 0, &sp, out, lps); /* releases its slot at the end */
+    specd_kv_pool_stats st;
+    for (int i = 0; i < 100; i++) {
+        specd_sched_kv_stats(e.sched, &st);
+        if (st.n_held == 0) break;
+        usleep(10000);
+    }
+    if (st.n_held != 0) fail_msg("%d pages still held 1 s after the only session ended", st.n_held);
+    env_close(&e);
+}
+
 /* The start-up cost curve: every grid point up to calibrate_tokens timed,
  * none beyond, a curve that never falls with the size, and the scratch
  * slot and its pages given back. */
@@ -435,6 +459,7 @@ static void test_cost_calibration(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cost_calibration),
+        cmocka_unit_test(test_idle_release_returns_pages),
         cmocka_unit_test(test_open_checks),
         cmocka_unit_test(test_verify_matches_generate),
         cmocka_unit_test(test_resume_continues_exactly),
