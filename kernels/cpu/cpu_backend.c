@@ -343,7 +343,7 @@ typedef struct attn_job {
 
 /* The physical row of a sequence's logical cache row (backend.h). */
 static size_t kv_row(const specd_step_seq *s, int r) {
-    return (size_t)s->pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS + r % SPECD_KV_PAGE_ROWS;
+    return cpu_kv_phys_row(s->pages, r);
 }
 
 /* q . (a cache row) and o += w * (a cache row), for either KV type. The
@@ -492,32 +492,31 @@ static const void *view_row(const kv_view *w, int v, int r, int hd, float *buf) 
         cpu_active_kernels()->kv_rows_q8(buf, pool, w->pages, r, 1, w->stride, w->off, hd);
         return buf;
     }
-    const size_t phys = (size_t)w->pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                        (size_t)(r % SPECD_KV_PAGE_ROWS);
-    return kv_at(pool, w->f16, phys * w->stride + w->off);
+    return kv_at(pool, w->f16, cpu_kv_phys_row(w->pages, r) * w->stride + w->off);
+}
+
+/* A Q8_0 view's rows dequantized into buf, as the fp32 view the task's
+ * kernels read them through (rows from 0, one head wide). */
+static kv_view chunk_view(float *buf, const int32_t *ident, int hd) {
+    return (kv_view){buf, buf, ident, (size_t)hd, 0, 0, 0};
 }
 
 /* The K side of rows [0, r0) for nq queries: scores ss[k][r] and their
- * maxima (maxs start at -inf). */
+ * maxima (maxs start at -inf; each call takes the larger). A Q8_0 view
+ * goes a chunk of dequantized rows at a time through the fp32 branch. */
 static void task_scores(const kv_view *w, const float *const *qs, int nq, int r0, int hd,
                         float scale, float *const *ss, float *maxs, float *buf,
                         const int32_t *ident) {
     const cpu_kernel_set *ks = cpu_active_kernels();
     if (w->q8) {
         const int ch = q8_rows(hd);
+        const kv_view cw = chunk_view(buf, ident, hd);
         for (int ra = 0; ra < r0; ra += ch) {
             const int nr = r0 - ra < ch ? r0 - ra : ch;
             ks->kv_rows_q8(buf, w->k, w->pages, ra, nr, w->stride, w->off, hd);
             float *sc[CPU_ATTN_MAXQ];
             for (int k = 0; k < nq; k++) sc[k] = ss[k] + ra;
-            if (nq > 1 && ks->kv_dots_block)
-                ks->kv_dots_block(qs, nq, buf, ident, nr, (size_t)hd, 0, hd, scale, sc, maxs);
-            else
-                for (int k = 0; k < nq; k++) {
-                    const float m =
-                        ks->kv_dots(qs[k], buf, ident, nr, (size_t)hd, 0, hd, scale, sc[k]);
-                    if (m > maxs[k]) maxs[k] = m; /* NaN never the max, as in the kernels */
-                }
+            task_scores(&cw, qs, nq, nr, hd, scale, sc, maxs, NULL, NULL);
         }
     } else if (w->f16) {
         if (nq > 1 && ks->kv_dots_block_f16)
@@ -531,29 +530,29 @@ static void task_scores(const kv_view *w, const float *const *qs, int nq, int r0
         if (nq > 1 && ks->kv_dots_block)
             ks->kv_dots_block(qs, nq, w->k, w->pages, r0, w->stride, w->off, hd, scale, ss, maxs);
         else
-            for (int k = 0; k < nq; k++)
-                maxs[k] =
+            for (int k = 0; k < nq; k++) {
+                const float m =
                     ks->kv_dots(qs[k], w->k, w->pages, r0, w->stride, w->off, hd, scale, ss[k]);
+                if (m > maxs[k]) maxs[k] = m; /* NaN never the max, as in the kernels */
+            }
     }
 }
 
-/* The V side of rows [0, r0): os[k] += (ss[k][r] * invs[k]) * V_r. */
+/* The V side of rows [0, r0): os[k] += (ss[k][r] * invs[k]) * V_r; a
+ * Q8_0 view as in task_scores. */
 static void task_values(const kv_view *w, float *const *os, const float *const *ss,
                         const float *invs, int nq, int r0, int hd, float *buf,
                         const int32_t *ident) {
     const cpu_kernel_set *ks = cpu_active_kernels();
     if (w->q8) {
         const int ch = q8_rows(hd);
+        const kv_view cw = chunk_view(buf, ident, hd);
         for (int ra = 0; ra < r0; ra += ch) {
             const int nr = r0 - ra < ch ? r0 - ra : ch;
             ks->kv_rows_q8(buf, w->v, w->pages, ra, nr, w->stride, w->off, hd);
             const float *sc[CPU_ATTN_MAXQ];
             for (int k = 0; k < nq; k++) sc[k] = ss[k] + ra;
-            if (nq > 1 && ks->kv_axpys_block)
-                ks->kv_axpys_block(os, sc, invs, nq, buf, ident, nr, (size_t)hd, 0, hd);
-            else
-                for (int k = 0; k < nq; k++)
-                    ks->kv_axpys(os[k], sc[k], invs[k], buf, ident, nr, (size_t)hd, 0, hd);
+            task_values(&cw, os, sc, invs, nq, nr, hd, NULL, NULL);
         }
     } else if (w->f16) {
         if (nq > 1 && ks->kv_axpys_block_f16)

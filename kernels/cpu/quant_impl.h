@@ -163,21 +163,25 @@ static inline int32_t ld32(const int8_t *p) {
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
 
-/* Element `off` of a sequence's cache row r in a paged fp32 pool whose rows
- * are `stride` floats (backend.h: row r lives at physical row
+/* The physical row of a sequence's cache row r (backend.h: row r lives at
  * pages[r / PAGE_ROWS] * PAGE_ROWS + r % PAGE_ROWS). The attention kernels'
- * one address rule. */
-static inline const float *cpu_kv_paged_row(const float *pool, const int32_t *pages, int r,
-                                            size_t stride, size_t off) {
-    return pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+ * one address rule; the helpers below add the pool's own layout. */
+static inline size_t cpu_kv_phys_row(const int32_t *pages, int r) {
+    return (size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+           (size_t)(r % SPECD_KV_PAGE_ROWS);
 }
 
-/* The same rule for an fp16 pool. */
+/* Element `off` of cache row r in a paged fp32 pool whose rows are `stride`
+ * floats. */
+static inline const float *cpu_kv_paged_row(const float *pool, const int32_t *pages, int r,
+                                            size_t stride, size_t off) {
+    return pool + cpu_kv_phys_row(pages, r) * stride + off;
+}
+
+/* The same for an fp16 pool. */
 static inline const uint16_t *cpu_kv_paged_row_f16(const uint16_t *pool, const int32_t *pages,
                                                    int r, size_t stride, size_t off) {
-    return pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                   (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride + off;
+    return pool + cpu_kv_phys_row(pages, r) * stride + off;
 }
 
 /* The first byte of element `off` of cache row r in a paged Q8_0 pool
@@ -185,9 +189,7 @@ static inline const uint16_t *cpu_kv_paged_row_f16(const uint16_t *pool, const i
  * blocks of 32, stride and off multiples of 32. */
 static inline const uint8_t *cpu_kv_paged_row_q8(const void *pool, const int32_t *pages, int r,
                                                  size_t stride, size_t off) {
-    return (const uint8_t *)pool + ((size_t)pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
-                                    (size_t)(r % SPECD_KV_PAGE_ROWS)) * stride / 32 * sizeof(blk_q8_0) +
-           off / 32 * sizeof(blk_q8_0);
+    return (const uint8_t *)pool + (cpu_kv_phys_row(pages, r) * stride + off) / 32 * sizeof(blk_q8_0);
 }
 
 /* Prefetches the n values from element off of cache row r of a Q8_0 pool
