@@ -31,13 +31,16 @@ typedef struct cpu_backend {
     float **scores;
     size_t scores_cap;
     /* Q8_0 cache only (see "a Q8_0 cache" below): per-thread buffers of
-     * q8_rows() dequantized rows of one head (kvbuf_floats each); the
-     * step's prepass buffer (deq, deq_cap floats) with each sequence's
+     * q8_rows() dequantized V rows of one head (kvbuf_floats each) and of
+     * a task's quantized queries (qbuf, qbuf_bytes each); the step's
+     * prepass buffer of V rows (deq, deq_cap floats) with each sequence's
      * offset into it and its rows there (0: not in it), deq_seq_cap
      * sequences; and the identity page table the fp32 kernels read both
      * through (ident_cap entries) */
     float **kvbuf;
     size_t kvbuf_floats;
+    int8_t **qbuf;
+    size_t qbuf_bytes;
     float *deq;
     size_t deq_cap;
     size_t *deq_off;
@@ -66,7 +69,9 @@ static void cpu_destroy(specd_backend *be) {
     for (int i = 0; i < n && c->scores; i++) free(c->scores[i]);
     free(c->scores);
     for (int i = 0; i < n && c->kvbuf; i++) free(c->kvbuf[i]);
+    for (int i = 0; i < n && c->qbuf; i++) free(c->qbuf[i]);
     free(c->kvbuf);
+    free(c->qbuf);
     free(c->deq);
     free(c->deq_off);
     free(c->deq_rows);
@@ -377,13 +382,6 @@ void cpu_f32_to_f16_row_scalar(uint16_t *dst, const float *x, int n) {
     for (int d = 0; d < n; d++) dst[d] = specd_f32_to_fp16(x[d]);
 }
 
-void cpu_kv_rows_q8_scalar(float *dst, const void *pool, const int32_t *pages, int r, int nr,
-                           size_t stride, size_t off, int n) {
-    const cpu_dequant_fn deq = cpu_dequant_ref_fn(SPECD_Q8_0);
-    for (int i = 0; i < nr; i++)
-        deq(cpu_kv_paged_row_q8(pool, pages, r + i, stride, off), dst + (size_t)i * n, n);
-}
-
 double cpu_softmax_exp_scalar(float *s, int n, float max) {
     double sum = 0;
     for (int r = 0; r < n; r++) {
@@ -432,25 +430,28 @@ static size_t score_stride(int width) { return (((size_t)width + 15) / 16 | 1) *
 
 /* ---- a Q8_0 cache ----------------------------------------------------------
  *
- * The fp32 kernels do a Q8_0 cache's arithmetic on rows dequantized by
- * kv_rows_q8 (bitwise the reference dequantizer), read through an
- * identity page table, in one of two ways:
+ * The K side is kv_q8.c's integer kernel (llama.cpp's arithmetic for a
+ * quantized K cache): each query of a task is quantized as the integer
+ * matmuls quantize activations, then scored against every row the block
+ * sees in int8, and the rows a query may not see are masked afterwards,
+ * as a tree's are. The kernel reads 34 bytes per 32 values where the fp32
+ * kernels would read 128 of a dequantized copy, and its score is one
+ * rounding per block: fixed, whatever the batch or SIMD path.
+ *
+ * The V side is fp32 over rows dequantized by kv_rows_q8 (exact), read
+ * through an identity page table, in one of two ways:
  *
  *   - a sequence with more than one query block this step (a prompt
- *     chunk) has all its rows, every KV head, dequantized once before the
+ *     chunk) has its V rows, every KV head, dequantized once before the
  *     attention tasks into a buffer the step shares (q8_prepare): its
- *     blocks would otherwise each dequantize the same rows again (a
- *     3,000-token prefill 3-5% faster);
+ *     blocks would otherwise each dequantize the same rows again;
  *   - any other (a decode step, a tree) is dequantized by its one task, a
  *     chunk of q8_rows() rows at a time into its thread's buffer, which
  *     stays in L1 while the task's queries use it.
  *
- * Dequantizing is exact (int8 times an fp16 scale), every score is per row
- * and every V element is one fma per row in row order with o kept in
- * memory between calls, so either way gives fp32 attention over the
- * dequantized cache, bit for bit, whatever the chunking, SIMD path or
- * batch (test_backend_ops compares it with an fp32 pool holding the
- * dequantized rows). */
+ * Either way every V element is one fma per row in row order with o kept
+ * in memory between calls, so the output is the same bits whatever the
+ * chunking (test_backend_ops' test_attention_q8_cache). */
 
 /* Rows per chunk for heads of hd: as many as fill 32 KB, a whole number of
  * pages, at least one page. */
@@ -461,9 +462,9 @@ static int q8_rows(int hd) {
 }
 
 /* Where a task reads its sequence's KV head: pools addressed through a
- * page table (the cache itself, or the step's dequantized copy through the
- * identity table), and whether rows are fp16 (widened by the f16 kernels)
- * or Q8_0 (dequantized a chunk at a time by the task). */
+ * page table (the cache itself, or for a Q8_0 cache's V side the step's
+ * dequantized copy through the identity table), and whether rows are fp16
+ * (widened by the f16 kernels) or Q8_0 (kv_q8.c's kernels). */
 typedef struct kv_view {
     const void *k, *v;
     const int32_t *pages;
@@ -471,21 +472,22 @@ typedef struct kv_view {
     int f16, q8;
 } kv_view;
 
+/* The view a task's V side reads (for a Q8_0 cache, the K side always
+ * reads the cache: attn_q8_scores). */
 static kv_view task_view(const attn_job *j, int seq, const specd_step_seq *s, int kvh) {
     const cpu_backend *c = j->c;
     const int hd = j->head_dim;
     if (j->q8 && c->deq_rows[seq] > 0) {
         const size_t plane = (size_t)c->deq_rows[seq] * (size_t)hd;
-        const float *base = c->deq + c->deq_off[seq];
-        return (kv_view){base + (size_t)kvh * plane, base + (size_t)(j->n_kv_heads + kvh) * plane,
-                         c->ident, (size_t)hd, 0, 0, 0};
+        return (kv_view){NULL, c->deq + c->deq_off[seq] + (size_t)kvh * plane, c->ident,
+                         (size_t)hd, 0, 0, 0};
     }
     return (kv_view){j->k_pool, j->v_pool, s->pages, (size_t)j->n_kv_heads * hd,
                      (size_t)kvh * hd, j->f16, j->q8};
 }
 
 /* Row r of the view's K (v = 0) or V (v = 1) as kv_dot and kv_axpy take
- * it: where it lies, or a Q8_0 row dequantized into buf. */
+ * it: where it lies, or a Q8_0 V row dequantized into buf. */
 static const void *view_row(const kv_view *w, int v, int r, int hd, float *buf) {
     const void *pool = v ? w->v : w->k;
     if (w->q8) {
@@ -501,24 +503,13 @@ static kv_view chunk_view(float *buf, const int32_t *ident, int hd) {
     return (kv_view){buf, buf, ident, (size_t)hd, 0, 0, 0};
 }
 
-/* The K side of rows [0, r0) for nq queries: scores ss[k][r] and their
- * maxima (maxs start at -inf; each call takes the larger). A Q8_0 view
- * goes a chunk of dequantized rows at a time through the fp32 branch. */
+/* The K side of rows [0, r0) for nq queries of an fp32 or fp16 view:
+ * scores ss[k][r] and their maxima (maxs start at -inf; each call takes
+ * the larger). */
 static void task_scores(const kv_view *w, const float *const *qs, int nq, int r0, int hd,
-                        float scale, float *const *ss, float *maxs, float *buf,
-                        const int32_t *ident) {
+                        float scale, float *const *ss, float *maxs) {
     const cpu_kernel_set *ks = cpu_active_kernels();
-    if (w->q8) {
-        const int ch = q8_rows(hd);
-        const kv_view cw = chunk_view(buf, ident, hd);
-        for (int ra = 0; ra < r0; ra += ch) {
-            const int nr = r0 - ra < ch ? r0 - ra : ch;
-            ks->kv_rows_q8(buf, w->k, w->pages, ra, nr, w->stride, w->off, hd);
-            float *sc[CPU_ATTN_MAXQ];
-            for (int k = 0; k < nq; k++) sc[k] = ss[k] + ra;
-            task_scores(&cw, qs, nq, nr, hd, scale, sc, maxs, NULL, NULL);
-        }
-    } else if (w->f16) {
+    if (w->f16) {
         if (nq > 1 && ks->kv_dots_block_f16)
             ks->kv_dots_block_f16(qs, nq, w->k, w->pages, r0, w->stride, w->off, hd, scale, ss,
                                   maxs);
@@ -538,8 +529,27 @@ static void task_scores(const kv_view *w, const float *const *qs, int nq, int r0
     }
 }
 
+/* A Q8_0 cache's K side (see "a Q8_0 cache"): the task's nq queries
+ * quantized into its thread's buffer, then scores for rows [0, width) of
+ * the sequence's KV head kvh. */
+static void attn_q8_scores(const attn_job *j, int thread, const specd_step_seq *s, int kvh,
+                           const float *const *qs, int nq, int width, float scale,
+                           float *const *ss) {
+    const cpu_backend *c = j->c;
+    const cpu_kernel_set *ks = cpu_active_kernels();
+    const int hd = j->head_dim, nb = hd / 32;
+    int8_t *qv = c->qbuf[thread];
+    float *qd = (float *)(qv + (size_t)CPU_ATTN_MAXQ * hd), *qsc = qd + CPU_ATTN_MAXQ * nb;
+    int32_t *qsum = (int32_t *)(qsc + CPU_ATTN_MAXQ * nb);
+    for (int k = 0; k < nq; k++)
+        ks->quantize(qs[k], 1, hd, qv + (size_t)k * hd, qd + k * nb, qsc + k * nb, qsum + k * nb);
+    ks->kv_dots_q8(qv, qd, qsum, nq, j->k_pool, s->pages, width, (size_t)j->n_kv_heads * hd,
+                   (size_t)kvh * hd, hd, scale, ss);
+}
+
 /* The V side of rows [0, r0): os[k] += (ss[k][r] * invs[k]) * V_r; a
- * Q8_0 view as in task_scores. */
+ * Q8_0 view goes a chunk of dequantized rows at a time through the fp32
+ * branch. */
 static void task_values(const kv_view *w, float *const *os, const float *const *ss,
                         const float *invs, int nq, int r0, int hd, float *buf,
                         const int32_t *ident) {
@@ -619,36 +629,56 @@ static void attn_task(void *ctx, int task, int thread) {
      * attention for a tree of 5 over 64 rows. */
     const int tree = s->mask && r0 > 0;
     if (tree) r0 = width;
-    if (r0 > 0) task_scores(&w, qs, nq, r0, hd, scale, ss, maxs, buf, c->ident);
-    if (tree)
+    if (j->q8) {
+        /* every row the block sees, by the integer kernel: a query's
+         * softmax below stops at its own token's row, and a tree's rows a
+         * query may not see are masked */
+        attn_q8_scores(j, thread, s, kvh, qs, nq, width, scale, ss);
         for (int k = 0; k < nq; k++) {
-            /* -inf where the query may not look (later nodes, other
-             * branches), then its max over what it sees: the max the row
-             * by row loop would reach, a max being the same in any order
-             * (NaN never wins either way) */
-            int i = i0 + tok[k];
+            int i = i0 + tok[k], n_rows = tree ? width : s->n_past + i + 1;
             float *sc = ss[k];
-            for (int r = s->n_past; r < width; r++)
-                if (r > s->n_past + i || !s->mask[(size_t)i * s->n_new + (r - s->n_past)])
-                    sc[r] = -INFINITY;
-            /* the vector argmax's maximum (a NaN only where all are NaN) */
-            float m = sc[ks->argmax(sc, width)];
+            if (s->mask)
+                for (int r = s->n_past; r < n_rows; r++)
+                    if (r > s->n_past + i || !s->mask[(size_t)i * s->n_new + (r - s->n_past)])
+                        sc[r] = -INFINITY;
+            float m = sc[ks->argmax(sc, n_rows)];
             maxs[k] = isnan(m) ? -INFINITY : m;
         }
-    for (int k = 0; k < nq; k++) {
-        int i = i0 + tok[k], n_rows = tree ? width : s->n_past + i + 1;
-        float *sc = ss[k];
-        for (int r = r0; r < n_rows; r++) {
-            int visible = r < s->n_past || !s->mask ||
-                          s->mask[(size_t)i * s->n_new + (r - s->n_past)];
-            if (!visible) {
-                sc[r] = -INFINITY;
-                continue;
+    } else {
+        if (r0 > 0) task_scores(&w, qs, nq, r0, hd, scale, ss, maxs);
+        if (tree)
+            for (int k = 0; k < nq; k++) {
+                /* -inf where the query may not look (later nodes, other
+                 * branches), then its max over what it sees: the max the
+                 * row by row loop would reach, a max being the same in any
+                 * order (NaN never wins either way) */
+                int i = i0 + tok[k];
+                float *sc = ss[k];
+                for (int r = s->n_past; r < width; r++)
+                    if (r > s->n_past + i || !s->mask[(size_t)i * s->n_new + (r - s->n_past)])
+                        sc[r] = -INFINITY;
+                /* the vector argmax's maximum (a NaN only where all are NaN) */
+                float m = sc[ks->argmax(sc, width)];
+                maxs[k] = isnan(m) ? -INFINITY : m;
             }
-            sc[r] = ks->kv_dot(qs[k], view_row(&w, 0, r, hd, buf), w.f16, hd) * scale;
-            if (sc[r] > maxs[k]) maxs[k] = sc[r];
+        for (int k = 0; k < nq; k++) {
+            int i = i0 + tok[k], n_rows = tree ? width : s->n_past + i + 1;
+            float *sc = ss[k];
+            for (int r = r0; r < n_rows; r++) {
+                int visible = r < s->n_past || !s->mask ||
+                              s->mask[(size_t)i * s->n_new + (r - s->n_past)];
+                if (!visible) {
+                    sc[r] = -INFINITY;
+                    continue;
+                }
+                sc[r] = ks->kv_dot(qs[k], view_row(&w, 0, r, hd, buf), w.f16, hd) * scale;
+                if (sc[r] > maxs[k]) maxs[k] = sc[r];
+            }
         }
-        double sum = ks->softmax_exp(sc, n_rows, maxs[k]);
+    }
+    for (int k = 0; k < nq; k++) {
+        int n_rows = tree ? width : s->n_past + i0 + tok[k] + 1;
+        double sum = ks->softmax_exp(ss[k], n_rows, maxs[k]);
         invs[k] = (float)(1.0 / sum);
         memset(os[k], 0, sizeof(float) * hd);
     }
@@ -664,18 +694,16 @@ static void attn_task(void *ctx, int task, int thread) {
 }
 
 /* The Q8_0 prepass (see "a Q8_0 cache" above): for each sequence with more
- * than one query block, rows [0, n_past + n_new) of every KV head's K and
- * V into c->deq, planes [K of head 0 .. K of head n-1, V of head 0 ..],
- * each rows x head_dim; tasks of up to Q8_MAX_CHUNK rows of one plane. The
- * step's new rows are in the cache already. At most Q8_PREPASS_MAX floats
- * (16 MB: a context of 8,192 for SmolLM2) in all; sequences past that take
- * the per-task path. Against the per-task path alone, a 3,000-token prefill
- * 3-5% faster (three alternated pairs). */
+ * than one query block, rows [0, n_past + n_new) of every KV head's V into
+ * c->deq, one plane per KV head, each rows x head_dim; tasks of up to
+ * Q8_MAX_CHUNK rows of one plane. The step's new rows are in the cache
+ * already. At most Q8_PREPASS_MAX floats (16 MB: a context of 21,000 for
+ * SmolLM2) in all; sequences past that take the per-task path. */
 #define Q8_PREPASS_MAX ((size_t)4 << 20)
 
 typedef struct q8_prepass_job {
     cpu_backend *c;
-    const void *k_pool, *v_pool;
+    const void *v_pool;
     int n_kv_heads, head_dim;
     int *task_seq, *task_plane, *task_row; /* per task */
 } q8_prepass_job;
@@ -684,13 +712,13 @@ static void q8_prepass_task(void *ctx, int task, int thread) {
     (void)thread;
     q8_prepass_job *j = ctx;
     const cpu_backend *c = j->c;
-    const int seq = j->task_seq[task], plane = j->task_plane[task], r = j->task_row[task];
+    const int seq = j->task_seq[task], kvh = j->task_plane[task], r = j->task_row[task];
     const specd_step_seq *s = &c->step.seqs[seq];
-    const int rows = c->deq_rows[seq], hd = j->head_dim, kvh = plane % j->n_kv_heads;
+    const int rows = c->deq_rows[seq], hd = j->head_dim;
     const int nr = rows - r < Q8_MAX_CHUNK ? rows - r : Q8_MAX_CHUNK;
-    float *dst = c->deq + c->deq_off[seq] + ((size_t)plane * rows + (size_t)r) * hd;
-    cpu_active_kernels()->kv_rows_q8(dst, plane < j->n_kv_heads ? j->k_pool : j->v_pool, s->pages,
-                                     r, nr, (size_t)j->n_kv_heads * hd, (size_t)kvh * hd, hd);
+    float *dst = c->deq + c->deq_off[seq] + ((size_t)kvh * rows + (size_t)r) * hd;
+    cpu_active_kernels()->kv_rows_q8(dst, j->v_pool, s->pages, r, nr,
+                                     (size_t)j->n_kv_heads * hd, (size_t)kvh * hd, hd);
 }
 
 /* ---- split decode: one token's attention over a long context -----------
@@ -854,8 +882,7 @@ long cpu_split_decodes(const specd_backend *be) {
 /* The buffers a Q8_0 cache's attention needs this step, and its prepass
  * (see "a Q8_0 cache"). Allocation failures abort, as the score buffers'
  * do: a few KB a thread, and the prepass only where it fits its cap. */
-static void q8_prepare(cpu_backend *c, const void *k_pool, const void *v_pool, int n_kv_heads,
-                       int head_dim) {
+static void q8_prepare(cpu_backend *c, const void *v_pool, int n_kv_heads, int head_dim) {
     const specd_step *st = &c->step;
     const size_t kvbuf_floats = (size_t)q8_rows(head_dim) * (size_t)head_dim;
     if (kvbuf_floats > c->kvbuf_floats) {
@@ -865,6 +892,18 @@ static void q8_prepare(cpu_backend *c, const void *k_pool, const void *v_pool, i
             if (!c->kvbuf[i]) abort();
         }
         c->kvbuf_floats = kvbuf_floats;
+    }
+    /* a task's queries' int8 values, then their blocks' scales, scale x
+     * sum (unused here) and sums (attn_q8_scores) */
+    const size_t qbytes = (size_t)CPU_ATTN_MAXQ *
+                          ((size_t)head_dim + 3 * sizeof(float) * (size_t)(head_dim / 32));
+    if (qbytes > c->qbuf_bytes) {
+        for (int i = 0; i < specd_pool_size(c->pool); i++) {
+            free(c->qbuf[i]);
+            c->qbuf[i] = aligned_alloc(64, (qbytes + 63) / 64 * 64);
+            if (!c->qbuf[i]) abort();
+        }
+        c->qbuf_bytes = qbytes;
     }
     if (st->n_seqs > c->deq_seq_cap) {
         free(c->deq_off);
@@ -880,13 +919,13 @@ static void q8_prepare(cpu_backend *c, const void *k_pool, const void *v_pool, i
     for (int s = 0; s < st->n_seqs; s++) {
         const specd_step_seq *sq = &st->seqs[s];
         const int rows = sq->n_past + sq->n_new;
-        const size_t need = 2 * (size_t)n_kv_heads * (size_t)rows * (size_t)head_dim;
+        const size_t need = (size_t)n_kv_heads * (size_t)rows * (size_t)head_dim;
         c->deq_rows[s] = 0;
         if (sq->n_new <= ATTN_QB || floats + need > Q8_PREPASS_MAX) continue;
         c->deq_rows[s] = rows;
         c->deq_off[s] = floats;
         floats += need;
-        n_tasks += 2 * n_kv_heads * ((rows + Q8_MAX_CHUNK - 1) / Q8_MAX_CHUNK);
+        n_tasks += n_kv_heads * ((rows + Q8_MAX_CHUNK - 1) / Q8_MAX_CHUNK);
         if (rows > max_rows) max_rows = rows;
     }
     const int pages = (max_rows + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS;
@@ -906,11 +945,11 @@ static void q8_prepare(cpu_backend *c, const void *k_pool, const void *v_pool, i
     }
     int *tasks = malloc(sizeof(int) * 3 * (size_t)n_tasks);
     if (!tasks) abort();
-    q8_prepass_job j = {c, k_pool, v_pool, n_kv_heads, head_dim, tasks, tasks + n_tasks,
+    q8_prepass_job j = {c, v_pool, n_kv_heads, head_dim, tasks, tasks + n_tasks,
                         tasks + 2 * n_tasks};
     int t = 0;
     for (int s = 0; s < st->n_seqs; s++)
-        for (int plane = 0; c->deq_rows[s] && plane < 2 * n_kv_heads; plane++)
+        for (int plane = 0; c->deq_rows[s] && plane < n_kv_heads; plane++)
             for (int r = 0; r < c->deq_rows[s]; r += Q8_MAX_CHUNK) {
                 j.task_seq[t] = s;
                 j.task_plane[t] = plane;
@@ -926,7 +965,8 @@ static void kv_store(void *pool, specd_dtype type, size_t row, const float *src,
     if (type == SPECD_F16)
         cpu_active_kernels()->f32_to_f16_row((uint16_t *)pool + row * (size_t)n, src, n);
     else if (type == SPECD_Q8_0)
-        cpu_quantize_row_q8_0(src, (char *)pool + row * specd_kv_row_bytes(type, n), n);
+        cpu_active_kernels()->quantize_q8_0(src, (char *)pool + row * specd_kv_row_bytes(type, n),
+                                            n);
     else
         memcpy((float *)pool + row * (size_t)n, src, sizeof(float) * n);
 }
@@ -968,7 +1008,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
         }
         c->scores_cap = longest;
     }
-    if (q8) q8_prepare(c, k_pool, v_pool, n_kv_heads, head_dim);
+    if (q8) q8_prepare(c, v_pool, n_kv_heads, head_dim);
     /* a Q8_0 cache is left to the one run (its tasks dequantize per KV head) */
     if (!q8 && split_decode(c, out, q, k_pool, v_pool, f16, n_heads, n_kv_heads, head_dim)) return;
     /* The tasks: each sequence's new tokens in query blocks of ATTN_QB (qb
@@ -1116,7 +1156,8 @@ specd_backend *specd_cpu_backend_create(int n_threads, specd_precision precision
     }
     c->scores = calloc((size_t)specd_pool_size(c->pool), sizeof(float *));
     c->kvbuf = calloc((size_t)specd_pool_size(c->pool), sizeof(float *));
-    if (!c->scores || !c->kvbuf) {
+    c->qbuf = calloc((size_t)specd_pool_size(c->pool), sizeof(int8_t *));
+    if (!c->scores || !c->kvbuf || !c->qbuf) {
         cpu_destroy(&c->base);
         specd_seterr(err, "cpu backend: out of memory");
         return NULL;

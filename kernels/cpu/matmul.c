@@ -80,7 +80,6 @@ static void detect(void) {
     g_sets[SET_AVX512].kv_dots_block = g_sets[SET_AVX2].kv_dots_block;
     g_sets[SET_AVX512].kv_dots_f16 = g_sets[SET_AVX2].kv_dots_f16;
     g_sets[SET_AVX512].f32_to_f16_row = g_sets[SET_AVX2].f32_to_f16_row;
-    g_sets[SET_AVX512].kv_rows_q8 = g_sets[SET_AVX2].kv_rows_q8;
     g_sets[SET_AVX512].kv_axpys_f16 = g_sets[SET_AVX2].kv_axpys_f16;
     g_sets[SET_AVX512].kv_dots_block_f16 = g_sets[SET_AVX2].kv_dots_block_f16;
     g_sets[SET_AVX512].kv_axpys_block_f16 = g_sets[SET_AVX2].kv_axpys_block_f16;
@@ -91,7 +90,13 @@ static void detect(void) {
         g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
     }
 #endif
-    for (int i = 0; i < N_SETS; i++) g_sets[i].name = k_set_names[i];
+    static const cpu_kv_q8_level q8_level[N_SETS] = {CPU_KV_Q8_SCALAR, CPU_KV_Q8_AVX2,
+                                                     CPU_KV_Q8_AVX2, CPU_KV_Q8_AVX512,
+                                                     CPU_KV_Q8_AVX512VNNI};
+    for (int i = 0; i < N_SETS; i++) {
+        g_sets[i].name = k_set_names[i];
+        if (g_have[i]) cpu_kv_q8_install(&g_sets[i], q8_level[i]);
+    }
     const cpu_kernel_set *best = best_set();
     const char *env = getenv("SPECD_SIMD");
     if (env && *env && strcmp(env, "auto") != 0) {

@@ -179,7 +179,6 @@ int cpu_qkernels_scalar(cpu_kernel_set *ks) {
     ks->softmax_exp = cpu_softmax_exp_scalar;
     ks->kv_axpy = cpu_kv_axpy_scalar;
     ks->f32_to_f16_row = cpu_f32_to_f16_row_scalar;
-    ks->kv_rows_q8 = cpu_kv_rows_q8_scalar;
     ks->qrows[CPU_Q4] = qrows_scalar;
     ks->qrows[CPU_Q8] = qrows_scalar;
     ks->quantize = cpu_quantize_act;

@@ -272,9 +272,20 @@ typedef struct cpu_kernel_set {
     /* Rows r..r+nr-1 of a sequence in a Q8_0 pool (cpu_kv_paged_row_q8),
      * the n values from element off, dequantized into dst, row i at
      * dst + i * n: bitwise the reference dequantizer's d * q, which is
-     * exact (cpu_kv_rows_q8_scalar, vec_avx2.c, vec_avx512.c) */
+     * exact (kv_q8.c) */
     void (*kv_rows_q8)(float *dst, const void *pool, const int32_t *pages, int r, int nr,
                        size_t stride, size_t off, int n);
+    /* A Q8_0 pool's K side for nq (<= CPU_ATTN_MAXQ) queries quantized by
+     * `quantize` (query k: n int8 at qv + k * n, its n / 32 blocks' scales
+     * and sums at qd, qsum + k * n / 32): scores[k][r] for rows [0,
+     * n_rows), by integer dots per block and kv_q8.c's fixed fp32
+     * epilogue, bitwise cpu_kv_dots_q8_scalar on every path (kv_q8.c) */
+    void (*kv_dots_q8)(const int8_t *qv, const float *qd, const int32_t *qsum, int nq,
+                       const void *pool, const int32_t *pages, int n_rows, size_t stride,
+                       size_t off, int n, float scale, float *const *scores);
+    /* n values (a whole number of blocks) rounded to Q8_0 blocks at dst,
+     * bitwise cpu_quantize_row_q8_0 (kv_q8.c): a Q8_0 cache's new rows */
+    void (*quantize_q8_0)(const float *x, void *dst, int64_t n);
     /* specd_argmax's rule over one row (specd_argmax itself or vec_avx2.c) */
     int (*argmax)(const float *x, int n);
     /* dst[i] = x[i] rounded to fp16 (to nearest, ties to even; overflow to
@@ -309,6 +320,18 @@ void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n);
 void cpu_f32_to_f16_row_scalar(uint16_t *dst, const float *x, int n);
 void cpu_kv_rows_q8_scalar(float *dst, const void *pool, const int32_t *pages, int r, int nr,
                            size_t stride, size_t off, int n);
+void cpu_kv_dots_q8_scalar(const int8_t *qv, const float *qd, const int32_t *qsum, int nq,
+                           const void *pool, const int32_t *pages, int n_rows, size_t stride,
+                           size_t off, int n, float scale, float *const *scores);
+/* Gives a set kv_q8.c's Q8_0 cache kernels for the instructions it may
+ * use. */
+typedef enum cpu_kv_q8_level {
+    CPU_KV_Q8_SCALAR,
+    CPU_KV_Q8_AVX2,
+    CPU_KV_Q8_AVX512,
+    CPU_KV_Q8_AVX512VNNI,
+} cpu_kv_q8_level;
+void cpu_kv_q8_install(cpu_kernel_set *ks, cpu_kv_q8_level level);
 /* The kernel set chosen at run time (matmul.c). */
 const cpu_kernel_set *cpu_active_kernels(void);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);

@@ -221,26 +221,6 @@ static inline TAVX2 __m128 dots4_avx2(const float *q, const float *const *rows, 
 
 /* x rounded to fp16 (F16C, to nearest even: specd_f32_to_fp16's rounding,
  * subnormals and overflow included). */
-/* quant_impl.h's kv_rows_q8: per block of 32, the fp16 scale widened by
- * F16C and the int8 values sign-extended and converted (both exact), one
- * multiply each: d * q as the reference rounds it. */
-static TAVX2F16 void kv_rows_q8_avx2(float *dst, const void *pool, const int32_t *pages, int r,
-                                     int nr, size_t stride, size_t off, int n) {
-    for (int i = 0; i < nr; i++) {
-        if (i + SPECD_KV_PAGE_ROWS < nr)
-            cpu_kv_prefetch_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS, stride, off, n);
-        const uint8_t *b = cpu_kv_paged_row_q8(pool, pages, r + i, stride, off);
-        float *o = dst + (size_t)i * n;
-        for (int c = 0; c < n; c += 32, b += 34) {
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(rd_u16(b)));
-            for (int k = 0; k < 4; k++) {
-                const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k)));
-                _mm256_storeu_ps(o + c + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
-            }
-        }
-    }
-}
-
 static TAVX2F16 void f32_to_f16_row_avx2(uint16_t *dst, const float *x, int n) {
     int d = 0;
     for (; d + 8 <= n; d += 8)
@@ -575,7 +555,6 @@ int cpu_vec_avx2(cpu_kernel_set *ks) {
     ks->kv_axpys = kv_axpys_avx2;
     ks->kv_dots_f16 = kv_dots_f16_avx2;
     ks->f32_to_f16_row = f32_to_f16_row_avx2;
-    ks->kv_rows_q8 = kv_rows_q8_avx2;
     ks->kv_axpys_f16 = kv_axpys_f16_avx2;
     ks->kv_dots_block_f16 = kv_dots_block_f16_avx2;
     ks->kv_axpys_block_f16 = kv_axpys_block_f16_avx2;

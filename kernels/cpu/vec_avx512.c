@@ -734,28 +734,8 @@ static __attribute__((target(TBW))) float kv_dots_f16_avx512(const float *q, con
     return m;
 }
 
-/* vec_avx2.c's kv_rows_q8 with a block's 32 values in two zmm */
-static __attribute__((target(TBW))) void kv_rows_q8_avx512(float *dst, const void *pool,
-                                                          const int32_t *pages, int r, int nr,
-                                                          size_t stride, size_t off, int n) {
-    for (int i = 0; i < nr; i++) {
-        if (i + SPECD_KV_PAGE_ROWS < nr)
-            cpu_kv_prefetch_q8(pool, pages, r + i + SPECD_KV_PAGE_ROWS, stride, off, n);
-        const uint8_t *b = cpu_kv_paged_row_q8(pool, pages, r + i, stride, off);
-        float *o = dst + (size_t)i * n;
-        for (int c = 0; c < n; c += 32, b += 34) {
-            const __m512 d = _mm512_set1_ps(_cvtsh_ss(rd_u16(b)));
-            const __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-            const __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)));
-            _mm512_storeu_ps(o + c, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
-            _mm512_storeu_ps(o + c + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
-        }
-    }
-}
-
 void cpu_vec_avx512(cpu_kernel_set *ks) {
     avx2_k = *ks;
-    ks->kv_rows_q8 = kv_rows_q8_avx512; /* the AVX2 kernels this set started from (matmul.c) */
     ks->kv_axpys_block = kv_axpys_block_avx512;
     ks->kv_axpys_block_f16 = kv_axpys_block_f16_avx512;
     ks->kv_dots_block = kv_dots_block_avx512;

@@ -794,6 +794,165 @@ static void test_kv_rows_q8_paths(void **state) {
     assert_true(tested >= 1);
 }
 
+/* kv_dots_q8 (a Q8_0 cache's K side, kv_q8.c) on every path equals its
+ * definition written out here, bit for bit: per block the exact integer
+ * dot of the query's and the row's int8 values, then acc = fma(isum,
+ * dq * dk, acc) over the blocks in order, then acc * scale. Random int8
+ * from -128 to 127 on both sides, fp16 row scales over every finite
+ * exponent, query scales of both signs; heads of 32 to 256 (the vector
+ * kernels) and 288 (their scalar fallback) at an offset into the row;
+ * 1 to 64 queries; row counts that end inside a page, on a page edge
+ * and mid-tile; a scattered page table. Nothing past the rows is
+ * written. */
+static void test_kv_dots_q8_paths(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { KVD = 320, PAGES = 5, ROWS = PAGES * SPECD_KV_PAGE_ROWS, RB = KVD / 32 * 34, MAXQ = 64 };
+    static uint8_t pool[ROWS * RB];
+    uint64_t st = 91;
+    for (size_t i = 0; i < sizeof pool; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        pool[i] = (uint8_t)(st >> 33);
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < KVD / 32; b++) {
+            uint8_t *d = pool + (size_t)r * RB + (size_t)b * 34;
+            if ((d[1] & 0x7C) == 0x7C) d[1] &= 0xBB; /* exponent 31 (inf/NaN) -> finite */
+        }
+    const int32_t pages[PAGES] = {3, 0, 4, 2, 1};
+    static int8_t qv[MAXQ * KVD];
+    static float qd[MAXQ * KVD / 32];
+    for (size_t i = 0; i < sizeof qv; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        qv[i] = (int8_t)(uint8_t)(st >> 33);
+    }
+    for (size_t i = 0; i < sizeof qd / sizeof qd[0]; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        qd[i] = (float)((double)(st >> 40) / (double)(1 << 24) * 8.0 - 4.0) * 1e-2f;
+    }
+    static const int heads[] = {32, 64, 128, 256, 288};
+    static const int n_rows_list[] = {1, 7, 8, 15, 16, 17, 40, ROWS};
+    static const int nqs[] = {1, 3, 16, 48, MAXQ};
+    static float got[MAXQ][ROWS + 1], want[MAXQ][ROWS];
+    float *gp[MAXQ];
+    for (int k = 0; k < MAXQ; k++) gp[k] = got[k];
+    const float scale = 0.125f;
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++) {
+            const int n = heads[hi], nb = n / 32;
+            const size_t off = (size_t)(KVD - n); /* the last head of the row */
+            /* the queries' blocks as the kernel takes them: query k's n
+             * values, scales and sums contiguous */
+            static int8_t q[MAXQ * KVD];
+            static float d[MAXQ * KVD / 32];
+            static int32_t sums[MAXQ * KVD / 32];
+            for (int k = 0; k < MAXQ; k++)
+                for (int b = 0; b < nb; b++) {
+                    int32_t sum = 0;
+                    for (int i = 0; i < 32; i++) {
+                        q[k * n + b * 32 + i] = qv[k * KVD + b * 32 + i];
+                        sum += qv[k * KVD + b * 32 + i];
+                    }
+                    d[k * nb + b] = qd[k * (KVD / 32) + b];
+                    sums[k * nb + b] = sum;
+                }
+            for (int r = 0; r < ROWS; r++) {
+                const int phys = pages[r / SPECD_KV_PAGE_ROWS] * SPECD_KV_PAGE_ROWS +
+                                 r % SPECD_KV_PAGE_ROWS;
+                const uint8_t *row = pool + (size_t)phys * RB + off / 32 * 34;
+                for (int k = 0; k < MAXQ; k++) {
+                    float acc = 0.0f;
+                    for (int b = 0; b < nb; b++) {
+                        const uint8_t *blk = row + b * 34;
+                        int32_t isum = 0;
+                        for (int i = 0; i < 32; i++)
+                            isum += (int32_t)q[k * n + b * 32 + i] * (int32_t)(int8_t)blk[2 + i];
+                        uint16_t h;
+                        memcpy(&h, blk, 2);
+                        acc = fmaf((float)isum, d[k * nb + b] * specd_fp16_to_f32(h), acc);
+                    }
+                    want[k][r] = acc * scale;
+                }
+            }
+            for (size_t ri = 0; ri < sizeof n_rows_list / sizeof n_rows_list[0]; ri++)
+                for (size_t qi = 0; qi < sizeof nqs / sizeof nqs[0]; qi++) {
+                    const int n_rows = n_rows_list[ri], nq = nqs[qi];
+                    memset(got, 0xAB, sizeof got);
+                    cpu_active_kernels()->kv_dots_q8(q, d, sums, nq, pool, pages, n_rows, KVD,
+                                                     off, n, scale, gp);
+                    for (int k = 0; k < nq; k++) {
+                        for (int r = 0; r < n_rows; r++)
+                            if (memcmp(&got[k][r], &want[k][r], sizeof(float)))
+                                fail_msg("%s head %d, %d rows, %d queries: query %d row %d is "
+                                         "%.9g, the definition %.9g",
+                                         paths[pi], n, n_rows, nq, k, r, (double)got[k][r],
+                                         (double)want[k][r]);
+                        const uint8_t guard[4] = {0xAB, 0xAB, 0xAB, 0xAB};
+                        if (memcmp(&got[k][n_rows], guard, 4))
+                            fail_msg("%s head %d, %d rows: query %d written past its rows",
+                                     paths[pi], n, n_rows, k);
+                    }
+                    for (int k = nq; k < MAXQ; k++) {
+                        const uint8_t guard[4] = {0xAB, 0xAB, 0xAB, 0xAB};
+                        if (memcmp(&got[k][0], guard, 4))
+                            fail_msg("%s head %d: query %d of %d written", paths[pi], n, k, nq);
+                    }
+                }
+        }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+}
+
+/* quantize_q8_0 (a Q8_0 cache's new rows) on every path gives
+ * cpu_quantize_row_q8_0's blocks byte for byte: random rows at many
+ * magnitudes, and blocks holding the rounding edges (halves of both signs,
+ * the float just below a half, -0), NaN (stored as 0 and never the max),
+ * inf (its block all 0 with an inf scale), an all-zero block and fp16
+ * subnormal and overflowing scales. */
+static void test_quantize_q8_0_paths(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { N = 32 * 40 };
+    static float x[N];
+    static uint8_t got[N / 32 * 34 + 4], want[N / 32 * 34];
+    uint64_t st = 5;
+    for (int b = 0; b < N / 32; b++) {
+        const float mag = ldexpf(1.0f, b % 20 * 3 - 30);
+        for (int i = 0; i < 32; i++) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            x[b * 32 + i] = ((float)(st >> 40) / (float)(1 << 24) * 2.0f - 1.0f) * mag;
+        }
+    }
+    /* block 0: amax 127, so values land on halves exactly */
+    static const float edge[] = {127.0f, 0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f,
+                                 0x1.fffffep-2f, -0x1.fffffep-2f, -0.0f, 126.5f, -126.5f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) x[i] = edge[i];
+    x[32 + 3] = NAN;                       /* block 1: a NaN among values */
+    x[64 + 7] = INFINITY;                  /* block 2: an inf */
+    for (int i = 0; i < 32; i++) x[96 + i] = 0.0f; /* block 3: zero */
+    x[128 + 5] = 1e-9f;                    /* block 4: d subnormal in fp16 */
+    for (int i = 0; i < 32; i++) x[160 + i] = 1e7f * (float)(i - 16); /* block 5: d overflows fp16 */
+    cpu_quantize_row_q8_0(x, want, N);
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        memset(got, 0xAB, sizeof got);
+        cpu_active_kernels()->quantize_q8_0(x, got, N);
+        for (size_t i = 0; i < sizeof want; i++)
+            if (got[i] != want[i])
+                fail_msg("%s: byte %zu (block %zu) is 0x%02x, the reference 0x%02x", paths[pi], i,
+                         i / 34, got[i], want[i]);
+        if (got[sizeof want] != 0xAB) fail_msg("%s: wrote past the row", paths[pi]);
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -813,6 +972,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_attention_block_kernels),
         cmocka_unit_test(test_softmax_exp_paths),
         cmocka_unit_test(test_kv_rows_q8_paths),
+        cmocka_unit_test(test_kv_dots_q8_paths),
+        cmocka_unit_test(test_quantize_q8_0_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
