@@ -531,10 +531,10 @@ static void task_scores(const kv_view *w, const float *const *qs, int nq, int r0
 
 /* A Q8_0 cache's K side (see "a Q8_0 cache"): the task's nq queries
  * quantized into its thread's buffer, then scores for rows [0, width) of
- * the sequence's KV head kvh. */
+ * the sequence's KV head kvh, and each query's max over rows [0, n_max). */
 static void attn_q8_scores(const attn_job *j, int thread, const specd_step_seq *s, int kvh,
                            const float *const *qs, int nq, int width, float scale,
-                           float *const *ss) {
+                           float *const *ss, int n_max, float *maxs) {
     const cpu_backend *c = j->c;
     const cpu_kernel_set *ks = cpu_active_kernels();
     const int hd = j->head_dim, nb = hd / 32;
@@ -544,7 +544,7 @@ static void attn_q8_scores(const attn_job *j, int thread, const specd_step_seq *
     for (int k = 0; k < nq; k++)
         ks->quantize(qs[k], 1, hd, qv + (size_t)k * hd, qd + k * nb, qsc + k * nb, qsum + k * nb);
     ks->kv_dots_q8(qv, qd, qsum, nq, j->k_pool, s->pages, width, (size_t)j->n_kv_heads * hd,
-                   (size_t)kvh * hd, hd, scale, ss);
+                   (size_t)kvh * hd, hd, scale, ss, n_max, maxs);
 }
 
 /* The V side of rows [0, r0): os[k] += (ss[k][r] * invs[k]) * V_r; a
@@ -633,16 +633,19 @@ static void attn_task(void *ctx, int task, int thread) {
         /* every row the block sees, by the integer kernel: a query's
          * softmax below stops at its own token's row, and a tree's rows a
          * query may not see are masked */
-        attn_q8_scores(j, thread, s, kvh, qs, nq, width, scale, ss);
+        const int n_max = s->n_past + (s->mask ? 0 : i0 + 1); /* rows every query sees */
+        attn_q8_scores(j, thread, s, kvh, qs, nq, width, scale, ss, n_max, maxs);
         for (int k = 0; k < nq; k++) {
             int i = i0 + tok[k], n_rows = tree ? width : s->n_past + i + 1;
             float *sc = ss[k];
-            if (s->mask)
-                for (int r = s->n_past; r < n_rows; r++)
-                    if (r > s->n_past + i || !s->mask[(size_t)i * s->n_new + (r - s->n_past)])
-                        sc[r] = -INFINITY;
-            float m = sc[ks->argmax(sc, n_rows)];
-            maxs[k] = isnan(m) ? -INFINITY : m;
+            for (int r = n_max; r < n_rows; r++) {
+                if (s->mask &&
+                    (r > s->n_past + i || !s->mask[(size_t)i * s->n_new + (r - s->n_past)])) {
+                    sc[r] = -INFINITY;
+                    continue;
+                }
+                if (sc[r] > maxs[k]) maxs[k] = sc[r]; /* NaN never the max, as in the kernel */
+            }
         }
     } else {
         if (r0 > 0) task_scores(&w, qs, nq, r0, hd, scale, ss, maxs);

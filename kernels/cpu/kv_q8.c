@@ -58,9 +58,11 @@ void cpu_kv_rows_q8_scalar(float *dst, const void *pool, const int32_t *pages, i
 
 void cpu_kv_dots_q8_scalar(const int8_t *qv, const float *qd, const int32_t *qsum, int nq,
                            const void *pool, const int32_t *pages, int n_rows, size_t stride,
-                           size_t off, int n, float scale, float *const *scores) {
+                           size_t off, int n, float scale, float *const *scores, int n_max,
+                           float *maxs) {
     (void)qsum; /* the VNNI kernel's correction term only */
     const int nb = n / 32;
+    for (int k = 0; k < nq; k++) maxs[k] = -INFINITY;
     for (int r = 0; r < n_rows; r++) {
         const uint8_t *kr = cpu_kv_paged_row_q8(pool, pages, r, stride, off);
         for (int k = 0; k < nq; k++) {
@@ -75,6 +77,7 @@ void cpu_kv_dots_q8_scalar(const int8_t *qv, const float *qd, const int32_t *qsu
                 acc = fmaf((float)isum, qd[(size_t)k * nb + b] * dk, acc);
             }
             scores[k][r] = acc * scale;
+            if (r < n_max && scores[k][r] > maxs[k]) maxs[k] = scores[k][r]; /* NaN never */
         }
     }
 }
@@ -148,11 +151,11 @@ static inline TAVX2F16 void transpose8_epi32(const __m256i *in, __m256i *out) {
 static TAVX2F16 void kv_dots_q8_avx2(const int8_t *qv, const float *qd, const int32_t *qsum,
                                      int nq, const void *pool, const int32_t *pages, int n_rows,
                                      size_t stride, size_t off, int n, float scale,
-                                     float *const *scores) {
+                                     float *const *scores, int n_max, float *maxs) {
     const int nb = n / 32;
     if (nb > KQ8_MAX_BLOCKS || nq > CPU_ATTN_MAXQ) {
         cpu_kv_dots_q8_scalar(qv, qd, qsum, nq, pool, pages, n_rows, stride, off, n, scale,
-                              scores);
+                              scores, n_max, maxs);
         return;
     }
     const size_t rowb = stride / 32 * sizeof(blk_q8_0);
@@ -164,6 +167,9 @@ static TAVX2F16 void kv_dots_q8_avx2(const int8_t *qv, const float *qd, const in
         _mm256_storeu_si256((__m256i *)(qo + 8 * i), _mm256_srai_epi16(v, 8));
     }
     const __m256 vscale = _mm256_set1_ps(scale);
+    /* each query's running max, lane-wise over the rows below n_max */
+    __m256 vmax[CPU_ATTN_MAXQ];
+    for (int k = 0; k < nq; k++) vmax[k] = _mm256_set1_ps(-INFINITY);
     __m256i te[KQ8_MAX_BLOCKS][8], to[KQ8_MAX_BLOCKS][8];
     __m256 dk[KQ8_MAX_BLOCKS];
     for (int r0 = 0; r0 < n_rows; r0 += 8) {
@@ -188,8 +194,9 @@ static TAVX2F16 void kv_dots_q8_avx2(const int8_t *qv, const float *qd, const in
             }
             dk[b] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
         }
-        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lanes);
+        const __m256 inmax = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n_max - r0), lanes));
         for (int k = 0; k < nq; k++) {
             __m256 acc = _mm256_setzero_ps();
             for (int b = 0; b < nb; b++) {
@@ -202,8 +209,16 @@ static TAVX2F16 void kv_dots_q8_avx2(const int8_t *qv, const float *qd, const in
                 const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(qd[(size_t)k * nb + b]), dk[b]);
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc);
             }
-            _mm256_maskstore_ps(scores[k] + r0, keep, _mm256_mul_ps(acc, vscale));
+            const __m256 sc = _mm256_mul_ps(acc, vscale);
+            _mm256_maskstore_ps(scores[k] + r0, keep, sc);
+            /* max's second operand on NaN: a NaN score never becomes it */
+            vmax[k] = _mm256_blendv_ps(vmax[k], _mm256_max_ps(sc, vmax[k]), inmax);
         }
+    }
+    for (int k = 0; k < nq; k++) {
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax[k]), _mm256_extractf128_ps(vmax[k], 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        maxs[k] = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
     }
 }
 
@@ -278,11 +293,12 @@ static TAVX512 void kv_rows_q8_avx512(float *dst, const void *pool, const int32_
 static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const int32_t *qsum,
                                         int nq, const void *pool, const int32_t *pages,
                                         int n_rows, size_t stride, size_t off, int n,
-                                        float scale, float *const *scores) {
+                                        float scale, float *const *scores, int n_max,
+                                        float *maxs) {
     const int nb = n / 32;
     if (nb > KQ8_MAX_BLOCKS || nq > CPU_ATTN_MAXQ) {
         cpu_kv_dots_q8_scalar(qv, qd, qsum, nq, pool, pages, n_rows, stride, off, n, scale,
-                              scores);
+                              scores, n_max, maxs);
         return;
     }
     const size_t rowb = stride / 32 * sizeof(blk_q8_0);
@@ -296,6 +312,9 @@ static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)rowb));
     const __m512 vscale = _mm512_set1_ps(scale);
+    /* each query's running max, lane-wise over the rows below n_max */
+    __m512 vmax[CPU_ATTN_MAXQ];
+    for (int k = 0; k < nq; k++) vmax[k] = _mm512_set1_ps(-INFINITY);
     __m512i tile[KQ8_MAX_BLOCKS][8];
     __m512 dk[KQ8_MAX_BLOCKS];
     for (int r0 = 0; r0 < n_rows; r0 += SPECD_KV_PAGE_ROWS) {
@@ -303,6 +322,8 @@ static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const
          * stored */
         const int nr = n_rows - r0 < SPECD_KV_PAGE_ROWS ? n_rows - r0 : SPECD_KV_PAGE_ROWS;
         const __mmask16 keep = (__mmask16)((1u << nr) - 1u);
+        const int nm = n_max - r0 < 0 ? 0 : n_max - r0 < 16 ? n_max - r0 : 16;
+        const __mmask16 inmax = (__mmask16)((1u << nm) - 1u);
         const uint8_t *base = cpu_kv_paged_row_q8(pool, pages, r0, stride, off);
         prefetch_next_page(pool, pages, r0, n_rows, stride, off, n);
         for (int b = 0; b < nb; b++) {
@@ -342,9 +363,13 @@ static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const
                 const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(qd[(size_t)k * nb + b]), dk[b]);
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, acc);
             }
-            _mm512_mask_storeu_ps(scores[k] + r0, keep, _mm512_mul_ps(acc, vscale));
+            const __m512 sc = _mm512_mul_ps(acc, vscale);
+            _mm512_mask_storeu_ps(scores[k] + r0, keep, sc);
+            /* max's second operand on NaN: a NaN score never becomes it */
+            vmax[k] = _mm512_mask_max_ps(vmax[k], inmax, sc, vmax[k]);
         }
     }
+    for (int k = 0; k < nq; k++) maxs[k] = _mm512_reduce_max_ps(vmax[k]);
 }
 #endif
 

@@ -279,10 +279,13 @@ typedef struct cpu_kernel_set {
      * `quantize` (query k: n int8 at qv + k * n, its n / 32 blocks' scales
      * and sums at qd, qsum + k * n / 32): scores[k][r] for rows [0,
      * n_rows), by integer dots per block and kv_q8.c's fixed fp32
-     * epilogue, bitwise cpu_kv_dots_q8_scalar on every path (kv_q8.c) */
+     * epilogue, bitwise cpu_kv_dots_q8_scalar on every path (kv_q8.c);
+     * maxs[k] = the largest of query k's scores of rows [0, n_max) (a
+     * NaN never; -inf if none) */
     void (*kv_dots_q8)(const int8_t *qv, const float *qd, const int32_t *qsum, int nq,
                        const void *pool, const int32_t *pages, int n_rows, size_t stride,
-                       size_t off, int n, float scale, float *const *scores);
+                       size_t off, int n, float scale, float *const *scores, int n_max,
+                       float *maxs);
     /* n values (a whole number of blocks) rounded to Q8_0 blocks at dst,
      * bitwise cpu_quantize_row_q8_0 (kv_q8.c): a Q8_0 cache's new rows */
     void (*quantize_q8_0)(const float *x, void *dst, int64_t n);
@@ -322,7 +325,8 @@ void cpu_kv_rows_q8_scalar(float *dst, const void *pool, const int32_t *pages, i
                            size_t stride, size_t off, int n);
 void cpu_kv_dots_q8_scalar(const int8_t *qv, const float *qd, const int32_t *qsum, int nq,
                            const void *pool, const int32_t *pages, int n_rows, size_t stride,
-                           size_t off, int n, float scale, float *const *scores);
+                           size_t off, int n, float scale, float *const *scores, int n_max,
+                           float *maxs);
 /* Gives a set kv_q8.c's Q8_0 cache kernels for the instructions it may
  * use. */
 typedef enum cpu_kv_q8_level {

@@ -802,8 +802,9 @@ static void test_kv_rows_q8_paths(void **state) {
  * exponent, query scales of both signs; heads of 32 to 256 (the vector
  * kernels) and 288 (their scalar fallback) at an offset into the row;
  * 1 to 64 queries; row counts that end inside a page, on a page edge
- * and mid-tile; a scattered page table. Nothing past the rows is
- * written. */
+ * and mid-tile; a scattered page table. Each query's max over the first
+ * n_max rows (n_rows, or 3 or 6 fewer, or none) is the largest score
+ * there. Nothing past the rows is written. */
 static void test_kv_dots_q8_paths(void **state) {
     (void)state;
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
@@ -881,8 +882,19 @@ static void test_kv_dots_q8_paths(void **state) {
                 for (size_t qi = 0; qi < sizeof nqs / sizeof nqs[0]; qi++) {
                     const int n_rows = n_rows_list[ri], nq = nqs[qi];
                     memset(got, 0xAB, sizeof got);
+                    const int n_max = n_rows - (int)(ri % 3) * 3 < 0 ? 0 : n_rows - (int)(ri % 3) * 3;
+                    float maxs[MAXQ];
                     cpu_active_kernels()->kv_dots_q8(q, d, sums, nq, pool, pages, n_rows, KVD,
-                                                     off, n, scale, gp);
+                                                     off, n, scale, gp, n_max, maxs);
+                    for (int k = 0; k < nq; k++) {
+                        float m = -INFINITY;
+                        for (int r = 0; r < n_max; r++)
+                            if (want[k][r] > m) m = want[k][r];
+                        if (memcmp(&m, &maxs[k], sizeof m))
+                            fail_msg("%s head %d, %d rows, max over %d: query %d's max is %.9g, "
+                                     "want %.9g",
+                                     paths[pi], n, n_rows, n_max, k, (double)maxs[k], (double)m);
+                    }
                     for (int k = 0; k < nq; k++) {
                         for (int r = 0; r < n_rows; r++)
                             if (memcmp(&got[k][r], &want[k][r], sizeof(float)))
