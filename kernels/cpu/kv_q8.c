@@ -285,11 +285,33 @@ static TAVX512 void kv_rows_q8_avx512(float *dst, const void *pool, const int32_
     }
 }
 
-/* The K side with a page of 16 rows in the lanes, by vpdpbusd. Per block,
- * z[j] = (row j | row j + 8) and the 8 x 8 transpose of each 256-bit half
- * leaves u[p] = (dword p, rows 0-3 | dword p + 4, rows 0-3 | dword p, rows
+/* out[p] lane l = dword p of row l, for 16 rows of 8 dwords given as z[j]
+ * = (row j | row j + 8): transpose8_epi32's unpacks on each 256-bit half
+ * leave u[p] = (dword p, rows 0-3 | dword p + 4, rows 0-3 | dword p, rows
  * 8-11 | dword p + 4, rows 8-11) and u[p + 4] the same of rows 4-7 and
  * 12-15; one vpermt2q each puts the 16 rows of a dword in order. */
+static inline TVNNI void transpose16x8_epi32(const __m512i *z, __m512i *out) {
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    for (int p = 0; p < 4; p++) {
+        out[p] = _mm512_permutex2var_epi64(u[p], lo, u[p + 4]);
+        out[p + 4] = _mm512_permutex2var_epi64(u[p], hi, u[p + 4]);
+    }
+}
+
+/* The K side with a page of 16 rows in the lanes, by vpdpbusd on the
+ * rows' transposed bytes. */
 static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const int32_t *qsum,
                                         int nq, const void *pool, const int32_t *pages,
                                         int n_rows, size_t stride, size_t off, int n,
@@ -305,8 +327,6 @@ static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const
     /* vpdpbusd sums (k + 128) * q: start each block at -128 * sum(q) */
     int32_t corr[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS];
     for (int i = 0; i < nq * nb; i++) corr[i] = -128 * qsum[i];
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i rowoff = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -329,26 +349,13 @@ static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = base + (size_t)b * sizeof(blk_q8_0);
             const uint8_t *qs = blk + offsetof(blk_q8_0, qs);
-            __m512i z[8], t[8], u[8];
+            __m512i z[8];
             for (int j = 0; j < 8; j++)
                 z[j] = _mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + (size_t)j * rowb))),
                     _mm256_loadu_si256((const __m256i *)(qs + (size_t)(j + 8) * rowb)), 1);
-            for (int i = 0; i < 4; i++) {
-                t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
-                t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
-            }
-            for (int h = 0; h < 2; h++) {
-                u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-                u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-                u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-                u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-            }
-            for (int p = 0; p < 4; p++) {
-                tile[b][p] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[p], lo, u[p + 4]), flip);
-                tile[b][p + 4] =
-                    _mm512_xor_si512(_mm512_permutex2var_epi64(u[p], hi, u[p + 4]), flip);
-            }
+            transpose16x8_epi32(z, tile[b]);
+            for (int p = 0; p < 8; p++) tile[b][p] = _mm512_xor_si512(tile[b][p], flip);
             /* the 16 rows' scales: the low half of the dword at each block */
             const __m512i dw = _mm512_i32gather_epi32(rowoff, (const void *)blk, 1);
             dk[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
