@@ -24,9 +24,12 @@
  *     48 queries pay for that shuffle once. AVX-512 VNNI multiplies with
  *     vpdpbusd (unsigned x signed bytes): the tile is stored as K + 128
  *     (the sign bit flipped) and the accumulator starts at -128 * sum(q),
- *     which the quantizer gives. AVX2 has no such instruction without
- *     saturation, so it splits each group into its even and odd bytes
- *     sign-extended to int16 and multiplies with vpmaddwd.
+ *     which the quantizer gives. Plain AVX2's byte multiply (vpmaddubsw)
+ *     saturates, so the AVX2 kernel (which the avxvnni and AVX-512 sets
+ *     without VNNI share) splits each group into its even and odd bytes
+ *     sign-extended to int16 and multiplies with vpmaddwd. The kernels
+ *     also give each query's max over the rows every query of its block
+ *     sees, which softmax needs.
  *
  *   V side (kv_rows_q8): rows dequantized to fp32 (d * q, exact), which
  *     the fp32 V kernels then read (cpu_backend.c, "a Q8_0 cache").
