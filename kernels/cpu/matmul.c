@@ -91,7 +91,7 @@ static void detect(void) {
     }
 #endif
     static const cpu_kv_q8_level q8_level[N_SETS] = {CPU_KV_Q8_SCALAR, CPU_KV_Q8_AVX2,
-                                                     CPU_KV_Q8_AVX2, CPU_KV_Q8_AVX512,
+                                                     CPU_KV_Q8_AVXVNNI, CPU_KV_Q8_AVX512,
                                                      CPU_KV_Q8_AVX512VNNI};
     for (int i = 0; i < N_SETS; i++) {
         g_sets[i].name = k_set_names[i];

@@ -332,6 +332,7 @@ void cpu_kv_dots_q8_scalar(const int8_t *qv, const float *qd, const int32_t *qsu
 typedef enum cpu_kv_q8_level {
     CPU_KV_Q8_SCALAR,
     CPU_KV_Q8_AVX2,
+    CPU_KV_Q8_AVXVNNI,
     CPU_KV_Q8_AVX512,
     CPU_KV_Q8_AVX512VNNI,
 } cpu_kv_q8_level;
