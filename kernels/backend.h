@@ -235,11 +235,12 @@ extern const char *const specd_precision_names[];
  * as int8 with one fp16 scale, 34 bytes where fp16 takes 64, so the cache
  * holds 1.88x the tokens of fp16 in the same memory and a long-context
  * step reads 53% of the bytes. Rounding is to the nearest of 255 levels per
- * block (about 2 decimal digits against fp16's 3). The attention
- * arithmetic stays fp32: a row is dequantized exactly (int8 times an fp16
- * scale fits an fp32 significand) and then takes the fp32 kernels, so a
- * result is bit for bit fp32 attention over the dequantized cache, on
- * every SIMD path and in any batch. Heads must be a multiple of 32 wide. */
+ * block (about 2 decimal digits against fp16's 3). q . K is computed as
+ * llama.cpp computes it for such a cache: the query rounded to int8 blocks,
+ * an exact integer dot per block, one fp32 fma per block in a fixed order
+ * (kernels/cpu/kv_q8.c); softmax and the V side stay fp32 over exactly
+ * dequantized rows. Each result is fixed per row: the same bits on every
+ * SIMD path and in any batch. Heads must be a multiple of 32 wide. */
 typedef enum specd_kv_dtype {
     SPECD_KV_AUTO = 0,
     SPECD_KV_F32 = 1,

@@ -1441,7 +1441,8 @@ static int smol_present(void) { return test_file_exists(test_path(SMOL)); }
 /* A target with a Q8_0 KV cache (kv_cache_dtype q8_0): the coarser cache
  * changes the numbers, not the rule, so every drafter and tree shape
  * still gives exactly the target's own plain greedy text (its verify rows
- * read the same dequantized cache as its decode rows). */
+ * take the same per-row arithmetic over the same cache as its decode
+ * rows). */
 static void test_smol_q8_cache(void **state) {
     (void)state;
     if (!smol_present()) {
