@@ -25,10 +25,10 @@
  *     vpdpbusd (unsigned x signed bytes): the tile is stored as K + 128
  *     (the sign bit flipped) and the accumulator starts at -128 * sum(q),
  *     which the quantizer gives. Plain AVX2's byte multiply (vpmaddubsw)
- *     saturates, so the AVX2 kernel (which the AVX-512 set without VNNI
- *     shares) splits each group into its even and odd bytes sign-extended
- *     to int16 and multiplies with vpmaddwd; AVX2 CPUs with AVX-VNNI take
- *     vpdpbusd on 8 lanes as AVX-512 VNNI does. The kernels
+ *     saturates, so the AVX2 kernel (and the AVX-512 one without VNNI,
+ *     on 16 lanes) splits each group into its even and odd bytes
+ *     sign-extended to int16 and multiplies with vpmaddwd; AVX2 CPUs with
+ *     AVX-VNNI take vpdpbusd on 8 lanes as AVX-512 VNNI does. The kernels
  *     also give each query's max over the rows every query of its block
  *     sees, which softmax needs.
  *
@@ -357,7 +357,7 @@ static TAVX512 void kv_rows_q8_avx512(float *dst, const void *pool, const int32_
  * leave u[p] = (dword p, rows 0-3 | dword p + 4, rows 0-3 | dword p, rows
  * 8-11 | dword p + 4, rows 8-11) and u[p + 4] the same of rows 4-7 and
  * 12-15; one vpermt2q each puts the 16 rows of a dword in order. */
-static inline TVNNI void transpose16x8_epi32(const __m512i *z, __m512i *out) {
+static inline TAVX512 void transpose16x8_epi32(const __m512i *z, __m512i *out) {
     const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     __m512i t[8], u[8];
@@ -375,6 +375,83 @@ static inline TVNNI void transpose16x8_epi32(const __m512i *z, __m512i *out) {
         out[p] = _mm512_permutex2var_epi64(u[p], lo, u[p + 4]);
         out[p + 4] = _mm512_permutex2var_epi64(u[p], hi, u[p + 4]);
     }
+}
+
+/* A page's 16 rows from blk (rowb bytes apart) of one block: t[p] lane l
+ * = dword p of row l's 32 int8 values, and the rows' scales widened (the
+ * low half of the dword at each block, gathered). */
+static inline TAVX512 void tile16_q8(const uint8_t *blk, size_t rowb, __m512i rowoff, __m512i *t,
+                                    __m512 *dk) {
+    const uint8_t *qs = blk + offsetof(blk_q8_0, qs);
+    __m512i z[8];
+    for (int j = 0; j < 8; j++)
+        z[j] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + (size_t)j * rowb))),
+            _mm256_loadu_si256((const __m256i *)(qs + (size_t)(j + 8) * rowb)), 1);
+    transpose16x8_epi32(z, t);
+    *dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(rowoff, (const void *)blk, 1)));
+}
+
+/* kv_dots_q8_avx2's even/odd int16 split and vpmaddwd on a page of 16
+ * rows, for AVX-512 CPUs without VNNI (Skylake-SP). */
+static TAVX512 void kv_dots_q8_avx512(const int8_t *qv, const float *qd, const int32_t *qsum,
+                                      int nq, const void *pool, const int32_t *pages, int n_rows,
+                                      size_t stride, size_t off, int n, float scale,
+                                      float *const *scores, int n_max, float *maxs) {
+    const int nb = n / 32;
+    if (nb > KQ8_MAX_BLOCKS || nq > CPU_ATTN_MAXQ) {
+        cpu_kv_dots_q8_scalar(qv, qd, qsum, nq, pool, pages, n_rows, stride, off, n, scale,
+                              scores, n_max, maxs);
+        return;
+    }
+    const size_t rowb = stride / 32 * sizeof(blk_q8_0);
+    int32_t qe[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS * 8], qo[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS * 8];
+    for (int i = 0; i < nq * nb; i++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qv + (size_t)i * 32));
+        _mm256_storeu_si256((__m256i *)(qe + 8 * i), _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8));
+        _mm256_storeu_si256((__m256i *)(qo + 8 * i), _mm256_srai_epi16(v, 8));
+    }
+    const __m512i rowoff = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)rowb));
+    const __m512 vscale = _mm512_set1_ps(scale);
+    __m512 vmax[CPU_ATTN_MAXQ];
+    for (int k = 0; k < nq; k++) vmax[k] = _mm512_set1_ps(-INFINITY);
+    __m512i te[KQ8_MAX_BLOCKS][8], to[KQ8_MAX_BLOCKS][8];
+    __m512 dk[KQ8_MAX_BLOCKS];
+    for (int r0 = 0; r0 < n_rows; r0 += SPECD_KV_PAGE_ROWS) {
+        const int nr = n_rows - r0 < SPECD_KV_PAGE_ROWS ? n_rows - r0 : SPECD_KV_PAGE_ROWS;
+        const __mmask16 keep = (__mmask16)((1u << nr) - 1u);
+        const int nm = n_max - r0 < 0 ? 0 : n_max - r0 < 16 ? n_max - r0 : 16;
+        const __mmask16 inmax = (__mmask16)((1u << nm) - 1u);
+        const uint8_t *base = cpu_kv_paged_row_q8(pool, pages, r0, stride, off);
+        prefetch_next_page(pool, pages, r0, n_rows, stride, off, n);
+        for (int b = 0; b < nb; b++) {
+            __m512i t[8];
+            tile16_q8(base + (size_t)b * sizeof(blk_q8_0), rowb, rowoff, t, &dk[b]);
+            for (int p = 0; p < 8; p++) {
+                te[b][p] = _mm512_srai_epi16(_mm512_slli_epi16(t[p], 8), 8);
+                to[b][p] = _mm512_srai_epi16(t[p], 8);
+            }
+        }
+        for (int k = 0; k < nq; k++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                const int32_t *e = qe + ((size_t)k * nb + b) * 8, *o = qo + ((size_t)k * nb + b) * 8;
+                __m512i s = _mm512_setzero_si512();
+                for (int p = 0; p < 8; p++) {
+                    s = _mm512_add_epi32(s, _mm512_madd_epi16(te[b][p], _mm512_set1_epi32(e[p])));
+                    s = _mm512_add_epi32(s, _mm512_madd_epi16(to[b][p], _mm512_set1_epi32(o[p])));
+                }
+                const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(qd[(size_t)k * nb + b]), dk[b]);
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd, acc);
+            }
+            const __m512 sc = _mm512_mul_ps(acc, vscale);
+            _mm512_mask_storeu_ps(scores[k] + r0, keep, sc);
+            vmax[k] = _mm512_mask_max_ps(vmax[k], inmax, sc, vmax[k]);
+        }
+    }
+    for (int k = 0; k < nq; k++) maxs[k] = _mm512_reduce_max_ps(vmax[k]);
 }
 
 /* The K side with a page of 16 rows in the lanes, by vpdpbusd on the
@@ -414,18 +491,8 @@ static TVNNI void kv_dots_q8_avx512vnni(const int8_t *qv, const float *qd, const
         const uint8_t *base = cpu_kv_paged_row_q8(pool, pages, r0, stride, off);
         prefetch_next_page(pool, pages, r0, n_rows, stride, off, n);
         for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = base + (size_t)b * sizeof(blk_q8_0);
-            const uint8_t *qs = blk + offsetof(blk_q8_0, qs);
-            __m512i z[8];
-            for (int j = 0; j < 8; j++)
-                z[j] = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + (size_t)j * rowb))),
-                    _mm256_loadu_si256((const __m256i *)(qs + (size_t)(j + 8) * rowb)), 1);
-            transpose16x8_epi32(z, tile[b]);
+            tile16_q8(base + (size_t)b * sizeof(blk_q8_0), rowb, rowoff, tile[b], &dk[b]);
             for (int p = 0; p < 8; p++) tile[b][p] = _mm512_xor_si512(tile[b][p], flip);
-            /* the 16 rows' scales: the low half of the dword at each block */
-            const __m512i dw = _mm512_i32gather_epi32(rowoff, (const void *)blk, 1);
-            dk[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
         }
         for (int k = 0; k < nq; k++) {
             __m512 acc = _mm512_setzero_ps();
@@ -458,7 +525,8 @@ void cpu_kv_q8_install(cpu_kernel_set *ks, cpu_kv_q8_level level) {
     switch (level) {
     case CPU_KV_Q8_AVXVNNI: ks->kv_dots_q8 = kv_dots_q8_avxvnni; break;
     case CPU_KV_Q8_AVX512VNNI: ks->kv_dots_q8 = kv_dots_q8_avx512vnni; break;
-    default: ks->kv_dots_q8 = kv_dots_q8_avx2; /* AVX2, and AVX-512 without VNNI */
+    case CPU_KV_Q8_AVX512: ks->kv_dots_q8 = kv_dots_q8_avx512; break;
+    default: ks->kv_dots_q8 = kv_dots_q8_avx2;
     }
 #else
     (void)level;
