@@ -163,6 +163,17 @@ static inline TAVX2F16 void tile8_q8(const uint8_t *blk, size_t rowb, __m256i *t
     *dk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
 }
 
+/* Each of nblk query blocks' 8 groups of 4 bytes (x0 x1 x2 x3) as the
+ * int16 pairs (x0, x2) in qe and (x1, x3) in qo, the vpmaddwd kernels'
+ * operands. */
+static inline TAVX2F16 void split_even_odd(const int8_t *qv, int nblk, int32_t *qe, int32_t *qo) {
+    for (int i = 0; i < nblk; i++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qv + (size_t)i * 32));
+        _mm256_storeu_si256((__m256i *)(qe + 8 * i), _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8));
+        _mm256_storeu_si256((__m256i *)(qo + 8 * i), _mm256_srai_epi16(v, 8));
+    }
+}
+
 /* The largest of 8 lanes (no NaN among them). */
 static inline TAVX2F16 float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -185,13 +196,8 @@ static TAVX2F16 void kv_dots_q8_avx2(const int8_t *qv, const float *qd, const in
         return;
     }
     const size_t rowb = stride / 32 * sizeof(blk_q8_0);
-    /* each query block's 8 groups as the even-byte and odd-byte pairs */
     int32_t qe[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS * 8], qo[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS * 8];
-    for (int i = 0; i < nq * nb; i++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qv + (size_t)i * 32));
-        _mm256_storeu_si256((__m256i *)(qe + 8 * i), _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8));
-        _mm256_storeu_si256((__m256i *)(qo + 8 * i), _mm256_srai_epi16(v, 8));
-    }
+    split_even_odd(qv, nq * nb, qe, qo);
     const __m256 vscale = _mm256_set1_ps(scale);
     /* each query's running max, lane-wise over the rows below n_max */
     __m256 vmax[CPU_ATTN_MAXQ];
@@ -406,11 +412,7 @@ static TAVX512 void kv_dots_q8_avx512(const int8_t *qv, const float *qd, const i
     }
     const size_t rowb = stride / 32 * sizeof(blk_q8_0);
     int32_t qe[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS * 8], qo[CPU_ATTN_MAXQ * KQ8_MAX_BLOCKS * 8];
-    for (int i = 0; i < nq * nb; i++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qv + (size_t)i * 32));
-        _mm256_storeu_si256((__m256i *)(qe + 8 * i), _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8));
-        _mm256_storeu_si256((__m256i *)(qo + 8 * i), _mm256_srai_epi16(v, 8));
-    }
+    split_even_odd(qv, nq * nb, qe, qo);
     const __m512i rowoff = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)rowb));
