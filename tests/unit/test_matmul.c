@@ -742,6 +742,23 @@ static void test_argmax_paths(void **state) {
     free(x);
 }
 
+/* rows x kvd values of Q8_0 blocks with random bytes: int8 from -128 to
+ * 127 and fp16 scales of every finite exponent (an inf/NaN exponent is
+ * cleared). Returns the generator's state, for more draws after. */
+static uint64_t random_q8_pool(uint8_t *pool, int rows, int kvd, uint64_t st) {
+    const size_t rb = (size_t)kvd / 32 * 34;
+    for (size_t i = 0; i < (size_t)rows * rb; i++) {
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        pool[i] = (uint8_t)(st >> 33);
+    }
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < kvd / 32; b++) {
+            uint8_t *d = pool + (size_t)r * rb + (size_t)b * 34;
+            if ((d[1] & 0x7C) == 0x7C) d[1] &= 0xBB; /* exponent 31 (inf/NaN) -> finite */
+        }
+    return st;
+}
+
 /* kv_rows_q8 (a Q8_0 KV cache's rows into fp32) on every path equals the
  * reference dequantizer bit for bit, over random block bytes: int8 values
  * from -128 to 127 and fp16 scales from subnormal to 65504 (every finite
@@ -753,16 +770,7 @@ static void test_kv_rows_q8_paths(void **state) {
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
     enum { KVD = 256, PAGES = 4, ROWS = PAGES * SPECD_KV_PAGE_ROWS, RB = KVD / 32 * 34 };
     static uint8_t pool[ROWS * RB];
-    uint64_t st = 77;
-    for (size_t i = 0; i < sizeof pool; i++) {
-        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
-        pool[i] = (uint8_t)(st >> 33);
-    }
-    for (int r = 0; r < ROWS; r++)
-        for (int b = 0; b < KVD / 32; b++) {
-            uint8_t *d = pool + (size_t)r * RB + (size_t)b * 34;
-            if ((d[1] & 0x7C) == 0x7C) d[1] &= 0xBB; /* exponent 31 (inf/NaN) -> finite */
-        }
+    random_q8_pool(pool, ROWS, KVD, 77);
     const int32_t pages[PAGES] = {2, 0, 3, 1};
     static const int heads[] = {32, 64, 128};
     static float got[ROWS * 128 + 1], want[ROWS * 128];
@@ -810,16 +818,7 @@ static void test_kv_dots_q8_paths(void **state) {
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
     enum { KVD = 320, PAGES = 5, ROWS = PAGES * SPECD_KV_PAGE_ROWS, RB = KVD / 32 * 34, MAXQ = 64 };
     static uint8_t pool[ROWS * RB];
-    uint64_t st = 91;
-    for (size_t i = 0; i < sizeof pool; i++) {
-        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
-        pool[i] = (uint8_t)(st >> 33);
-    }
-    for (int r = 0; r < ROWS; r++)
-        for (int b = 0; b < KVD / 32; b++) {
-            uint8_t *d = pool + (size_t)r * RB + (size_t)b * 34;
-            if ((d[1] & 0x7C) == 0x7C) d[1] &= 0xBB; /* exponent 31 (inf/NaN) -> finite */
-        }
+    uint64_t st = random_q8_pool(pool, ROWS, KVD, 91);
     const int32_t pages[PAGES] = {3, 0, 4, 2, 1};
     static int8_t qv[MAXQ * KVD];
     static float qd[MAXQ * KVD / 32];
