@@ -75,7 +75,8 @@ int specd_session_tree_from_pb(specd_session *s, const Specd__V1__VerifyTree *pb
     *out = (specd_session_tree_req){.step = pb->step, .n_tokens = pb->n_tokens,
                                     .n_parents = pb->n_parents, .tokens = pb->tokens,
                                     .parents = pb->parents,
-                                    .hidden_via_ipc = pb->hidden_via_ipc, .n_q = pb->n_q,
+                                    .hidden_via_ipc = pb->hidden_via_ipc,
+                                    .plain_steps = pb->plain_steps, .n_q = pb->n_q,
                                     .bad_q = -1};
     if (pb->n_q == 0) return 0;
     if (pb->n_q > (size_t)s->lim.max_tree_tokens + 1) {
@@ -206,12 +207,13 @@ static void ipc_grant(specd_target_service *svc, specd_session *s,
 }
 
 /* Sends one VerifyResponse. `hidden` NULL = no hidden state in it; `lp` NULL =
- * no log-probabilities, else lp->lp holds one per emitted token (n_acc + 1). */
+ * no log-probabilities, else lp->lp holds one per emitted token (n_acc + 1);
+ * max_plain: the answer to Open's max_plain_steps (0 on later steps). */
 static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t step,
                        const int32_t *acc, const int32_t *acc_nodes, int n_acc, int32_t next,
                        const float *hidden, uint16_t *h16, lp_bufs *lp,
                        Specd__V1__FinishReason fr, const specd_work *w,
-                       specd_ipc_export *ipc, int via_ipc) {
+                       specd_ipc_export *ipc, int via_ipc, uint32_t max_plain) {
     Specd__V1__VerifyResponse r = SPECD__V1__VERIFY_RESPONSE__INIT;
     Specd__V1__StepTimings tm = SPECD__V1__STEP_TIMINGS__INIT;
     Specd__V1__CudaIpcGrant grant = SPECD__V1__CUDA_IPC_GRANT__INIT;
@@ -232,6 +234,7 @@ static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t st
     r.accepted = (int32_t *)acc;
     r.accepted_nodes = (int32_t *)acc_nodes;
     r.next_token = next;
+    r.max_plain_steps = max_plain;
     if (hidden) {
         /* fp16 halves the bytes on the wire; the speculator works in low
          * precision anyway. Little-endian as the proto says (the host is). */
@@ -268,6 +271,49 @@ static int run_work(specd_target_service *svc, specd_rpc_call *c, specd_work *w)
     if (rc == SPECD_WORK_NO_PAGES)
         specd_rpc_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, w->err.msg);
     return rc;
+}
+
+/* Verifies the tree s->tree describes (specd_session_tree checked it) as
+ * Tree `step` and sends the answer, with the hidden state when `hidden`
+ * (through the IPC buffer when via_ipc). 1 when the call is over (the step
+ * failed or the client is gone), else 0. */
+static int tree_step(specd_target_service *svc, specd_rpc_call *c, specd_session *s, int slot,
+                     uint32_t step, int hidden, int via_ipc, verify_bufs *b) {
+    specd_finish fr;
+    specd_work w;
+    memset(&w, 0, sizeof w);
+    w.sampling = &s->sampling;
+    int n = s->tree.n_nodes;
+    b->toks[0] = s->pending;
+    if (n) /* an empty tree (a plain step) may come with no tokens array */
+        memcpy(b->toks + 1, s->tree.tokens, sizeof(int32_t) * (size_t)n);
+    w.kind = SPECD_WORK_TREE;
+    w.slot = slot;
+    w.n_past = s->n_past;
+    w.tokens = b->toks;
+    w.n_tokens = 1 + n;
+    w.tree = &s->tree;
+    w.position = specd_session_position(s); /* output index of the pending token's child */
+    w.counts = specd_session_counts(s);
+    w.accepted = b->acc;
+    w.accepted_nodes = b->acc_nodes;
+    w.hidden = s->return_hidden && hidden ? b->hidden : NULL;
+    w.logprobs = s->logprobs ? b->lp.lp : NULL;
+    w.top_logprobs = s->top_logprobs;
+    if (run_work(svc, c, &w)) return 1;
+    int n_acc = w.n_accepted;
+    memcpy(b->emitted, b->acc, sizeof(int32_t) * (size_t)n_acc);
+    b->emitted[n_acc] = w.next_token;
+    s->step = step;
+    int kept = specd_session_emit(s, b->emitted, n_acc + 1, s->n_past + 1 + n_acc, &fr);
+    specd_target_metrics_verify(kept - 1, kept); /* what was sent (EOS may cut) */
+    /* Truncated inside the accepted path: the stop token becomes the
+     * last token (next_token) and the hidden state is left out, since it
+     * belonged to a later row and the session is over anyway. */
+    int full = kept == n_acc + 1;
+    return send_verify(c, svc, s->step, b->acc, b->acc_nodes, kept - 1, b->emitted[kept - 1],
+                       full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL,
+                       (Specd__V1__FinishReason)fr, &w, b->ipc, via_ipc, 0) != 0;
 }
 
 /* Handles one decoded request. Returns 1 when the call is over. */
@@ -312,7 +358,8 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
         if (run_work(svc, c, &w)) return 1;
         specd_session_emit(s, &w.next_token, 1, s->n_prompt, &fr);
         if (send_verify(c, svc, 0, NULL, NULL, 0, w.next_token, w.hidden, b->hidden16,
-                        s->logprobs ? &b->lp : NULL, (Specd__V1__FinishReason)fr, &w, b->ipc, 0))
+                        s->logprobs ? &b->lp : NULL, (Specd__V1__FinishReason)fr, &w, b->ipc, 0,
+                        (uint32_t)s->max_new_tokens))
             return 1;
         break;
     case SPECD__V1__VERIFY_REQUEST__MSG_TREE: {
@@ -325,39 +372,23 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
             specd_rpc_call_finish(c, code, err.msg);
             return 1;
         }
-        int n = s->tree.n_nodes;
-        b->toks[0] = s->pending;
-        if (n) /* an empty tree (a plain step) may come with no tokens array */
-            memcpy(b->toks + 1, s->tree.tokens, sizeof(int32_t) * (size_t)n);
-        w.kind = SPECD_WORK_TREE;
-        w.slot = *slot;
-        w.n_past = s->n_past;
-        w.tokens = b->toks;
-        w.n_tokens = 1 + n;
-        w.tree = &s->tree;
-        w.position = specd_session_position(s); /* output index of the pending token's child */
-        w.counts = specd_session_counts(s);
-        w.accepted = b->acc;
-        w.accepted_nodes = b->acc_nodes;
-        w.hidden = s->return_hidden ? b->hidden : NULL;
-        w.logprobs = s->logprobs ? b->lp.lp : NULL;
-        w.top_logprobs = s->top_logprobs;
-        if (run_work(svc, c, &w)) return 1;
-        int n_acc = w.n_accepted;
-        memcpy(b->emitted, b->acc, sizeof(int32_t) * (size_t)n_acc);
-        b->emitted[n_acc] = w.next_token;
-        s->step = req->tree->step;
-        int kept = specd_session_emit(s, b->emitted, n_acc + 1, s->n_past + 1 + n_acc, &fr);
-        specd_target_metrics_verify(kept - 1, kept); /* what was sent (EOS may cut) */
-        /* Truncated inside the accepted path: the stop token becomes the
-         * last token (next_token) and the hidden state is left out, since it
-         * belonged to a later row and the session is over anyway. */
-        int full = kept == n_acc + 1;
-        if (send_verify(c, svc, s->step, b->acc, b->acc_nodes, kept - 1, b->emitted[kept - 1],
-                        full ? w.hidden : NULL, b->hidden16, s->logprobs ? &b->lp : NULL,
-                        (Specd__V1__FinishReason)fr, &w,
-                        b->ipc, req->tree->hidden_via_ipc))
-            return 1;
+        uint32_t run = tr.plain_steps;
+        int via_ipc = req->tree->hidden_via_ipc;
+        if (tree_step(svc, c, s, *slot, tr.step, run == 0, via_ipc, b)) return 1;
+        /* A plain run (the proto's VerifyTree.plain_steps): the next steps
+         * go to the scheduler as soon as each answer is out, with nothing
+         * to wait for from the client; only the last carries the hidden
+         * state the client drafts from. A client that goes away ends it
+         * (the scheduler sees the cancelled call, or the send fails). */
+        for (uint32_t k = 1; k <= run && s->state != SPECD_SESSION_DONE; k++) {
+            specd_session_tree_req plain = {.step = s->step + 1, .hidden_via_ipc = via_ipc,
+                                            .bad_q = -1};
+            if ((code = specd_session_tree(s, &plain, &err))) {
+                specd_rpc_call_finish(c, code, err.msg);
+                return 1;
+            }
+            if (tree_step(svc, c, s, *slot, plain.step, k == run, via_ipc, b)) return 1;
+        }
         break;
     }
     case SPECD__V1__VERIFY_REQUEST__MSG_CLOSE:

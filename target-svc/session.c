@@ -162,6 +162,10 @@ grpc_status_code specd_session_tree(specd_session *s, const specd_session_tree_r
         return specd_seterr(err, "tree.parents has %zu entries, tree.tokens %zu", t->n_parents,
                             t->n_tokens),
                GRPC_STATUS_INVALID_ARGUMENT;
+    if (t->plain_steps > (uint32_t)s->max_new_tokens)
+        return specd_seterr(err, "tree.plain_steps = %u, over this session's max_new_tokens %d",
+                            t->plain_steps, s->max_new_tokens),
+               GRPC_STATUS_INVALID_ARGUMENT;
     if (t->hidden_via_ipc && !s->ipc_granted)
         return specd_seterr(err, "tree.hidden_via_ipc is set, but this session has no CUDA IPC "
                                  "grant (step 0 carried none)"),

@@ -146,6 +146,9 @@ typedef struct specd_session_tree_req {
     size_t n_tokens, n_parents;
     const int32_t *tokens, *parents;
     int hidden_via_ipc;
+    /* plain steps the target then runs by itself (the proto's plain run),
+     * at most the session's max_new_tokens */
+    uint32_t plain_steps;
     size_t n_q;
     const specd_sparse_dist *q;
     long bad_q;

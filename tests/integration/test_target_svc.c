@@ -181,17 +181,24 @@ static int v_open(ccall *cc, const int32_t *prompt, int n, int max_new) {
     return cc_send_msg(cc, &r.base, 0);
 }
 
-static int v_tree(ccall *cc, uint32_t step, const int32_t *tokens, const int32_t *parents,
-                  int n) {
+/* Tree `step` with `run` plain steps after it (VerifyTree.plain_steps). */
+static int v_tree_run(ccall *cc, uint32_t step, const int32_t *tokens, const int32_t *parents,
+                      int n, uint32_t run) {
     Specd__V1__VerifyRequest r = SPECD__V1__VERIFY_REQUEST__INIT;
     Specd__V1__VerifyTree t = SPECD__V1__VERIFY_TREE__INIT;
     t.step = step;
+    t.plain_steps = run;
     t.n_tokens = t.n_parents = (size_t)n;
     t.tokens = (int32_t *)tokens;
     t.parents = (int32_t *)parents;
     r.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_TREE;
     r.tree = &t;
     return cc_send_msg(cc, &r.base, 0);
+}
+
+static int v_tree(ccall *cc, uint32_t step, const int32_t *tokens, const int32_t *parents,
+                  int n) {
+    return v_tree_run(cc, step, tokens, parents, n, 0);
 }
 
 static Specd__V1__VerifyResponse *v_recv(ccall *cc) {
@@ -543,6 +550,103 @@ static void test_limit_and_cancel(void **state) {
     unserve(&one);
 }
 
+/* A plain run (VerifyTree.plain_steps): Open's answer offers runs of up to
+ * max_new_tokens; a tree with a run behind it is answered, then every step
+ * of the run, numbered on, with plain greedy's tokens and the hidden state
+ * only on the run's last step; a run past the last token ends at LENGTH
+ * with status OK; a run over the limit is refused naming the field; a
+ * client that cancels mid-run gets its slot back. */
+static void test_plain_run(void **state) {
+    (void)state;
+    int32_t prompt[32], ref[N_GEN];
+    int n;
+    prompt_for(7, prompt, &n);
+    golden_plain_greedy(test_path(MODEL), CTX, prompt, n, N_GEN, ref);
+    ccall cc;
+    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Verify"), 0);
+    assert_int_equal(v_open(&cc, prompt, n, N_GEN), 0);
+    Specd__V1__VerifyResponse *r = v_recv(&cc);
+    assert_non_null(r);
+    assert_int_equal(r->max_plain_steps, N_GEN);
+    int32_t out[N_GEN + 1];
+    int n_out = 0;
+    out[n_out++] = r->next_token;
+    specd__v1__verify_response__free_unpacked(r, NULL);
+    /* a correct chain of 2, then 3 plain steps by the target itself */
+    int32_t toks[2] = {ref[1], ref[2]}, pars[2] = {-1, 0};
+    assert_int_equal(v_tree_run(&cc, 1, toks, pars, 2, 3), 0);
+    for (uint32_t step = 1; step <= 4; step++) {
+        r = v_recv(&cc);
+        assert_non_null(r);
+        assert_int_equal(r->step, step);
+        assert_int_equal(r->n_accepted, step == 1 ? 2 : 0);
+        assert_int_equal(r->hidden_fp16.len, step == 4 ? 64 * 2 : 0);
+        assert_int_equal(r->max_plain_steps, 0);
+        assert_int_equal(r->finish_reason, 0);
+        for (size_t i = 0; i < r->n_accepted; i++) out[n_out++] = r->accepted[i];
+        out[n_out++] = r->next_token;
+        specd__v1__verify_response__free_unpacked(r, NULL);
+    }
+    assert_int_equal(n_out, 7);
+    /* a plain step with a run longer than the tokens left: it ends at the
+     * last token, LENGTH, and the call ends OK */
+    assert_int_equal(v_tree_run(&cc, 5, NULL, NULL, 0, N_GEN), 0);
+    for (uint32_t step = 5;; step++) {
+        r = v_recv(&cc);
+        assert_non_null(r);
+        assert_int_equal(r->step, step);
+        assert_true(n_out < N_GEN);
+        out[n_out++] = r->next_token;
+        int fin = r->finish_reason;
+        specd__v1__verify_response__free_unpacked(r, NULL);
+        if (fin) {
+            assert_int_equal(fin, SPECD__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+            break;
+        }
+    }
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
+    assert_int_equal(n_out, N_GEN);
+    for (int i = 0; i < N_GEN; i++) assert_int_equal(out[i], ref[i]);
+
+    /* over the limit: refused, naming the field */
+    assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Verify"), 0);
+    assert_int_equal(v_open(&cc, prompt, n, 8), 0);
+    r = v_recv(&cc);
+    assert_non_null(r);
+    specd__v1__verify_response__free_unpacked(r, NULL);
+    assert_int_equal(v_tree_run(&cc, 1, NULL, NULL, 0, 9), 0);
+    cc_drain(&cc);
+    assert_int_equal(cc_end(&cc), GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(cc.detail, "tree.plain_steps = 9"));
+
+    /* cancelled mid-run: every slot comes back (the run stops) */
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(cc_start(&cc, S.ch, "/specd.v1.Target/Verify"), 0);
+        assert_int_equal(v_open(&cc, prompt, n, N_GEN), 0);
+        r = v_recv(&cc);
+        assert_non_null(r);
+        specd__v1__verify_response__free_unpacked(r, NULL);
+        assert_int_equal(v_tree_run(&cc, 1, NULL, NULL, 0, N_GEN - 1), 0);
+        r = v_recv(&cc);
+        assert_non_null(r);
+        specd__v1__verify_response__free_unpacked(r, NULL);
+        specd_rpc_stream_cancel(cc.st);
+        assert_int_equal(cc_end(&cc), GRPC_STATUS_CANCELLED);
+    }
+    int32_t again[N_GEN];
+    char msg[256] = "";
+    int ok = 0;
+    for (int attempt = 0; attempt < 100 && !ok; attempt++) {
+        ok = verify_session(S.ch, prompt, n, N_GEN, ref, N_GEN, 0, VOCAB, again, msg,
+                            sizeof msg) == 0;
+        if (!ok) {
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (!ok) fail_msg("a session after the cancelled runs: %s", msg);
+}
+
 static void test_generate(void **state) {
     (void)state;
     int32_t prompt[32], ref[N_GEN];
@@ -627,6 +731,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_sessions),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_limit_and_cancel),
+        cmocka_unit_test(test_plain_run),
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_get_info),
     };
