@@ -220,11 +220,20 @@ static void price_of_step(const gen *g, specd_tree_price *pr) {
                          : 0;
     /* A lone session's step time outside the pass (the round trip, the
      * draft side's work) leaves the target idle, so a bigger tree spreads
-     * it over more tokens. With others in the pass the target spends that
-     * time on their passes, and our overhead was mostly waiting for one of
-     * them: counting it priced trees as cheap under load (at 4 and 16
-     * sessions tau rose to 1.1-1.2 while throughput fell 20%). */
-    pr->overhead_us = pr->sessions > 1 ? 0 : ps->overhead_us;
+     * it over more tokens; alone, a declined tree is mostly a single plain
+     * step that pays it too. With others in the pass, the target without
+     * plain runs spends that time on their passes, and our overhead was
+     * mostly waiting for one of them: counting it for both kinds of step
+     * priced trees as cheap under load (at 4 and 16 sessions tau rose to
+     * 1.1-1.2 while throughput fell 20%). A target with plain runs has the
+     * others' plain steps queued at once, so under load the pass waits for
+     * our tree (batching.max_wait) and a declining session goes on in runs
+     * with no round trip: the overhead is what a tree step costs beyond a
+     * plain one. Counted as 0 there, trees that paid for their rows on
+     * paper ran at 0.89-1.04x of plain at 4 streams (docs/BENCHMARKS.md,
+     * twenty-seventh session). */
+    pr->plain_runs = g->max_plain > 0 && pr->sessions > 1;
+    pr->overhead_us = pr->sessions > 1 && !pr->plain_runs ? 0 : ps->overhead_us;
     pr->stage_us = ps->draft_one_us > 0 ? ps->draft_one_us
                                         : specd_accept_calib_stage(g->req->calib);
 }

@@ -223,13 +223,19 @@ double specd_tree_base_tokens(const specd_tree_price *pr) {
     return (pr->sessions > 0 ? pr->sessions : 1) + (pr->other_expected > 0 ? pr->other_expected : 0);
 }
 
+/* The time outside the forward pass that a plain step pays
+ * (specd_tree_price.plain_runs). */
+static double plain_overhead(const specd_tree_price *pr) {
+    return pr->plain_runs ? 0 : pr->overhead_us;
+}
+
 int specd_tree_could_pay(float p, const specd_tree_price *pr) {
     double L = specd_tree_base_tokens(pr);
     int base = pr->other_tokens + 1;
     double plain = specd_step_cost_at(&pr->cost, base), one = pass_cost(pr, base, base + 1);
     if (plain <= 0 || one <= 0) return 1;
-    plain += pr->overhead_us;
     one += pr->overhead_us + stage_cost(pr, 1);
+    plain += plain_overhead(pr);
     return (L + p) / one > L / plain;
 }
 
@@ -237,8 +243,9 @@ int specd_tree_drafting_could_pay(const specd_tree_price *pr) {
     double L = specd_tree_base_tokens(pr);
     double plain = specd_step_cost_at(&pr->cost, pr->other_tokens + 1);
     if (plain <= 0) return 1;
-    plain += pr->overhead_us;
-    return (L + SPECD_P_MAX) / (plain + stage_cost(pr, 1)) > L / plain;
+    double tree = plain + pr->overhead_us + stage_cost(pr, 1);
+    plain += plain_overhead(pr);
+    return (L + SPECD_P_MAX) / tree > L / plain;
 }
 
 /* Node order for the choice: higher p, then shallower, then lower index. */
@@ -259,7 +266,7 @@ void specd_tree_choose(const float *p_path, const int32_t *depth, const int32_t 
     memset(out, 0, sizeof *out);
     double L = specd_tree_base_tokens(pr);
     int base = pr->other_tokens + 1;
-    double plain = pr->overhead_us + specd_step_cost_at(&pr->cost, base);
+    double plain = plain_overhead(pr) + specd_step_cost_at(&pr->cost, base);
     if (n <= 0) {
         out->plain_rate = out->rate = plain > 0 ? L / plain : 0;
         return;

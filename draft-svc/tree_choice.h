@@ -14,6 +14,8 @@
  *
  *         (L + sum of the top n p)  /  (overhead + cost(R + 1 + n) + D * stage)
  *
+ * (n = 0, a plain step, without the overhead where the target runs plain
+ * steps by itself: specd_tree_price.plain_runs)
  * where cost is the target's measured forward-pass curve (common/
  * step_cost.h), L the sessions in the pass (the other L - 1 each yield at
  * least one token), R the rows the other sessions bring, and overhead the
@@ -185,6 +187,13 @@ typedef struct specd_tree_price {
      * repetitive text tau 3.19 at 0.95x plain, the pass 4 times the rows. */
     double other_expected;
     double overhead_us;    /* per-step time outside the forward pass */
+    /* 1 when a plain step need not pay overhead_us: this target runs plain
+     * steps by itself (a plain run, VerifyTree.plain_steps), which is what
+     * declining to draft leads to, so a plain step saves the round trip as
+     * well as the rows. A tree step still pays it, under load too: the
+     * pass waits for the trees it carries while the others' plain steps
+     * are already queued. 0 = plain and tree steps pay it alike. */
+    int plain_runs;
     /* draft time per tree level: a kept tree of depth D is drafted again
      * next step (the driver drafts the kept shape), so its D levels are
      * charged D * stage_us. 0 = drafting is free (tests, nothing seen) */

@@ -211,6 +211,39 @@ static void test_choose_cases(void **state) {
     assert_int_equal(pick.n_keep, 0);
 }
 
+/* Where the target runs plain steps by itself (plain_runs), a plain step
+ * pays no round trip and a tree step still does: rows at 0.5 ms on a 2 ms
+ * base, 0.4 ms of overhead. A node of chance 0.25 pays when both pay the
+ * overhead (1.25 / 3.4 ms against 1 / 2.9 ms) and not against a plain run
+ * (1 / 2.5 ms); a drafter whose level takes 2.5 ms could pay with a sure
+ * node only in the first case. */
+static void test_plain_runs(void **state) {
+    (void)state;
+    specd_tree_price pr = linear_price(2000, 500, 400);
+    float p[1] = {0.25f};
+    int32_t depth[1] = {1};
+    uint8_t keep[1];
+    specd_tree_pick pick;
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 1);
+    assert_true(specd_tree_could_pay(0.25f, &pr));
+    assert_true(fabs(pick.plain_rate - 1.0 / 2900) < 1e-12);
+    pr.plain_runs = 1;
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
+    assert_false(specd_tree_could_pay(0.25f, &pr));
+    assert_true(fabs(pick.plain_rate - 1.0 / 2500) < 1e-12);
+    /* a likely node still goes: 1.9 / 3.4 ms */
+    p[0] = 0.9f;
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 1);
+    assert_true(fabs(pick.rate - 1.9 / 3400) < 1e-6 / 3400);
+    pr.stage_us = 2500;
+    assert_false(specd_tree_drafting_could_pay(&pr));
+    pr.plain_runs = 0;
+    assert_true(specd_tree_drafting_could_pay(&pr));
+}
+
 /* specd_tree_break_even is the exact bar for one more node: on top of a
  * chosen node, a child a hair above it is kept by specd_tree_choose and
  * one a hair below is not, alone and under load, with and without a
@@ -688,6 +721,7 @@ int main(void) {
         cmocka_unit_test(test_sent_yield),
         cmocka_unit_test(test_others_expected),
         cmocka_unit_test(test_break_even),
+        cmocka_unit_test(test_plain_runs),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
