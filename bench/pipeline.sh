@@ -49,30 +49,14 @@ for f in build/target-svc "$draft_svc" build/specd "$model" "$draft_model"; do
 done
 [ "$(nproc)" -ge 2 ] || { echo "pipeline.sh: needs 2 cores, one per service" >&2; exit 2; }
 
-work=$(mktemp -d /tmp/specd-pipeline-XXXXXX)
-tpid= dpid=
-cleanup() {
-  for p in $tpid $dpid; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_serving() { # wait_serving LOG PID
-  for _ in $(seq 1200); do
-    grep -q serving "$1" && return 0
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.1
-  done
-  cat "$1" >&2
-  return 1
-}
+. scripts/lib/services.sh
+work=$TMP
 
 tport=$(free_port)
 taskset -c 0 ./build/target-svc --model="$model" --listen="127.0.0.1:$tport" --tls.insecure=true \
   --threads=1 --precision="$precision" >"$work/target.log" 2>&1 &
-tpid=$!
-wait_serving "$work/target.log" "$tpid"
+TPID=$!
+wait_serving "$work/target.log" "$TPID"
 
 run() { # run on|off ROUND: one draft-svc, one bench; appends a JSON line
   local mode=$1 round=$2 dport
@@ -83,16 +67,16 @@ run() { # run on|off ROUND: one draft-svc, one bench; appends a JSON line
     --tls.insecure=true --listen="127.0.0.1:$dport" --tokenizer="$model" --threads=1 \
     --drafter.draft_lm.path="$draft_model" --drafter.draft_lm.max_sessions=4 \
     --speculation.pipeline="$pipe" >"$work/draft-$mode-$round.log" 2>&1 &
-  dpid=$!
-  wait_serving "$work/draft-$mode-$round.log" "$dpid"
+  DPID=$!
+  wait_serving "$work/draft-$mode-$round.log" "$DPID"
   # the client on core 1 too: it only waits on the stream
   taskset -c 1 ./build/specd bench --e2e --draft "127.0.0.1:$dport" --insecure \
     --drafters none,draft_lm --streams 1 --prompts bench/eval-prompts.jsonl \
     --per-class "$per_class" -n "$max_new" --json "$work/run-$mode-$round.json" \
     >"$work/bench-$mode-$round.txt" 2>&1 || { cat "$work/bench-$mode-$round.txt" >&2; exit 1; }
-  kill "$dpid"
-  wait "$dpid" 2>/dev/null || true
-  dpid=
+  kill "$DPID"
+  wait "$DPID" 2>/dev/null || true
+  DPID=
   echo "$mode $round $work/run-$mode-$round.json" >>"$work/runs"
 }
 

@@ -37,32 +37,15 @@ for f in "$target_svc" "${drafts[@]}" build/specd "$model" "$spec"; do
 done
 [ "$(nproc)" -ge 2 ] || { echo "two_pods.sh: needs 2 cores, one per service" >&2; exit 2; }
 
-work=$(mktemp -d /tmp/specd-two-pods-XXXXXX)
-tpid= dpid=
-cleanup() {
-  for p in $tpid $dpid; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_serving() { # wait_serving LOG PID
-  for _ in $(seq 1200); do
-    grep -q serving "$1" && return 0
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.1
-  done
-  cat "$1" >&2
-  return 1
-}
+. scripts/lib/services.sh
 
 lscpu | sed -n 's/^Model name: *//p' | sed 's/^/machine: /'
 echo "target-svc ($target_svc) on core 0; draft-svc and the client on core 1; 1 thread each"
 tport=$(free_port)
 taskset -c 0 "$target_svc" --model="$model" --listen="127.0.0.1:$tport" --tls.insecure=true \
-  --threads=1 >"$work/target.log" 2>&1 &
-tpid=$!
-wait_serving "$work/target.log" "$tpid"
+  --threads=1 >"$TMP/target.log" 2>&1 &
+TPID=$!
+wait_serving "$TMP/target.log" "$TPID"
 
 for r in $(seq "$rounds"); do
   order=("${drafts[@]}")
@@ -74,16 +57,16 @@ for r in $(seq "$rounds"); do
     dport=$(free_port)
     taskset -c 1 "$d" --targets="127.0.0.1:$tport" --target.tls.insecure=true \
       --tls.insecure=true --listen="127.0.0.1:$dport" --tokenizer="$model" --threads=1 \
-      --drafter.mlp.path="$spec" >"$work/draft.log" 2>&1 &
-    dpid=$!
-    wait_serving "$work/draft.log" "$dpid"
+      --drafter.mlp.path="$spec" >"$TMP/draft.log" 2>&1 &
+    DPID=$!
+    wait_serving "$TMP/draft.log" "$DPID"
     echo
     echo "round $r, draft-svc $d:"
     taskset -c 1 ./build/specd bench --e2e --draft "127.0.0.1:$dport" --insecure \
       --drafters "$drafters" --streams "$streams" --prompts bench/eval-prompts.jsonl \
       --per-class "$per_class" -n "$max_new" 2>&1 | grep '^|'
-    kill "$dpid"
-    wait "$dpid" 2>/dev/null || true
-    dpid=
+    kill "$DPID"
+    wait "$DPID" 2>/dev/null || true
+    DPID=
   done
 done

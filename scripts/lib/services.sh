@@ -10,6 +10,10 @@
 #   # now: $TMP (a scratch directory), $TPORT, $DPORT, $TPID, $DPID
 #   services_kill                   # stop both early (the trap still cleans up)
 #
+# Scripts that start the services themselves (bench/pipeline.sh,
+# bench/two_pods.sh: each on its own core) use free_port, wait_serving and
+# the same clean-up: TPID and DPID are stopped and $TMP removed on exit.
+#
 # The caller owns `set -euo pipefail`. MODEL may be set before sourcing.
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TMP=$(mktemp -d)
@@ -31,6 +35,19 @@ services_kill() {
 }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# wait_serving LOG PID: until a service started by hand (pinned to a core,
+# another build) logs that it is serving; its log and exit 1 if it dies or
+# takes two minutes.
+wait_serving() {
+  for _ in $(seq 1200); do
+    grep -q serving "$1" && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$1" >&2
+  exit 1
+}
 
 services_start() {
   local build=$1
