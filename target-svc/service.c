@@ -387,6 +387,7 @@ static int verify_step(specd_target_service *svc, specd_rpc_call *c, specd_sessi
                 specd_rpc_call_finish(c, code, err.msg);
                 return 1;
             }
+            specd_target_metrics_plain_run();
             if (tree_step(svc, c, s, *slot, plain.step, k == run, via_ipc, b)) return 1;
         }
         break;

@@ -10,7 +10,7 @@
 static struct {
     specd_metric *active, *max_sessions, *queued_items, *queued_tokens;
     specd_metric *batch_tokens, *forward_s, *forward_errors, *kv_used, *kv_free;
-    specd_metric *steps, *accepted, *generated;
+    specd_metric *steps, *accepted, *generated, *plain_run;
     specd_metric *kv_cached, *prefix_lookup, *prefix_hit, *kv_evictions;
     specd_metric *preemptions, *queue_timeouts;
 } M;
@@ -62,6 +62,9 @@ static void init(void) {
                                              "limits.queue_wait for KV pages", NULL);
     M.steps = specd_metrics_counter(r, "specd_target_verify_steps_total",
                                     "Candidate trees verified", NULL);
+    M.plain_run = specd_metrics_counter(r, "specd_target_plain_run_steps_total",
+                                        "Plain steps the target ran by itself in a Verify "
+                                        "session's plain run (no round trip each)", NULL);
     M.accepted = specd_metrics_counter(r, "specd_target_accepted_tokens_total",
                                        "Draft tokens accepted by verification", NULL);
     M.generated = specd_metrics_counter(r, "specd_target_generated_tokens_total",
@@ -90,6 +93,11 @@ void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t 
     if (st.evictions >= last_evict)
         specd_metric_add(M.kv_evictions, NULL, (double)(st.evictions - last_evict));
     last_lookup = st.lookup_pages, last_hit = st.hit_pages, last_evict = st.evictions;
+}
+
+void specd_target_metrics_plain_run(void) {
+    pthread_once(&once, init);
+    specd_metric_add(M.plain_run, NULL, 1);
 }
 
 void specd_target_metrics_verify(int n_accepted, int n_emitted) {

@@ -15,14 +15,16 @@
  *   specd_target_kv_pages_cached            gauge   unheld pages kept for prefix reuse
  *   specd_target_prefix_cache_queries_total / _hits_total, _kv_evictions_total
  *                                           counter prefix cache, in pages
- *   specd_target_verify_steps_total        counter trees verified
+ *   specd_target_kv_preemptions_total      counter sessions ended to free KV pages
+ *   specd_target_queue_timeouts_total      counter prompts refused after queue_wait
+ *   specd_target_verify_steps_total        counter trees verified (plain steps too)
+ *   specd_target_plain_run_steps_total     counter of those, plain steps run by the
+ *                                                  target itself (VerifyTree.plain_steps)
  *   specd_target_accepted_tokens_total     counter draft tokens accepted
  *   specd_target_generated_tokens_total    counter tokens emitted (accepted +
  *                                                  the target's own next token)
  *   specd_grpc_server_handled_total        counter by method and status code
- *                                                  (common/rpc/rpc_metrics.c)
- *
- * Prefix-cache hits are not exported: target-svc has no prefix cache yet. */
+ *                                                  (common/rpc/rpc_metrics.c) */
 #ifndef SPECD_TARGET_METRICS_H
 #define SPECD_TARGET_METRICS_H
 
@@ -42,6 +44,9 @@ void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t 
 /* A tree verified: n_accepted draft tokens kept, n_emitted tokens sent. Also
  * counted into the request log of the calling handler thread. */
 void specd_target_metrics_verify(int n_accepted, int n_emitted);
+/* One step of a plain run is about to be verified (counted by
+ * specd_target_metrics_verify as well). */
+void specd_target_metrics_plain_run(void);
 /* One item failed for want of KV pages: a new prompt past limits.queue_wait
  * (queued), or a session preempted. */
 void specd_target_metrics_no_pages(int queued);

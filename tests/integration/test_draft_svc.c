@@ -50,6 +50,7 @@
 #include <netinet/in.h>
 
 #include "common/model/model_file.h"
+#include "common/rpc/metrics.h"
 #include "common/rpc/rpc_client.h"
 #include "common/rpc/rpc_server.h"
 #include "common/spec/sampling.h"
@@ -613,6 +614,23 @@ typedef struct shape {
 } shape;
 static const shape SHAPES[] = {{0, 0}, {1, 1}, {1, 4}, {2, 3}, {3, 6}, {4, 2}, {4, 6}};
 
+/* A counter of the process's registry (both services run in this process),
+ * read from its exposition; 0 when it has no line yet. */
+static double global_counter(const char *name) {
+    size_t len;
+    char *text = specd_metrics_render(specd_metrics_global(), &len);
+    assert_non_null(text);
+    double v = 0;
+    size_t n = strlen(name);
+    for (const char *line = text; line && *line;) {
+        if (!strncmp(line, name, n) && line[n] == ' ') v = strtod(line + n + 1, NULL);
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    free(text);
+    return v;
+}
+
 static void test_tiny_greedy_lossless(void **state) {
     (void)state;
     const int32_t *prompts[] = {P0, P1, P_REP};
@@ -632,11 +650,19 @@ static void test_tiny_greedy_lossless(void **state) {
                 if (!strcmp(drafters[d], "none") && s > 0) continue; /* shape is moot */
                 req_ids(&b, prompts[p], n_prompts[p], 40);
                 req_drafter(&b, drafters[d], SHAPES[s].candidates, SHAPES[s].depth);
+                double runs0 = global_counter("specd_target_plain_run_steps_total");
                 draft_gen(&T, &b, got);
                 char what[128];
                 snprintf(what, sizeof what, "prompt %d, drafter '%s', %dx%d", p, drafters[d],
                          SHAPES[s].candidates, SHAPES[s].depth);
                 expect_same(got, ref, what);
+                /* plain decoding through draft-svc: after Open's token and
+                 * the first plain step's, the target ran every other step
+                 * by itself (VerifyTree.plain_steps) */
+                if (d == 0)
+                    assert_int_equal(
+                        (int)(global_counter("specd_target_plain_run_steps_total") - runs0),
+                        got->n_ids - 2);
                 expect_stats(got, n_prompts[p], d == 3 ? "ngram" : drafters[d], what);
                 drafted_any[d] += got->drafted_tokens;
             }
