@@ -50,13 +50,12 @@ done
 [ "$(nproc)" -ge 2 ] || { echo "pipeline.sh: needs 2 cores, one per service" >&2; exit 2; }
 
 . scripts/lib/services.sh
-work=$TMP
 
 tport=$(free_port)
 taskset -c 0 ./build/target-svc --model="$model" --listen="127.0.0.1:$tport" --tls.insecure=true \
-  --threads=1 --precision="$precision" >"$work/target.log" 2>&1 &
+  --threads=1 --precision="$precision" >"$TMP/target.log" 2>&1 &
 TPID=$!
-wait_serving "$work/target.log" "$TPID"
+wait_serving "$TMP/target.log" "$TPID"
 
 run() { # run on|off ROUND: one draft-svc, one bench; appends a JSON line
   local mode=$1 round=$2 dport
@@ -66,18 +65,18 @@ run() { # run on|off ROUND: one draft-svc, one bench; appends a JSON line
   taskset -c 1 "$draft_svc" --targets="127.0.0.1:$tport" --target.tls.insecure=true \
     --tls.insecure=true --listen="127.0.0.1:$dport" --tokenizer="$model" --threads=1 \
     --drafter.draft_lm.path="$draft_model" --drafter.draft_lm.max_sessions=4 \
-    --speculation.pipeline="$pipe" >"$work/draft-$mode-$round.log" 2>&1 &
+    --speculation.pipeline="$pipe" >"$TMP/draft-$mode-$round.log" 2>&1 &
   DPID=$!
-  wait_serving "$work/draft-$mode-$round.log" "$DPID"
+  wait_serving "$TMP/draft-$mode-$round.log" "$DPID"
   # the client on core 1 too: it only waits on the stream
   taskset -c 1 ./build/specd bench --e2e --draft "127.0.0.1:$dport" --insecure \
     --drafters none,draft_lm --streams 1 --prompts bench/eval-prompts.jsonl \
-    --per-class "$per_class" -n "$max_new" --json "$work/run-$mode-$round.json" \
-    >"$work/bench-$mode-$round.txt" 2>&1 || { cat "$work/bench-$mode-$round.txt" >&2; exit 1; }
+    --per-class "$per_class" -n "$max_new" --json "$TMP/run-$mode-$round.json" \
+    >"$TMP/bench-$mode-$round.txt" 2>&1 || { cat "$TMP/bench-$mode-$round.txt" >&2; exit 1; }
   kill "$DPID"
   wait "$DPID" 2>/dev/null || true
   DPID=
-  echo "$mode $round $work/run-$mode-$round.json" >>"$work/runs"
+  echo "$mode $round $TMP/run-$mode-$round.json" >>"$TMP/runs"
 }
 
 for r in $(seq "$rounds"); do
@@ -85,7 +84,7 @@ for r in $(seq "$rounds"); do
   echo "pipeline.sh: round $r of $rounds done" >&2
 done
 
-python3 - "$work/runs" "$precision" "$draft_model" "$model" <<'EOF'
+python3 - "$TMP/runs" "$precision" "$draft_model" "$model" <<'EOF'
 import json, statistics, subprocess, sys
 runs_file, precision, draft_model, model = sys.argv[1:5]
 lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
