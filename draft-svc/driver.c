@@ -73,6 +73,7 @@ typedef struct price_state {
     int batch_tokens;    /* the last pass: all its tokens */
     int sent_rows;       /* ... and ours in it (1 + tree nodes) */
     int draft_tokens;    /* ... and its draft nodes, every session's (0: not reported) */
+    int prompt_tokens;   /* ... and its prompt rows, every session's (0: not reported) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
     double draft_one_us; /* the drafter's time per tree level, smoothed (note_draft_time) */
     double gain;         /* smoothed priced gain of drafting, draft time included */
@@ -211,10 +212,12 @@ static void price_of_step(const gen *g, specd_tree_price *pr) {
     const price_state *ps = &g->price;
     pr->sessions = g->target_load > 0 ? g->target_load : 1;
     specd_tpool_member_cost(g->member, pr->sessions > 1, &pr->cost);
-    pr->other_tokens = pr->sessions > 1 ? ps->batch_tokens - ps->sent_rows : 0;
-    if (pr->other_tokens < 0) pr->other_tokens = 0;
+    pr->other_tokens = pr->sessions > 1 ? specd_tree_other_rows(ps->batch_tokens, ps->sent_rows,
+                                                                ps->prompt_tokens)
+                                        : 0;
     /* the others' draft nodes in the last pass, and what they will add */
-    int other_drafts = pr->sessions > 1 ? ps->draft_tokens - (ps->sent_rows - 1) : 0;
+    int own_nodes = ps->sent_rows > 1 ? ps->sent_rows - 1 : 0;
+    int other_drafts = pr->sessions > 1 ? ps->draft_tokens - own_nodes : 0;
     pr->other_expected =
         other_drafts > 0 ? other_drafts * specd_accept_calib_yield(g->req->calib, pr->sessions)
                          : 0;
@@ -527,6 +530,7 @@ static void price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_r
     ps->batch_tokens = (int)tm->batch_tokens;
     /* a part of the pass (a target that says otherwise is not believed) */
     ps->draft_tokens = tm->draft_tokens < tm->batch_tokens ? (int)tm->draft_tokens : 0;
+    ps->prompt_tokens = tm->prompt_tokens <= tm->batch_tokens ? (int)tm->prompt_tokens : 0;
     /* alone in the pass when it held exactly the rows this session sent */
     int shared = ps->sent_rows <= 0 || (int)tm->batch_tokens != ps->sent_rows;
     if (tm->forward_us > 0 && tm->batch_tokens > 0)
@@ -1231,6 +1235,7 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     }
     g->member = m;
     g->price.active = 0; /* nothing priced is in flight on a new session */
+    g->price.sent_rows = 0; /* nor any row of ours in its first pass but the prompt's */
     g->max_plain = g->run_left = 0; /* known from this session's Open answer */
     g->price.in_run = 0;
     g->ahead.valid = g->ahead.hit = 0;

@@ -212,6 +212,11 @@ static double pass_cost(const specd_tree_price *pr, int base, int tokens) {
     return t;
 }
 
+int specd_tree_other_rows(int batch_tokens, int our_rows, int prompt_rows) {
+    int r = batch_tokens - (our_rows > 0 ? our_rows : 0) - (prompt_rows > 0 ? prompt_rows : 0);
+    return r > 0 ? r : 0;
+}
+
 /* Drafting `levels` levels of a tree (the drafter runs one stage per level). */
 static double stage_cost(const specd_tree_price *pr, int levels) {
     return pr->stage_us > 0 ? levels * pr->stage_us : 0;

@@ -207,6 +207,18 @@ typedef struct specd_tree_pick {
     double plain_rate;/* (L + E) / time of a plain step */
 } specd_tree_pick;
 
+/* R of a price: the rows the other sessions bring to our next pass, read
+ * off the last one (batch_tokens rows, our_rows of them ours, prompt_rows
+ * of them prefill chunks, StepTimings). Not its prompt rows: a chunk rides
+ * in a pass or a few while a session starts, not in the steady passes a
+ * tree is priced for, and a pass swollen by it yields no more tokens, so
+ * its rate (L + E) / time looked low and a row beside it cheap. Under load
+ * in a benchmark whose requests start every few passes, trees accepted at
+ * 50-65% went out in such passes, where on a CPU a row must be accepted
+ * at about 85% to pay (docs/BENCHMARKS.md, twenty-eighth session). Never
+ * below 0. */
+int specd_tree_other_rows(int batch_tokens, int our_rows, int prompt_rows);
+
 /* Whether a one-node tree accepted with chance p, drafted in one stage
  * (pr->stage_us), could beat a plain step at this price. Path chances only fall with depth
  * and the curve's extra rows cost about the same each, so when the likely

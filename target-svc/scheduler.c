@@ -516,10 +516,13 @@ static void *worker_main(void *arg) {
         uint32_t est_us = (uint32_t)specd_step_cost_at(&s->cost, n_tok);
         /* the pass's draft nodes (trees ride whole, never split), which
          * each drafter counts as tokens the pass is expected to add */
-        uint32_t draft_rows = 0;
-        for (int i = 0; i < n_items; i++)
+        uint32_t draft_rows = 0, prompt_rows = 0;
+        for (int i = 0; i < n_items; i++) {
             if (s->items[i]->kind == SPECD_WORK_TREE)
                 draft_rows += (uint32_t)s->items[i]->tree->n_nodes;
+            else if (s->items[i]->kind == SPECD_WORK_PREFILL)
+                prompt_rows += (uint32_t)s->items[i]->in_flight;
+        }
         specd_target_metrics_pass(s->t, n_tok, fwd_us, !frc);
         int *rcs = s->rcs;
         for (int i = 0; i < n_items; i++) {
@@ -539,6 +542,7 @@ static void *worker_main(void *arg) {
                 w->batch_tokens = (uint32_t)n_tok;
                 w->est_forward_us = est_us;
                 w->draft_tokens = draft_rows;
+                w->prompt_tokens = prompt_rows;
                 if (finish_item(s, w, s->item_rows[i])) rcs[i] = SPECD_WORK_FAILED;
             }
         }
@@ -837,7 +841,8 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
     w->t_blocked_us = 0;
     w->cached_tokens = 0;
     w->next = NULL;
-    w->queue_us = w->forward_us = w->batch_tokens = w->active_sessions = w->draft_tokens = 0;
+    w->queue_us = w->forward_us = w->batch_tokens = w->active_sessions = w->draft_tokens =
+        w->prompt_tokens = 0;
     cond_init(&w->cv);
     pthread_mutex_lock(&s->mu);
     w->t_submit_us = now_us();

@@ -146,6 +146,7 @@ typedef struct specd_work {
     uint32_t cached_tokens;   /* PREFILL: prompt tokens whose KV came from the prefix cache */
     uint32_t est_forward_us;  /* the cost curve's estimate for the pass, before it ran */
     uint32_t draft_tokens;    /* of batch_tokens, the draft nodes of every TREE item */
+    uint32_t prompt_tokens;   /* of batch_tokens, the prompt rows of every PREFILL item */
     specd_error err;
 
     /* ---- private to the scheduler ---- */

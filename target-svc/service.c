@@ -250,6 +250,7 @@ static int send_verify(specd_rpc_call *c, specd_target_service *svc, uint32_t st
     tm.cached_tokens = w->cached_tokens;
     tm.estimated_forward_us = w->est_forward_us;
     tm.draft_tokens = w->draft_tokens;
+    tm.prompt_tokens = w->prompt_tokens;
     r.timings = &tm;
     if (lp) {
         /* When a stop truncated the step, the stop token is `next` and its

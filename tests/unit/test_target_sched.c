@@ -8,7 +8,8 @@
  *     token for token: the resumed tokens count as generated for the
  *     penalties and the random draws go on at the same output index;
  *   - StepTimings' active_sessions counts the sessions holding a KV slot,
- *     and draft_tokens a pass's draft-tree nodes.
+ *     draft_tokens a pass's draft-tree nodes and prompt_tokens its prompt
+ *     rows.
  *
  * Model: the tiny golden Llama (tests/golden/data/tiny-gqa). */
 #include <math.h>
@@ -195,6 +196,7 @@ static void test_verify_matches_generate(void **state) {
     run(&e, &w);
     assert_int_equal(w.active_sessions, 2);
     assert_int_equal(w.draft_tokens, 0); /* a prompt has no draft rows */
+    assert_int_equal(w.prompt_tokens, P); /* ... and its rows are prompt rows */
     specd_finish fr;
     specd_session_emit(&s, &w.next_token, 1, s.n_prompt, &fr);
     out_lp[n_out] = lps[0];
@@ -240,6 +242,7 @@ static void test_verify_matches_generate(void **state) {
          * pending token is not one */
         assert_int_equal(w.batch_tokens, 1 + n);
         assert_int_equal(w.draft_tokens, n);
+        assert_int_equal(w.prompt_tokens, 0);
         int32_t emitted[MAX_TREE + 1];
         memcpy(emitted, acc, sizeof(int32_t) * (size_t)w.n_accepted);
         emitted[w.n_accepted] = w.next_token;

@@ -244,6 +244,38 @@ static void test_plain_runs(void **state) {
     assert_true(specd_tree_drafting_could_pay(&pr));
 }
 
+/* The others' rows leave out the last pass's prompt rows (and ours). A
+ * pass of 16 sessions' plain rows that also carried a 20-row prompt chunk
+ * looked slow per token, and a node accepted at 60% beside it paid on
+ * paper, where on a linear curve (2 ms + 0.7 ms a row) a row must be
+ * accepted at 16 * 0.7 / 13.9 = 81% to pay: counted without the chunk, it
+ * is declined. */
+static void test_other_rows(void **state) {
+    (void)state;
+    assert_int_equal(specd_tree_other_rows(37, 1, 20), 16);
+    assert_int_equal(specd_tree_other_rows(37, 5, 0), 32);
+    assert_int_equal(specd_tree_other_rows(20, 0, 20), 0); /* Open's pass: our prompt alone */
+    assert_int_equal(specd_tree_other_rows(10, 4, 20), 0); /* never below 0 */
+    assert_int_equal(specd_tree_other_rows(10, -1, -3), 10);
+    specd_tree_price pr = linear_price(2000, 700, 0);
+    pr.sessions = 16;
+    pr.plain_runs = 1;
+    float p[1] = {0.6f};
+    int32_t depth[1] = {1};
+    uint8_t keep[1];
+    specd_tree_pick pick;
+    pr.other_tokens = 37 - 1; /* the chunk counted */
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 1);
+    pr.other_tokens = specd_tree_other_rows(37, 1, 20);
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 0);
+    assert_false(specd_tree_could_pay(0.6f, &pr));
+    p[0] = 0.9f; /* a likely node still goes */
+    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
+    assert_int_equal(pick.n_keep, 1);
+}
+
 /* specd_tree_break_even is the exact bar for one more node: on top of a
  * chosen node, a child a hair above it is kept by specd_tree_choose and
  * one a hair below is not, alone and under load, with and without a
@@ -722,6 +754,7 @@ int main(void) {
         cmocka_unit_test(test_others_expected),
         cmocka_unit_test(test_break_even),
         cmocka_unit_test(test_plain_runs),
+        cmocka_unit_test(test_other_rows),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_parse_shape),
     };
