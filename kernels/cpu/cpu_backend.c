@@ -223,40 +223,25 @@ static float weight_at(const specd_tensor *t, int i) {
     }
 }
 
-/* 1 / rms(x) over one row. Double accumulation: the reference computes
- * mean(x^2) in fp32 over a pairwise tree; a double sum keeps us well inside
- * its rounding. Eight partial sums (element i goes to sum i % 8), added in
- * a fixed order at the end: one serial chain of dependent double adds took
- * about 1 us for a 576-wide row, and a token has 61 norms. Each square is
- * exact in double, so the order moves the sum only within double rounding;
- * it is the same for every row, so batch invariance holds. */
-static float inv_rms(const float *x, int dim, float eps) {
-    double s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= dim; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k] * x[i + k];
-    for (int k = 0; i < dim; i++, k++) s[k] += (double)x[i] * x[i];
-    double ss = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    return (float)(1.0 / sqrt(ss / dim + eps));
-}
-
 static void rmsnorm_rows(const rows_job *j, int r0, int r1) {
     const specd_bweight *w = j->w;
     const int dim = j->dim;
     const float *x = j->x;
     float *out = j->out;
-    /* fp32 weights (every GGUF norm) get a loop the compiler vectorizes;
-     * weight_at converts the others element by element */
-    const float *w32 = w && w->src->type == SPECD_F32 ? (const float *)w->src->data : NULL;
+    /* fp32 weights (every GGUF norm) or none take the path's row kernel
+     * (row_ops.c); weight_at converts the others element by element */
+    if (!w || w->src->type == SPECD_F32) {
+        const float *w32 = w ? (const float *)w->src->data : NULL;
+        const cpu_kernel_set *ks = cpu_active_kernels();
+        for (int t = r0; t < r1; t++)
+            ks->rmsnorm_row(out + (size_t)t * dim, x + (size_t)t * dim, w32, dim, j->eps);
+        return;
+    }
     for (int t = r0; t < r1; t++) {
         const float *xr = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
-        float scale = inv_rms(xr, dim, j->eps);
-        if (w32)
-            for (int i = 0; i < dim; i++) o[i] = (xr[i] * scale) * w32[i];
-        else
-            for (int i = 0; i < dim; i++)
-                o[i] = (xr[i] * scale) * (w ? weight_at(w->src, i) : 1.0f);
+        float scale = cpu_inv_rms(xr, dim, j->eps);
+        for (int i = 0; i < dim; i++) o[i] = (xr[i] * scale) * weight_at(w->src, i);
     }
 }
 
@@ -276,7 +261,7 @@ static void cpu_norm_gelu(specd_backend *be, float *out, const float *x, const s
     for (int t = 0; t < n_rows; t++) {
         const float *xr = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
-        float scale = inv_rms(xr, dim, eps);
+        float scale = cpu_inv_rms(xr, dim, eps);
         for (int i = 0; i < dim; i++)
             o[i] = gelu_erf(weight_at(w->src, i) * (xr[i] * scale) + weight_at(b->src, i));
     }
@@ -301,30 +286,17 @@ static void cpu_matmuls_op(specd_backend *be, int n_mats, float *const *y,
     for (int i = 0; i < n_mats; i++) cpu_matmul_op(be, y[i], W[i], x, n_tok);
 }
 
-/* Rotates pairs of one head vector. Interleaved pairs are (2i, 2i+1) (GGUF
- * weights), otherwise (i, i + rot/2) (Hugging Face weights). */
-static void rope_head(float *v, const float *cos_sin, const specd_rope_cfg *cfg) {
-    int half = cfg->rot_dim / 2;
-    for (int i = 0; i < half; i++) {
-        float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
-        int a = cfg->interleaved ? 2 * i : i;
-        int b = cfg->interleaved ? 2 * i + 1 : i + half;
-        float x0 = v[a], x1 = v[b];
-        v[a] = x0 * c - x1 * s;
-        v[b] = x0 * s + x1 * c;
-    }
-}
-
 static void rope_rows(const rows_job *j, int r0, int r1) {
     const specd_rope_cfg *cfg = j->rope;
     const float *cos_sin = j->c->step.cos_sin;
+    const cpu_kernel_set *ks = cpu_active_kernels();
     const int hd = cfg->head_dim;
     for (int t = r0; t < r1; t++) {
         const float *cs = cos_sin + (size_t)t * cfg->rot_dim;
-        for (int h = 0; h < j->n_heads; h++)
-            rope_head(j->out + ((size_t)t * j->n_heads + h) * hd, cs, cfg);
-        for (int h = 0; h < j->n_kv_heads; h++)
-            rope_head(j->y + ((size_t)t * j->n_kv_heads + h) * hd, cs, cfg);
+        ks->rope_heads(j->out + (size_t)t * j->n_heads * hd, j->n_heads, hd, cs, cfg->rot_dim,
+                       cfg->interleaved);
+        ks->rope_heads(j->y + (size_t)t * j->n_kv_heads * hd, j->n_kv_heads, hd, cs, cfg->rot_dim,
+                       cfg->interleaved);
     }
 }
 
@@ -1064,10 +1036,7 @@ static void cpu_swiglu_op(specd_backend *be, float *out, const float *gate, cons
 
 /* y += a x over elements [i0, i1) (a "row" is an element here) */
 static void axpy_rows(const rows_job *j, int i0, int i1) {
-    float *y = j->y;
-    const float *x = j->x;
-    const float a = j->a;
-    for (int i = i0; i < i1; i++) y[i] += a * x[i];
+    cpu_active_kernels()->axpy(j->y + i0, j->a, j->x + i0, (size_t)(i1 - i0));
 }
 
 static void cpu_axpy(specd_backend *be, float *y, float a, const float *x, size_t n) {

@@ -67,8 +67,8 @@ static void detect(void) {
     }
     g_have[SET_AVX512] = g_have[SET_AVX2] && avx512 && cpu_kernels_avx512(&g_sets[SET_AVX512]) &&
                          cpu_qkernels_avx512(&g_sets[SET_AVX512], 0);
-    /* quantizing activations and SwiGLU are small passes: AVX2's kernels
-     * serve AVX-512 too */
+    /* quantizing activations, SwiGLU and the row ops are small passes:
+     * AVX2's kernels serve AVX-512 too */
     g_sets[SET_AVX512].quantize = g_sets[SET_AVX2].quantize;
     g_sets[SET_AVX512].swiglu = g_sets[SET_AVX2].swiglu;
     g_sets[SET_AVX512].argmax = g_sets[SET_AVX2].argmax;
@@ -84,6 +84,9 @@ static void detect(void) {
     g_sets[SET_AVX512].kv_dots_block_f16 = g_sets[SET_AVX2].kv_dots_block_f16;
     g_sets[SET_AVX512].kv_axpys_block_f16 = g_sets[SET_AVX2].kv_axpys_block_f16;
     g_sets[SET_AVX512].kv_axpys_block = g_sets[SET_AVX2].kv_axpys_block;
+    g_sets[SET_AVX512].rmsnorm_row = g_sets[SET_AVX2].rmsnorm_row;
+    g_sets[SET_AVX512].rope_heads = g_sets[SET_AVX2].rope_heads;
+    g_sets[SET_AVX512].axpy = g_sets[SET_AVX2].axpy;
     if (g_have[SET_AVX512]) cpu_vec_avx512(&g_sets[SET_AVX512]);
     if (g_have[SET_AVX512] && avx512vnni) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];

@@ -182,6 +182,9 @@ int cpu_qkernels_scalar(cpu_kernel_set *ks) {
     ks->qrows[CPU_Q4] = qrows_scalar;
     ks->qrows[CPU_Q8] = qrows_scalar;
     ks->quantize = cpu_quantize_act;
+    ks->rmsnorm_row = cpu_rmsnorm_row_scalar;
+    ks->rope_heads = cpu_rope_heads_scalar;
+    ks->axpy = cpu_axpy_scalar;
     return 1;
 }
 

@@ -300,6 +300,17 @@ typedef struct cpu_kernel_set {
     /* the activation quantizer (cpu_quantize_act or a SIMD twin) */
     void (*quantize)(const float *x, int n_tok, int64_t cols, int8_t *q, float *d, float *s,
                      int32_t *sq);
+    /* A layer's row ops (row_ops.c has the scalar twins and the order they
+     * keep; vec_avx2.c the SIMD ones, bitwise the same on every path):
+     * RMSNorm of one row, out[i] = (x[i] * cpu_inv_rms(x)) * w[i] (w NULL:
+     * no weight multiply); RoPE on n_heads consecutive head vectors of
+     * head_dim, pairs (2i, 2i+1) if interleaved (GGUF) else (i, i +
+     * rot_dim / 2) (Hugging Face), angle i's (cos, sin) at cos_sin[2i];
+     * the residual add y[i] += a * x[i]. */
+    void (*rmsnorm_row)(float *out, const float *x, const float *w, int dim, float eps);
+    void (*rope_heads)(float *v, int n_heads, int head_dim, const float *cos_sin, int rot_dim,
+                       int interleaved);
+    void (*axpy)(float *y, float a, const float *x, size_t n);
 } cpu_kernel_set;
 
 /* Each fills `ks` and returns 1, or returns 0 when the file was built
@@ -317,6 +328,16 @@ static inline float cpu_swiglu_scalar_one(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n);
+/* row_ops.c: the row ops' scalar twins, and RMSNorm's 1 / rms in its fixed
+ * order (cpu_inv_rms_finish: the eight partial sums' tree, shared by the
+ * SIMD twins) */
+float cpu_inv_rms(const float *x, int dim, float eps);
+float cpu_inv_rms_finish(const double s[8], int dim, float eps);
+void cpu_rmsnorm_row_scalar(float *out, const float *x, const float *w, int dim, float eps);
+void cpu_rope_heads_scalar(float *v, int n_heads, int head_dim, const float *cos_sin, int rot_dim,
+                           int interleaved);
+void cpu_rope_pairs(float *hv, const float *cos_sin, int i0, int half, int interleaved);
+void cpu_axpy_scalar(float *y, float a, const float *x, size_t n);
 float cpu_kv_dot_scalar(const float *q, const void *row, int f16, int n);
 double cpu_softmax_exp_scalar(float *s, int n, float max);
 void cpu_kv_axpy_scalar(float *o, float w, const void *row, int f16, int n);

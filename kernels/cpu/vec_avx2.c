@@ -548,6 +548,88 @@ static TAVX2F16 void kv_axpys_block_f16_avx2(float *const *o, const float *const
     }
 }
 
+/* ---- a layer's row ops (row_ops.c's twins, bit for bit) ----------------- */
+
+/* RMSNorm of one row: the eight double partial sums as two registers of
+ * four (lanes 0-3 and 4-7 of each 8-float chunk), the tail and the final
+ * tree as row_ops.c adds them; then (x * scale) * w eight at a time. */
+static TAVX2 void rmsnorm_row_avx2(float *out, const float *x, const float *w, int dim,
+                                   float eps) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+    }
+    double s[8];
+    _mm256_storeu_pd(s, lo);
+    _mm256_storeu_pd(s + 4, hi);
+    for (int k = 0; i < dim; i++, k++) s[k] += (double)x[i] * x[i];
+    const float scale = cpu_inv_rms_finish(s, dim, eps);
+    const __m256 sc = _mm256_set1_ps(scale);
+    i = 0;
+    if (w) {
+        for (; i + 8 <= dim; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sc),
+                                                    _mm256_loadu_ps(w + i)));
+        for (; i < dim; i++) out[i] = (x[i] * scale) * w[i];
+    } else {
+        for (; i + 8 <= dim; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sc));
+        for (; i < dim; i++) out[i] = x[i] * scale;
+    }
+}
+
+/* RoPE. Interleaved pairs: four pairs a register; x * (c, c) and the pairs
+ * swapped times (s, s), then addsub: even lanes x0 c - x1 s, odd lanes
+ * x1 c + x0 s (= x0 s + x1 c: a sum of two rounded products is the same in
+ * either order). Split halves: (c, s) pairs deinterleaved, eight at a time.
+ * Whatever is left of a head goes to row_ops.c's loop (see there why it
+ * is not written here). */
+static TAVX2 void rope_heads_avx2(float *v, int n_heads, int head_dim, const float *cos_sin,
+                                  int rot_dim, int interleaved) {
+    const int half = rot_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *hv = v + (size_t)h * head_dim;
+        int i = 0;
+        if (interleaved) {
+            for (; i + 4 <= half; i += 4) {
+                const __m256 x = _mm256_loadu_ps(hv + 2 * i), cs = _mm256_loadu_ps(cos_sin + 2 * i);
+                const __m256 t1 = _mm256_mul_ps(x, _mm256_moveldup_ps(cs));
+                const __m256 t2 =
+                    _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), _mm256_movehdup_ps(cs));
+                _mm256_storeu_ps(hv + 2 * i, _mm256_addsub_ps(t1, t2));
+            }
+        } else {
+            for (; i + 8 <= half; i += 8) {
+                const __m256 p0 = _mm256_loadu_ps(cos_sin + 2 * i),
+                             p1 = _mm256_loadu_ps(cos_sin + 2 * i + 8);
+                /* shuffle keeps 128-bit lanes: (c0 c1 c4 c5 | c2 c3 c6 c7) -> order */
+                const __m256i ord = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+                const __m256 c = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(p0, p1, 0x88), ord);
+                const __m256 s = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(p0, p1, 0xDD), ord);
+                const __m256 x0 = _mm256_loadu_ps(hv + i), x1 = _mm256_loadu_ps(hv + i + half);
+                _mm256_storeu_ps(hv + i, _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)));
+                _mm256_storeu_ps(hv + i + half,
+                                 _mm256_add_ps(_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, c)));
+            }
+        }
+        cpu_rope_pairs(hv, cos_sin, i, half, interleaved);
+    }
+}
+
+static TAVX2 void axpy_avx2(float *y, float a, const float *x, size_t n) {
+    const __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i),
+                                              _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
+    cpu_axpy_scalar(y + i, a, x + i, n - i); /* the tail: see cpu_rope_pairs */
+}
+
 int cpu_vec_avx2(cpu_kernel_set *ks) {
     ks->kv_dots_block = kv_dots_block_avx2;
     ks->kv_axpys_block = kv_axpys_block_avx2;
@@ -566,6 +648,9 @@ int cpu_vec_avx2(cpu_kernel_set *ks) {
      * (common/spec/sampling_vec.c) */
     ks->argmax = specd_argmax;
     ks->swiglu = swiglu_avx2;
+    ks->rmsnorm_row = rmsnorm_row_avx2;
+    ks->rope_heads = rope_heads_avx2;
+    ks->axpy = axpy_avx2;
     return 1;
 }
 

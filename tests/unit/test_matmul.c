@@ -964,6 +964,100 @@ static void test_quantize_q8_0_paths(void **state) {
     assert_true(tested >= 1);
 }
 
+/* A layer's row ops (RMSNorm, RoPE, the residual add) on every path equal
+ * their scalar twins in row_ops.c bit for bit, whatever the width: tails
+ * of every length past the vector, RMSNorm with and without a weight and
+ * over values from 1e-30 to 1e30 (the double sum must not lose them), RoPE
+ * with interleaved and split pairs, on whole and partial rotary dims and on
+ * heads whose half is not a multiple of the vector. The twins themselves
+ * are checked against a double-precision formula. */
+static void test_row_ops_paths(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    enum { MAXD = 2100 };
+    float *x = malloc(sizeof(float) * MAXD), *w = malloc(sizeof(float) * MAXD);
+    float *want = malloc(sizeof(float) * MAXD), *got = malloc(sizeof(float) * MAXD);
+    test_fill_random(x, MAXD, 41, 3.0f);
+    test_fill_random(w, MAXD, 42, 1.5f);
+    x[5] = 1e30f, x[6] = -1e-30f, x[700] = 0.0f, x[701] = -0.0f;
+    static const int dims[] = {1, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 576, 577, 1536, 2048, 2100};
+    int tested = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof *paths; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        const cpu_kernel_set *ks = cpu_active_kernels();
+        tested++;
+        for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+            const int dim = dims[di];
+            for (int wi = 0; wi < 2; wi++) {
+                const float *wt = wi ? w : NULL;
+                const float *xr = x + (dim < 1000 ? 3 : 0); /* unaligned rows too */
+                cpu_rmsnorm_row_scalar(want, xr, wt, dim, 1e-5f);
+                ks->rmsnorm_row(got, xr, wt, dim, 1e-5f);
+                if (memcmp(want, got, sizeof(float) * (size_t)dim))
+                    fail_msg("%s: rmsnorm of %d values (weight %d) differs from the scalar twin",
+                             paths[pi], dim, wi);
+                if (pi == 0 && dim == 576) { /* the twin against double arithmetic */
+                    double ss = 0;
+                    for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+                    const double r = 1.0 / sqrt(ss / dim + 1e-5);
+                    for (int i = 0; i < dim; i++) {
+                        const double ref = xr[i] * r * (wt ? wt[i] : 1.0f);
+                        if (fabs(got[i] - ref) > 3e-7 * fabs(ref) + 1e-37)
+                            fail_msg("rmsnorm[%d] = %.9g, want %.9g", i, got[i], ref);
+                    }
+                }
+            }
+        }
+        /* RoPE: (head_dim, rot_dim) with halves of 32, 16, 24, 5 and 3 */
+        static const int shapes[][2] = {{64, 64}, {64, 32}, {48, 48}, {10, 10}, {128, 6}};
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (int inter = 0; inter < 2; inter++) {
+                const int hd = shapes[si][0], rot = shapes[si][1], nh = 3;
+                float cs[128];
+                for (int i = 0; i < rot / 2; i++) {
+                    const double ang = (17.0 + 3.0 * si) * pow(10000.0, -2.0 * i / rot);
+                    cs[2 * i] = (float)cos(ang), cs[2 * i + 1] = (float)sin(ang);
+                }
+                memcpy(want, x + 11, sizeof(float) * (size_t)(hd * nh));
+                memcpy(got, x + 11, sizeof(float) * (size_t)(hd * nh));
+                cpu_rope_heads_scalar(want, nh, hd, cs, rot, inter);
+                ks->rope_heads(got, nh, hd, cs, rot, inter);
+                if (memcmp(want, got, sizeof(float) * (size_t)(hd * nh)))
+                    fail_msg("%s: rope head %d rot %d interleaved %d differs from the scalar twin",
+                             paths[pi], hd, rot, inter);
+                if (pi == 0) /* the twin: a rotation, and the rest of the head left alone */
+                    for (int h = 0; h < nh; h++)
+                        for (int i = 0; i < rot / 2; i++) {
+                            const int a = inter ? 2 * i : i, b = inter ? 2 * i + 1 : i + rot / 2;
+                            const double x0 = x[11 + h * hd + a], x1 = x[11 + h * hd + b];
+                            const double r0 = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+                            const double r1 = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+                            if (fabs(got[h * hd + a] - r0) > 1e-6 * (fabs(x0) + fabs(x1)) ||
+                                fabs(got[h * hd + b] - r1) > 1e-6 * (fabs(x0) + fabs(x1)))
+                                fail_msg("rope pair %d of head %d: %.9g %.9g, want %.9g %.9g", i,
+                                         h, got[h * hd + a], got[h * hd + b], r0, r1);
+                        }
+                if (pi == 0 && rot < hd && memcmp(got + rot, x + 11 + rot, sizeof(float) * (size_t)(hd - rot)))
+                    fail_msg("rope rot %d of %d changed the unrotated part", rot, hd);
+            }
+        /* the residual add, every tail and a scaled one */
+        for (int n = 1; n <= MAXD; n = n < 40 ? n + 1 : n * 3) {
+            const float a = n % 2 ? 1.0f : -0.37f;
+            memcpy(want, w, sizeof(float) * (size_t)n);
+            memcpy(got, w, sizeof(float) * (size_t)n);
+            cpu_axpy_scalar(want, a, x, (size_t)n);
+            ks->axpy(got, a, x, (size_t)n);
+            if (memcmp(want, got, sizeof(float) * (size_t)n))
+                fail_msg("%s: axpy of %d values differs from the scalar twin", paths[pi], n);
+            if (pi == 0 && want[n - 1] != w[n - 1] + a * x[n - 1])
+                fail_msg("axpy[%d] = %.9g, want %.9g", n - 1, want[n - 1], w[n - 1] + a * x[n - 1]);
+        }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+    free(x), free(w), free(want), free(got);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
@@ -985,6 +1079,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kv_rows_q8_paths),
         cmocka_unit_test(test_kv_dots_q8_paths),
         cmocka_unit_test(test_quantize_q8_0_paths),
+        cmocka_unit_test(test_row_ops_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
