@@ -227,7 +227,8 @@ static void usage(void) {
            "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n"
            "  --stop-thresholds LIST  add a row \"mlp adaptive t=X\" per threshold X (0 < X < 1):\n"
            "                       SpecDec++ adaptive draft length, beside the fixed mlp row\n"
-           "  --rounds N           run the grid N times, the drafters in alternating order\n"
+           "  --rounds N           run the grid N times; within a round each stream level\n"
+           "                       runs every drafter back to back, in alternating order\n"
            "                       (forward, then reversed): each cell reports its median\n"
            "                       round and the median of its per-round speed-ups over the\n"
            "                       plain cell of the same round (default 1; use 3+ on a noisy\n"
@@ -1131,31 +1132,40 @@ int cmd_bench_e2e(int argc, char **argv) {
             if (one_request(&rc, p, 1, &warm, &err) != GRPC_STATUS_OK) ok = 0;
         }
     }
+    /* Within a round, each stream level runs every drafter's cell back to
+     * back, so that the cells a speed-up compares (a drafter and plain at
+     * the same level) are minutes apart at most: with the levels inside
+     * each drafter instead, a 1-stream cell ran ten cells after its plain
+     * one, and a shared host's drift between them read as a speed-up or a
+     * loss (2026-11-30: plain at one stream 144 and 366 tok/s in two
+     * rounds of one run). */
     for (int r = 0; r < o.rounds && ok; r++)
-        for (int i = 0; i < n_rows && ok; i++) {
-            /* odd rounds go backwards: a machine that speeds up or slows
-             * down during the run favours no drafter over the others */
-            int d = r % 2 ? n_rows - 1 - i : i;
-            rc.drafter = rows[d].drafter;
-            rc.stop_threshold = rows[d].stop_threshold;
-            /* Warm-up, not measured: connections, first-touch of weights and
-             * the drafter's per-session state. With a shared prefix it runs
-             * set 0, which no cell uses, so it caches nothing a cell can hit. */
-            if (shared_cell) {
-                snprintf(shared_cell, shared_cap, "Reference notes, set 0.\n\n%s", shared_text);
-                rc.shared = shared_cell;
-            }
-            req_rec warm;
-            if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) !=
-                GRPC_STATUS_OK) {
-                ok = 0;
-                break;
-            }
-            for (int k = 0; k < o.n_levels; k++) {
+        for (int k = 0; k < o.n_levels && ok; k++)
+            for (int i = 0; i < n_rows && ok; i++) {
+                /* odd rounds go backwards: a machine that speeds up or slows
+                 * down during the run favours no drafter over the others */
+                int d = r % 2 ? n_rows - 1 - i : i;
+                rc.drafter = rows[d].drafter;
+                rc.stop_threshold = rows[d].stop_threshold;
+                /* Warm-up, not measured: connections, first-touch of weights
+                 * and the drafter's per-session state. With a shared prefix
+                 * it runs set 0, which no cell uses, so it caches nothing a
+                 * cell can hit. */
+                if (shared_cell) {
+                    snprintf(shared_cell, shared_cap, "Reference notes, set 0.\n\n%s",
+                             shared_text);
+                    rc.shared = shared_cell;
+                }
+                req_rec warm;
+                if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) !=
+                    GRPC_STATUS_OK) {
+                    ok = 0;
+                    break;
+                }
                 cell *c = &runs[(r * n_rows + d) * o.n_levels + k];
                 if (shared_cell) /* a first line of its own: no page of it is cached yet */
-                    snprintf(shared_cell, shared_cap, "Reference notes, set %d.\n\n%s",
-                             ++n_run, shared_text);
+                    snprintf(shared_cell, shared_cap, "Reference notes, set %d.\n\n%s", ++n_run,
+                             shared_text);
                 if (run_cell(&rc, o.levels[k], classes, n_classes, c, &err)) {
                     ok = 0;
                     break;
@@ -1169,7 +1179,6 @@ int cmd_bench_e2e(int argc, char **argv) {
                                     "%.1f ms (median of %d)\n", c->ttft_first_ms,
                             c->first_prompt_tokens, c->ttft_later_ms, c->n_later);
             }
-        }
     /* Each cell: its median round by tok/s (tau, TTFT... of that round), and
      * the median over rounds of its speed-up over the plain cell of the same
      * round and stream level (0 when there is no plain row). */
