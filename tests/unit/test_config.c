@@ -1023,8 +1023,11 @@ static void test_draft_example_parses(void **state) {
     assert_int_equal(c.targets.n, 2); /* the flag */
     assert_string_equal(c.targets.items[1], "dns:b:2");
     assert_string_equal(specd_drafter_names[c.drafter.def], "auto");
-    assert_null(c.drafter.mlp.path);
-    assert_null(c.drafter.mlp.accept_head);
+    /* the shipped speculator and its acceptance head: the example serves
+     * what the README's main job measures (default auto: mlp_ngram) */
+    assert_string_equal(c.drafter.mlp.path, "models/SmolLM2-135M-Instruct.speculator");
+    assert_string_equal(c.drafter.mlp.accept_head,
+                        "models/SmolLM2-135M-Instruct.speculator/accept_head");
     assert_true(c.drafter.ngram.enabled);
     assert_int_equal(c.speculation.load_table.n, 1);
     assert_string_equal(c.speculation.load_table.items[0], "1:1x1");
@@ -1083,6 +1086,17 @@ static void test_draft_example_is_complete(void **state) {
     free(text);
 }
 
+/* Every manifest's draft-svc serves what the README measures: drafter
+ * auto (mlp_ngram) over the shipped speculator and its acceptance head,
+ * both on the models volume. */
+static void assert_shipped_speculator(const specd_draft_cfg *d) {
+    assert_string_equal(specd_drafter_names[d->drafter.def], "auto");
+    assert_string_equal(d->drafter.mlp.path, "/models/SmolLM2-135M-Instruct.speculator");
+    assert_string_equal(d->drafter.mlp.accept_head,
+                        "/models/SmolLM2-135M-Instruct.speculator/accept_head");
+    assert_true(d->drafter.ngram.enabled);
+}
+
 /* The Kubernetes configs (deploy/k8s/config/) load with the real schemas,
  * so a manifest never ships a key a service would refuse at startup. */
 static void test_k8s_configs_parse(void **state) {
@@ -1112,6 +1126,7 @@ static void test_k8s_configs_parse(void **state) {
     assert_string_equal(d.metrics.listen, "0.0.0.0:9401");
     assert_int_equal(d.speculation.load_table.n, 1); /* the CPU default */
     assert_string_equal(d.speculation.load_table.items[0], "1:1x1");
+    assert_shipped_speculator(&d);
     specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
     /* the GPU overlay's draft-svc: the same, with wider fixed trees */
     char *gd[] = {"draft-svc", "--config", (char *)test_path("deploy/k8s-gpu/draft-svc-config.yaml")};
@@ -1121,6 +1136,7 @@ static void test_k8s_configs_parse(void **state) {
     assert_string_equal(d.targets.items[0], "dns:target-svc:50052");
     assert_int_equal(d.speculation.load_table.n, 3);
     assert_string_equal(d.speculation.load_table.items[0], "1:4x5");
+    assert_shipped_speculator(&d);
     specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
     /* the co-located overlays: the pair talks over the pod's Unix socket */
     const char *const overlays[] = {"deploy/k8s-colocated", "deploy/k8s-colocated-gpu"};
@@ -1140,6 +1156,7 @@ static void test_k8s_configs_parse(void **state) {
         assert_int_equal(rc, 0);
         assert_int_equal(d.targets.n, 1);
         assert_string_equal(d.targets.items[0], "unix:/run/specd/target.sock");
+        assert_shipped_speculator(&d);
         specd_config_free(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &d);
     }
 }
