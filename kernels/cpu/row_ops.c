@@ -5,10 +5,10 @@
  * and in a verify step of a few rows they run on the calling thread while
  * the pool waits: their time is the step's serial tail, paid once per row
  * (61 norms, 30 RoPEs and 60 adds a token on the default model; together
- * 61 us of a 2.4 ms decode step, and 64 us more per verified row, before
- * vec_avx2.c's twins). The SIMD twins do the same float operations in the
- * same order per element, so every path gives these functions' bits and a
- * row's result never depends on the path, the batch or the thread:
+ * 61 us of a 2.4 ms decode step, and about 45 us more per verified row,
+ * before vec_avx2.c's twins). The SIMD twins do the same float operations
+ * in the same order per element, so every path gives these functions' bits
+ * and a row's result never depends on the path, the batch or the thread:
  *
  *   - RMSNorm's sum of squares runs in eight double partial sums (element i
  *     to sum i % 8, the tail from sum 0 on), added in the fixed tree of
@@ -16,7 +16,8 @@
  *     lane's multiply-then-add is this loop's.
  *   - RoPE's rotation is two products and a sum per output, never fused
  *     (the kernels are built with -std=c11, whose -ffp-contract=off keeps
- *     every multiply rounded on its own).
+ *     every multiply rounded on its own; the SIMD twins' tails call the
+ *     loops here, see cpu_rope_pairs).
  *   - The add is y + a * x, one rounding each. */
 #include <math.h>
 #include <stddef.h>
