@@ -250,6 +250,16 @@ static void test_plain_runs(void **state) {
  * paper, where on a linear curve (2 ms + 0.7 ms a row) a row must be
  * accepted at 16 * 0.7 / 13.9 = 81% to pay: counted without the chunk, it
  * is declined. */
+/* How many nodes specd_tree_choose keeps of a one-node tree at chance p. */
+static int one_node_kept(float p, const specd_tree_price *pr) {
+    const float ps[1] = {p};
+    const int32_t depth[1] = {1};
+    uint8_t keep[1];
+    specd_tree_pick pick;
+    specd_tree_choose(ps, depth, NULL, 1, pr, keep, &pick);
+    return pick.n_keep;
+}
+
 static void test_other_rows(void **state) {
     (void)state;
     assert_int_equal(specd_tree_other_rows(37, 1, 20), 16);
@@ -260,20 +270,12 @@ static void test_other_rows(void **state) {
     specd_tree_price pr = linear_price(2000, 700, 0);
     pr.sessions = 16;
     pr.plain_runs = 1;
-    float p[1] = {0.6f};
-    int32_t depth[1] = {1};
-    uint8_t keep[1];
-    specd_tree_pick pick;
     pr.other_tokens = 37 - 1; /* the chunk counted */
-    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
-    assert_int_equal(pick.n_keep, 1);
+    assert_int_equal(one_node_kept(0.6f, &pr), 1);
     pr.other_tokens = specd_tree_other_rows(37, 1, 20);
-    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
-    assert_int_equal(pick.n_keep, 0);
+    assert_int_equal(one_node_kept(0.6f, &pr), 0);
     assert_false(specd_tree_could_pay(0.6f, &pr));
-    p[0] = 0.9f; /* a likely node still goes */
-    specd_tree_choose(p, depth, NULL, 1, &pr, keep, &pick);
-    assert_int_equal(pick.n_keep, 1);
+    assert_int_equal(one_node_kept(0.9f, &pr), 1); /* a likely node still goes */
 }
 
 /* specd_tree_break_even is the exact bar for one more node: on top of a
