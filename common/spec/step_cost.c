@@ -117,9 +117,23 @@ static void fold(specd_step_cost *c, int i, double us, double alpha) {
     c->us[i] = c->us[i] > 0 ? (1 - alpha) * c->us[i] + alpha * us : us;
 }
 
+/* Scales every measured point by f. */
+static void scale_all(specd_step_cost *c, double f) {
+    for (int j = 0; j < c->n; j++)
+        if (c->us[j] > 0) c->us[j] *= f;
+}
+
 void specd_step_cost_observe(specd_step_cost *c, int tokens, double us, double alpha) {
     if (c->n < 1 || tokens < 1 || !(us > 0) || !(alpha > 0)) return;
     if (alpha > 1) alpha = 1;
+    /* the level: the whole curve moves by a share of the surprise against
+     * its own value here (not the running maximum: a stale high point
+     * below would hide it) */
+    const double raw = specd_step_cost_raw_at(c, tokens);
+    if (raw > 0) {
+        scale_all(c, 1 + alpha * SPECD_STEP_COST_LEVEL_SHARE * (us / raw - 1));
+        alpha *= 1 - SPECD_STEP_COST_LEVEL_SHARE; /* the shape's share */
+    }
     int i = floor_point(c, tokens);
     if (c->tokens[i] == tokens || i + 1 >= c->n) {
         if (c->tokens[i] == tokens) {

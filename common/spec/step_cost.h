@@ -7,9 +7,9 @@
  * at a large batch, every row costs compute. Rather than guess, target-svc
  * measures it: at start-up it times passes of 1..64 tokens (one sequence,
  * causal, a short context), and afterwards folds the time of every real pass
- * into the curve (an exponential moving average at the grid points around
- * the pass's size), so the curve follows the context lengths and the load
- * the target actually runs at. GetInfo reports it; draft-svc keeps a copy
+ * into the curve (an exponential moving average: of the whole curve's level,
+ * and of its shape at the grid points around the pass's size), so the curve
+ * follows the context lengths and the load the target actually runs at. GetInfo reports it; draft-svc keeps a copy
  * per target, updated from the forward time each step reports, and prices
  * its trees with it (draft-svc/tree_choice.h).
  *
@@ -41,10 +41,24 @@ double specd_step_cost_at(const specd_step_cost *c, int tokens);
  * stale high point at a smaller size must not flatten. */
 double specd_step_cost_raw_at(const specd_step_cost *c, int tokens);
 
-/* Folds one measured pass in: the grid points on either side of `tokens`
- * move towards the measurement (scaled by the curve's own ratio between
- * them and `tokens`) with weight alpha in (0, 1]; an unmeasured point takes
- * it as is. Non-positive inputs are ignored. */
+/* Folds one measured pass in, with weight alpha in (0, 1], in two parts.
+ * The level: every measured point moves by alpha * SPECD_STEP_COST_LEVEL_SHARE
+ * of the pass's surprise (its time over the curve's own value at its size).
+ * The shape: the grid points on either side of `tokens` then move the rest
+ * of the way towards the measurement (scaled by the curve's own ratio
+ * between them and `tokens`) with the remaining weight; an unmeasured point
+ * takes it as is. Non-positive inputs are ignored.
+ *
+ * Why the level is most of it: the passes a client sees land on a few
+ * sizes, and a point no pass lands on would otherwise keep whatever it was
+ * last measured at. A draft-svc session that sends a tree every step never
+ * runs a 1-token pass, so after a burst on shared cores its 1-token point
+ * stayed high for the rest of the request, and with the running maximum of
+ * specd_step_cost_at every tree up to that cost was priced as free: the
+ * trees grew to 3-8 nodes and ran at 0.82-0.95x of plain
+ * (docs/BENCHMARKS.md, thirtieth session). The shape (what a row adds)
+ * changes slowly, with the context length; the level moves with the host. */
+#define SPECD_STEP_COST_LEVEL_SHARE 0.9
 void specd_step_cost_observe(specd_step_cost *c, int tokens, double us, double alpha);
 
 /* Takes measured points from outside (GetInfo): keeps the grid, sets each

@@ -90,6 +90,33 @@ static void test_observe(void **state) {
     assert_memory_equal(&before, &c, sizeof c);
 }
 
+/* A point no pass lands on follows the level of the passes that do: a
+ * session that sends a tree every step never measures a 1-token pass, and
+ * a 1-token point left high by a burst made every tree up to its cost look
+ * free (the running maximum). Its shape against the measured sizes is
+ * kept where the level does not move. */
+static void test_observe_far_points_follow(void **state) {
+    (void)state;
+    specd_step_cost c;
+    specd_step_cost_init(&c, 64);
+    for (int i = 0; i < c.n; i++) c.us[i] = 2500 + 400.0 * (c.tokens[i] - 1);
+    /* a burst: the 1-token passes took twice the curve */
+    for (int k = 0; k < 40; k++) specd_step_cost_observe(&c, 1, 5000, 0.05);
+    assert_true(specd_step_cost_at(&c, 1) > 4000);
+    /* the burst is over; only 4-token passes run, at the old truth */
+    for (int k = 0; k < 400; k++) specd_step_cost_observe(&c, 4, 2500 + 1200, 0.05);
+    double one = specd_step_cost_at(&c, 1), four = specd_step_cost_at(&c, 4);
+    assert_true(fabs(four - 3700) / 3700 < 0.02);
+    /* the 1-token point is back near the truth, and rows cost again */
+    assert_true(one < 2500 * 1.15);
+    assert_true(four - one > 0.7 * 1200);
+    /* at a steady level nothing drifts: a pass that matches the curve moves
+     * no point */
+    specd_step_cost before = c;
+    specd_step_cost_observe(&c, 4, specd_step_cost_at(&c, 4), 0.05);
+    for (int i = 0; i < c.n; i++) assert_true(fabs(c.us[i] - before.us[i]) < 1e-6 * before.us[i]);
+}
+
 /* ---- choosing the tree ----------------------------------------------------------- */
 
 static specd_tree_price linear_price(double fixed, double per_token, double overhead) {
@@ -742,6 +769,7 @@ int main(void) {
         cmocka_unit_test(test_grid),
         cmocka_unit_test(test_interpolation),
         cmocka_unit_test(test_observe),
+        cmocka_unit_test(test_observe_far_points_follow),
         cmocka_unit_test(test_choose_brute_force),
         cmocka_unit_test(test_choose_cases),
         cmocka_unit_test(test_calibration),
