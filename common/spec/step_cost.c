@@ -1,6 +1,7 @@
 /* step_cost.c - the forward-pass cost curve (step_cost.h). */
 #include "common/spec/step_cost.h"
 
+#include <math.h>
 #include <string.h>
 
 void specd_step_cost_init(specd_step_cost *c, int max_tokens) {
@@ -126,20 +127,26 @@ static void scale_all(specd_step_cost *c, double f) {
 void specd_step_cost_observe(specd_step_cost *c, int tokens, double us, double alpha) {
     if (c->n < 1 || tokens < 1 || !(us > 0) || !(alpha > 0)) return;
     if (alpha > 1) alpha = 1;
-    /* the level: the whole curve moves by a share of the surprise against
-     * its own value here (not the running maximum: a stale high point
-     * below would hide it) */
-    const double raw = specd_step_cost_raw_at(c, tokens);
-    if (raw > 0) {
-        scale_all(c, 1 + alpha * SPECD_STEP_COST_LEVEL_SHARE * (us / raw - 1));
+    int i = floor_point(c, tokens);
+    const int on = c->tokens[i] == tokens, past = !on && i + 1 >= c->n;
+    /* The level, where the curve has measured this size (on a measured
+     * point or between two): a surprise against an interpolated or
+     * extrapolated guess says where the guess was wrong, not that the host
+     * changed. In log space, the surprise capped: one pass preempted for
+     * ten times its length must not multiply every estimate by ten. */
+    if (!past && c->us[i] > 0 && (on || c->us[i + 1] > 0)) {
+        double r = us / specd_step_cost_raw_at(c, tokens);
+        r = r < 1.0 / SPECD_STEP_COST_LEVEL_CAP ? 1.0 / SPECD_STEP_COST_LEVEL_CAP
+            : r > SPECD_STEP_COST_LEVEL_CAP    ? SPECD_STEP_COST_LEVEL_CAP
+                                               : r;
+        scale_all(c, pow(r, alpha * SPECD_STEP_COST_LEVEL_SHARE));
         alpha *= 1 - SPECD_STEP_COST_LEVEL_SHARE; /* the shape's share */
     }
-    int i = floor_point(c, tokens);
-    if (c->tokens[i] == tokens || i + 1 >= c->n) {
-        if (c->tokens[i] == tokens) {
-            fold(c, i, us, alpha);
-            return;
-        }
+    if (on) {
+        fold(c, i, us, alpha);
+        return;
+    }
+    if (past) {
         /* past the last point: scale back to it along the curve */
         double here = specd_step_cost_at(c, tokens), at = point_value(c, i);
         fold(c, i, here > 0 && at > 0 ? us * at / here : us, alpha);

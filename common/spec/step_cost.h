@@ -42,12 +42,15 @@ double specd_step_cost_at(const specd_step_cost *c, int tokens);
 double specd_step_cost_raw_at(const specd_step_cost *c, int tokens);
 
 /* Folds one measured pass in, with weight alpha in (0, 1], in two parts.
- * The level: every measured point moves by alpha * SPECD_STEP_COST_LEVEL_SHARE
- * of the pass's surprise (its time over the curve's own value at its size).
- * The shape: the grid points on either side of `tokens` then move the rest
- * of the way towards the measurement (scaled by the curve's own ratio
- * between them and `tokens`) with the remaining weight; an unmeasured point
- * takes it as is. Non-positive inputs are ignored.
+ * The level, where the curve has measured the pass's size (on a measured
+ * grid point or between two): every measured point is multiplied by the
+ * pass's surprise (its time over the curve's own value there, capped to
+ * within a factor SPECD_STEP_COST_LEVEL_CAP) to the power
+ * alpha * SPECD_STEP_COST_LEVEL_SHARE. The shape: the grid points on either
+ * side of `tokens` then move the rest of the way towards the measurement
+ * (scaled by the curve's own ratio between them and `tokens`) with the
+ * remaining weight, or all of it where the level did not move; an
+ * unmeasured point takes it as is. Non-positive inputs are ignored.
  *
  * Why the level is most of it: the passes a client sees land on a few
  * sizes, and a point no pass lands on would otherwise keep whatever it was
@@ -59,6 +62,7 @@ double specd_step_cost_raw_at(const specd_step_cost *c, int tokens);
  * (docs/BENCHMARKS.md, thirtieth session). The shape (what a row adds)
  * changes slowly, with the context length; the level moves with the host. */
 #define SPECD_STEP_COST_LEVEL_SHARE 0.9
+#define SPECD_STEP_COST_LEVEL_CAP 4.0
 void specd_step_cost_observe(specd_step_cost *c, int tokens, double us, double alpha);
 
 /* Takes measured points from outside (GetInfo): keeps the grid, sets each

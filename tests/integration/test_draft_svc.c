@@ -1169,8 +1169,11 @@ static void test_get_info(void **state) {
 /* A member keeps two cost curves: passes a session had alone and passes it
  * shared. A shared pass's time moves only the shared curve (and the other
  * way round), so what 16 sessions cost never prices a lone session's
- * tree. Observed at 4096 tokens, a size no test here runs, so the other
- * tests' pricing is untouched. */
+ * tree. And the ratio of a plain run's step to the alone curve
+ * (specd_tpool_member_note_run). Observed at 4096 tokens, a size no test
+ * here runs; a pass moves
+ * its curve's level at every size, though (step_cost.h), so this runs
+ * after every test that prices trees (only the failover test follows). */
 static void test_cost_curves_alone_and_shared(void **state) {
     (void)state;
     specd_error err = {{0}};
@@ -1181,17 +1184,24 @@ static void test_cost_curves_alone_and_shared(void **state) {
     specd_tpool_member_cost(m, 1, &shared);
     double a0 = specd_step_cost_at(&alone, 4096), s0 = specd_step_cost_at(&shared, 4096);
     assert_true(a0 > 0 && s0 > 0);
-    for (int i = 0; i < 40; i++) specd_tpool_member_cost_observe(m, 1, 4096, 100.0 * s0);
+    for (int i = 0; i < 40; i++) specd_tpool_member_cost_observe(m, 1, 4096, 3.0 * s0);
     specd_tpool_member_cost(m, 0, &alone);
     specd_tpool_member_cost(m, 1, &shared);
     assert_true(specd_step_cost_at(&alone, 4096) == a0);
     double s1 = specd_step_cost_at(&shared, 4096);
-    assert_true(s1 > 10.0 * s0);
-    for (int i = 0; i < 40; i++) specd_tpool_member_cost_observe(m, 0, 4096, 50.0 * a0);
+    assert_true(s1 > 2.0 * s0);
+    for (int i = 0; i < 40; i++) specd_tpool_member_cost_observe(m, 0, 4096, 3.0 * a0);
     specd_tpool_member_cost(m, 0, &alone);
     specd_tpool_member_cost(m, 1, &shared);
-    assert_true(specd_step_cost_at(&alone, 4096) > 10.0 * a0);
+    assert_true(specd_step_cost_at(&alone, 4096) > 2.0 * a0);
     assert_true(specd_step_cost_at(&shared, 4096) == s1);
+    /* the run ratio: a run step's time over the alone curve's 1-token
+     * pass, smoothed */
+    double one = specd_step_cost_at(&alone, 1);
+    for (int i = 0; i < 200; i++) specd_tpool_member_note_run(m, 0.5 * one);
+    assert_true(fabs(specd_tpool_member_run_ratio(m) - 0.5) < 0.01);
+    specd_tpool_member_note_run(m, -1); /* ignored */
+    assert_true(fabs(specd_tpool_member_run_ratio(m) - 0.5) < 0.01);
     specd_tpool_release(T.pool, m, 0);
 }
 

@@ -115,6 +115,19 @@ static void test_observe_far_points_follow(void **state) {
     specd_step_cost before = c;
     specd_step_cost_observe(&c, 4, specd_step_cost_at(&c, 4), 0.05);
     for (int i = 0; i < c.n; i++) assert_true(fabs(c.us[i] - before.us[i]) < 1e-6 * before.us[i]);
+    /* one pass preempted for 100 times its length moves the level by the
+     * capped surprise only */
+    specd_step_cost_observe(&c, 4, 100 * specd_step_cost_at(&c, 4), 0.05);
+    const double most = pow(SPECD_STEP_COST_LEVEL_CAP, 0.05 * SPECD_STEP_COST_LEVEL_SHARE);
+    assert_true(c.us[0] <= before.us[0] * most * (1 + 1e-9));
+    assert_true(c.us[0] > before.us[0]);
+    /* a pass where nothing was measured (past the start-up grid's reach)
+     * is shape, not level: the measured points keep their level */
+    specd_step_cost_init(&c, 512);
+    for (int i = 0; i < c.n && c.tokens[i] <= 16; i++) c.us[i] = 2500 + 400.0 * (c.tokens[i] - 1);
+    before = c;
+    specd_step_cost_observe(&c, 256, 3 * specd_step_cost_at(&c, 256), 0.05);
+    for (int i = 0; i < c.n && c.tokens[i] <= 16; i++) assert_true(c.us[i] == before.us[i]);
 }
 
 /* ---- choosing the tree ----------------------------------------------------------- */
