@@ -1198,9 +1198,9 @@ static step_rc send_tree(gen *g, specd_rpc_stream *s, uint32_t step, uint32_t ru
  * every step of a request without a drafter, and the rest of a priced
  * drafter's skip (the skip rules would decline its model for them). A
  * drafter with a lookup part still looks up on every step it gets, and its
- * lookup may find a match on any of them, so its run is at most the plain
- * steps it has seen in a row: it looks at the 1st, 2nd, 4th, 8th ... plain
- * step of a streak. Never past the tokens left, nor past what the target
+ * lookup may find a match on any of them, so alone its run is at most the
+ * plain steps it has seen in a row: it looks at the 1st, 2nd, 4th, 8th ...
+ * plain step of a streak. Never past the tokens left, nor past what the target
  * offered at Open (0: it runs none). Takes the run's steps off the skip. */
 static uint32_t plain_run(gen *g) {
     const specd_gen_request *q = g->req;
@@ -1212,7 +1212,11 @@ static uint32_t plain_run(gen *g) {
         n = left;
     } else if (q_priced(g) && g->member && g->price.skip > 0) {
         n = g->price.skip;
-        if (q->drafter->has_lookup && n > g->plain_streak) n = g->plain_streak;
+        /* alone only: under load a lookup's tree rarely pays for the
+         * rows it adds to everyone's pass, while each run cut short is a
+         * step sent (run_session) */
+        if (q->drafter->has_lookup && g->target_load <= 1 && n > g->plain_streak)
+            n = g->plain_streak;
         g->run_priced = 1;
     }
     if (n > left) n = left;
@@ -1259,13 +1263,28 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
     g->max_plain = g->run_left = 0; /* known from this session's Open answer */
     g->price.in_run = 0;
     g->ahead.valid = g->ahead.hit = 0;
-    if (g->n_gen == 0 && q_priced(g) &&
-        specd_accept_calib_gain(g->req->calib, g->target_load) < 1.0) {
-        /* drafting has not been paying for this drafter lately: start
-         * plainly and look again after a few steps */
-        g->price.skip = 4; /* short: a 24-token request on a repetitive
-                            * text drafted nothing after 16 (tau 1.00) */
-        g->price.backoff = 8;
+    /* The load this session starts into: the target reports it with every
+     * answer, and before the first one the sessions this draft-svc has
+     * open there (this one included) say it. Taking the last reported
+     * load alone, a new session under 16 streams asked the lone-session
+     * verdict, which says drafting pays, and drafted its first steps at a
+     * load where no tree is sent. */
+    int load = specd_tpool_member_sessions(m);
+    if (load < g->target_load) load = g->target_load;
+    if (g->n_gen == 0 && q_priced(g) && specd_accept_calib_gain(g->req->calib, load) < 1.0) {
+        /* Drafting has not been paying for this drafter lately at this
+         * load: start plainly and look again after a few steps. Alone,
+         * soon: a 24-token request on a repetitive text drafted nothing
+         * after 16 (tau 1.00). Under load, later: every look and every run
+         * is a step sent, which the others' pass waits for
+         * (batching.max_wait) and this process spends CPU on. At 16
+         * streams the drafters sent 3.8-7.3 times the steps plain decoding
+         * did while sending no tree; at 4 streams this start and runs not
+         * cut short under load (plain_run) took a drafter's sends from
+         * 5.6-6.3 to 3.4-4.4 a request, plain decoding's being 1
+         * (docs/BENCHMARKS.md, thirtieth session). */
+        g->price.skip = load > 1 ? 16 : 4;
+        g->price.backoff = load > 1 ? 32 : 8;
         g->price.look = 1;
     }
     Specd__V1__VerifyResponse *r = NULL;

@@ -29,7 +29,8 @@ struct specd_tpool_member {
     int source;           /* index of the configured entry it came from */
     specd_rpc_channel *ch;
     member_state state;
-    int sessions;         /* open sessions of this draft-svc on it */
+    _Atomic int sessions; /* open sessions of this draft-svc on it; written under the
+                           * pool's mu, read without (specd_tpool_member_sessions) */
     int refs;             /* pool list (1 while listed) + sessions */
     int listed;           /* still in the resolved set */
     int failures;         /* consecutive */
@@ -397,7 +398,7 @@ void specd_tpool_release(specd_tpool *p, specd_tpool_member *m, int failed) {
 specd_rpc_channel *specd_tpool_member_channel(const specd_tpool_member *m) { return m->ch; }
 const char *specd_tpool_member_addr(const specd_tpool_member *m) { return m->addr; }
 const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m) { return &m->info; }
-int specd_tpool_member_sessions(const specd_tpool_member *m) { return m->sessions; }
+int specd_tpool_member_sessions(const specd_tpool_member *m) { return atomic_load(&m->sessions); }
 
 void specd_tpool_member_cost(specd_tpool_member *m, int shared, specd_step_cost *out) {
     pthread_mutex_lock(&m->cost_mu);
