@@ -370,13 +370,13 @@ static void price_tree(gen *g, double draft_us) {
     /* Alone, with a target that runs plain steps by itself, what not
      * drafting leads to is decoding in runs (skip_drafting, plain_run):
      * passes back to back, with no round trip and no draft between them,
-     * which the curve (fed mostly by passes that follow one, plus a round
-     * trip) does not price: over twelve runs of the main job on two shared
-     * cores a run's whole step took 0.81-1.12 (median 0.93) of the curve's
-     * 1-token pass alone (docs/BENCHMARKS.md, thirtieth session), where a
-     * plain step as priced adds the round trip, 7-12% more. So drafting is
-     * judged against the run steps timed on this target, as a ratio to
-     * that pass (specd_tpool_member_run_ratio). */
+     * which the curve (fed mostly by passes that follow both) does not
+     * price: over twelve runs of the main job on two shared cores a run's
+     * whole step, answer to answer, took 0.81-1.12 (median 0.93) of the
+     * curve's 1-token forward pass (docs/BENCHMARKS.md, thirtieth session),
+     * while a plain step as priced is that pass plus the round trip, 7-12%
+     * more. So drafting is judged against the run steps timed on this
+     * target, as a ratio to that pass (specd_tpool_member_run_ratio). */
     const double run_ratio = specd_tpool_member_run_ratio(g->member);
     if (pr.sessions == 1 && g->max_plain > 0 && run_ratio > 0) {
         double plain_us = run_ratio * specd_step_cost_at(&pr.cost, 1);

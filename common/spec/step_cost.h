@@ -9,9 +9,10 @@
  * causal, a short context), and afterwards folds the time of every real pass
  * into the curve (an exponential moving average: of the whole curve's level,
  * and of its shape at the grid points around the pass's size), so the curve
- * follows the context lengths and the load the target actually runs at. GetInfo reports it; draft-svc keeps a copy
- * per target, updated from the forward time each step reports, and prices
- * its trees with it (draft-svc/tree_choice.h).
+ * follows the context lengths and the load the target actually runs at.
+ * GetInfo reports it; draft-svc keeps a copy per target, updated from the
+ * forward time each step reports, and prices its trees with it
+ * (draft-svc/tree_choice.h).
  *
  * The curve lives on a fixed grid of batch sizes: every size up to 16, then
  * coarser steps to 4096. A grid point without a measurement (us = 0) is

@@ -1171,9 +1171,9 @@ static void test_get_info(void **state) {
  * way round), so what 16 sessions cost never prices a lone session's
  * tree. And the ratio of a plain run's step to the alone curve
  * (specd_tpool_member_note_run). Observed at 4096 tokens, a size no test
- * here runs; a pass moves
- * its curve's level at every size, though (step_cost.h), so this runs
- * after every test that prices trees (only the failover test follows). */
+ * here runs; a pass moves its curve's level at every size, though
+ * (step_cost.h), so this runs after every test that prices trees (only
+ * the failover test follows). */
 static void test_cost_curves_alone_and_shared(void **state) {
     (void)state;
     specd_error err = {{0}};

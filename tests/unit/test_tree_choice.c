@@ -93,8 +93,9 @@ static void test_observe(void **state) {
 /* A point no pass lands on follows the level of the passes that do: a
  * session that sends a tree every step never measures a 1-token pass, and
  * a 1-token point left high by a burst made every tree up to its cost look
- * free (the running maximum). Its shape against the measured sizes is
- * kept where the level does not move. */
+ * free (the running maximum). The passes that match the curve move
+ * nothing, an outlier moves it by a capped amount, and a pass at a size
+ * never measured moves only that size. */
 static void test_observe_far_points_follow(void **state) {
     (void)state;
     specd_step_cost c;
