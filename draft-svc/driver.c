@@ -367,21 +367,6 @@ static void price_tree(gen *g, double draft_us) {
      * model whose trees the price discarded kept drafting whenever the
      * lookup's paid: 7-8% of throughput at 4 streams. */
     double base_rate = send.plain_rate;
-    /* Alone, with a target that runs plain steps by itself, what not
-     * drafting leads to is decoding in runs (skip_drafting, plain_run):
-     * passes back to back, with no round trip and no draft between them,
-     * which the curve (fed mostly by passes that follow both) does not
-     * price: over twelve runs of the main job on two shared cores a run's
-     * whole step, answer to answer, took 0.81-1.12 (median 0.93) of the
-     * curve's 1-token forward pass (docs/BENCHMARKS.md, thirtieth session),
-     * while a plain step as priced is that pass plus the round trip, 7-12%
-     * more. So drafting is judged against the run steps timed on this
-     * target, as a ratio to that pass (specd_tpool_member_run_ratio). */
-    const double run_ratio = specd_tpool_member_run_ratio(g->member);
-    if (pr.sessions == 1 && g->max_plain > 0 && run_ratio > 0) {
-        double plain_us = run_ratio * specd_step_cost_at(&pr.cost, 1);
-        if (plain_us > 0) base_rate = specd_tree_base_tokens(&pr) / plain_us;
-    }
     if (g->req->drafter->has_lookup) {
         for (int i = 0; i < n; i++) {
             int par = tb->parents[i];
@@ -550,19 +535,14 @@ static void price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_r
     int shared = ps->sent_rows <= 0 || (int)tm->batch_tokens != ps->sent_rows;
     if (tm->forward_us > 0 && tm->batch_tokens > 0)
         specd_tpool_member_cost_observe(g->member, shared, (int)tm->batch_tokens, tm->forward_us);
-    if (r->step <= 0 || ps->t_send <= 0) return;
-    double step_us = (t_recv - ps->t_send) * 1e3;
-    if (ps->in_run) {
-        /* a run's step was not sent: its wait is not a round trip, and it
-         * is what decoding in runs costs (price_tree's base_rate) */
-        if (tm->batch_tokens == 1) specd_tpool_member_note_run(g->member, step_us);
-        return;
+    /* a run's step was not sent: its wait is not a round trip */
+    if (r->step > 0 && ps->t_send > 0 && !ps->in_run) {
+        double over = (t_recv - ps->t_send) * 1e3 - tm->forward_us;
+        if (over < 0) over = 0;
+        ps->overhead_us = ps->overhead_us > 0
+                              ? (1 - PRICE_ALPHA) * ps->overhead_us + PRICE_ALPHA * over
+                              : over;
     }
-    double over = step_us - tm->forward_us;
-    if (over < 0) over = 0;
-    ps->overhead_us = ps->overhead_us > 0
-                          ? (1 - PRICE_ALPHA) * ps->overhead_us + PRICE_ALPHA * over
-                          : over;
 }
 
 /* What the step loop tells the failover loop. */

@@ -41,7 +41,6 @@ struct specd_tpool_member {
      * [0] passes that held one session alone, [1] passes shared with others */
     pthread_mutex_t cost_mu;
     specd_step_cost cost[2];
-    double run_ratio; /* specd_tpool_member_run_ratio; 0 = none yet */
 };
 
 /* Members' weight of each new step time in their cost curve: a few dozen
@@ -410,23 +409,6 @@ void specd_tpool_member_cost_observe(specd_tpool_member *m, int shared, int batc
                                      double forward_us) {
     pthread_mutex_lock(&m->cost_mu);
     specd_step_cost_observe(&m->cost[shared != 0], batch_tokens, forward_us, COST_ALPHA);
-    pthread_mutex_unlock(&m->cost_mu);
-}
-
-double specd_tpool_member_run_ratio(specd_tpool_member *m) {
-    pthread_mutex_lock(&m->cost_mu);
-    double r = m->run_ratio;
-    pthread_mutex_unlock(&m->cost_mu);
-    return r;
-}
-
-void specd_tpool_member_note_run(specd_tpool_member *m, double step_us) {
-    pthread_mutex_lock(&m->cost_mu);
-    double one = specd_step_cost_at(&m->cost[0], 1);
-    if (one > 0 && step_us > 0) {
-        double r = step_us / one;
-        m->run_ratio = m->run_ratio > 0 ? (1 - COST_ALPHA) * m->run_ratio + COST_ALPHA * r : r;
-    }
     pthread_mutex_unlock(&m->cost_mu);
 }
 

@@ -95,13 +95,6 @@ const specd_target_info *specd_tpool_member_info(const specd_tpool_member *m);
 void specd_tpool_member_cost(specd_tpool_member *m, int shared, specd_step_cost *out);
 void specd_tpool_member_cost_observe(specd_tpool_member *m, int shared, int batch_tokens,
                                      double forward_us);
-/* What a plain run's step costs there (a pass right after the last, no
- * round trip, no draft between them: VerifyTree.plain_steps), as a ratio
- * to the alone curve's 1-token pass, which is fed mostly by passes that
- * follow a round trip and a draft. note_run folds in one run step's time
- * (answer to answer); run_ratio is 0 before any. Thread-safe. */
-double specd_tpool_member_run_ratio(specd_tpool_member *m);
-void specd_tpool_member_note_run(specd_tpool_member *m, double step_us);
 /* Sessions this draft-svc has open on the member right now. */
 int specd_tpool_member_sessions(const specd_tpool_member *m);
 

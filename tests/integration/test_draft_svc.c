@@ -1169,9 +1169,8 @@ static void test_get_info(void **state) {
 /* A member keeps two cost curves: passes a session had alone and passes it
  * shared. A shared pass's time moves only the shared curve (and the other
  * way round), so what 16 sessions cost never prices a lone session's
- * tree. And the ratio of a plain run's step to the alone curve
- * (specd_tpool_member_note_run). Observed at 4096 tokens, a size no test
- * here runs; a pass moves its curve's level at every size, though
+ * tree. Observed at 4096 tokens, a size no test here runs; a pass moves
+ * its curve's level at every size, though
  * (step_cost.h), so this runs after every test that prices trees (only
  * the failover test follows). */
 static void test_cost_curves_alone_and_shared(void **state) {
@@ -1195,13 +1194,6 @@ static void test_cost_curves_alone_and_shared(void **state) {
     specd_tpool_member_cost(m, 1, &shared);
     assert_true(specd_step_cost_at(&alone, 4096) > 2.0 * a0);
     assert_true(specd_step_cost_at(&shared, 4096) == s1);
-    /* the run ratio: a run step's time over the alone curve's 1-token
-     * pass, smoothed */
-    double one = specd_step_cost_at(&alone, 1);
-    for (int i = 0; i < 200; i++) specd_tpool_member_note_run(m, 0.5 * one);
-    assert_true(fabs(specd_tpool_member_run_ratio(m) - 0.5) < 0.01);
-    specd_tpool_member_note_run(m, -1); /* ignored */
-    assert_true(fabs(specd_tpool_member_run_ratio(m) - 0.5) < 0.01);
     specd_tpool_release(T.pool, m, 0);
 }
 
