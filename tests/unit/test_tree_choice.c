@@ -285,12 +285,6 @@ static void test_plain_runs(void **state) {
     assert_true(specd_tree_drafting_could_pay(&pr));
 }
 
-/* The others' rows leave out the last pass's prompt rows (and ours). A
- * pass of 16 sessions' plain rows that also carried a 20-row prompt chunk
- * looked slow per token, and a node accepted at 60% beside it paid on
- * paper, where on a linear curve (2 ms + 0.7 ms a row) a row must be
- * accepted at 16 * 0.7 / 13.9 = 81% to pay: counted without the chunk, it
- * is declined. */
 /* How many nodes specd_tree_choose keeps of a one-node tree at chance p. */
 static int one_node_kept(float p, const specd_tree_price *pr) {
     const float ps[1] = {p};
@@ -301,6 +295,12 @@ static int one_node_kept(float p, const specd_tree_price *pr) {
     return pick.n_keep;
 }
 
+/* The others' rows leave out the last pass's prompt rows (and ours). A
+ * pass of 16 sessions' plain rows that also carried a 20-row prompt chunk
+ * looked slow per token, and a node accepted at 60% beside it paid on
+ * paper, where on a linear curve (2 ms + 0.7 ms a row) a row must be
+ * accepted at 16 * 0.7 / 13.9 = 81% to pay: counted without the chunk, it
+ * is declined. */
 static void test_other_rows(void **state) {
     (void)state;
     assert_int_equal(specd_tree_other_rows(37, 1, 20), 16);
