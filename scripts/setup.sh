@@ -65,10 +65,10 @@ if [ -z "${SPECD_SKIP_RUN:-}" ]; then
   # weakest kind), so the main job also measures the default configuration
   # (drafter mlp_ngram: the speculator and suffix decoding in one tree)
   # against plain decoding through the same two services on held-out
-  # prompts (4 chat, 4 code, 4 math, none seen in training), alternating
-  # the two twice; the table's last columns are the speed-up and tau by
-  # kind. About half a minute.
+  # prompts (4 chat, 4 code, 4 math, none seen in training), the two taking
+  # turns request by request (--interleave), in two rounds; the table's
+  # last columns are the speed-up and tau by kind. About half a minute.
   ./build/specd bench --e2e --streams 1 --prompts bench/eval-prompts.jsonl \
     --per-class 4 -n 64 --speculator models/SmolLM2-135M-Instruct.speculator \
-    --drafters none,mlp_ngram --rounds 2
+    --drafters none,mlp_ngram --rounds 2 --interleave
 fi

@@ -126,6 +126,7 @@ typedef struct bench_opts {
     const char *accept_head;
     const char *json; /* --json FILE: the rows as JSON too (bench/plot_e2e.py draws them) */
     int rounds;       /* --rounds N: the whole grid N times, drafter order alternated */
+    int interleave;   /* --interleave: a level's drafters take turns wave by wave */
     const char *backend; /* in-process target's and speculator's backend (NULL = cpu) */
     int device;
     float stop_thresholds[MAX_THRESHOLDS];
@@ -180,6 +181,7 @@ typedef struct run_ctx {
      * text), put before every prompt; NULL = off */
     const char *shared;
     int requests; /* per stream */
+    int slot0, n_slots; /* the requests of each stream this run sends: [slot0, slot0 + n_slots) */
     req_rec *recs; /* [streams * requests] */
     pthread_mutex_t mu;
     int failed;
@@ -233,6 +235,14 @@ static void usage(void) {
            "                       round and the median of its per-round speed-ups over the\n"
            "                       plain cell of the same round (default 1; use 3+ on a noisy\n"
            "                       machine)\n"
+           "  --interleave         instead of a cell of back-to-back requests per drafter:\n"
+           "                       at each stream level the drafters take turns request by\n"
+           "                       request (a wave: one request per stream, all at once),\n"
+           "                       their order turning round every wave; each cell is its\n"
+           "                       waves put end to end. The rounds of a run then agree to\n"
+           "                       a few percent on a shared host: for comparing drafters,\n"
+           "                       or settings, with each other (above one stream every\n"
+           "                       wave ends with its slowest stream)\n"
            "  --json FILE          also write the rows (and the machine, command) as JSON, for\n"
            "                       bench/plot_e2e.py\n"
            "  --accept-head DIR    the mlp drafter's acceptance head (default: SPECULATOR/\n"
@@ -508,7 +518,7 @@ static void *stream_main(void *arg) {
     stream_arg *sa = arg;
     run_ctx *rc = sa->rc;
     specd_thread_name("bench-stream");
-    for (int r = 0; r < rc->requests; r++) {
+    for (int r = rc->slot0; r < rc->slot0 + rc->n_slots; r++) {
         pthread_mutex_lock(&rc->mu);
         int stop = rc->failed;
         pthread_mutex_unlock(&rc->mu);
@@ -560,19 +570,19 @@ static void shared_ttft(const req_rec *recs, int n, double *buf, cell *out) {
     out->ttft_later_ms = k % 2 ? buf[k / 2] : 0.5 * (buf[k / 2 - 1] + buf[k / 2]);
 }
 
-/* Runs one cell and summarizes it. 0, or -1 + err. */
-static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes, cell *out,
-                    specd_error *err) {
-    int n_recs = streams * rc->requests;
-    rc->recs = calloc((size_t)n_recs, sizeof *rc->recs);
+/* Sends requests [slot0, slot0 + n_slots) of every stream into rc->recs,
+ * the streams concurrently, each its requests one after another. 0, or
+ * -1 + err. */
+static int run_streams(run_ctx *rc, int streams, int slot0, int n_slots, specd_error *err) {
     pthread_t *th = calloc((size_t)streams, sizeof *th);
     stream_arg *args = calloc((size_t)streams, sizeof *args);
-    if (!rc->recs || !th || !args) {
-        free(rc->recs);
+    if (!th || !args) {
         free(th);
         free(args);
         return specd_seterr(err, "out of memory");
     }
+    rc->slot0 = slot0;
+    rc->n_slots = n_slots;
     rc->failed = 0;
     int started = 0;
     for (int s = 0; s < streams; s++) {
@@ -587,72 +597,144 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
         started++;
     }
     for (int s = 0; s < started; s++) pthread_join(th[s], NULL);
-    int rc_out = 0;
-    if (rc->failed) {
-        *err = rc->err;
-        rc_out = -1;
-    } else {
-        double t0 = 1e300, t1 = 0, per_stream = 0;
-        long tokens = 0, steps = 0, drafted = 0, accepted = 0, decode_steps = 0;
-        double draft_ms = 0, wait_ms = 0, fwd_ms = 0;
-        long ahead = 0, ahead_hits = 0;
-        long cls_tokens[MAX_CLASSES] = {0}, cls_steps[MAX_CLASSES] = {0};
-        double *ttft = calloc((size_t)n_recs, sizeof *ttft);
-        int n_ttft = 0;
-        for (int s = 0; s < streams; s++) {
-            long st_tokens = 0;
-            double st0 = 1e300, st1 = 0;
-            for (int r = 0; r < rc->requests; r++) {
-                const req_rec *q = &rc->recs[s * rc->requests + r];
-                st_tokens += q->tokens;
-                st0 = q->t_start < st0 ? q->t_start : st0;
-                st1 = q->t_end > st1 ? q->t_end : st1;
-                steps += q->steps;
-                drafted += q->drafted;
-                accepted += q->accepted;
-                decode_steps += q->steps > 1 ? q->steps - 1 : 0; /* step 0: the prompt */
-                draft_ms += q->draft_ms;
-                wait_ms += q->wait_ms;
-                fwd_ms += q->fwd_ms;
-                ahead += q->ahead;
-                ahead_hits += q->ahead_hits;
-                int c = class_index(classes, n_classes, rc->prompts[q->prompt].cls);
-                cls_tokens[c] += q->tokens;
-                cls_steps[c] += q->steps;
-                if (q->t_first && ttft) ttft[n_ttft++] = (q->t_first - q->t_start) * 1e3;
-            }
-            tokens += st_tokens;
-            t0 = st0 < t0 ? st0 : t0;
-            t1 = st1 > t1 ? st1 : t1;
-            per_stream += st1 > st0 ? st_tokens / (st1 - st0) : 0;
-        }
-        *out = (cell){.drafter = rc->drafter, .streams = streams};
-        out->tok_s = t1 > t0 ? tokens / (t1 - t0) : 0;
-        out->tok_s_stream = per_stream / streams;
-        out->tau = steps ? (double)tokens / steps : 0;
-        out->have_accept = drafted > 0;
-        out->ahead = ahead;
-        out->ahead_hits = ahead_hits;
-        out->accept = drafted ? (double)accepted / drafted : 0;
-        if (decode_steps) {
-            out->draft_ms = draft_ms / decode_steps;
-            out->wait_ms = wait_ms / decode_steps;
-            out->fwd_ms = fwd_ms / decode_steps;
-        }
-        if (n_ttft) {
-            qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
-            out->ttft_ms = n_ttft % 2 ? ttft[n_ttft / 2]
-                                      : 0.5 * (ttft[n_ttft / 2 - 1] + ttft[n_ttft / 2]);
-        }
-        for (int c = 0; c < n_classes; c++)
-            out->tau_cls[c] = cls_steps[c] ? (double)cls_tokens[c] / cls_steps[c] : 0;
-        if (rc->shared && ttft) shared_ttft(rc->recs, n_recs, ttft, out);
-        free(ttft);
-    }
-    free(rc->recs);
-    rc->recs = NULL;
     free(th);
     free(args);
+    if (rc->failed) {
+        *err = rc->err;
+        return -1;
+    }
+    return 0;
+}
+
+/* The cell of rc->recs, every stream's rc->requests requests: tokens/s over
+ * the span from the first start to the last end, per stream over each
+ * stream's own span. */
+static void summarize(const run_ctx *rc, int streams, char classes[][32], int n_classes,
+                      cell *out) {
+    int n_recs = streams * rc->requests;
+    double t0 = 1e300, t1 = 0, per_stream = 0;
+    long tokens = 0, steps = 0, drafted = 0, accepted = 0, decode_steps = 0;
+    double draft_ms = 0, wait_ms = 0, fwd_ms = 0;
+    long ahead = 0, ahead_hits = 0;
+    long cls_tokens[MAX_CLASSES] = {0}, cls_steps[MAX_CLASSES] = {0};
+    double *ttft = calloc((size_t)n_recs, sizeof *ttft);
+    int n_ttft = 0;
+    for (int s = 0; s < streams; s++) {
+        long st_tokens = 0;
+        double st0 = 1e300, st1 = 0;
+        for (int r = 0; r < rc->requests; r++) {
+            const req_rec *q = &rc->recs[s * rc->requests + r];
+            st_tokens += q->tokens;
+            st0 = q->t_start < st0 ? q->t_start : st0;
+            st1 = q->t_end > st1 ? q->t_end : st1;
+            steps += q->steps;
+            drafted += q->drafted;
+            accepted += q->accepted;
+            decode_steps += q->steps > 1 ? q->steps - 1 : 0; /* step 0: the prompt */
+            draft_ms += q->draft_ms;
+            wait_ms += q->wait_ms;
+            fwd_ms += q->fwd_ms;
+            ahead += q->ahead;
+            ahead_hits += q->ahead_hits;
+            int c = class_index(classes, n_classes, rc->prompts[q->prompt].cls);
+            cls_tokens[c] += q->tokens;
+            cls_steps[c] += q->steps;
+            if (q->t_first && ttft) ttft[n_ttft++] = (q->t_first - q->t_start) * 1e3;
+        }
+        tokens += st_tokens;
+        t0 = st0 < t0 ? st0 : t0;
+        t1 = st1 > t1 ? st1 : t1;
+        per_stream += st1 > st0 ? st_tokens / (st1 - st0) : 0;
+    }
+    *out = (cell){.drafter = rc->drafter, .streams = streams};
+    out->tok_s = t1 > t0 ? tokens / (t1 - t0) : 0;
+    out->tok_s_stream = per_stream / streams;
+    out->tau = steps ? (double)tokens / steps : 0;
+    out->have_accept = drafted > 0;
+    out->ahead = ahead;
+    out->ahead_hits = ahead_hits;
+    out->accept = drafted ? (double)accepted / drafted : 0;
+    if (decode_steps) {
+        out->draft_ms = draft_ms / decode_steps;
+        out->wait_ms = wait_ms / decode_steps;
+        out->fwd_ms = fwd_ms / decode_steps;
+    }
+    if (n_ttft) {
+        qsort(ttft, (size_t)n_ttft, sizeof *ttft, cmp_double);
+        out->ttft_ms = n_ttft % 2 ? ttft[n_ttft / 2]
+                                  : 0.5 * (ttft[n_ttft / 2 - 1] + ttft[n_ttft / 2]);
+    }
+    for (int c = 0; c < n_classes; c++)
+        out->tau_cls[c] = cls_steps[c] ? (double)cls_tokens[c] / cls_steps[c] : 0;
+    if (rc->shared && ttft) shared_ttft(rc->recs, n_recs, ttft, out);
+    free(ttft);
+}
+
+/* Runs one cell and summarizes it. 0, or -1 + err. */
+static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes, cell *out,
+                    specd_error *err) {
+    if (!(rc->recs = calloc((size_t)streams * (size_t)rc->requests, sizeof *rc->recs)))
+        return specd_seterr(err, "out of memory");
+    int rc_out = run_streams(rc, streams, 0, rc->requests, err);
+    if (!rc_out) summarize(rc, streams, classes, n_classes, out);
+    free(rc->recs);
+    rc->recs = NULL;
+    return rc_out;
+}
+
+/* --interleave: the cells of one stream level, every row's, in waves. Wave
+ * j sends request j of every stream, all streams at once, for one row, then
+ * for the next; the rows' order turns round from one wave to the next (and
+ * starts reversed in odd rounds), so each row follows every other equally
+ * often. A row's waves are then put end to end (each wave's times moved to
+ * start where the row's previous wave ended) and the row's cell is
+ * summarized from those as if it had run alone. Cells of back-to-back
+ * requests take the rows seconds apart, and a shared host's speed moves in
+ * between: at one stream three rounds of one run put a drafter at 0.98x,
+ * 1.18x and 1.06x of plain; in waves the rounds of a run agreed to a few
+ * percent (docs/BENCHMARKS.md, thirty-first session), which is what a
+ * comparison of two drafters, or of two settings of one, needs. The host
+ * still moves every row together between runs. A wave ends with its
+ * slowest stream, so above one stream the load thins out at the end of
+ * every wave, not only of the cell. out[d] for rows[d]. 0, or -1 + err. */
+static int run_level_interleaved(run_ctx *rc, const row_spec *rows, int n_rows, int streams,
+                                 int round, char classes[][32], int n_classes, cell *out,
+                                 specd_error *err) {
+    req_rec *recs[MAX_ROWS] = {0};
+    double clock[MAX_ROWS] = {0}; /* where each row's next wave starts */
+    int n_recs = streams * rc->requests, rc_out = 0;
+    for (int d = 0; d < n_rows && !rc_out; d++)
+        if (!(recs[d] = calloc((size_t)n_recs, sizeof *recs[d])))
+            rc_out = specd_seterr(err, "out of memory");
+    for (int j = 0; j < rc->requests && !rc_out; j++)
+        for (int i = 0; i < n_rows && !rc_out; i++) {
+            int d = (round + j) % 2 ? n_rows - 1 - i : i;
+            rc->drafter = rows[d].drafter;
+            rc->stop_threshold = rows[d].stop_threshold;
+            rc->recs = recs[d];
+            if ((rc_out = run_streams(rc, streams, j, 1, err))) break;
+            double t0 = 1e300, t1 = 0;
+            for (int s = 0; s < streams; s++) {
+                const req_rec *q = &recs[d][s * rc->requests + j];
+                t0 = q->t_start < t0 ? q->t_start : t0;
+                t1 = q->t_end > t1 ? q->t_end : t1;
+            }
+            double shift = clock[d] - t0;
+            for (int s = 0; s < streams; s++) {
+                req_rec *q = &recs[d][s * rc->requests + j];
+                q->t_start += shift;
+                q->t_end += shift;
+                if (q->t_first) q->t_first += shift;
+            }
+            clock[d] += t1 - t0;
+        }
+    for (int d = 0; d < n_rows && !rc_out; d++) {
+        rc->drafter = rows[d].drafter;
+        rc->recs = recs[d];
+        summarize(rc, streams, classes, n_classes, &out[d]);
+    }
+    for (int d = 0; d < n_rows; d++) free(recs[d]);
+    rc->recs = NULL;
     return rc_out;
 }
 
@@ -717,6 +799,7 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
     cJSON_AddNumberToObject(root, "threads", o->threads);
     cJSON_AddNumberToObject(root, "max_new_tokens", o->max_new);
     cJSON_AddNumberToObject(root, "rounds", o->rounds);
+    cJSON_AddBoolToObject(root, "interleave", o->interleave);
     if (o->shared_prefix) {
         cJSON_AddNumberToObject(root, "shared_prefix_tokens", shared_tokens);
         cJSON_AddBoolToObject(root, "prefix_cache", !o->no_prefix_cache);
@@ -869,6 +952,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--precision")) o->precision = cli_precision(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--rounds")) o->rounds = (int)cli_int(a, cli_value(argc, argv, &i), 1, 50);
+        else if (!strcmp(a, "--interleave")) o->interleave = 1;
         else if (!strcmp(a, "--per-class"))
             o->per_class = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--drafters")) o->only_drafters = cli_value(argc, argv, &i);
@@ -942,6 +1026,12 @@ static int parse(int argc, char **argv, bench_opts *o) {
     if (o->pipeline && o->draft) {
         fprintf(stderr, "specd bench --e2e: --pipeline configures the in-process draft-svc; "
                         "against --draft, that draft-svc's speculation.pipeline decides\n");
+        return 2;
+    }
+    if (o->interleave && o->shared_prefix) {
+        fprintf(stderr, "specd bench --e2e: --interleave and --shared-prefix do not go together: "
+                        "a shared-prefix cell's first request must find nothing cached, and "
+                        "the rows' waves take turns on one cache\n");
         return 2;
     }
     if (o->accept_head && !o->speculator) {
@@ -1089,6 +1179,9 @@ int cmd_bench_e2e(int argc, char **argv) {
     if (o.rounds > 1)
         printf("rounds:  %d, drafter order alternated; each cell: its median round, and the "
                "median of its per-round speed-ups\n", o.rounds);
+    if (o.interleave)
+        printf("waves:   the drafters of a stream level take turns request by request (one "
+               "request per stream each), order turning round every wave\n");
     if (o.shared_prefix)
         printf("shared:  a %d-token system prompt (%s; %s) before every prompt, a new one per "
                "cell; prefix cache %s\n", shared_tokens,
@@ -1140,7 +1233,33 @@ int cmd_bench_e2e(int argc, char **argv) {
      * loss (2026-11-30: plain at one stream 144 and 366 tok/s in two
      * rounds of one run). */
     for (int r = 0; r < o.rounds && ok; r++)
-        for (int k = 0; k < o.n_levels && ok; k++)
+        for (int k = 0; k < o.n_levels && ok; k++) {
+            if (o.interleave) {
+                /* every row's warm-up first, then the rows wave by wave */
+                for (int d = 0; d < n_rows && ok; d++) {
+                    rc.drafter = rows[d].drafter;
+                    rc.stop_threshold = rows[d].stop_threshold;
+                    req_rec warm;
+                    if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) !=
+                        GRPC_STATUS_OK)
+                        ok = 0;
+                }
+                cell level[MAX_ROWS];
+                if (!ok || run_level_interleaved(&rc, rows, n_rows, o.levels[k], r, classes,
+                                                 n_classes, level, &err)) {
+                    ok = 0;
+                    break;
+                }
+                for (int d = 0; d < n_rows; d++) {
+                    cell *c = &runs[(r * n_rows + d) * o.n_levels + k];
+                    *c = level[d];
+                    c->drafter = rows[d].label;
+                    fprintf(stderr, "specd bench: %s%-*s x%-3d %8.1f tok/s, tau %.2f\n",
+                            o.rounds > 1 ? (r % 2 ? "(round back) " : "(round fwd)  ") : "",
+                            label_w, c->drafter, c->streams, c->tok_s, c->tau);
+                }
+                continue;
+            }
             for (int i = 0; i < n_rows && ok; i++) {
                 /* odd rounds go backwards: a machine that speeds up or slows
                  * down during the run favours no drafter over the others */
@@ -1179,6 +1298,7 @@ int cmd_bench_e2e(int argc, char **argv) {
                                     "%.1f ms (median of %d)\n", c->ttft_first_ms,
                             c->first_prompt_tokens, c->ttft_later_ms, c->n_later);
             }
+        }
     /* Each cell: its median round by tok/s (tau, TTFT... of that round), and
      * the median over rounds of its speed-up over the plain cell of the same
      * round and stream level (0 when there is no plain row). */
