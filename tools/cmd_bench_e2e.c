@@ -682,6 +682,23 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
     return rc_out;
 }
 
+/* Warm-up, not measured: connections, first-touch of weights and the
+ * drafter's per-session state; rc then sends as `row` does. 0, or -1 + err. */
+static int warm_row(run_ctx *rc, const row_spec *row, specd_error *err) {
+    rc->drafter = row->drafter;
+    rc->stop_threshold = row->stop_threshold;
+    req_rec warm;
+    int max_new = rc->o->max_new < 8 ? rc->o->max_new : 8;
+    return one_request(rc, 0, max_new, &warm, err) == GRPC_STATUS_OK ? 0 : -1;
+}
+
+/* One round's cell, on stderr as it finishes. */
+static void report_round(int rounds, int r, int label_w, const cell *c) {
+    fprintf(stderr, "specd bench: %s%-*s x%-3d %8.1f tok/s, tau %.2f\n",
+            rounds > 1 ? (r % 2 ? "(round back) " : "(round fwd)  ") : "", label_w, c->drafter,
+            c->streams, c->tok_s, c->tau);
+}
+
 /* --interleave: the cells of one stream level, every row's, in waves. Wave
  * j sends request j of every stream, all streams at once, for one row, then
  * for the next; the rows' order turns round from one wave to the next (and
@@ -1236,14 +1253,8 @@ int cmd_bench_e2e(int argc, char **argv) {
         for (int k = 0; k < o.n_levels && ok; k++) {
             if (o.interleave) {
                 /* every row's warm-up first, then the rows wave by wave */
-                for (int d = 0; d < n_rows && ok; d++) {
-                    rc.drafter = rows[d].drafter;
-                    rc.stop_threshold = rows[d].stop_threshold;
-                    req_rec warm;
-                    if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) !=
-                        GRPC_STATUS_OK)
-                        ok = 0;
-                }
+                for (int d = 0; d < n_rows && ok; d++)
+                    if (warm_row(&rc, &rows[d], &err)) ok = 0;
                 cell level[MAX_ROWS];
                 if (!ok || run_level_interleaved(&rc, rows, n_rows, o.levels[k], r, classes,
                                                  n_classes, level, &err)) {
@@ -1254,9 +1265,7 @@ int cmd_bench_e2e(int argc, char **argv) {
                     cell *c = &runs[(r * n_rows + d) * o.n_levels + k];
                     *c = level[d];
                     c->drafter = rows[d].label;
-                    fprintf(stderr, "specd bench: %s%-*s x%-3d %8.1f tok/s, tau %.2f\n",
-                            o.rounds > 1 ? (r % 2 ? "(round back) " : "(round fwd)  ") : "",
-                            label_w, c->drafter, c->streams, c->tok_s, c->tau);
+                    report_round(o.rounds, r, label_w, c);
                 }
                 continue;
             }
@@ -1264,20 +1273,14 @@ int cmd_bench_e2e(int argc, char **argv) {
                 /* odd rounds go backwards: a machine that speeds up or slows
                  * down during the run favours no drafter over the others */
                 int d = r % 2 ? n_rows - 1 - i : i;
-                rc.drafter = rows[d].drafter;
-                rc.stop_threshold = rows[d].stop_threshold;
-                /* Warm-up, not measured: connections, first-touch of weights
-                 * and the drafter's per-session state. With a shared prefix
-                 * it runs set 0, which no cell uses, so it caches nothing a
-                 * cell can hit. */
+                /* With a shared prefix the warm-up runs set 0, which no cell
+                 * uses, so it caches nothing a cell can hit. */
                 if (shared_cell) {
                     snprintf(shared_cell, shared_cap, "Reference notes, set 0.\n\n%s",
                              shared_text);
                     rc.shared = shared_cell;
                 }
-                req_rec warm;
-                if (one_request(&rc, 0, o.max_new < 8 ? o.max_new : 8, &warm, &err) !=
-                    GRPC_STATUS_OK) {
+                if (warm_row(&rc, &rows[d], &err)) {
                     ok = 0;
                     break;
                 }
@@ -1290,9 +1293,7 @@ int cmd_bench_e2e(int argc, char **argv) {
                     break;
                 }
                 c->drafter = rows[d].label;
-                fprintf(stderr, "specd bench: %s%-*s x%-3d %8.1f tok/s, tau %.2f\n",
-                        o.rounds > 1 ? (r % 2 ? "(round back) " : "(round fwd)  ") : "",
-                        label_w, c->drafter, c->streams, c->tok_s, c->tau);
+                report_round(o.rounds, r, label_w, c);
                 if (shared_cell)
                     fprintf(stderr, "specd bench:   TTFT first %.1f ms (%d prompt tokens), later "
                                     "%.1f ms (median of %d)\n", c->ttft_first_ms,

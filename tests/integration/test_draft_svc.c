@@ -1170,9 +1170,8 @@ static void test_get_info(void **state) {
  * shared. A shared pass's time moves only the shared curve (and the other
  * way round), so what 16 sessions cost never prices a lone session's
  * tree. Observed at 4096 tokens, a size no test here runs; a pass moves
- * its curve's level at every size, though
- * (step_cost.h), so this runs after every test that prices trees (only
- * the failover test follows). */
+ * its curve's level at every size, though (step_cost.h), so this runs
+ * after every test that prices trees (only the failover test follows). */
 static void test_cost_curves_alone_and_shared(void **state) {
     (void)state;
     specd_error err = {{0}};
