@@ -295,7 +295,7 @@ int main(int argc, char **argv) {
         g_sets[m].qcopies = calloc((size_t)n, sizeof(cpu_qweight));
         for (int i = 0; i < n; i++) {
             g_sets[m].copies[i] = make_tensor(k_mats[m].type, k_mats[m].rows, k_mats[m].cols);
-            if (g_fast && cpu_qweight_make(&g_sets[m].copies[i], &g_sets[m].qcopies[i]) != 1) {
+            if (g_fast && cpu_qweight_make(&g_sets[m].copies[i], &g_sets[m].qcopies[i], NULL) != 1) {
                 fprintf(stderr, "%s: no integer-activation path\n", k_mats[m].name);
                 return 1;
             }

@@ -18,6 +18,7 @@
 #include "qmatmul.h"
 #include "quant_impl.h"
 #include "threadpool.h"
+#include "weight_arena.h"
 
 /* A Q8_0 cache's rows reach the fp32 attention kernels in chunks of this
  * many rows at most, dequantized (q8_rows). */
@@ -59,6 +60,7 @@ typedef struct cpu_backend {
     int *task_h0;
     int task_cap;
     long split_decodes; /* decode steps' attention passes run split (cpu_split_decodes) */
+    cpu_arena *weights; /* the repacked weights, on huge pages (weight_arena.h) */
 } cpu_backend;
 
 static cpu_backend *cpu(specd_backend *be) { return (cpu_backend *)be; }
@@ -79,6 +81,7 @@ static void cpu_destroy(specd_backend *be) {
     free(c->tok_seq);
     free(c->task_tok);
     free(c->task_h0);
+    cpu_arena_destroy(c->weights);
     specd_pool_destroy(c->pool);
     free(c);
 }
@@ -103,7 +106,6 @@ static void cpu_memcpy(specd_backend *be, void *dst, const void *src, size_t byt
 
 static int cpu_prepare_weight(specd_backend *be, specd_bweight *w, const specd_tensor *t,
                               specd_error *err) {
-    (void)be;
     if (!t->data)
         return specd_seterr(err, "cpu backend: tensor '%s' has no data (random weights are "
                                  "generated only on a GPU backend)",
@@ -113,9 +115,12 @@ static int cpu_prepare_weight(specd_backend *be, specd_bweight *w, const specd_t
     w->rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
     w->bytes = t->nbytes; /* the file's own blocks */
     w->impl = NULL;
-    if (cpu(be)->precision != SPECD_PRECISION_FAST || t->n_dims < 2) return 0;
+    cpu_backend *c = cpu(be);
+    if (c->precision != SPECD_PRECISION_FAST || t->n_dims < 2) return 0;
+    if (!c->weights && !(c->weights = cpu_arena_create()))
+        return specd_seterr(err, "cpu backend: out of memory repacking '%s'", t->name);
     cpu_qweight *q = calloc(1, sizeof *q);
-    int r = q ? cpu_qweight_make(t, q) : -1;
+    int r = q ? cpu_qweight_make(t, q, c->weights) : -1;
     if (r < 0) {
         free(q);
         return specd_seterr(err, "cpu backend: out of memory repacking '%s'", t->name);

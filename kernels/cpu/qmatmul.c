@@ -30,7 +30,7 @@ static void tile_put_q8(uint8_t *tile, int i, uint16_t d, const uint8_t *qs32) {
     for (int v = 0; v < 8; v++) memcpy(tile + 32 + 64 * v + 4 * i, qs32 + 4 * v, 4);
 }
 
-int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out) {
+int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) {
     memset(out, 0, sizeof *out);
     cpu_qkind kind;
     switch (t->type) {
@@ -50,10 +50,16 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out) {
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
     out->tile_bytes = kind == CPU_Q4 ? QT_Q4_BYTES : QT_Q8_BYTES;
     size_t bytes = cpu_qweight_bytes(out);
-    /* calloc-like: padding rows must be zero */
-    out->data = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!out->data) return -1;
-    memset(out->data, 0, bytes);
+    /* zeroed: padding rows must be zero (an arena's memory is fresh) */
+    if (arena) {
+        out->data = cpu_arena_alloc(arena, bytes);
+        if (!out->data) return -1;
+    } else {
+        out->data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!out->data) return -1;
+        memset(out->data, 0, bytes);
+        out->owned = 1;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *src = (const uint8_t *)t->data + (size_t)r * row_bytes;
         const int64_t g = r / QT_ROWS;
@@ -81,7 +87,7 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out) {
 }
 
 void cpu_qweight_free(cpu_qweight *w) {
-    free(w->data);
+    if (w->owned) free(w->data);
     memset(w, 0, sizeof *w);
 }
 

@@ -37,6 +37,7 @@
 
 #include "common/util/tensor.h"
 #include "threadpool.h"
+#include "weight_arena.h"
 
 #define QT_ROWS 16 /* rows per tile */
 #define QT_COLS 32 /* columns per tile = one quantization block */
@@ -71,6 +72,7 @@ typedef struct cpu_qweight {
     int64_t nb;       /* cols / 32 */
     size_t tile_bytes;
     uint8_t *data; /* 64-byte aligned */
+    int owned;     /* data is the qweight's own (malloc), not an arena's */
 } cpu_qweight;
 
 /* Activations as the kernels read them: token t's int8 values at
@@ -86,8 +88,10 @@ typedef struct cpu_qact {
 
 /* 1: repacked into *out; 0: the type has no integer path (use the fp32
  * kernels); -1: out of memory or an unusable tensor (cols not a multiple of
- * 32, a scale that overflows fp16 when scaled). */
-int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out);
+ * 32, a scale that overflows fp16 when scaled). The tiles go into `arena`
+ * (weight_arena.h: huge pages, freed with the arena), or with arena NULL
+ * into memory of their own that cpu_qweight_free frees. */
+int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena);
 void cpu_qweight_free(cpu_qweight *w);
 /* Bytes the tiles take (what a pass over the matrix streams). */
 size_t cpu_qweight_bytes(const cpu_qweight *w);

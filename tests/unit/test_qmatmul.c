@@ -63,7 +63,7 @@ static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t co
     f->t.ne[2] = f->t.ne[3] = 1;
     f->t.data = f->raw;
     f->t.nbytes = f->row_bytes * (size_t)rows;
-    assert_int_equal(cpu_qweight_make(&f->t, &f->w), 1);
+    assert_int_equal(cpu_qweight_make(&f->t, &f->w, NULL), 1);
 }
 
 static void qfix_make(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed) {
@@ -393,7 +393,7 @@ static void test_which_types(void **state) {
         t.ne[1] = 4;
         t.data = raw;
         cpu_qweight w;
-        assert_int_equal(cpu_qweight_make(&t, &w), 0);
+        assert_int_equal(cpu_qweight_make(&t, &w, NULL), 0);
         free(raw);
     }
     /* Q4_0 with a scale whose -8x overflows fp16 keeps the fp32 path too */
@@ -408,11 +408,51 @@ static void test_which_types(void **state) {
     t.ne[1] = 1;
     t.data = blk;
     cpu_qweight w;
-    assert_int_equal(cpu_qweight_make(&t, &w), 0);
+    assert_int_equal(cpu_qweight_make(&t, &w, NULL), 0);
+}
+
+/* The weight arena (weight_arena.h): 64-byte aligned, zeroed, disjoint
+ * allocations, small ones sharing a chunk and one larger than a chunk
+ * getting its own; and a matrix repacked into it holds exactly the tiles
+ * of one repacked into memory of its own (the kernels cannot tell them
+ * apart). Whether the kernel backs it with huge pages depends on the
+ * machine's THP setting, so no test asserts it. */
+static void test_weight_arena(void **state) {
+    (void)state;
+    cpu_arena *a = cpu_arena_create();
+    assert_non_null(a);
+    uint8_t *prev = NULL;
+    size_t prev_n = 0;
+    const size_t sizes[] = {1, 100, 64, 4096, 1000000, CPU_ARENA_CHUNK + 12345, 333};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint8_t *p = cpu_arena_alloc(a, sizes[i]);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        for (size_t j = 0; j < sizes[i]; j += 4093) assert_int_equal(p[j], 0);
+        assert_int_equal(p[sizes[i] - 1], 0);
+        /* disjoint from the one before (the only neighbour a bump can hit) */
+        if (prev) assert_true(p >= prev + prev_n || p + sizes[i] <= prev);
+        memset(p, 0xAB, sizes[i]);
+        prev = p, prev_n = sizes[i];
+    }
+    assert_true(cpu_arena_used(a) >= CPU_ARENA_CHUNK + 1000000);
+    qfixture f;
+    qfix_make(&f, SPECD_Q4_1, 40, 96, 3); /* 40 rows: a padded last group */
+    cpu_qweight w;
+    assert_int_equal(cpu_qweight_make(&f.t, &w, a), 1);
+    assert_int_equal(w.owned, 0);
+    assert_int_equal(cpu_qweight_bytes(&w), cpu_qweight_bytes(&f.w));
+    assert_memory_equal(w.data, f.w.data, cpu_qweight_bytes(&w));
+    cpu_qweight_free(&w); /* the arena keeps the bytes; this only forgets them */
+    assert_null(w.data);
+    qfix_free(&f);
+    cpu_arena_destroy(a);
+    cpu_arena_destroy(NULL);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_weight_arena),
         cmocka_unit_test(test_quantizer_known_values),
         cmocka_unit_test(test_which_types),
         cmocka_unit_test(test_quantizers_equal),
