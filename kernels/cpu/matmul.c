@@ -334,8 +334,8 @@ void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up
  * the other thread waiting), and on a 9-row verify step still 5% of the
  * step's time (AMD EPYC Zen 5 VM, 2 threads): split from 4 rows, 9-row
  * forwards took 4.20 ms against 4.46 (median of 10 alternated runs, 1.70x
- * a 1-row forward against 1.74x). A decode step's one row (0.14-0.4 us a
- * matmul) is not worth a hand-off (about 0.2 us). */
+ * a 1-row forward against 1.74x). Below 4 rows a hand-off (about 0.2 us)
+ * costs about what it saves: one row takes 0.14-0.4 us a matmul. */
 #define QUANT_SPLIT_MIN 4
 
 typedef struct quant_job {
