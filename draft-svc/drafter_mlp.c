@@ -533,9 +533,15 @@ static void mlp_destroy(specd_drafter *d) {
 }
 
 /* The acceptance head, checked against the speculator it will read: its
- * input is a stage's output state and it needs an embedding per stage. */
-static int load_head(mlp_impl *m, const char *dir, specd_error *err) {
+ * input is a stage's output state and it needs an embedding per stage.
+ * When the speculator's matrices are quantized (drafter.mlp.quantize, the
+ * default q4_1_head), so are the head's: Q8_0 on the integer path. A 1x1
+ * draft after a 96 MB read then took 108-120 us against 125-151 with the
+ * fp16 head, 3x4 489-630 against 542-579 (bench_draft, four alternated
+ * pairs, AMD EPYC Zen 5 VM). */
+static int load_head(mlp_impl *m, const char *dir, int quantize, specd_error *err) {
     if (!(m->head = specd_accept_head_load(dir, err))) return -1;
+    if (quantize && specd_accept_head_use_int8(m->head, err)) return -1;
     const specd_accept_head_config *hc = specd_accept_head_config_of(m->head);
     if (hc->input_dim != m->inner_dim)
         return specd_seterr(err, "accept head %s: input_dim %d, but the speculator's inner_dim "
@@ -595,7 +601,8 @@ specd_drafter *specd_mlp_drafter_create(const specd_mlp_drafter_opts *o, specd_e
         m->top_k[s] = k < m->vocab ? k : m->vocab;
         if (m->top_k[s] > m->max_k) m->max_k = m->top_k[s];
     }
-    if (o->accept_head && load_head(m, o->accept_head, err)) goto fail;
+    if (o->accept_head && load_head(m, o->accept_head, o->quant != SPECD_MLP_AS_STORED, err))
+        goto fail;
     size_t V = (size_t)m->vocab;
     m->plans = calloc((size_t)m->max_batch, sizeof *m->plans);
     m->topk_ids = malloc(sizeof(int32_t) * (size_t)m->max_k);

@@ -22,6 +22,7 @@
 #include "common/util/json.h"
 #include "common/util/small_file.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/qmatmul.h"
 
 #define CONFIG SPECD_HF_CONFIG
 #define WEIGHTS SPECD_HF_SINGLE_WEIGHTS
@@ -155,6 +156,11 @@ struct specd_accept_head {
     uint16_t *w16;
     const uint16_t *in_w16, *out_w16;
     const uint16_t *fc1_w16[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc2_w16[SPECD_ACCEPT_HEAD_MAX_LAYERS];
+    /* With specd_accept_head_use_int8: W_in, then fc1 and fc2 of each
+     * block, as Q8_0 tiles for the integer matmul (a quarter of fp16's
+     * bytes again); n_q 0 = the fp16 matrices above. */
+    cpu_qweight q[1 + 2 * SPECD_ACCEPT_HEAD_MAX_LAYERS];
+    int n_q;
     float *bias0;  /* [H] scratch: b_in + E[stage] of the call */
     /* forward scratch, grown on demand: the residual stream, the block's
      * inner activation and a matmul's product, [rows][H] each */
@@ -241,6 +247,7 @@ static int head_finish(specd_accept_head *h, const head_tensor *layout, int n,
 
 void specd_accept_head_free(specd_accept_head *h) {
     if (!h) return;
+    for (int i = 0; i < h->n_q; i++) cpu_qweight_free(&h->q[i]);
     free(h->params);
     free(h->w16);
     free(h->bias0);
@@ -453,21 +460,57 @@ int specd_accept_head_save(const char *dir, const specd_accept_head_config *cfg,
     return rc ? specd_preferr(err, "accept head") : 0;
 }
 
+/* ---- the integer path ----------------------------------------------------------- */
+
+/* One [out][in] fp32 matrix as GGML Q8_0 blocks (a scale per 32 weights),
+ * repacked into tiles for the integer matmul. */
+static int make_q8(const float *w, int out, int in, cpu_qweight *q, specd_error *err) {
+    const size_t row_bytes = (size_t)in / 32 * 34; /* fp16 scale + 32 int8 */
+    uint8_t *blocks = malloc(row_bytes * (size_t)out);
+    if (!blocks) return specd_seterr(err, "accept head: out of memory for its Q8_0 matrices");
+    for (int o = 0; o < out; o++)
+        cpu_quantize_row_q8_0(w + (size_t)o * in, blocks + (size_t)o * row_bytes, in);
+    specd_tensor t = {.type = SPECD_Q8_0, .n_dims = 2, .ne = {(uint64_t)in, (uint64_t)out, 1, 1},
+                      .data = blocks, .nbytes = row_bytes * (size_t)out};
+    int r = cpu_qweight_make(&t, q, NULL);
+    free(blocks);
+    return r == 1 ? 0 : specd_seterr(err, "accept head: cannot repack a %dx%d matrix", out, in);
+}
+
+int specd_accept_head_use_int8(specd_accept_head *h, specd_error *err) {
+    const specd_accept_head_config *c = &h->cfg;
+    if (h->n_q || c->input_dim % 32 || c->hidden_dim % 32) return 0;
+    const int H = c->hidden_dim;
+    int n = 0, rc = make_q8(h->in_w, H, c->input_dim, &h->q[n++], err);
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        rc = make_q8(h->fc1_w[l], H, H, &h->q[n++], err);
+        if (!rc) rc = make_q8(h->fc2_w[l], H, H, &h->q[n++], err);
+    }
+    if (rc) {
+        for (int i = 0; i < n; i++) cpu_qweight_free(&h->q[i]);
+        return -1;
+    }
+    h->n_q = n;
+    return 0;
+}
+
 /* ---- forward ------------------------------------------------------------------ */
 
 /* y[r][o] = (add ? y[r][o] : 0) + (b[o] + w[o] . x[r]), w the fp16
- * matrix, row-major [out][in]. The products come from the CPU kernels'
- * matmul (fp32 arithmetic on the widened weights, the SIMD path of the
- * machine, SPECD_SIMD to force one), which reads each weight row once for
- * all rows and is bitwise the same for a row alone as in any batch. It
- * runs on the calling thread: a stage is ~0.4 M multiply-adds. `tmp` holds
- * the products when adding. */
-static void linear(const float *x, int n, int in, const uint16_t *w, const float *b, int out,
-                   int add, float *y, float *tmp) {
+ * matrix, row-major [out][in], or its Q8_0 tiles q when not NULL. The
+ * products come from the CPU kernels' matmul (fp32 arithmetic on the
+ * widened weights, or int8 dot products on int8 activations; the SIMD
+ * path of the machine, SPECD_SIMD to force one), which reads each weight
+ * row once for all rows and is bitwise the same for a row alone as in any
+ * batch. It runs on the calling thread: a stage is ~0.4 M multiply-adds.
+ * `tmp` holds the products when adding. */
+static void linear(const float *x, int n, int in, const uint16_t *w, const cpu_qweight *q,
+                   const float *b, int out, int add, float *y, float *tmp) {
     specd_tensor W = {.type = SPECD_F16, .n_dims = 2, .ne = {(uint64_t)in, (uint64_t)out, 1, 1},
                       .data = w, .nbytes = sizeof(uint16_t) * (uint64_t)in * (uint64_t)out};
     float *prod = add ? tmp : y;
-    cpu_matmul(NULL, prod, &W, x, n);
+    if (q) cpu_qmatmul(NULL, prod, q, x, n);
+    else cpu_matmul(NULL, prod, &W, x, n);
     for (int r = 0; r < n; r++) {
         float *yr = y + (size_t)r * out;
         const float *pr = prod + (size_t)r * out;
@@ -514,14 +557,18 @@ int specd_accept_head_forward(specd_accept_head *h, int stage, int n_rows, const
      * per-stage bias */
     const float *e = h->stage_emb + (size_t)stage * H;
     for (int o = 0; o < H; o++) h->bias0[o] = h->in_b[o] + e[o];
-    linear(states, n_rows, c->input_dim, h->in_w16, h->bias0, H, 0, h->x, NULL);
+    const cpu_qweight *q = h->n_q ? h->q : NULL; /* q[0] W_in, q[1 + 2l] fc1, q[2 + 2l] fc2 */
+    linear(states, n_rows, c->input_dim, h->in_w16, q, h->bias0, H, 0, h->x, NULL);
     for (int l = 0; l < c->n_layers; l++) {
-        linear(h->x, n_rows, H, h->fc1_w16[l], h->fc1_b[l], H, 0, h->t, NULL);
+        linear(h->x, n_rows, H, h->fc1_w16[l], q ? q + 1 + 2 * l : NULL, h->fc1_b[l], H, 0, h->t,
+               NULL);
         for (size_t j = 0; j < nH; j++) h->t[j] = silu(h->t[j]);
-        linear(h->t, n_rows, H, h->fc2_w16[l], h->fc2_b[l], H, 1, h->x, h->u); /* x += block(x) */
+        linear(h->t, n_rows, H, h->fc2_w16[l], q ? q + 2 + 2 * l : NULL, h->fc2_b[l], H, 1, h->x,
+               h->u); /* x += block(x) */
     }
     const float zero = 0.0f;
-    linear(h->x, n_rows, H, h->out_w16, &zero, 1, 0, h->t, NULL); /* [rows][1] */
+    /* the output row stays fp16: one row, nothing to save */
+    linear(h->x, n_rows, H, h->out_w16, NULL, &zero, 1, 0, h->t, NULL); /* [rows][1] */
     for (int r = 0; r < n_rows; r++) {
         float z = h->out_b + h->t[r];
         if (logits) logits[r] = z;

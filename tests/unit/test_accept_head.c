@@ -796,6 +796,83 @@ static void test_drafter_head_checks(void **state) {
     assert_non_null(strstr(err.msg, "config.json"));
 }
 
+/* specd_accept_head_use_int8: the Q8_0 matrices move p by rounding only
+ * (random heads, and the shipped head on states of a stage's scale), keep
+ * a row's result independent of its batch, and change nothing where a
+ * width is not a multiple of 32. */
+static void test_int8_path(void **state) {
+    (void)state;
+    specd_error err = {{0}};
+    head_buf h;
+    hb_init(&h, 64, 32, 2, 3);
+    fill_random(&h, 11);
+    specd_accept_head *a = specd_accept_head_create(&h.cfg, &h.w, &err);
+    specd_accept_head *b = specd_accept_head_create(&h.cfg, &h.w, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(specd_accept_head_use_int8(b, &err), 0);
+    enum { R = 6 };
+    float s[R * 64], p16[R], p8[R], one;
+    test_fill_random(s, sizeof s / sizeof s[0], 5, 2.0f);
+    double worst = 0;
+    for (int stage = 0; stage < 3; stage++) {
+        assert_int_equal(specd_accept_head_forward(a, stage, R, s, p16, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(b, stage, R, s, p8, NULL, &err), 0);
+        for (int r = 0; r < R; r++) {
+            double d = fabs((double)p8[r] - p16[r]);
+            if (d > worst) worst = d;
+            assert_int_equal(specd_accept_head_forward(b, stage, 1, s + 64 * r, &one, NULL, &err), 0);
+            assert_true(one == p8[r]); /* alone as in the batch, bit for bit */
+        }
+    }
+    /* a random head's logits are large (weights up to 0.5, states up to 2),
+     * so its p is far more sensitive than a trained head's (below) */
+    print_message("int8 accept head, random 64x32 head: max |dp| %.4f\n", worst);
+    assert_true(worst < 0.05);
+    assert_true(worst > 0); /* the int8 path is really taken */
+    assert_int_equal(specd_accept_head_use_int8(b, &err), 0); /* twice: a no-op */
+    specd_accept_head_free(a);
+    specd_accept_head_free(b);
+    hb_free(&h);
+
+    /* widths that are not multiples of 32 keep the fp16 path, bit for bit */
+    hb_init(&h, 12, 8, 1, 2);
+    fill_random(&h, 12);
+    a = specd_accept_head_create(&h.cfg, &h.w, &err);
+    float t[2 * 12], q0[2], q1[2];
+    test_fill_random(t, 24, 6, 2.0f);
+    assert_int_equal(specd_accept_head_forward(a, 1, 2, t, q0, NULL, &err), 0);
+    assert_int_equal(specd_accept_head_use_int8(a, &err), 0);
+    assert_int_equal(specd_accept_head_forward(a, 1, 2, t, q1, NULL, &err), 0);
+    assert_memory_equal(q0, q1, sizeof q0);
+    specd_accept_head_free(a);
+    hb_free(&h);
+
+    /* the shipped head (models/, committed), on states with the spread of
+     * a speculator stage's output (LayerNorm'd and GELU'd: about 0..2) */
+    const char *dir = test_path("models/SmolLM2-135M-Instruct.speculator/accept_head");
+    specd_accept_head *f = specd_accept_head_load(dir, &err);
+    if (!f) fail_msg("%s", err.msg);
+    specd_accept_head *g = specd_accept_head_load(dir, &err);
+    assert_int_equal(specd_accept_head_use_int8(g, &err), 0);
+    const int D = specd_accept_head_config_of(f)->input_dim;
+    float *st = malloc(sizeof(float) * (size_t)D * 16), pf[16], pg[16];
+    test_fill_random(st, (size_t)D * 16, 9, 1.0f);
+    for (int i = 0; i < D * 16; i++) st[i] = fabsf(st[i]) * 2.0f - 0.2f;
+    worst = 0;
+    for (int stage = 0; stage < specd_accept_head_config_of(f)->n_stages; stage++) {
+        assert_int_equal(specd_accept_head_forward(f, stage, 16, st, pf, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(g, stage, 16, st, pg, NULL, &err), 0);
+        for (int r = 0; r < 16; r++)
+            if (fabs((double)pf[r] - pg[r]) > worst) worst = fabs((double)pf[r] - pg[r]);
+    }
+    print_message("int8 accept head, shipped head: max |dp| %.4f\n", worst);
+    assert_true(worst < 0.01);
+    free(st);
+    specd_accept_head_free(f);
+    specd_accept_head_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_config),
@@ -809,6 +886,7 @@ int main(void) {
         cmocka_unit_test(test_sampling_chains_are_prefixes),
         cmocka_unit_test(test_stop_rule_sampling),
         cmocka_unit_test(test_drafter_head_checks),
+        cmocka_unit_test(test_int8_path),
     };
     return cmocka_run_group_tests(tests, NULL, cleanup);
 }
