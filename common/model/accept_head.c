@@ -157,8 +157,8 @@ struct specd_accept_head {
     const uint16_t *in_w16, *out_w16;
     const uint16_t *fc1_w16[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc2_w16[SPECD_ACCEPT_HEAD_MAX_LAYERS];
     /* With specd_accept_head_use_int8: W_in, then fc1 and fc2 of each
-     * block, as Q8_0 tiles for the integer matmul (a quarter of fp16's
-     * bytes again); n_q 0 = the fp16 matrices above. */
+     * block, as Q8_0 tiles for the integer matmul (34 bytes a 32 weights:
+     * about half of fp16's); n_q 0 = the fp16 matrices above. */
     cpu_qweight q[1 + 2 * SPECD_ACCEPT_HEAD_MAX_LAYERS];
     int n_q;
     float *bias0;  /* [H] scratch: b_in + E[stage] of the call */

@@ -106,14 +106,14 @@ int specd_accept_head_forward(specd_accept_head *h, int stage, int n_rows, const
                               float *p, float *logits, specd_error *err);
 
 /* From now on the forward multiplies W_in and the blocks' matrices on the
- * integer path: weights as Q8_0 (1/4 of the fp16 bytes, which a draft
+ * integer path: weights as Q8_0 (about half the fp16 bytes, which a draft
  * stage streams in right after the target's pass has flushed the caches),
  * activations quantized to int8 per 32 (kernels/cpu/qmatmul.h), as the
  * mlp drafter's own matrices are by default. p moves by the rounding
- * (|dp| at most 0.0022 on the shipped head, test_int8_path); it only guides how far to draft and
- * what to send, never what is accepted. A no-op where input_dim or
- * hidden_dim is not a multiple of 32. -1 + err when out of memory (the
- * head is unchanged then). */
+ * (|dp| at most 0.0022 on the shipped head, test_int8_path); it only
+ * guides how far to draft and what to send, never what is accepted. A
+ * no-op where input_dim or hidden_dim is not a multiple of 32. -1 + err
+ * when out of memory (the head is unchanged then). */
 int specd_accept_head_use_int8(specd_accept_head *h, specd_error *err);
 
 #endif
