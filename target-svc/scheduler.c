@@ -1,9 +1,19 @@
-/* scheduler.c - the model worker and its queue (see scheduler.h).
+/* scheduler.c - the model's pass loop and its queue (see scheduler.h).
  *
  * One mutex guards the queue, the slot free list and every item's private
  * fields; it is never held during a forward pass, so sessions can submit
  * (and be cancelled) while the model runs. Each item has its own condition
- * variable so waking one session never wakes the others. */
+ * variable so waking one session never wakes the others.
+ *
+ * Who runs the passes: one thread at a time holds the runner role
+ * (s->running) and with it the transformer and the runner buffers. A
+ * submitter that finds nobody running takes the role itself and runs
+ * passes until its own item is done, then hands what is left to the worker
+ * thread. At one stream that is every step: the handler's thread runs its
+ * own pass, and the two thread wake-ups of a hand-off (to the worker and
+ * back) are gone, which on a VM whose idle vCPUs halt cost 60-80 us of a
+ * 2-3 ms step. Under load a runner is usually busy, so items queue and
+ * ride its passes as before. */
 #include "target-svc/scheduler.h"
 #include "common/util/thread_name.h"
 
@@ -16,7 +26,7 @@
 
 /* How often a waiting submitter re-checks its call's cancellation probe. */
 #define CANCEL_POLL_MS 10
-/* How often an idle worker whose queue waits for KV pages looks again (a
+/* How often a runner whose queue waits for KV pages looks again (a
  * slot's release also wakes it). */
 #define PAGE_POLL_MS 10
 
@@ -26,7 +36,8 @@ struct specd_sched {
     int vocab, dim, n_slots;
 
     pthread_mutex_t mu;
-    pthread_cond_t work_cv; /* the worker sleeps here while the queue is empty */
+    pthread_cond_t work_cv; /* the worker sleeps here while the queue is empty or someone
+                             * else runs; a runner waits here for a batch to fill */
     pthread_t worker;
     int stop, started;
     specd_work *head, *tail; /* FIFO: older items get the budget first */
@@ -35,17 +46,22 @@ struct specd_sched {
     /* Admission order of each slot's session (larger = younger): the
      * youngest waiting session is the one preempted in a page deadlock. */
     uint64_t *slot_seq, next_seq;
-    int in_pass;                   /* the worker is inside a forward pass */
+    int running;                   /* a thread holds the runner role (see the top) */
+    int in_pass;                   /* the runner is inside a forward pass */
     int64_t t_pass_end_us;         /* when the last pass's results went out */
     double prefill_us_per_tok;     /* the last pass with prompt work: time / tokens */
     pthread_cond_t pass_cv;        /* signalled when a pass ends */
     specd_kv_pool_stats kv_stats;  /* as of the last pass or idle release */
     specd_step_cost cost;          /* forward time by pass size (step_cost.h) */
-    /* slots given back whose KV pages the worker has yet to return (the
-     * transformer belongs to the worker thread alone) */
+    /* slots given back whose KV pages are yet to go back to the pool (the
+     * transformer belongs to the runner alone) */
     int *released, n_released;
 
-    /* Worker-only buffers, grown on demand. */
+    /* The prefix cache's running totals at the last pass (metrics count
+     * what is new since). */
+    specd_kv_pool_stats metrics_seen;
+
+    /* The runner's buffers, grown on demand. */
     int32_t *tokens, *out_rows;
     specd_seq_input *seqs;
     specd_work **items;
@@ -385,7 +401,7 @@ static int prefill_budget(const specd_sched *s, const gather_state *g) {
 
 /* Gathers queued items into one batch under the token budget: decode and
  * tree items first, then prompt chunks (see scheduler.h). Holds mu. Returns
- * the number of items; fills the worker buffers. */
+ * the number of items; fills the runner buffers. */
 static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     while (s->n_released > 0) specd_transformer_release_slot(s->t, s->released[--s->n_released]);
     s->pass_ids = 1;
@@ -404,7 +420,7 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
             specd_work *next = w->next;
             int take = 0;
             if (w->in_flight) {
-                /* already in this pass (taken in round 0): the worker will
+                /* already in this pass (taken in round 0): the runner will
                  * use it, so neither a cancel nor a page wait may complete
                  * it now (its owner would return and free it mid-pass) */
             } else if (w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
@@ -442,16 +458,146 @@ static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     return g.n_items;
 }
 
+/* One round of the pass loop, by whichever thread holds the runner role
+ * (s->running): wait briefly for a small batch to fill, gather, run the
+ * forward pass, post-process every item and wake its session. Holds mu on
+ * entry and exit; releases it for the pass itself. */
+static void run_round(specd_sched *s) {
+    /* A small batch waits a little for others to join: bigger passes
+     * mean more throughput, max_wait bounds the latency it costs. But
+     * only while some session holding a slot has nothing queued: when
+     * every open session is already in the batch nobody else can join,
+     * and waiting would only add latency to every step (a lone session
+     * would pay max_wait per token).
+     * The wait counts from the later of the oldest item's arrival and the
+     * end of the last pass: a session cannot send its next step before
+     * it has the last one's answer, so while a long prompt is being
+     * prefilled chunk by chunk (its item queued since long ago) the
+     * running streams still get max_wait to join the next chunk's pass,
+     * instead of missing it and waiting a whole chunk more. */
+    if (s->o.max_wait_ms > 0 && pass_tokens(s) < s->o.max_batch_tokens &&
+        queued_items(s) < s->n_slots - s->n_free) {
+        struct timespec until;
+        int64_t since = s->head->t_submit_us > s->t_pass_end_us ? s->head->t_submit_us
+                                                               : s->t_pass_end_us;
+        int64_t left = (int64_t)s->o.max_wait_ms * 1000 - (now_us() - since);
+        if (left > 0) {
+            abs_in_us(&until, left);
+            while (!s->stop && pass_tokens(s) < s->o.max_batch_tokens &&
+                   queued_items(s) < s->n_slots - s->n_free &&
+                   pthread_cond_timedwait(&s->work_cv, &s->mu, &until) != ETIMEDOUT) {
+            }
+        }
+        if (s->stop) return;
+    }
+    int n_tok, n_out;
+    int n_items = gather(s, &n_tok, &n_out);
+    if (n_items == 0) {
+        /* Everything queued was cancelled, or waits for KV pages: look
+         * again when a slot is released or work arrives, or after a
+         * short while (the page wait bound runs on). */
+        if (s->head) {
+            struct timespec until;
+            abs_in_us(&until, (int64_t)PAGE_POLL_MS * 1000);
+            pthread_cond_timedwait(&s->work_cv, &s->mu, &until);
+        }
+        return;
+    }
+    s->in_pass = 1;
+    pthread_mutex_unlock(&s->mu);
+
+    int64_t t0 = now_us();
+    specd_error err = {{0}};
+    specd_batch b = {.n_tokens = n_tok, .tokens = s->tokens, .n_seqs = n_items,
+                     .seqs = s->seqs, .n_out = n_out, .out_rows = s->out_rows,
+                     .logits = s->pass_ids ? NULL : s->logits,
+                     .argmax = s->pass_ids ? s->argmax : NULL, .hidden = s->hidden};
+    int frc = specd_transformer_forward(s->t, &b, &err);
+    uint32_t fwd_us = (uint32_t)(now_us() - t0);
+    /* cost is written under mu only, and only by the runner, which this
+     * thread is, so reading it here without the lock is safe */
+    uint32_t est_us = (uint32_t)specd_step_cost_at(&s->cost, n_tok);
+    /* the pass's draft nodes (trees ride whole, never split), which
+     * each drafter counts as tokens the pass is expected to add */
+    uint32_t draft_rows = 0, prompt_rows = 0;
+    for (int i = 0; i < n_items; i++) {
+        if (s->items[i]->kind == SPECD_WORK_TREE)
+            draft_rows += (uint32_t)s->items[i]->tree->n_nodes;
+        else if (s->items[i]->kind == SPECD_WORK_PREFILL)
+            prompt_rows += (uint32_t)s->items[i]->in_flight;
+    }
+    specd_target_metrics_pass(s->t, n_tok, fwd_us, !frc, &s->metrics_seen);
+    int *rcs = s->rcs;
+    for (int i = 0; i < n_items; i++) {
+        specd_work *w = s->items[i];
+        rcs[i] = SPECD_WORK_OK;
+        if (frc) { /* the forward pass left every cache untouched */
+            w->err = err;
+            rcs[i] = SPECD_WORK_FAILED;
+        } else if (w->kind == SPECD_WORK_PREFILL && w->n_past == 0) {
+            /* The prompt's full pages computed so far become findable. */
+            specd_transformer_prefix_publish(s->t, w->slot, w->tokens,
+                                             w->n_past + w->n_done + w->in_flight);
+        }
+        if (!frc && s->item_rows[i] >= 0) {
+            w->queue_us = (uint32_t)(t0 - w->t_submit_us);
+            w->forward_us = fwd_us;
+            w->batch_tokens = (uint32_t)n_tok;
+            w->est_forward_us = est_us;
+            w->draft_tokens = draft_rows;
+            w->prompt_tokens = prompt_rows;
+            if (finish_item(s, w, s->item_rows[i])) rcs[i] = SPECD_WORK_FAILED;
+        }
+    }
+
+    pthread_mutex_lock(&s->mu);
+    if (!frc) specd_step_cost_observe(&s->cost, n_tok, fwd_us, COST_ALPHA);
+    int had_prompt = 0;
+    for (int i = 0; i < n_items; i++) had_prompt |= s->items[i]->kind == SPECD_WORK_PREFILL;
+    if (!frc && had_prompt) s->prefill_us_per_tok = (double)fwd_us / n_tok;
+    specd_transformer_kv_stats(s->t, &s->kv_stats);
+    s->in_pass = 0;
+    s->t_pass_end_us = now_us();
+    pthread_cond_broadcast(&s->pass_cv);
+    for (int i = 0; i < n_items; i++) {
+        specd_work *w = s->items[i];
+        int took = w->in_flight;
+        w->in_flight = 0;
+        if (rcs[i] == SPECD_WORK_OK && s->item_rows[i] < 0) {
+            /* A prompt chunk: the rest stays queued for the next pass. */
+            w->n_done += took;
+            s->queued_tokens -= took;
+            continue;
+        }
+        unlink_item(s, w);
+        complete(w, rcs[i]);
+    }
+}
+
+/* Fails whatever is still queued: nobody will run it. Holds mu. */
+static void drain(specd_sched *s) {
+    while (s->head) {
+        specd_work *w = s->head;
+        unlink_item(s, w);
+        specd_seterr(&w->err, "target is shutting down");
+        complete(w, SPECD_WORK_FAILED);
+    }
+}
+
+/* The worker runs passes whenever work is queued and no submitter is running
+ * them itself (specd_sched_run), and hands idle slots' pages back. */
 static void *worker_main(void *arg) {
     specd_sched *s = arg;
     specd_thread_name("sched");
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->head && !s->stop) {
+        while ((!s->head || s->running) && !s->stop) {
             /* Idle with slots given back: their pages go back to the pool
              * now rather than at the next request's pass, so GetInfo and
-             * the page gauges show an idle target's pool as it is. */
-            if (s->n_released > 0) {
+             * the page gauges show an idle target's pool as it is. Never
+             * while a submitter runs passes: the transformer is the
+             * runner's alone. */
+            if (!s->running && s->n_released > 0) {
                 while (s->n_released > 0)
                     specd_transformer_release_slot(s->t, s->released[--s->n_released]);
                 specd_transformer_kv_stats(s->t, &s->kv_stats);
@@ -460,123 +606,14 @@ static void *worker_main(void *arg) {
             pthread_cond_wait(&s->work_cv, &s->mu);
         }
         if (s->stop) break;
-        /* A small batch waits a little for others to join: bigger passes
-         * mean more throughput, max_wait bounds the latency it costs. But
-         * only while some session holding a slot has nothing queued: when
-         * every open session is already in the batch nobody else can join,
-         * and waiting would only add latency to every step (a lone session
-         * would pay max_wait per token).
-         * The wait counts from the later of the oldest item's arrival and the
-         * end of the last pass: a session cannot send its next step before
-         * it has the last one's answer, so while a long prompt is being
-         * prefilled chunk by chunk (its item queued since long ago) the
-         * running streams still get max_wait to join the next chunk's pass,
-         * instead of missing it and waiting a whole chunk more. */
-        if (s->o.max_wait_ms > 0 && pass_tokens(s) < s->o.max_batch_tokens &&
-            queued_items(s) < s->n_slots - s->n_free) {
-            struct timespec until;
-            int64_t since = s->head->t_submit_us > s->t_pass_end_us ? s->head->t_submit_us
-                                                                   : s->t_pass_end_us;
-            int64_t left = (int64_t)s->o.max_wait_ms * 1000 - (now_us() - since);
-            if (left > 0) {
-                abs_in_us(&until, left);
-                while (!s->stop && pass_tokens(s) < s->o.max_batch_tokens &&
-                       queued_items(s) < s->n_slots - s->n_free &&
-                       pthread_cond_timedwait(&s->work_cv, &s->mu, &until) != ETIMEDOUT) {
-                }
-            }
-            if (s->stop) break;
-        }
-        int n_tok, n_out;
-        int n_items = gather(s, &n_tok, &n_out);
-        if (n_items == 0) {
-            /* Everything queued was cancelled, or waits for KV pages: look
-             * again when a slot is released or work arrives, or after a
-             * short while (the page wait bound runs on). */
-            if (s->head) {
-                struct timespec until;
-                abs_in_us(&until, (int64_t)PAGE_POLL_MS * 1000);
-                pthread_cond_timedwait(&s->work_cv, &s->mu, &until);
-            }
-            continue;
-        }
-        s->in_pass = 1;
-        pthread_mutex_unlock(&s->mu);
-
-        int64_t t0 = now_us();
-        specd_error err = {{0}};
-        specd_batch b = {.n_tokens = n_tok, .tokens = s->tokens, .n_seqs = n_items,
-                         .seqs = s->seqs, .n_out = n_out, .out_rows = s->out_rows,
-                         .logits = s->pass_ids ? NULL : s->logits,
-                         .argmax = s->pass_ids ? s->argmax : NULL, .hidden = s->hidden};
-        int frc = specd_transformer_forward(s->t, &b, &err);
-        uint32_t fwd_us = (uint32_t)(now_us() - t0);
-        /* cost is written under mu only, and this thread is its one writer,
-         * so reading it here without the lock is safe */
-        uint32_t est_us = (uint32_t)specd_step_cost_at(&s->cost, n_tok);
-        /* the pass's draft nodes (trees ride whole, never split), which
-         * each drafter counts as tokens the pass is expected to add */
-        uint32_t draft_rows = 0, prompt_rows = 0;
-        for (int i = 0; i < n_items; i++) {
-            if (s->items[i]->kind == SPECD_WORK_TREE)
-                draft_rows += (uint32_t)s->items[i]->tree->n_nodes;
-            else if (s->items[i]->kind == SPECD_WORK_PREFILL)
-                prompt_rows += (uint32_t)s->items[i]->in_flight;
-        }
-        specd_target_metrics_pass(s->t, n_tok, fwd_us, !frc);
-        int *rcs = s->rcs;
-        for (int i = 0; i < n_items; i++) {
-            specd_work *w = s->items[i];
-            rcs[i] = SPECD_WORK_OK;
-            if (frc) { /* the forward pass left every cache untouched */
-                w->err = err;
-                rcs[i] = SPECD_WORK_FAILED;
-            } else if (w->kind == SPECD_WORK_PREFILL && w->n_past == 0) {
-                /* The prompt's full pages computed so far become findable. */
-                specd_transformer_prefix_publish(s->t, w->slot, w->tokens,
-                                                 w->n_past + w->n_done + w->in_flight);
-            }
-            if (!frc && s->item_rows[i] >= 0) {
-                w->queue_us = (uint32_t)(t0 - w->t_submit_us);
-                w->forward_us = fwd_us;
-                w->batch_tokens = (uint32_t)n_tok;
-                w->est_forward_us = est_us;
-                w->draft_tokens = draft_rows;
-                w->prompt_tokens = prompt_rows;
-                if (finish_item(s, w, s->item_rows[i])) rcs[i] = SPECD_WORK_FAILED;
-            }
-        }
-
-        pthread_mutex_lock(&s->mu);
-        if (!frc) specd_step_cost_observe(&s->cost, n_tok, fwd_us, COST_ALPHA);
-        int had_prompt = 0;
-        for (int i = 0; i < n_items; i++) had_prompt |= s->items[i]->kind == SPECD_WORK_PREFILL;
-        if (!frc && had_prompt) s->prefill_us_per_tok = (double)fwd_us / n_tok;
-        specd_transformer_kv_stats(s->t, &s->kv_stats);
-        s->in_pass = 0;
-        s->t_pass_end_us = now_us();
-        pthread_cond_broadcast(&s->pass_cv);
-        for (int i = 0; i < n_items; i++) {
-            specd_work *w = s->items[i];
-            int took = w->in_flight;
-            w->in_flight = 0;
-            if (rcs[i] == SPECD_WORK_OK && s->item_rows[i] < 0) {
-                /* A prompt chunk: the rest stays queued for the next pass. */
-                w->n_done += took;
-                s->queued_tokens -= took;
-                continue;
-            }
-            unlink_item(s, w);
-            complete(w, rcs[i]);
-        }
+        s->running = 1;
+        run_round(s);
+        s->running = 0;
     }
-    /* Shutdown: nobody will run what is left. */
-    while (s->head) {
-        specd_work *w = s->head;
-        unlink_item(s, w);
-        specd_seterr(&w->err, "target is shutting down");
-        complete(w, SPECD_WORK_FAILED);
-    }
+    /* Shutdown: a submitter inside a pass finishes it first; then nobody
+     * will run what is left. */
+    while (s->running) pthread_cond_wait(&s->work_cv, &s->mu);
+    drain(s);
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
@@ -766,7 +803,7 @@ void specd_sched_free(specd_sched *s) {
     if (s->started) { /* fully created: stop and join the worker */
         pthread_mutex_lock(&s->mu);
         s->stop = 1;
-        pthread_cond_signal(&s->work_cv);
+        pthread_cond_broadcast(&s->work_cv); /* the worker, and a runner filling a batch */
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->worker, NULL);
         pthread_mutex_destroy(&s->mu);
@@ -856,7 +893,17 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
             s->head = w;
         s->tail = w;
         s->queued_tokens += w->n_tokens;
-        pthread_cond_signal(&s->work_cv);
+        /* broadcast: the worker and a runner waiting for its batch to
+         * fill may both be waiting */
+        pthread_cond_broadcast(&s->work_cv);
+        if (!s->running) {
+            /* Nobody runs passes: this thread does, until its own item is
+             * done, and then leaves the rest to the worker. */
+            s->running = 1;
+            while (!w->done && !s->stop) run_round(s);
+            s->running = 0;
+            if (s->head || s->stop) pthread_cond_broadcast(&s->work_cv);
+        }
     }
     while (!w->done) {
         struct timespec until;
@@ -864,7 +911,7 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
         pthread_cond_timedwait(&w->cv, &s->mu, &until);
         /* A cancelled call's item leaves the queue now rather than at the
          * next gather, so its handler can free the slot at once. An item in
-         * a running pass must wait for the pass: the worker still uses it. */
+         * a running pass must wait for the pass: the runner still uses it. */
         if (!w->done && !w->in_flight && w->is_cancelled && w->is_cancelled(w->cancel_arg)) {
             unlink_item(s, w);
             complete(w, SPECD_WORK_CANCELLED);

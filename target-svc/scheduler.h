@@ -1,8 +1,8 @@
-/* scheduler.h - continuous batching: one model worker, many sessions.
+/* scheduler.h - continuous batching: one pass loop, many sessions.
  *
  * The transformer is not thread-safe and a forward pass is far cheaper per
- * token when it carries many tokens, so exactly one worker thread owns it and
- * every session hands it work items:
+ * token when it carries many tokens, so exactly one thread at a time owns it
+ * (the runner) and every session hands it work items:
  *
  *   PREFILL  the prompt (may be split into chunks across passes when it does
  *            not fit the token budget); the first token is drawn from the
@@ -12,10 +12,14 @@
  *   TREE     [pending, node 0, node 1, ...] with the tree mask; then the
  *            acceptance walk and the KV compaction of the accepted path.
  *
- * The worker gathers every queued item it can fit under max_batch_tokens into
+ * The runner gathers every queued item it can fit under max_batch_tokens into
  * ONE ragged batch, waiting up to max_wait_ms for more work while the batch
  * is small, runs the forward pass, post-processes each item and wakes its
- * session. Sessions come and go between passes.
+ * session. Sessions come and go between passes. A submitter that finds no
+ * pass loop running becomes the runner itself until its own item is done
+ * (no thread hand-off on the way in or out: a lone stream's step costs no
+ * wake-ups); otherwise its item waits for the runner's next pass, and a
+ * worker thread takes over whenever work is left with nobody running.
  *
  * Chunked prefill: decode and tree items are gathered first (oldest first),
  * then prompts fill what is left, at most prefill_chunk prompt tokens per
@@ -57,7 +61,7 @@
  * re-prefill reuses the cached prompt pages.
  *
  * Cancellation: a submitter passes an is_cancelled probe. A queued item of a
- * cancelled call is dropped (by the worker when it gathers, or by the waiting
+ * cancelled call is dropped (by the runner when it gathers, or by the waiting
  * submitter itself, which polls the probe), so the handler returns and frees
  * its slot at once; an item already inside a forward pass finishes that pass
  * (the pass cannot be interrupted) and is then returned. */
@@ -119,7 +123,7 @@ typedef struct specd_work {
     /* Penalty history up to and including the last token before the one this
      * item draws (PREFILL: the prompt; DECODE / TREE: prompt + emitted tokens,
      * the pending one included); NULL when the sampling adjusts no logits.
-     * Read by the worker only while the submitter waits in specd_sched_run. */
+     * Read by the runner only while the submitter is in specd_sched_run. */
     const specd_token_counts *counts;
     /* Output index of the token drawn by this item (PREFILL: 0, or the resumed
      * count on failover; DECODE: the next output index; TREE: output index of
@@ -138,7 +142,7 @@ typedef struct specd_work {
     int (*is_cancelled)(void *arg);
     void *cancel_arg;
 
-    /* ---- output, set by the worker ---- */
+    /* ---- output, set by the runner ---- */
     int32_t next_token;
     int n_accepted;
     uint32_t queue_us, forward_us, batch_tokens;
@@ -157,8 +161,8 @@ typedef struct specd_work {
     struct specd_work *next;
 } specd_work;
 
-/* Starts the worker. The transformer must outlive the scheduler and must not
- * be used by anyone else meanwhile. */
+/* Starts the worker thread. The transformer must outlive the scheduler and
+ * must not be used by anyone else meanwhile. */
 specd_sched *specd_sched_create(specd_transformer *t, const specd_sched_opts *o,
                                 specd_error *err);
 
@@ -178,7 +182,9 @@ void specd_sched_queue(specd_sched *s, int *items, int *tokens);
  * SPECD_WORK_FAILED (w->err), SPECD_WORK_NO_PAGES (w->err) or
  * SPECD_WORK_CANCELLED. A PREFILL item may find cached rows: w->n_done
  * then counts them as done and the rest is computed. Thread-safe; the item
- * (and what it points to) must stay valid until this returns. */
+ * (and what it points to) must stay valid until this returns. The calling
+ * thread may run forward passes (its own and other sessions') meanwhile:
+ * it must not hold a lock that another submitter's probe takes. */
 int specd_sched_run(specd_sched *s, specd_work *w);
 
 /* The pool's state and prefix-cache counters as of the last pass (for

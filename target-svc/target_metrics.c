@@ -73,7 +73,7 @@ static void init(void) {
 }
 
 void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t forward_us,
-                               int ok) {
+                               int ok, specd_kv_pool_stats *seen) {
     pthread_once(&once, init);
     if (!ok) {
         specd_metric_add(M.forward_errors, NULL, 1);
@@ -81,18 +81,17 @@ void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t 
     }
     specd_metric_observe(M.batch_tokens, NULL, batch_tokens);
     specd_metric_observe(M.forward_s, NULL, forward_us / 1e6);
-    /* The pool keeps running totals; the counters get what is new since the
-     * last pass on this thread (each scheduler has its own worker thread). */
-    static _Thread_local uint64_t last_lookup, last_hit, last_evict;
+    /* The pool keeps running totals; the counters get what is new since
+     * `seen`, the scheduler's totals at its last pass. */
     specd_kv_pool_stats st;
     specd_transformer_kv_stats(t, &st);
-    if (st.lookup_pages >= last_lookup)
-        specd_metric_add(M.prefix_lookup, NULL, (double)(st.lookup_pages - last_lookup));
-    if (st.hit_pages >= last_hit)
-        specd_metric_add(M.prefix_hit, NULL, (double)(st.hit_pages - last_hit));
-    if (st.evictions >= last_evict)
-        specd_metric_add(M.kv_evictions, NULL, (double)(st.evictions - last_evict));
-    last_lookup = st.lookup_pages, last_hit = st.hit_pages, last_evict = st.evictions;
+    if (st.lookup_pages >= seen->lookup_pages)
+        specd_metric_add(M.prefix_lookup, NULL, (double)(st.lookup_pages - seen->lookup_pages));
+    if (st.hit_pages >= seen->hit_pages)
+        specd_metric_add(M.prefix_hit, NULL, (double)(st.hit_pages - seen->hit_pages));
+    if (st.evictions >= seen->evictions)
+        specd_metric_add(M.kv_evictions, NULL, (double)(st.evictions - seen->evictions));
+    *seen = st;
 }
 
 void specd_target_metrics_plain_run(void) {

@@ -34,12 +34,13 @@
 #include "target-svc/scheduler.h"
 #include "common/model/transformer.h"
 
-/* After every forward pass, on the worker thread (which owns t): the pass's
- * size and time, and the prefix cache's lookups, hits and evictions since
- * the last pass. ok = 0 for a failed pass. (The KV page gauges are set at
- * scrape time, specd_target_metrics_watch.) */
+/* After every forward pass, by the scheduler's runner (which owns t): the
+ * pass's size and time, and the prefix cache's lookups, hits and evictions
+ * since `seen` (the scheduler's totals at its last pass; updated here).
+ * ok = 0 for a failed pass. (The KV page gauges are set at scrape time,
+ * specd_target_metrics_watch.) */
 void specd_target_metrics_pass(specd_transformer *t, int batch_tokens, uint32_t forward_us,
-                               int ok);
+                               int ok, specd_kv_pool_stats *seen);
 
 /* A tree verified: n_accepted draft tokens kept, n_emitted tokens sent. Also
  * counted into the request log of the calling handler thread. */
