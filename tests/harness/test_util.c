@@ -37,6 +37,16 @@ char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* Every temp file written, removed when the test process exits (a test
+ * that fails midway leaves nothing behind either, unless it crashes). */
+#define MAX_TEMPS 64
+static char temps[MAX_TEMPS][64];
+static int n_temps;
+
+static void remove_temps(void) {
+    for (int i = 0; i < n_temps; i++) unlink(temps[i]);
+}
+
 const char *test_write_temp(const void *buf, size_t len, const char *suffix) {
     static char path[256];
     static int counter;
@@ -46,6 +56,9 @@ const char *test_write_temp(const void *buf, size_t len, const char *suffix) {
     if (!f) return NULL;
     fwrite(buf, 1, len, f);
     fclose(f);
+    if (n_temps == 0) atexit(remove_temps);
+    if (n_temps < MAX_TEMPS && strlen(path) < sizeof temps[0])
+        snprintf(temps[n_temps++], sizeof temps[0], "%s", path);
     return path;
 }
 

@@ -12,7 +12,8 @@
 const char *test_path(const char *rel);
 /* Whole file into a malloc'd buffer (NUL-terminated); NULL if unreadable. */
 char *test_read_file(const char *path, size_t *len);
-/* Writes a buffer to a fresh temp file and returns its path (static). */
+/* Writes a buffer to a fresh temp file and returns its path (static). The
+ * file is removed when the process exits. */
 const char *test_write_temp(const void *buf, size_t len, const char *suffix);
 /* 1 if the file exists. */
 int test_file_exists(const char *path);
