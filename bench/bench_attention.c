@@ -32,17 +32,12 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/matmul.h"
+#include "common/util/clock.h"
 
 enum { N_HEADS = 9, HEAD = 64, N_LAYERS = 30, MAX_PROMPTS = 16 };
 /* KV heads: SmolLM2's 3, or (--kv-heads) 1 or 9, the multi-query and
  * multi-head shapes of the same 9 heads */
 static int N_KV = 3;
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static float urand(uint64_t *s) {
     *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -66,11 +61,11 @@ static double run_step(specd_backend *be, const specd_kv_layout *kv, int32_t *pa
     specd_step st = {n_new, ids, cs, HEAD, 1, &sq, 0, NULL};
     specd_error err = {0};
     if (be->ops->begin_step(be, &st, &err)) die(err.msg);
-    double t0 = now_s();
+    double t0 = specd_now_s();
     for (int l = 0; l < n_layers; l++)
         be->ops->attention(be, out, q, k, v, kv, l, N_HEADS, N_KV, HEAD);
     if (be->ops->finish(be, &err)) die(err.msg);
-    double t = (now_s() - t0) / n_layers;
+    double t = (specd_now_s() - t0) / n_layers;
     free(cs);
     free(ids);
     return t;

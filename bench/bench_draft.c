@@ -39,15 +39,10 @@
 #include "common/util/rng.h"
 #include "draft-svc/draft_config.h"
 #include "draft-svc/drafter.h"
+#include "common/util/clock.h"
 
 #define MAX_LIST 16
 #define HIDDEN_MAX 8192
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
-}
 
 static void sleep_ms(double ms) {
     if (ms <= 0) return;
@@ -187,12 +182,12 @@ int main(int argc, char **argv) {
                                      .depth = depths[si], .out = &tb};
                 if (evict) stream_read(evict, evict_bytes);
                 sleep_ms(gap_ms);
-                double t0 = now_us();
+                double t0 = specd_now_us();
                 if (specd_drafter_propose(d, &j, 1, &err)) {
                     fprintf(stderr, "bench_draft: %s\n", err.msg);
                     return 1;
                 }
-                if (r >= 0) times[r] = now_us() - t0;
+                if (r >= 0) times[r] = specd_now_us() - t0;
                 nodes = tb.n_nodes;
             }
             qsort(times, (size_t)reps, sizeof *times, cmp_double);

@@ -38,12 +38,7 @@
 #include "kernels/cpu/peak.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/threadpool.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "common/util/clock.h"
 
 /* ---- memory bandwidth --------------------------------------------------- */
 
@@ -80,13 +75,13 @@ static double bandwidth(const uint8_t *buf, size_t bytes, int n_threads, int rep
         pthread_t th[8];
         bw_arg args[8];
         size_t slice = bytes / (size_t)n_threads / 128 * 128;
-        double t0 = now_s();
+        double t0 = specd_now_s();
         for (int i = 0; i < n_threads; i++) {
             args[i] = (bw_arg){buf + (size_t)i * slice, slice, 0};
             pthread_create(&th[i], NULL, bw_thread, &args[i]);
         }
         for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
-        double dt = now_s() - t0;
+        double dt = specd_now_s() - t0;
         double gbs = (double)slice * n_threads / dt / 1e9;
         if (gbs > best) best = gbs;
     }
@@ -181,13 +176,13 @@ static double time_matmul(specd_pool *pool, int m, const float *x, float *y, int
                           double min_time) {
     mat_set *s = &g_sets[m];
     for (int i = 0; i < s->n; i++) matmul_copy(pool, y, s, i, x, n_tok); /* warm-up */
-    double best = 1e30, t_start = now_s();
+    double best = 1e30, t_start = specd_now_s();
     do {
-        double t0 = now_s();
+        double t0 = specd_now_s();
         for (int i = 0; i < s->n; i++) matmul_copy(pool, y, s, i, x, n_tok);
-        double dt = now_s() - t0;
+        double dt = specd_now_s() - t0;
         if (dt < best) best = dt;
-    } while (now_s() - t_start < min_time);
+    } while (specd_now_s() - t_start < min_time);
     return best / (double)s->n;
 }
 
@@ -203,17 +198,17 @@ static void bench_pool(void) {
     atomic_init(&n, 0);
     specd_pool_run(pool, 2, empty_task, &n);
     const int runs = 100000;
-    double t0 = now_s();
+    double t0 = specd_now_s();
     for (int i = 0; i < runs; i++) specd_pool_run(pool, 2, empty_task, &n);
-    double hot = (now_s() - t0) / runs;
+    double hot = (specd_now_s() - t0) / runs;
     double cold = 0;
     const int naps = 20;
     for (int i = 0; i < naps; i++) {
         struct timespec nap = {0, 10 * 1000 * 1000}; /* past the spin window */
         nanosleep(&nap, NULL);
-        double t = now_s();
+        double t = specd_now_s();
         specd_pool_run(pool, 2, empty_task, &n);
-        cold += now_s() - t;
+        cold += specd_now_s() - t;
     }
     printf("  back to back: %.2f us per run;  after 10 ms idle: %.1f us per run\n", hot * 1e6,
            cold / naps * 1e6);

@@ -22,15 +22,10 @@
 
 #include "bench/echo_service.h"
 #include "common/rpc/rpc_client.h"
+#include "common/util/clock.h"
 
 #define WARMUP 200
 #define ROUNDS 5
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -53,7 +48,7 @@ static int run(const char *target, size_t size, int n, double *rt, specd_error *
     if (specd_rpc_stream_recv_bytes(st, &back, &len, 10000, err) != SPECD_RPC_CIO_OK) goto out;
     free(back);
     for (int i = -WARMUP; i < n; i++) {
-        double t0 = now_us();
+        double t0 = specd_now_us();
         back = NULL;
         if (specd_rpc_stream_send_bytes(st, msg, size, 0, err) != SPECD_RPC_CIO_OK ||
             specd_rpc_stream_recv_bytes(st, &back, &len, 10000, err) != SPECD_RPC_CIO_OK)
@@ -64,7 +59,7 @@ static int run(const char *target, size_t size, int n, double *rt, specd_error *
             goto out;
         }
         free(back);
-        if (i >= 0) rt[i] = now_us() - t0;
+        if (i >= 0) rt[i] = specd_now_us() - t0;
     }
     specd_rpc_stream_close_send(st, err);
     rc = 0;

@@ -22,12 +22,7 @@
 #include "common/spec/sampling.h"
 #include "common/util/rng.h"
 #include "common/util/simd.h"
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
+#include "common/util/clock.h"
 
 int main(int argc, char **argv) {
     int vocab = 49152, reps = 200;
@@ -79,11 +74,11 @@ int main(int argc, char **argv) {
             s.min_p = filters[f].min_p;
             double best_p = 1e30, best_r = 1e30;
             for (int r = 0; r < reps; r++) {
-                double t0 = now_us();
+                double t0 = specd_now_us();
                 specd_sampling_probs(&s, logits, vocab, probs, scratch);
-                double t1 = now_us();
+                double t1 = specd_now_us();
                 sink += specd_race_pick(probs, vocab, (specd_race_addr){7, 1, (uint64_t)r});
-                double t2 = now_us();
+                double t2 = specd_now_us();
                 if (t1 - t0 < best_p) best_p = t1 - t0;
                 if (t2 - t1 < best_r) best_r = t2 - t1;
             }
@@ -94,9 +89,9 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; r++) {
             float lp, top_lps[5];
             int32_t top_ids[5];
-            double t0 = now_us();
+            double t0 = specd_now_us();
             specd_logprobs(logits, vocab, r % vocab, 5, &lp, top_ids, top_lps);
-            double t1 = now_us();
+            double t1 = specd_now_us();
             sink += top_ids[0];
             if (t1 - t0 < best_lp) best_lp = t1 - t0;
         }

@@ -28,16 +28,11 @@
 #include "common/model/model_file.h"
 #include "common/model/transformer.h"
 #include "target-svc/scheduler.h"
+#include "common/util/clock.h"
 
 #define PROMPT 32
 #define WARMUP 20
 #define MAX_LIST 8
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench_sched_step: %s\n", what);
@@ -121,9 +116,9 @@ int main(int argc, char **argv) {
             w.tokens = &tok;
             w.n_tokens = 1;
             w.sampling = &greedy;
-            double t0 = now_us();
+            double t0 = specd_now_us();
             if (specd_sched_run(s, &w)) die(w.err.msg);
-            double t1 = now_us();
+            double t1 = specd_now_us();
             if (i >= WARMUP) {
                 step += t1 - t0;
                 fwd += w.forward_us;

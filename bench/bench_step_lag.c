@@ -30,14 +30,9 @@
 
 #include "common/model/model_file.h"
 #include "common/model/transformer.h"
+#include "common/util/clock.h"
 
 enum { SEQS = 8, CTX = 64, MAX_AFTER = 32, MEM_WORDS = 8 << 20 /* 64 MB of int64 */ };
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench_step_lag: %s\n", what);
@@ -129,9 +124,9 @@ int main(int argc, char **argv) {
         n[heavy_round]++;
         step(&r, heavy_round ? heavy / SEQS : 1);
         for (int i = 0; i < after; i++) {
-            double t0 = now_ms();
+            double t0 = specd_now_ms();
             probe(&r, kind);
-            sum[heavy_round][i] += now_ms() - t0;
+            sum[heavy_round][i] += specd_now_ms() - t0;
         }
     }
     printf("probe %s (ms, mean of %d and %d rounds), %d threads, %s\n",

@@ -7,6 +7,7 @@
 
 #include "common/rpc/metrics.h"
 #include "common/rpc/request_ctx.h"
+#include "common/util/clock.h"
 
 static struct {
     specd_metric *requests, *prompt, *generated, *steps;
@@ -84,12 +85,6 @@ static void init(void) {
                                        "reason");
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code code,
                                  const char *drafter) {
     pthread_once(&once, init);
@@ -126,7 +121,7 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
     if (st->generated_tokens > 1) specd_metric_observe(M.tpot, d, st->tpot_ms / 1e3);
     specd_request_ctx *r = specd_request_current();
     if (!r) return;
-    specd_metric_observe(M.e2e, d, (now_ms() - r->t0_ms) / 1e3);
+    specd_metric_observe(M.e2e, d, (specd_now_ms() - r->t0_ms) / 1e3);
     r->drafter = drafter;
     r->finish = code == GRPC_STATUS_OK ? finish : NULL;
     r->prompt_tokens = st->prompt_tokens;

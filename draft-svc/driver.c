@@ -13,6 +13,7 @@
 #include "kernels/ipc.h"
 #include "common/rpc/request_log.h"
 #include "draft-svc/draft_metrics.h"
+#include "common/util/clock.h"
 
 /* ---- cancellation ------------------------------------------------------------ */
 
@@ -46,12 +47,6 @@ static int set_stream(specd_gen_cancel *c, specd_rpc_stream *st) {
     c->stream = cancelled ? NULL : st;
     pthread_mutex_unlock(&c->mu);
     return cancelled ? -1 : 0;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* ---- per-request state ------------------------------------------------------- */
@@ -567,7 +562,7 @@ static int retryable(grpc_status_code c) {
  * sink aborted. */
 static int deliver(gen *g, const int32_t *toks, int n, Specd__V1__TokenLogprob **lps, int n_lps,
                    Specd__V1__FinishReason fr) {
-    if (n > 0 && g->n_gen == 0) g->t_first = now_ms();
+    if (n > 0 && g->n_gen == 0) g->t_first = specd_now_ms();
     int stop = 0;
     int took = g->sink->on_tokens(g->sink->arg, toks, n, lps, n_lps, fr, &stop);
     if (took < 0) return -1;
@@ -905,7 +900,7 @@ static void draft(gen *g, const specd_target_info *info) {
     specd_error err = {{0}};
     double draft_us = 0; /* a tree drafted ahead took none of this step's time */
     if (!adopt_ahead(g, ahead_hit, &job)) {
-        double t0 = now_ms();
+        double t0 = specd_now_ms();
         /* a lookup on this thread; a model's draft in the next batch */
         int rc = specd_drafter_propose_inline(q->drafter, &job, &err);
         if (rc == 1) rc = specd_batcher_run(q->batcher, &job, &err);
@@ -914,7 +909,7 @@ static void draft(gen *g, const specd_target_info *info) {
             fprintf(stderr, "draft-svc: %s drafter: %s\n", q->drafter->ops->name, err.msg);
             specd_tree_buf_reset(&g->tb);
         }
-        draft_us = (now_ms() - t0) * 1e3;
+        draft_us = (specd_now_ms() - t0) * 1e3;
     }
     g->tb.cap = alloc_cap;
     if (priced && g->tb.n_nodes > 0) {
@@ -943,13 +938,13 @@ static step_rc recv_resp(gen *g, specd_rpc_stream *s, const specd_tpool_member *
                          Specd__V1__VerifyResponse **out, grpc_status_code *code,
                          specd_error *err) {
     *out = NULL;
-    double t0 = now_ms();
+    double t0 = specd_now_ms();
     specd_rpc_cio io;
     for (;;) {
         io = specd_rpc_stream_recv(s, &specd__v1__verify_response__descriptor,
                                    (ProtobufCMessage **)out, LIVENESS_SLICE_MS, err);
         if (io != SPECD_RPC_CIO_TIMEOUT) break;
-        double t = now_ms(), alive = (double)specd_tpool_member_last_alive(m);
+        double t = specd_now_ms(), alive = (double)specd_tpool_member_last_alive(m);
         double silent = t - (alive > t0 ? alive : t0);
         int cap_ms = alive > 0 ? live_cap_ms : plain_ms;
         if (alive > 0 && silent >= g->env->step_timeout_ms) {
@@ -1014,7 +1009,7 @@ static int on_resp(gen *g, const Specd__V1__VerifyResponse *r) {
     toks[n_acc] = r->next_token;
     g->st->target_steps++;
     if (r->timings) g->target_load = (int)r->timings->active_sessions;
-    double t_recv = now_ms();
+    double t_recv = specd_now_ms();
     price_timings(g, r, t_recv);
     g->price.t_recv = t_recv;
     if (r->step > 0) {
@@ -1159,7 +1154,7 @@ static step_rc send_tree(gen *g, specd_rpc_stream *s, uint32_t step, uint32_t ru
     vr.msg_case = SPECD__V1__VERIFY_REQUEST__MSG_TREE;
     vr.tree = &tree;
     g->price.sent_rows = 1 + n;
-    g->price.t_send = now_ms();
+    g->price.t_send = specd_now_ms();
     specd_rpc_cio io = specd_rpc_stream_send(s, &vr.base, 0, err);
     free(qd);
     free(qp);
@@ -1321,9 +1316,9 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
          * collapse, or not worth its price, or nothing to propose), maybe
          * with a plain run behind it. */
         if (g->req->drafter) {
-            double t_draft = now_ms();
+            double t_draft = specd_now_ms();
             draft(g, info);
-            g->st->draft_ms += now_ms() - t_draft;
+            g->st->draft_ms += specd_now_ms() - t_draft;
         }
         g->plain_streak = g->tb.n_nodes ? 0 : g->plain_streak + 1;
         uint32_t run = g->tb.n_nodes ? 0 : plain_run(g);
@@ -1350,7 +1345,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
     g.sink = sink;
     g.cancel = cancel;
     g.st = st;
-    g.t_start = now_ms();
+    g.t_start = specd_now_ms();
     g.target_load = 1;
     specd_accept_state_init(&g.acc);
     grpc_status_code code = GRPC_STATUS_OK;
@@ -1498,7 +1493,7 @@ grpc_status_code specd_driver_generate(const specd_driver_env *env, const specd_
 out:
     st->generated_tokens = g.n_gen;
     if (g.n_gen > 0) {
-        double end = now_ms();
+        double end = specd_now_ms();
         st->ttft_ms = g.t_first - g.t_start;
         st->tpot_ms = g.n_gen > 1 ? (end - g.t_first) / (g.n_gen - 1) : 0;
     }

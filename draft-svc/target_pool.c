@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 
 #include "specd.pb-c.h"
+#include "common/util/clock.h"
 
 #define POOL_MAX_MEMBERS 1024
 
@@ -67,12 +68,6 @@ struct specd_tpool {
     unsigned rr;            /* round-robin cursor */
     int64_t resolved_at_ms; /* last DNS pass; 0 = never */
 };
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -164,7 +159,7 @@ static void resolve_entry(specd_tpool *p, const char *entry, int source) {
  * getaddrinfo blocks, but only once per resolve_interval, and a pool lookup
  * that waits behind it is a session start, not a token step. */
 static void refresh(specd_tpool *p) {
-    int64_t t = now_ms();
+    int64_t t = specd_now_ms_int();
     if (p->resolved_at_ms && t - p->resolved_at_ms < p->o.resolve_interval_ms) return;
     p->resolved_at_ms = t;
     for (int i = 0; i < p->n; i++) p->m[i]->listed = 0;
@@ -323,7 +318,7 @@ static void mark_down(specd_tpool *p, specd_tpool_member *m) {
     for (int i = 1; i < m->failures && backoff < p->o.max_backoff_ms; i++) backoff *= 2;
     if (backoff > p->o.max_backoff_ms) backoff = p->o.max_backoff_ms;
     m->state = MEMBER_DOWN;
-    m->down_until_ms = now_ms() + backoff;
+    m->down_until_ms = specd_now_ms_int() + backoff;
 }
 
 specd_tpool_member *specd_tpool_acquire(specd_tpool *p, const specd_tpool_member *avoid,
@@ -333,7 +328,7 @@ specd_tpool_member *specd_tpool_acquire(specd_tpool *p, const specd_tpool_member
     for (int round = 0; round <= POOL_MAX_MEMBERS; round++) {
         pthread_mutex_lock(&p->mu);
         refresh(p);
-        int64_t t = now_ms();
+        int64_t t = specd_now_ms_int();
         specd_tpool_member *best = NULL;
         int best_avoided = 1;
         for (int k = 0; k < p->n; k++) {
@@ -454,7 +449,7 @@ void specd_tpool_member_put(specd_tpool *p, specd_tpool_member *m) {
 
 void specd_tpool_note_health(specd_tpool *p, specd_tpool_member *m, int serving) {
     if (!serving) return;
-    atomic_store(&m->last_alive_ms, now_ms());
+    atomic_store(&m->last_alive_ms, specd_now_ms_int());
     pthread_mutex_lock(&p->mu);
     if (m->state == MEMBER_DOWN) {
         /* Answering again: no reason to wait out the backoff. GetInfo runs

@@ -12,6 +12,7 @@
 
 #include "common/rpc/rpc_client.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "common/util/clock.h"
 
 #define WATCH_MAX_MEMBERS 256 /* probed per round; a larger pool is probed in part */
 
@@ -25,12 +26,6 @@ struct specd_target_watch {
     int stop; /* under mu */
     atomic_int ready;
 };
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* One Check of "specd.v1.Target": 1 = SERVING. A failed probe resets the
  * channel's reconnect backoff, so the next one connects at once: that is
@@ -64,7 +59,7 @@ static void *watch_main(void *arg) {
     specd_thread_name("target-watch");
     specd_tpool_member *ms[WATCH_MAX_MEMBERS];
     int last = -1;
-    int64_t trimmed_at = now_ms();
+    int64_t trimmed_at = specd_now_ms_int();
     for (;;) {
         int n = specd_tpool_members(w->pool, ms, WATCH_MAX_MEMBERS);
         int ready = 0;
@@ -73,7 +68,7 @@ static void *watch_main(void *arg) {
             specd_tpool_note_health(w->pool, ms[i], serving);
             /* usable: answered lately and compatible (GetInfo once, here or
              * at a session's acquire) */
-            if (now_ms() - specd_tpool_member_last_alive(ms[i]) <= w->o.alive_window_ms &&
+            if (specd_now_ms_int() - specd_tpool_member_last_alive(ms[i]) <= w->o.alive_window_ms &&
                 specd_tpool_member_last_alive(ms[i]) > 0 && specd_tpool_check(w->pool, ms[i]))
                 ready = 1;
             specd_tpool_member_put(w->pool, ms[i]);
@@ -82,9 +77,9 @@ static void *watch_main(void *arg) {
             set_ready(w, ready);
             last = ready;
         }
-        if (w->o.trim_interval_ms > 0 && now_ms() - trimmed_at >= w->o.trim_interval_ms) {
+        if (w->o.trim_interval_ms > 0 && specd_now_ms_int() - trimmed_at >= w->o.trim_interval_ms) {
             malloc_trim(0);
-            trimmed_at = now_ms();
+            trimmed_at = specd_now_ms_int();
         }
         pthread_mutex_lock(&w->mu);
         struct timespec until;

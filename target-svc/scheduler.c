@@ -18,6 +18,7 @@
 #include "common/util/thread_name.h"
 
 #include "target-svc/target_metrics.h"
+#include "common/util/clock.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -101,12 +102,6 @@ static int pass_tokens(const specd_sched *s) {
         else steps += w->n_tokens - w->n_done;
     }
     return steps + (prompts < s->o.prefill_chunk ? prompts : s->o.prefill_chunk);
-}
-
-static int64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* Condition variables use CLOCK_MONOTONIC so a wall-clock jump cannot stretch
@@ -405,7 +400,7 @@ static int prefill_budget(const specd_sched *s, const gather_state *g) {
 static int gather(specd_sched *s, int *n_tokens_out, int *n_out_out) {
     while (s->n_released > 0) specd_transformer_release_slot(s->t, s->released[--s->n_released]);
     s->pass_ids = 1;
-    int64_t now = now_us();
+    int64_t now = specd_now_us_int();
     gather_state g = {.prefill_left = s->o.prefill_chunk};
     for (int i = 0; i < s->n_slots; i++) g.growing += specd_transformer_slot_pages(s->t, i) > 0;
     for (const specd_work *w = s->head; w; w = w->next)
@@ -480,7 +475,7 @@ static void run_round(specd_sched *s) {
         struct timespec until;
         int64_t since = s->head->t_submit_us > s->t_pass_end_us ? s->head->t_submit_us
                                                                : s->t_pass_end_us;
-        int64_t left = (int64_t)s->o.max_wait_ms * 1000 - (now_us() - since);
+        int64_t left = (int64_t)s->o.max_wait_ms * 1000 - (specd_now_us_int() - since);
         if (left > 0) {
             abs_in_us(&until, left);
             while (!s->stop && pass_tokens(s) < s->o.max_batch_tokens &&
@@ -506,14 +501,14 @@ static void run_round(specd_sched *s) {
     s->in_pass = 1;
     pthread_mutex_unlock(&s->mu);
 
-    int64_t t0 = now_us();
+    int64_t t0 = specd_now_us_int();
     specd_error err = {{0}};
     specd_batch b = {.n_tokens = n_tok, .tokens = s->tokens, .n_seqs = n_items,
                      .seqs = s->seqs, .n_out = n_out, .out_rows = s->out_rows,
                      .logits = s->pass_ids ? NULL : s->logits,
                      .argmax = s->pass_ids ? s->argmax : NULL, .hidden = s->hidden};
     int frc = specd_transformer_forward(s->t, &b, &err);
-    uint32_t fwd_us = (uint32_t)(now_us() - t0);
+    uint32_t fwd_us = (uint32_t)(specd_now_us_int() - t0);
     /* cost is written under mu only, and only by the runner, which this
      * thread is, so reading it here without the lock is safe */
     uint32_t est_us = (uint32_t)specd_step_cost_at(&s->cost, n_tok);
@@ -557,7 +552,7 @@ static void run_round(specd_sched *s) {
     if (!frc && had_prompt) s->prefill_us_per_tok = (double)fwd_us / n_tok;
     specd_transformer_kv_stats(s->t, &s->kv_stats);
     s->in_pass = 0;
-    s->t_pass_end_us = now_us();
+    s->t_pass_end_us = specd_now_us_int();
     pthread_cond_broadcast(&s->pass_cv);
     for (int i = 0; i < n_items; i++) {
         specd_work *w = s->items[i];
@@ -640,9 +635,9 @@ static double calibrate_pass(specd_sched *s, int slot, int ctx, const int32_t *t
     specd_seq_input seq = {.slot = slot, .n_past = ctx, .n_new = n};
     specd_batch b = {.n_tokens = n, .tokens = toks, .n_seqs = 1, .seqs = &seq, .n_out = n,
                      .out_rows = s->out_rows, .argmax = s->argmax};
-    int64_t t0 = now_us();
+    int64_t t0 = specd_now_us_int();
     if (specd_transformer_forward(s->t, &b, err)) return -1;
-    return (double)(now_us() - t0);
+    return (double)(specd_now_us_int() - t0);
 }
 
 /* Times one sequence of n tokens at each grid point up to max_n, after a
@@ -882,7 +877,7 @@ int specd_sched_run(specd_sched *s, specd_work *w) {
         w->prompt_tokens = 0;
     cond_init(&w->cv);
     pthread_mutex_lock(&s->mu);
-    w->t_submit_us = now_us();
+    w->t_submit_us = specd_now_us_int();
     if (s->stop) {
         specd_seterr(&w->err, "target is shutting down");
         complete(w, SPECD_WORK_FAILED);

@@ -24,6 +24,7 @@
 #include "target-svc/session.h"
 #include "common/rpc/request_ctx.h"
 #include "target-svc/target_metrics.h"
+#include "common/util/clock.h"
 
 struct specd_target_service {
     const specd_model_file *m;
@@ -41,12 +42,6 @@ struct specd_target_service {
 
 /* The scheduler's cancellation probe: a call that is gone needs no work. */
 static int call_cancelled(void *arg) { return specd_rpc_call_is_cancelled(arg); }
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* ---- protobuf -> session --------------------------------------------------- */
 
@@ -587,7 +582,7 @@ static int gen_respond(gen_call *g, int32_t *tok, Specd__V1__FinishReason fr) {
     }
     if (fr) {
         const specd_session *s = &g->s;
-        double end = now_ms();
+        double end = specd_now_ms();
         r.finish_reason = fr;
         st.prompt_tokens = s->n_prompt;
         st.generated_tokens = s->n_out;
@@ -604,7 +599,7 @@ static int gen_respond(gen_call *g, int32_t *tok, Specd__V1__FinishReason fr) {
 
 /* One scheduler step per token until the session finishes; then OK. */
 static void gen_decode(gen_call *g) {
-    g->t_start = now_ms();
+    g->t_start = specd_now_ms();
     specd_work w;
     gen_work(g, &w, 1);
     int n_past_after = g->s.n_prompt;
@@ -614,7 +609,7 @@ static void gen_decode(gen_call *g) {
         specd_finish fr;
         int32_t tok = w.next_token;
         specd_session_emit(&g->s, &tok, 1, n_past_after, &fr);
-        if (g->steps == 1) g->t_first = now_ms();
+        if (g->steps == 1) g->t_first = specd_now_ms();
         int rc = gen_respond(g, &tok, (Specd__V1__FinishReason)fr);
         if (rc < 0) return;
         if (rc > 0) break;

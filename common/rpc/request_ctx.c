@@ -5,20 +5,15 @@
 #include <time.h>
 
 #include "common/rpc/rpc_client.h"
+#include "common/util/clock.h"
 
 static _Thread_local specd_request_ctx *current;
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 void specd_request_begin(specd_request_ctx *r, specd_rpc_call *c, int make_id) {
     memset(r, 0, sizeof *r);
     r->prompt_tokens = r->generated_tokens = r->steps = r->drafted_tokens = r->accepted_tokens =
         r->failovers = -1;
-    r->t0_ms = now_ms();
+    r->t0_ms = specd_now_ms();
     /* one byte more than an id may have, so an over-long value is seen as
      * such rather than cut into a valid-looking one */
     char got[SPECD_REQUEST_ID_MAX + 2];
@@ -41,7 +36,7 @@ void specd_request_end(specd_request_ctx *r, specd_rpc_call *c, const char *serv
     f[n++] = SPECD_LOG_STR("id", r->id);
     f[n++] = SPECD_LOG_STR("method", specd_rpc_call_method(c));
     f[n++] = SPECD_LOG_STR("code", specd_rpc_status_name(specd_rpc_call_status(c)));
-    f[n++] = SPECD_LOG_NUM("duration_ms", now_ms() - r->t0_ms);
+    f[n++] = SPECD_LOG_NUM("duration_ms", specd_now_ms() - r->t0_ms);
     if (r->drafter) f[n++] = SPECD_LOG_STR("drafter", r->drafter);
     if (r->finish) f[n++] = SPECD_LOG_STR("finish", r->finish);
     const struct { const char *k; long long v; } counts[] = {

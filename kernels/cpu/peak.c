@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "matmul.h"
+#include "common/util/clock.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -34,12 +35,6 @@ static kind active_kind(void) {
     if (!strcmp(n, "avxvnni")) return K_AVXVNNI;
     if (!strcmp(n, "avx2")) return K_AVX2;
     return K_SCALAR;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* What each task leaves, so no loop is dead code. */
@@ -200,9 +195,9 @@ static double run_peak(specd_pool *pool, peak_fn fn) {
     for (int p = 0; p < PASSES; p++) {
         peak_job j = {.fn = fn};
         atomic_init(&j.macs, 0);
-        double t0 = now_s();
+        double t0 = specd_now_s();
         specd_pool_run(pool, tasks, peak_task, &j);
-        double dt = now_s() - t0;
+        double dt = specd_now_s() - t0;
         double rate = dt > 0 ? (double)atomic_load(&j.macs) / dt : 0;
         if (rate > best) best = rate;
     }

@@ -11,6 +11,7 @@
 #include "common/util/dtype.h"
 #include "common/util/rng.h"
 #include "tools/train/nn.h"
+#include "common/util/clock.h"
 
 #define EVAL_CHUNK 1024 /* rows per forward call in evaluation */
 
@@ -245,12 +246,6 @@ static double train_step(const accept_model *m, work *k, const accept_examples *
     return wsum > 0 ? loss / wsum : 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int accept_train(accept_model *m, const accept_examples *e, const long *idx, long n,
                  const accept_train_opts *o, accept_train_log log, void *ctx, specd_error *err) {
     if (n < 1) return specd_seterr(err, "accept head: no training examples");
@@ -277,7 +272,7 @@ int accept_train(accept_model *m, const accept_examples *e, const long *idx, lon
     int n_t = model_tensors(m, t);
     nn_adamw opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     long cursor = n, epoch = 0; /* cursor == n: shuffle before the first batch */
-    double t0 = now_s(), loss_acc = 0;
+    double t0 = specd_now_s(), loss_acc = 0;
     int loss_n = 0;
     for (long step = 0; step < o->steps; step++) {
         if (cursor + B > n) {
@@ -312,7 +307,7 @@ int accept_train(accept_model *m, const accept_examples *e, const long *idx, lon
                             g + off, am + off, av + off, t[i].n);
         }
         if (log && o->log_every > 0 && ((step + 1) % o->log_every == 0 || step + 1 == o->steps)) {
-            double dt = now_s() - t0;
+            double dt = specd_now_s() - t0;
             log(ctx, step + 1, o->steps, loss_acc / loss_n, dt > 0 ? (step + 1) * (double)B / dt : 0);
             loss_acc = 0;
             loss_n = 0;

@@ -12,6 +12,7 @@
 #include "target-svc/scheduler.h"
 #include "target-svc/session.h"
 #include "common/model/transformer.h"
+#include "common/util/clock.h"
 
 /* The scheduler waits up to this long for every session holding a slot to
  * queue its item before it runs a pass. Each round, every lane holding a
@@ -31,12 +32,6 @@ struct eval_target {
     int32_t *stop_ids; /* owned copy of o.stop_ids */
     int dim;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 eval_target *eval_target_create(const specd_model_file *m, const eval_target_opts *o,
                                 specd_error *err) {
@@ -443,7 +438,7 @@ static int run_items(item_run *items, pthread_t *th, int n, specd_error *err) {
 static int run_all(run *r, int n, double *wall_s, specd_error *err) {
     eval_target *t = r->t;
     int L = t->o.lanes;
-    double t0 = now_s();
+    double t0 = specd_now_s();
     memset(r->st, 0, sizeof *r->st * (size_t)n);
     r->hist_cap = t->o.max_prompt + t->o.max_new_tokens + t->o.max_tree_tokens + 1;
     lane *lanes = calloc((size_t)L, sizeof *lanes);
@@ -509,7 +504,7 @@ out:
     free(jobs);
     free(owners);
     free(running);
-    if (wall_s) *wall_s = now_s() - t0;
+    if (wall_s) *wall_s = specd_now_s() - t0;
     return rc;
 }
 
