@@ -38,12 +38,16 @@ char *test_read_file(const char *path, size_t *len) {
 }
 
 /* Every temp file written, removed when the test process exits (a test
- * that fails midway leaves nothing behind either, unless it crashes). */
+ * that fails midway leaves nothing behind either, unless it crashes). Only
+ * by the process that wrote them: a forked child that exits must not take
+ * its parent's files. */
 #define MAX_TEMPS 64
 static char temps[MAX_TEMPS][64];
 static int n_temps;
+static pid_t temps_owner;
 
 static void remove_temps(void) {
+    if (getpid() != temps_owner) return;
     for (int i = 0; i < n_temps; i++) unlink(temps[i]);
 }
 
@@ -56,7 +60,10 @@ const char *test_write_temp(const void *buf, size_t len, const char *suffix) {
     if (!f) return NULL;
     fwrite(buf, 1, len, f);
     fclose(f);
-    if (n_temps == 0) atexit(remove_temps);
+    if (!temps_owner) {
+        temps_owner = getpid();
+        atexit(remove_temps);
+    }
     if (n_temps < MAX_TEMPS && strlen(path) < sizeof temps[0])
         snprintf(temps[n_temps++], sizeof temps[0], "%s", path);
     return path;
