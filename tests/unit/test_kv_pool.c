@@ -526,7 +526,29 @@ typedef struct queued {
     int n, slot, rc;
     _Atomic int done;
     char err[sizeof(((specd_error *)0)->msg)];
+    /* The submitting thread, and every thread that called the item's
+     * cancellation probe: the runner's gather calls it for each queued
+     * item it looks at, so it tells which thread ran the passes. Written
+     * under the scheduler's mutex (the probe is only called holding it). */
+    pthread_t self;
+    pthread_t probed_by[8];
+    int n_probed_by;
 } queued;
+
+static int probe_records_thread(void *arg) {
+    queued *q = arg;
+    pthread_t me = pthread_self();
+    for (int i = 0; i < q->n_probed_by; i++)
+        if (pthread_equal(q->probed_by[i], me)) return 0;
+    if (q->n_probed_by < 8) q->probed_by[q->n_probed_by++] = me;
+    return 0; /* never cancelled */
+}
+
+static int probed_by(const queued *q, pthread_t t) {
+    for (int i = 0; i < q->n_probed_by; i++)
+        if (pthread_equal(q->probed_by[i], t)) return 1;
+    return 0;
+}
 
 static void *queued_main(void *arg) {
     queued *q = arg;
@@ -539,6 +561,9 @@ static void *queued_main(void *arg) {
     w.tokens = q->tokens;
     w.n_tokens = q->n;
     w.sampling = &greedy;
+    w.is_cancelled = probe_records_thread;
+    w.cancel_arg = q;
+    q->self = pthread_self();
     q->rc = specd_sched_run(q->sched, &w);
     snprintf(q->err, sizeof q->err, "%s", w.err.msg);
     atomic_store(&q->done, 1);
@@ -612,6 +637,13 @@ static void test_sched_admission_queue(void **state) {
             pthread_join(tb, NULL);
             if (a->rc != SPECD_WORK_OK) fail_msg("A: %s", a->err);
             if (b->rc != SPECD_WORK_OK) fail_msg("B: %s", b->err);
+            /* Who ran the passes (scheduler.h): the holder, alone, ran its
+             * own; A found nobody running and held the role while it
+             * waited for pages, so its thread looked at B's item, which
+             * rode A's passes instead of waking the worker. */
+            assert_true(probed_by(h, h->self));
+            assert_true(probed_by(a, a->self));
+            assert_true(probed_by(b, a->self));
         } else {
             pthread_join(ta, NULL);
             assert_int_equal(a->rc, SPECD_WORK_NO_PAGES);
