@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "bench/bench_args.h"
 #include "common/model/mlp_speculator.h"
 #include "common/util/rng.h"
 #include "draft-svc/draft_config.h"
@@ -61,20 +62,6 @@ static void stream_read(const unsigned char *p, size_t n) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* "1,2,4" into v; the count, or -1 on a malformed list. */
-static int parse_ints(const char *s, int *v) {
-    int n = 0;
-    while (*s) {
-        char *end;
-        long x = strtol(s, &end, 10);
-        if (end == s || x < 1 || x > 1024 || n == MAX_LIST) return -1;
-        v[n++] = (int)x;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
 }
 
 /* "1x1,3x4" into candidates and depths; the count, or -1. */
@@ -118,7 +105,7 @@ int main(int argc, char **argv) {
         }
         else if (!strcmp(a, "--speculator")) dir = v, i++;
         else if (!strcmp(a, "--threads")) {
-            if ((n_threads = parse_ints(v, threads)) < 1) return usage();
+            if ((n_threads = bench_int_list(v, threads, MAX_LIST, 1, 1024)) < 1) return usage();
             i++;
         } else if (!strcmp(a, "--shapes")) {
             if ((n_shapes = parse_shapes(v, cands, depths)) < 1) return usage();

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_args.h"
 #include "common/model/model_file.h"
 #include "common/model/transformer.h"
 #include "target-svc/scheduler.h"
@@ -55,15 +56,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-t")) threads = atoi(v);
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--think-us")) {
-            n_thinks = 0;
-            for (const char *p = v; *p && n_thinks < MAX_LIST;) {
-                char *end;
-                long us = strtol(p, &end, 10);
-                if (end == p || us < 0 || us > 1000000) die("--think-us: a list of 0..1000000");
-                thinks[n_thinks++] = (int)us;
-                p = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') die("--think-us: a comma-separated list");
-            }
+            if ((n_thinks = bench_int_list(v, thinks, MAX_LIST, 0, 1000000)) < 1)
+                die("--think-us: a comma-separated list of up to 8 values in 0..1000000");
         } else {
             die("usage: bench_sched_step [-m MODEL] [-t THREADS] [--steps N] [--think-us LIST]");
         }

@@ -506,11 +506,15 @@ int specd_accept_head_use_int8(specd_accept_head *h, specd_error *err) {
  * `tmp` holds the products when adding. */
 static void linear(const float *x, int n, int in, const uint16_t *w, const cpu_qweight *q,
                    const float *b, int out, int add, float *y, float *tmp) {
-    specd_tensor W = {.type = SPECD_F16, .n_dims = 2, .ne = {(uint64_t)in, (uint64_t)out, 1, 1},
-                      .data = w, .nbytes = sizeof(uint16_t) * (uint64_t)in * (uint64_t)out};
     float *prod = add ? tmp : y;
-    if (q) cpu_qmatmul(NULL, prod, q, x, n);
-    else cpu_matmul(NULL, prod, &W, x, n);
+    if (q) {
+        cpu_qmatmul(NULL, prod, q, x, n);
+    } else {
+        specd_tensor W = {.type = SPECD_F16, .n_dims = 2,
+                          .ne = {(uint64_t)in, (uint64_t)out, 1, 1}, .data = w,
+                          .nbytes = sizeof(uint16_t) * (uint64_t)in * (uint64_t)out};
+        cpu_matmul(NULL, prod, &W, x, n);
+    }
     for (int r = 0; r < n; r++) {
         float *yr = y + (size_t)r * out;
         const float *pr = prod + (size_t)r * out;

@@ -1,0 +1,23 @@
+/* bench_args.h - the command-line list the micro-benchmarks share. Header
+ * only: each bench/ program is one file plus this. */
+#ifndef SPECD_BENCH_ARGS_H
+#define SPECD_BENCH_ARGS_H
+
+#include <stdlib.h>
+
+/* "1,2,4" into v[cap], each value in [lo, hi]; the count, or -1 on a
+ * malformed list, a value out of range or more than cap values. */
+static inline int bench_int_list(const char *s, int *v, int cap, long lo, long hi) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < lo || x > hi || n == cap) return -1;
+        v[n++] = (int)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+#endif
