@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pipeline.sh - pipelined drafting (README "Pipelined drafting") measured as
+# pipeline.sh - pipelined drafting (docs/SPECULATION.md, "Pipelined drafting") measured as
 # the services are deployed: two processes, each on a core of its own.
 #
 # target-svc runs on core 0 and draft-svc, offering draft_lm, on core 1 (one

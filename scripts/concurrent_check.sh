@@ -66,7 +66,7 @@ grep -m1 -i "sessions" "$TMP/target.log" || true
 # average (2.25 to 3.85 per prompt), so a draw of T tokens in LO..HI is cut
 # at 3.6 characters a token and lands near T tokens; the exact counts are
 # the local runs' and are printed.
-for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md; done >"$TMP/corpus.txt"
+for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md docs/SPECULATION.md docs/OPERATIONS.md docs/TESTS.md; done >"$TMP/corpus.txt"
 python3 - "$TMP" "$N" "$LO" "$HI" "$SEED" <<'EOF'
 import random, sys
 tmp, n, lo, hi, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])

@@ -14,7 +14,7 @@
 #
 # SPECD_DATA_DIR overrides the output directory (default data/train).
 # SPECD_TRAIN_PROMPTS_PER_KIND sets how many chat, code and math prompts
-# each (default 1000; the GPU recipe in README "Training" uses 6000).
+# each (default 1000; the GPU recipe in docs/TRAINING.md uses 6000).
 # Idempotent: a stamp holds the hashes of the inputs (these scripts and
 # bench/eval-prompts.jsonl) and of the outputs; when all match, nothing is
 # fetched. SPECD_DATA_FORCE=1 rebuilds anyway.

@@ -21,8 +21,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib/services.sh
 services_start "$BUILD"
 
-# Text to fill prompts with: the README and the architecture map, repeated.
-for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md; done >"$TMP/corpus.txt"
+# Text to fill prompts with: the README and the prose of docs/, repeated.
+for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md docs/SPECULATION.md docs/OPERATIONS.md docs/TESTS.md; done >"$TMP/corpus.txt"
 
 status=0
 for size in "${SIZES[@]}"; do

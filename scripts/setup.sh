@@ -55,7 +55,7 @@ cmake --build build -j"$(nproc)"
 
 if [ -z "${SPECD_SKIP_RUN:-}" ]; then
   # The main job: speculative decoding on the default model with the
-  # speculator trained for it (committed in models/, see README "Training"),
+  # speculator trained for it (committed in models/, see docs/TRAINING.md),
   # through target-svc and draft-svc started in-process. It prints tau (mean
   # tokens per target step) and tokens/s; add --no-spec for the plain baseline.
   ./build/specd generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf \

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC2086
 services_start "$BUILD" ${TARGET_FLAGS:-}
 
-for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md; done >"$TMP/corpus.txt"
+for _ in 1 2 3 4 5 6; do cat README.md docs/ARCHITECTURE.md docs/SPECULATION.md docs/OPERATIONS.md docs/TESTS.md; done >"$TMP/corpus.txt"
 head -c $((SIZE * 33 / 10)) "$TMP/corpus.txt" >"$TMP/long.txt"
 printf '\n\nSummarize the text above in one sentence.' >>"$TMP/long.txt"
 

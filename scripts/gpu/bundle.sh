@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bundle.sh - everything the GPU test machine lacks, in one git-ignored
-# folder that travels with one device command (README "GPU", issue 17).
+# folder that travels with one device command (docs/GPU.md, issue 17).
 #
 #   ./scripts/gpu/bundle.sh            # (re)build .gpu-bundle/, check its size
 #   ./scripts/gpu/bundle.sh --check    # only the size check of an existing bundle

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check.sh - the GPU bring-up kit: one command that builds, checks and
 # benchmarks the CUDA path on a GPU machine within one 10-minute device
-# command (issue 17; README "GPU" gives the order of commands).
+# command (issue 17; docs/GPU.md gives the order of commands).
 #
 #   scripts/gpu/check.sh                 # on the GPU machine (after bundle.sh here)
 #   scripts/gpu/check.sh --dry-run       # anywhere: the same steps on the CPU backend

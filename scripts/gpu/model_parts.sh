@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # model_parts.sh - the default model's GGUF in parts small enough to travel
-# with device commands, and their reassembly there (README "GPU").
+# with device commands, and their reassembly there (docs/GPU.md).
 #
 #   ./scripts/gpu/model_parts.sh split [MiB]   # here: .gpu-model/part-NN + SHA256SUMS
 #   ./scripts/gpu/model_parts.sh join          # there (check.sh calls it): rebuild the

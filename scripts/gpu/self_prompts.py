@@ -1,5 +1,5 @@
 """self_prompts.py - requests that make the target write its own training
-prompts (README "Training", the GPU recipe's --self-prompts).
+prompts (docs/TRAINING.md, the GPU recipe's --self-prompts).
 
 The templated stage-2 prompts of scripts/train_data/ ask about the Python
 and Debian documentation; the prompts people send a chat model are

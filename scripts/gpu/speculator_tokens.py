@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """speculator_tokens.py - the speculator's training text as token ids, small
-enough to travel to a GPU machine with one device command (README
-"Training", the GPU recipe).
+enough to travel to a GPU machine with one device command (docs/TRAINING.md,
+the GPU recipe).
 
     python3 scripts/gpu/speculator_tokens.py DATA_DIR OUT.npz
 

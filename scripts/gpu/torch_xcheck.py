@@ -15,7 +15,7 @@ the tolerances it documents. TF32 is switched off so the fp32 reference is fp32.
 
 smol-shape: a model with SmolLM2-135M-Instruct's hyperparameters and random weights (seeded),
 fp16 safetensors, with SmolLM2's real tokenizer.json (committed under tests/golden/tokenizer/),
-so both services can run end to end on the GPU without carrying the 98 MB GGUF (README "GPU").
+so both services can run end to end on the GPU without carrying the 98 MB GGUF (docs/GPU.md).
 Its text is noise and the shipped speculator's acceptance on it is near zero: it measures
 speed and proves the path, not tau.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """train_speculator.py - the default model's MLP speculator, data and
-training on one GPU in a few minutes (README "Training", the GPU recipe).
+training on one GPU in a few minutes (docs/TRAINING.md, the GPU recipe).
 
     python3 scripts/gpu/train_speculator.py --tokens .gpu-spec/tokens.npz --out DIR
 

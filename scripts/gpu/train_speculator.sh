@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_speculator.sh - the GPU recipe for the default model's speculator, as
-# one device command (README "Training"). Here, before it:
+# one device command (docs/TRAINING.md). Here, before it:
 #
 #   SPECD_DATA_DIR=data/train6k SPECD_TRAIN_PROMPTS_PER_KIND=6000 ./scripts/fetch_train_data.sh
 #   python3 scripts/gpu/speculator_tokens.py data/train6k .gpu-spec/tokens.npz

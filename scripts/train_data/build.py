@@ -19,7 +19,7 @@ import prompts_code
 import prompts_math
 
 # SPECD_TRAIN_PROMPTS_PER_KIND raises it for a larger stage-2 set (the GPU
-# recipe in README "Training" uses 6000); 1000 stays the default so the CPU
+# recipe in docs/TRAINING.md uses 6000); 1000 stays the default so the CPU
 # recipe's data is unchanged.
 PROMPTS_PER_KIND = int(os.environ.get("SPECD_TRAIN_PROMPTS_PER_KIND", "1000"))
 STDLIB_BUDGET = 1_900_000   # bytes of code per Python standard-library package

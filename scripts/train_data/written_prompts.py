@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """written_prompts.py - prompts the target writes itself, on the CPU, for
 training the acceptance head on the kind of prompt the speculator was
-trained for (README "Training").
+trained for (docs/TRAINING.md).
 
     python3 scripts/train_data/written_prompts.py OUT.jsonl [--every N] [--threads N]
 
