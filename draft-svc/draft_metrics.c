@@ -10,7 +10,7 @@
 #include "common/util/clock.h"
 
 static struct {
-    specd_metric *requests, *prompt, *generated, *steps;
+    specd_metric *requests, *prompt, *generated, *steps, *round_trips;
     specd_metric *drafts, *draft_tokens, *accepted, *accepted_pos, *drafts_pos;
     specd_metric *tau, *ttft, *tpot, *e2e, *failovers, *sessions, *up, *spec_off;
     specd_metric *step_seconds, *pipelined;
@@ -34,6 +34,11 @@ static void init(void) {
     M.steps = specd_metrics_counter(r, "specd_draft_target_steps_total",
                                     "Verify steps on targets (tau = generated / steps)",
                                     "drafter");
+    M.round_trips = specd_metrics_counter(
+        r, "specd_draft_target_round_trips_total",
+        "Verify messages sent to targets (Open and Trees): the round trips the requests paid "
+        "(a plain run's later steps cost none)",
+        "drafter");
     M.drafts = specd_metrics_counter(r, "specd_spec_decode_num_drafts_total",
                                      "Steps that sent a non-empty draft tree (vLLM num_drafts)",
                                      "drafter");
@@ -94,6 +99,7 @@ void specd_draft_metrics_request(const specd_gen_stats *st, grpc_status_code cod
     specd_metric_add(M.prompt, d, st->prompt_tokens);
     specd_metric_add(M.generated, d, st->generated_tokens);
     specd_metric_add(M.steps, d, st->target_steps);
+    specd_metric_add(M.round_trips, d, st->round_trips);
     specd_metric_add(M.failovers, NULL, st->failovers);
     specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "draft"), st->draft_ms / 1e3);
     specd_metric_add(M.step_seconds, SPECD_LABELS(drafter, "target_wait"), st->wait_ms / 1e3);

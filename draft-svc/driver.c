@@ -1097,6 +1097,7 @@ static step_rc send_open(gen *g, specd_rpc_stream *s, grpc_status_code *code, sp
         *code = specd_rpc_stream_finish(s, err);
         return is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
     }
+    g->st->round_trips++;
     g->have_hidden = 0;
     return STEP_DONE;
 }
@@ -1158,7 +1159,10 @@ static step_rc send_tree(gen *g, specd_rpc_stream *s, uint32_t step, uint32_t ru
     specd_rpc_cio io = specd_rpc_stream_send(s, &vr.base, 0, err);
     free(qd);
     free(qp);
-    if (io == SPECD_RPC_CIO_OK) return STEP_DONE;
+    if (io == SPECD_RPC_CIO_OK) {
+        g->st->round_trips++;
+        return STEP_DONE;
+    }
     *code = specd_rpc_stream_finish(s, err);
     if (io == SPECD_RPC_CIO_INVALID) *code = GRPC_STATUS_INTERNAL;
     if (!is_cancelled(g->cancel)) return STEP_RETRY;

@@ -179,6 +179,7 @@ static void h_generate(specd_rpc_call *c, void *user) {
     gst.target_forward_ms = (float)st.forward_ms;
     gst.pipelined_drafts = st.pipelined_drafts;
     gst.pipelined_hits = st.pipelined_hits;
+    gst.round_trips = st.round_trips;
     gst.drafter = (char *)(gr.drafter ? specd_drafter_names[drafter] : "none");
     r.stats = &gst;
     if (specd_rpc_call_send_msg(c, &r.base) == SPECD_RPC_IO_OK)

@@ -29,6 +29,7 @@ static void take_stats(cli_gen_result *res, const Specd__V1__GenerateStats *st) 
     res->target_forward_ms = st->target_forward_ms;
     res->pipelined_drafts = st->pipelined_drafts;
     res->pipelined_hits = st->pipelined_hits;
+    res->round_trips = st->round_trips;
     snprintf(res->drafter, sizeof res->drafter, "%s", st->drafter ? st->drafter : "");
 }
 

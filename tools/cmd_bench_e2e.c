@@ -21,8 +21,10 @@
  * Columns: tokens/s of all streams together (tokens / wall time of the
  * cell), tokens/s per stream (each stream's tokens / its own busy time,
  * averaged), tau (tokens per target step, from the server's stats), accept
- * rate (accepted / drafted tokens), median time to first token as the client
- * saw it, where a decode step's time went (the server's stats, ms per step:
+ * rate (accepted / drafted tokens), round trips per request (the Verify
+ * messages draft-svc sent the target: plain decoding pays 2, an Open and
+ * one plain run; each drafted or looked-at step 1), median time to first
+ * token as the client saw it, where a decode step's time went (the server's stats, ms per step:
  * drafting, waiting for the target's answer, and in brackets the target's
  * forward pass within that wait; the rest of the wait is transport and the
  * target's queue), and the speed-up of total tokens/s over plain decoding at
@@ -150,6 +152,7 @@ typedef struct req_rec {
     double t_start, t_first, t_end;
     double draft_ms, wait_ms, fwd_ms; /* the server's split of its decode steps */
     int ahead, ahead_hits;            /* trees drafted ahead (pipelined), and used */
+    int round_trips;                  /* Verify messages sent to the target */
 } req_rec;
 
 typedef struct cell {
@@ -161,6 +164,9 @@ typedef struct cell {
      * target's forward pass within that wait */
     double draft_ms, wait_ms, fwd_ms;
     long ahead, ahead_hits; /* pipelined drafting: trees drafted ahead, and used */
+    /* round trips (Verify messages to the target) per request: plain
+     * decoding in plain runs pays 2, a step that waits for draft-svc 1 */
+    double trips;
     double tau_cls[MAX_CLASSES];
     /* --shared-prefix: the first request's TTFT and prompt size, the median
      * TTFT of the requests started after its first token (n_later of them;
@@ -510,7 +516,7 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
                      .t_start = res.t_start, .t_first = res.t_first, .t_end = res.t_end,
                      .draft_ms = res.draft_ms, .wait_ms = res.target_wait_ms,
                      .fwd_ms = res.target_forward_ms, .ahead = res.pipelined_drafts,
-                     .ahead_hits = res.pipelined_hits};
+                     .ahead_hits = res.pipelined_hits, .round_trips = res.round_trips};
     return GRPC_STATUS_OK;
 }
 
@@ -615,7 +621,7 @@ static void summarize(const run_ctx *rc, int streams, char classes[][32], int n_
     double t0 = 1e300, t1 = 0, per_stream = 0;
     long tokens = 0, steps = 0, drafted = 0, accepted = 0, decode_steps = 0;
     double draft_ms = 0, wait_ms = 0, fwd_ms = 0;
-    long ahead = 0, ahead_hits = 0;
+    long ahead = 0, ahead_hits = 0, trips = 0;
     long cls_tokens[MAX_CLASSES] = {0}, cls_steps[MAX_CLASSES] = {0};
     double *ttft = calloc((size_t)n_recs, sizeof *ttft);
     int n_ttft = 0;
@@ -636,6 +642,7 @@ static void summarize(const run_ctx *rc, int streams, char classes[][32], int n_
             fwd_ms += q->fwd_ms;
             ahead += q->ahead;
             ahead_hits += q->ahead_hits;
+            trips += q->round_trips;
             int c = class_index(classes, n_classes, rc->prompts[q->prompt].cls);
             cls_tokens[c] += q->tokens;
             cls_steps[c] += q->steps;
@@ -653,6 +660,7 @@ static void summarize(const run_ctx *rc, int streams, char classes[][32], int n_
     out->have_accept = drafted > 0;
     out->ahead = ahead;
     out->ahead_hits = ahead_hits;
+    out->trips = n_recs ? (double)trips / n_recs : 0;
     out->accept = drafted ? (double)accepted / drafted : 0;
     if (decode_steps) {
         out->draft_ms = draft_ms / decode_steps;
@@ -794,7 +802,7 @@ static int pick_drafters(specd_rpc_channel *ch, const char *only, char names[][1
 /* The table as JSON: {"command", "machine", "threads", "max_new_tokens", "rounds",
  * "rows": [{drafter, streams, tok_s, tok_s_per_stream, tau, accept,
  * ttft_ms, step_draft_ms, step_wait_ms, step_forward_ms, pipelined_drafts,
- * pipelined_hits, speedup,
+ * pipelined_hits, round_trips_per_request, speedup,
  * tau_by_class: {class: tau}}]}; with --shared-prefix also
  * "shared_prefix_tokens", "prefix_cache", and per row first_prompt_tokens,
  * ttft_first_ms, n_later, ttft_later_ms, ttft_later_over_first. */
@@ -836,6 +844,7 @@ static int write_json(const char *path, int argc, char **argv, const bench_opts 
         cJSON_AddNumberToObject(r, "step_forward_ms", c->fwd_ms);
         cJSON_AddNumberToObject(r, "pipelined_drafts", (double)c->ahead);
         cJSON_AddNumberToObject(r, "pipelined_hits", (double)c->ahead_hits);
+        cJSON_AddNumberToObject(r, "round_trips_per_request", c->trips);
         if (c->speedup > 0) cJSON_AddNumberToObject(r, "speedup", c->speedup);
         for (int j = 0; j < n_classes; j++) cJSON_AddNumberToObject(bc, classes[j], c->tau_cls[j]);
         cJSON_AddItemToObject(r, "tau_by_class", bc);
@@ -1332,12 +1341,12 @@ int cmd_bench_e2e(int argc, char **argv) {
     pthread_mutex_destroy(&rc.mu);
     if (!ok) goto fail;
 
-    printf("| %-*s | streams | tok/s total | tok/s per stream |  tau | accept | TTFT ms "
+    printf("| %-*s | streams | tok/s total | tok/s per stream |  tau | accept | trips | TTFT ms "
            "| step ms: draft, wait (fwd) | speed-up | tau by class |%s\n", label_w, "drafter",
            shared_cell ? " TTFT first ms | TTFT later ms | later/first |" : "");
     printf("|");
     for (int k = 0; k < label_w + 2; k++) putchar('-');
-    printf("|--------:|------------:|-----------------:|-----:|-------:|--------:"
+    printf("|--------:|------------:|-----------------:|-----:|-------:|------:|--------:"
            "|---------------------------:|---------:|--------------|%s\n",
            shared_cell ? "--------------:|--------------:|------------:|" : "");
     for (int i = 0; i < n_cells; i++) {
@@ -1353,9 +1362,9 @@ int cmd_bench_e2e(int argc, char **argv) {
                                   classes[j], c->tau_cls[j]);
         char split[48];
         snprintf(split, sizeof split, "%.2f, %.2f (%.2f)", c->draft_ms, c->wait_ms, c->fwd_ms);
-        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %7.1f | %26s | %8s | %s |",
-               label_w, c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->ttft_ms,
-               split, sp, bycls);
+        printf("| %-*s | %7d | %11.1f | %16.1f | %4.2f | %6s | %5.1f | %7.1f | %26s | %8s | %s |",
+               label_w, c->drafter, c->streams, c->tok_s, c->tok_s_stream, c->tau, acc, c->trips,
+               c->ttft_ms, split, sp, bycls);
         if (shared_cell && c->n_later && c->ttft_first_ms > 0)
             printf(" %13.1f | %13.1f | %11.3f |", c->ttft_first_ms, c->ttft_later_ms,
                    c->ttft_later_ms / c->ttft_first_ms);

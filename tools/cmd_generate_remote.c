@@ -95,6 +95,7 @@ static cJSON *stats_json(const cli_gen_result *res) {
     cJSON_AddNumberToObject(st, "prompt_tokens", res->prompt_tokens);
     cJSON_AddNumberToObject(st, "generated_tokens", res->generated_tokens);
     cJSON_AddNumberToObject(st, "target_steps", res->target_steps);
+    cJSON_AddNumberToObject(st, "round_trips", res->round_trips);
     cJSON_AddNumberToObject(st, "drafted_tokens", res->drafted_tokens);
     cJSON_AddNumberToObject(st, "accepted_tokens", res->accepted_tokens);
     cJSON_AddNumberToObject(st, "mean_accepted_length", res->tau);

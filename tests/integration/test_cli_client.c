@@ -207,6 +207,8 @@ static void test_json(void **state) {
                                 "ngram");
             int steps = cJSON_GetObjectItemCaseSensitive(st, "target_steps")->valueint;
             assert_true(steps >= 1 && steps <= N_GEN);
+            int trips = cJSON_GetObjectItemCaseSensitive(st, "round_trips")->valueint;
+            assert_true(trips >= 1 && trips <= steps);
             assert_true(cJSON_GetObjectItemCaseSensitive(st, "mean_accepted_length")->valuedouble >=
                         1.0);
             assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(st, "acceptance_by_position")));

@@ -121,6 +121,7 @@ typedef struct gen_out {
     float tau;
     float draft_ms, wait_ms, forward_ms;
     int pipelined_drafts, pipelined_hits;
+    int round_trips;
     float acc_pos[64];
     int n_acc_pos;
     char drafter[32];
@@ -201,6 +202,7 @@ static void run_call_p(specd_rpc_channel *ch, const char *method,
                 o->forward_ms = st->target_forward_ms;
                 o->pipelined_drafts = st->pipelined_drafts;
                 o->pipelined_hits = st->pipelined_hits;
+                o->round_trips = st->round_trips;
                 o->n_acc_pos = (int)(st->n_acceptance_by_position < 64
                                          ? st->n_acceptance_by_position
                                          : 64);
@@ -285,6 +287,15 @@ static const char *stats_problem(const gen_out *o, int n_prompt, const char *dra
         (o->pipelined_drafts && strcmp(o->drafter, "draft_lm"))) {
         snprintf(buf, cap, "stats: %d of %d trees drafted ahead used, drafter '%s'",
                  o->pipelined_hits, o->pipelined_drafts, o->drafter);
+        return buf;
+    }
+    /* round trips: every Verify message sent gets an answer (a step) unless
+     * its target failed; plain decoding is one Open and one plain run */
+    if (o->round_trips < 1 || o->round_trips > o->target_steps + o->failovers ||
+        (drafter && !strcmp(drafter, "none") && !o->failovers &&
+         o->round_trips != (o->generated_tokens > 1 ? 2 : 1))) {
+        snprintf(buf, cap, "stats.round_trips = %d for %d steps, %d tokens, %d failovers",
+                 o->round_trips, o->target_steps, o->generated_tokens, o->failovers);
         return buf;
     }
     if (drafter && !strcmp(drafter, "none") &&
