@@ -36,7 +36,7 @@ static void init(void) {
                                     "drafter");
     M.round_trips = specd_metrics_counter(
         r, "specd_draft_target_round_trips_total",
-        "Verify messages sent to targets (Open and Trees): the round trips the requests paid "
+        "Verify messages (Open and Trees) that targets answered: the round trips the requests paid "
         "(a plain run's later steps cost none)",
         "drafter");
     M.drafts = specd_metrics_counter(r, "specd_spec_decode_num_drafts_total",

@@ -14,7 +14,7 @@
  *       stop, length, context, cancelled, or error (any non-OK status)
  *   specd_draft_prompt_tokens_total{drafter}, specd_draft_generated_tokens_total{drafter}
  *   specd_draft_target_steps_total{drafter}       Verify steps (tau = generated / steps)
- *   specd_draft_target_round_trips_total{drafter} Verify messages sent (Open, Trees):
+ *   specd_draft_target_round_trips_total{drafter} Verify messages answered (Open, Trees):
  *       the waits for draft-svc between target steps (plain runs save them)
  *   specd_spec_decode_num_drafts_total{drafter}    steps that sent a non-empty tree
  *   specd_spec_decode_num_draft_tokens_total{drafter}

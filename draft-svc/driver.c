@@ -149,6 +149,10 @@ typedef struct gen {
     uint32_t run_left;
     int run_priced;
     int plain_streak;
+    /* an Open or Tree is out and its answer not yet in: the next answer
+     * completes a round trip (stats round_trips); a plain run's later
+     * answers complete none */
+    int trip_open;
     double t_start, t_first;
     int done;        /* finish reason reached */
     int target_finished; /* the target sent a finish reason: its status follows */
@@ -1097,7 +1101,7 @@ static step_rc send_open(gen *g, specd_rpc_stream *s, grpc_status_code *code, sp
         *code = specd_rpc_stream_finish(s, err);
         return is_cancelled(g->cancel) ? STEP_FATAL : STEP_RETRY;
     }
-    g->st->round_trips++;
+    g->trip_open = 1;
     g->have_hidden = 0;
     return STEP_DONE;
 }
@@ -1160,7 +1164,7 @@ static step_rc send_tree(gen *g, specd_rpc_stream *s, uint32_t step, uint32_t ru
     free(qd);
     free(qp);
     if (io == SPECD_RPC_CIO_OK) {
-        g->st->round_trips++;
+        g->trip_open = 1;
         return STEP_DONE;
     }
     *code = specd_rpc_stream_finish(s, err);
@@ -1290,6 +1294,8 @@ static step_rc run_session(gen *g, specd_tpool_member *m, grpc_status_code *code
             rc = STEP_RETRY;
             break;
         }
+        g->st->round_trips += g->trip_open;
+        g->trip_open = 0;
         int over = on_resp(g, r);
         protobuf_c_message_free_unpacked(&r->base, NULL);
         r = NULL;

@@ -115,8 +115,8 @@ typedef struct specd_gen_stats {
     double draft_ms, wait_ms, forward_ms;
     /* trees drafted ahead (pipelined, within wait_ms) and the ones used */
     int pipelined_drafts, pipelined_hits;
-    /* Verify messages sent to the target (Open and Trees, failovers'
-     * re-opens included): the round trips the request paid */
+    /* Verify messages (Open and Trees, failovers' re-opens included) the
+     * target answered: the round trips the request paid */
     int round_trips;
     Specd__V1__FinishReason finish;
 } specd_gen_stats;

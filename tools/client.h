@@ -35,7 +35,7 @@ typedef struct cli_gen_result {
     /* the decode steps' time by part (GenerateStats): ms summed */
     float draft_ms, target_wait_ms, target_forward_ms;
     int pipelined_drafts, pipelined_hits; /* trees drafted ahead, and used */
-    int round_trips;                      /* Verify messages sent to the target */
+    int round_trips;                      /* Verify messages the target answered */
     char drafter[32];
     double t_start; /* the call started */
     double t_first; /* the first message with tokens arrived (0 = none) */

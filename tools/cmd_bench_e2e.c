@@ -22,12 +22,12 @@
  * cell), tokens/s per stream (each stream's tokens / its own busy time,
  * averaged), tau (tokens per target step, from the server's stats), accept
  * rate (accepted / drafted tokens), round trips per request (the Verify
- * messages draft-svc sent the target: plain decoding pays 2, an Open and
- * one plain run; each drafted or looked-at step 1), median time to first
- * token as the client saw it, where a decode step's time went (the server's stats, ms per step:
- * drafting, waiting for the target's answer, and in brackets the target's
- * forward pass within that wait; the rest of the wait is transport and the
- * target's queue), and the speed-up of total tokens/s over plain decoding at
+ * messages of draft-svc the target answered: plain decoding pays 2, an
+ * Open and one plain run; each drafted or looked-at step 1), median time
+ * to first token as the client saw it, where a decode step's time went
+ * (the server's stats, ms per step: drafting, waiting for the target's
+ * answer, and in brackets the target's forward pass within that wait; the
+ * rest of the wait is transport and the target's queue), and the speed-up of total tokens/s over plain decoding at
  * the same concurrency. A last column splits tau by prompt class.
  *
  * Adaptive length: --stop-thresholds 0.3,0.5 adds a row "mlp adaptive
@@ -152,7 +152,7 @@ typedef struct req_rec {
     double t_start, t_first, t_end;
     double draft_ms, wait_ms, fwd_ms; /* the server's split of its decode steps */
     int ahead, ahead_hits;            /* trees drafted ahead (pipelined), and used */
-    int round_trips;                  /* Verify messages sent to the target */
+    int round_trips;                  /* Verify messages the target answered */
 } req_rec;
 
 typedef struct cell {
@@ -164,7 +164,7 @@ typedef struct cell {
      * target's forward pass within that wait */
     double draft_ms, wait_ms, fwd_ms;
     long ahead, ahead_hits; /* pipelined drafting: trees drafted ahead, and used */
-    /* round trips (Verify messages to the target) per request: plain
+    /* round trips (Verify messages the target answered) per request: plain
      * decoding in plain runs pays 2, a step that waits for draft-svc 1 */
     double trips;
     double tau_cls[MAX_CLASSES];

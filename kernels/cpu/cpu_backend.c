@@ -387,9 +387,9 @@ static const void *kv_at(const void *pool, int f16, size_t base) {
  * step's token, a tree and a prompt chunk's block of ATTN_QB tokens all
  * take their KV head's whole group for SmolLM2 (3 heads; 48 queries for a
  * prompt block). At a long context a decode step's attention is that
- * read (docs/BENCHMARKS.md, eleventh session: with the K prefetch of vec_avx2.c, decode
- * after 1,000-3,000 tokens 10-11% faster, a batch-4 step at 2,048 tokens
- * 22% faster); a prompt block's is the widening and the loads that feed
+ * read (docs/BENCHMARKS.md, "GQA heads share their K and V reads": with
+ * the K prefetch of vec_avx2.c, decode after 1,000-3,000 tokens 10-11%
+ * faster, a batch-4 step at 2,048 tokens 22% faster); a prompt block's is the widening and the loads that feed
  * each fma, which three heads share (vec_avx512.c's dots_qlanes). */
 static int heads_per_task(int n_tok, int group) {
     int hg = group;

@@ -289,9 +289,9 @@ static const char *stats_problem(const gen_out *o, int n_prompt, const char *dra
                  o->pipelined_hits, o->pipelined_drafts, o->drafter);
         return buf;
     }
-    /* round trips: every Verify message sent gets an answer (a step) unless
-     * its target failed; plain decoding is one Open and one plain run */
-    if (o->round_trips < 1 || o->round_trips > o->target_steps + o->failovers ||
+    /* round trips: each is an answered Verify message, so at most one per
+     * step; plain decoding is one Open and one plain run */
+    if (o->round_trips < 1 || o->round_trips > o->target_steps ||
         (drafter && !strcmp(drafter, "none") && !o->failovers &&
          o->round_trips != (o->generated_tokens > 1 ? 2 : 1))) {
         snprintf(buf, cap, "stats.round_trips = %d for %d steps, %d tokens, %d failovers",
