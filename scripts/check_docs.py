@@ -10,6 +10,7 @@ moved or a file renamed must not leave a reader at a dead end. Run by ctest
 
     python3 scripts/check_docs.py [FILE.md ...]   (default: README.md docs/*.md)
 """
+import functools
 import glob
 import os
 import re
@@ -34,17 +35,17 @@ def slug(heading):
     return h.replace(" ", "-")
 
 
-def anchors(path, cache={}):
-    if path not in cache:
-        found, in_fence = set(), False
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if FENCE.match(line):
-                    in_fence = not in_fence
-                elif not in_fence and line.startswith("#"):
-                    found.add(slug(line.lstrip("#")))
-        cache[path] = found
-    return cache[path]
+@functools.lru_cache(maxsize=None)
+def anchors(path):
+    """The anchors of a Markdown file's headings (outside code fences)."""
+    found, in_fence = set(), False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if FENCE.match(line):
+                in_fence = not in_fence
+            elif not in_fence and line.startswith("#"):
+                found.add(slug(line.lstrip("#")))
+    return found
 
 
 def source_path(token):

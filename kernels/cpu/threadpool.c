@@ -30,6 +30,7 @@
  * one do not slow down writers of another. */
 #include "threadpool.h"
 #include "common/util/thread_name.h"
+#include "common/util/clock.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -92,12 +93,6 @@ struct specd_pool {
     pthread_cond_t cv;
 };
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* Takes tasks until none are left, counting each finished one. */
 static void drain(specd_pool *pool, specd_task_fn fn, void *ctx, int n_tasks, int thread) {
     for (;;) {
@@ -113,7 +108,7 @@ static void drain(specd_pool *pool, specd_task_fn fn, void *ctx, int n_tasks, in
 /* Waits until `gen` differs from `seen` (or stop), spinning first. Returns the
  * new generation. */
 static unsigned wait_for_run(specd_pool *pool, unsigned seen) {
-    int64_t start = now_ns();
+    int64_t start = specd_now_ns_int();
     int yielding = 0;
     for (int i = 1;; i++) {
         unsigned g = atomic_load_explicit(&pool->gen, memory_order_acquire);
@@ -121,7 +116,7 @@ static unsigned wait_for_run(specd_pool *pool, unsigned seen) {
         if (yielding) sched_yield();
         else SPIN_PAUSE();
         if (i % SPIN_CHECK_EVERY == 0) {
-            int64_t dt = now_ns() - start;
+            int64_t dt = specd_now_ns_int() - start;
             if (dt > SPIN_NS) break;
             yielding = dt > SPIN_PURE_NS;
         }

@@ -39,6 +39,7 @@
 #include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "tests/harness/test_util.h"
+#include "common/util/clock.h"
 
 #define ECHO "/specd.testing.Echo/"
 /* Upper bound on any wait: far above what a step needs, far below ctest's
@@ -49,12 +50,6 @@ typedef Grpc__Health__V1__HealthCheckRequest Msg;
 #define MSG_DESC (&grpc__health__v1__health_check_request__descriptor)
 
 /* ---- time ---------------------------------------------------------------------- */
-
-static int64_t now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 static void sleep_ms(int ms) {
     struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -207,8 +202,8 @@ static void h_delay(specd_rpc_call *c, void *u) {
 static void h_stall(specd_rpc_call *c, void *u) {
     (void)u;
     t_set(&T.started);
-    int64_t end = now_ms() + WAIT_MS;
-    while (!specd_rpc_call_is_cancelled(c) && now_ms() < end) sleep_ms(2);
+    int64_t end = specd_now_ms_int() + WAIT_MS;
+    while (!specd_rpc_call_is_cancelled(c) && specd_now_ms_int() < end) sleep_ms(2);
     pthread_mutex_lock(&T.mu);
     T.saw_cancel = specd_rpc_call_is_cancelled(c);
     pthread_mutex_unlock(&T.mu);
@@ -270,11 +265,11 @@ static specd_rpc_server *server_new(specd_rpc_server_opts o) {
 
 /* Waits (bounded) until the server holds no call and runs no handler. */
 static void wait_idle(specd_rpc_server *s) {
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = specd_now_ms_int() + WAIT_MS;
     specd_rpc_stats st;
     for (;;) {
         specd_rpc_server_stats(s, &st);
-        if ((st.calls_live == 0 && st.handlers_running == 0) || now_ms() > end) break;
+        if ((st.calls_live == 0 && st.handlers_running == 0) || specd_now_ms_int() > end) break;
         sleep_ms(5);
     }
     assert_int_equal(st.calls_live, 0);
@@ -509,8 +504,8 @@ static void test_bidi(void **state) {
      * the unread answers to report the server's status, not CANCELLED. */
     st = stream(ch, ECHO "PingPong", 5000);
     assert_int_equal(sends(st, "abort3", 0), SPECD_RPC_CIO_OK);
-    int64_t end = now_ms() + WAIT_MS;
-    while (sends(st, "more", 0) == SPECD_RPC_CIO_OK && now_ms() < end) sleep_ms(5);
+    int64_t end = specd_now_ms_int() + WAIT_MS;
+    while (sends(st, "more", 0) == SPECD_RPC_CIO_OK && specd_now_ms_int() < end) sleep_ms(5);
     assert_int_equal(sends(st, "more", 0), SPECD_RPC_CIO_FAILED);
     memset(&err, 0, sizeof err);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_ABORTED);
@@ -539,10 +534,10 @@ static void test_recv_timeout(void **state) {
     specd_error err = {{0}};
     assert_int_equal(sends(st, "x", 0), SPECD_RPC_CIO_OK);
     /* the answer comes 300 ms later: two short waits time out ... */
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     assert_int_equal(recvs(st, out, sizeof out, 50, &err), SPECD_RPC_CIO_TIMEOUT);
     assert_int_equal(recvs(st, out, sizeof out, 0, &err), SPECD_RPC_CIO_TIMEOUT);
-    assert_true(now_ms() - t0 < 250);
+    assert_true(specd_now_ms_int() - t0 < 250);
     /* ... and a send while the read is pending still works ... */
     assert_int_equal(sends(st, "y", 0), SPECD_RPC_CIO_OK);
     /* ... then the pending read delivers, in order */
@@ -591,10 +586,10 @@ static void test_cancel_from_another_thread(void **state) {
     assert_int_equal(pthread_create(&th, NULL, cancel_thread, &a), 0);
     char out[64];
     specd_error err = {{0}};
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     /* blocks with no timeout and no deadline: only the cancel ends it */
     assert_int_equal(recvs(st, out, sizeof out, -1, &err), SPECD_RPC_CIO_FAILED);
-    int64_t took = now_ms() - t0;
+    int64_t took = specd_now_ms_int() - t0;
     assert_true(took >= 80 && took < 2000);
     assert_non_null(strstr(err.msg, "CANCELLED"));
     pthread_join(th, NULL);
@@ -623,10 +618,10 @@ static void test_deadline(void **state) {
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
     specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
     specd_error err = {{0}};
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     assert_int_equal(call_str(ch, ECHO "StallUnary", "x", NULL, 0, 300, &err),
                      GRPC_STATUS_DEADLINE_EXCEEDED);
-    int64_t took = now_ms() - t0;
+    int64_t took = specd_now_ms_int() - t0;
     assert_true(took >= 250 && took < 3000);
     assert_non_null(strstr(err.msg, "DEADLINE_EXCEEDED"));
     assert_true(t_wait(&T.done));
@@ -635,9 +630,9 @@ static void test_deadline(void **state) {
     t_reset();
     specd_rpc_stream *st = stream(ch, ECHO "Stall", 300);
     char out[64];
-    t0 = now_ms();
+    t0 = specd_now_ms_int();
     assert_int_equal(recvs(st, out, sizeof out, -1, &err), SPECD_RPC_CIO_FAILED);
-    took = now_ms() - t0;
+    took = specd_now_ms_int() - t0;
     assert_true(took >= 250 && took < 3000);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_DEADLINE_EXCEEDED);
     specd_rpc_stream_free(st);
@@ -654,15 +649,15 @@ static void test_nobody_listening(void **state) {
     (void)state;
     specd_rpc_channel *ch = chan(dead_port(), 0);
     specd_error err = {{0}};
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     /* a generous deadline: the refusal, not the deadline, must end it */
     assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 20000, &err),
                      GRPC_STATUS_UNAVAILABLE);
-    assert_true(now_ms() - t0 < 2000);
+    assert_true(specd_now_ms_int() - t0 < 2000);
     assert_non_null(strstr(err.msg, "UNAVAILABLE"));
     assert_non_null(strstr(err.msg, g_target));
     /* a stream starts, and its first recv says FAILED; no deadline at all */
-    t0 = now_ms();
+    t0 = specd_now_ms_int();
     specd_rpc_stream *st = stream(ch, ECHO "PingPong", 0);
     char out[64];
     assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
@@ -674,7 +669,7 @@ static void test_nobody_listening(void **state) {
     assert_true(r == SPECD_RPC_CIO_FAILED || r == SPECD_RPC_CIO_OK);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_UNAVAILABLE);
     specd_rpc_stream_free(st);
-    assert_true(now_ms() - t0 < 2000);
+    assert_true(specd_now_ms_int() - t0 < 2000);
     specd_rpc_channel_free(ch);
 }
 
@@ -704,18 +699,18 @@ static void test_server_shutdown_mid_stream(void **state) {
     shutdown_arg a = {.s = s, .delay_ms = 100};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, shutdown_thread, &a), 0);
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     assert_int_equal(recvs(st, out, sizeof out, -1, &err), SPECD_RPC_CIO_FAILED);
-    assert_true(now_ms() - t0 < 3000);
+    assert_true(specd_now_ms_int() - t0 < 3000);
     pthread_join(th, NULL);
     grpc_status_code code = specd_rpc_stream_finish(st, &err);
     if (code != GRPC_STATUS_UNAVAILABLE) fail_msg("finish gave %d: %s", code, err.msg);
     specd_rpc_stream_free(st);
     /* and with the server gone, new calls fail fast on the same channel */
-    t0 = now_ms();
+    t0 = specd_now_ms_int();
     assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 20000, &err),
                      GRPC_STATUS_UNAVAILABLE);
-    assert_true(now_ms() - t0 < 2000);
+    assert_true(specd_now_ms_int() - t0 < 2000);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }

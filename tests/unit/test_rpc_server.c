@@ -36,6 +36,7 @@
 #include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "tests/harness/test_util.h"
+#include "common/util/clock.h"
 
 #define ECHO "/specd.testing.Echo/"
 /* Upper bound on any single client wait: far above what a step needs, far
@@ -43,12 +44,6 @@
 #define WAIT_MS 10000
 
 /* ---- time --------------------------------------------------------------------- */
-
-static int64_t now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 static void sleep_ms(int ms) {
     struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -291,11 +286,11 @@ static specd_rpc_server *server_new(specd_rpc_server_opts o) {
 
 /* Waits (bounded) until no call object or handler is left on the server. */
 static void wait_idle(specd_rpc_server *s) {
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = specd_now_ms_int() + WAIT_MS;
     specd_rpc_stats st;
     for (;;) {
         specd_rpc_server_stats(s, &st);
-        if ((st.calls_live == 0 && st.handlers_running == 0) || now_ms() > end) break;
+        if ((st.calls_live == 0 && st.handlers_running == 0) || specd_now_ms_int() > end) break;
         sleep_ms(5);
     }
     assert_int_equal(st.calls_live, 0);
@@ -506,10 +501,10 @@ static void test_deadline_exceeded(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
     specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     assert_int_equal(unary(ch, ECHO "Stall", "x", 1, NULL, NULL, 300),
                      GRPC_STATUS_DEADLINE_EXCEEDED);
-    int64_t took = now_ms() - t0;
+    int64_t took = specd_now_ms_int() - t0;
     assert_true(took < 3000);
     /* the handler saw the deadline, then the cancellation gRPC raised at it */
     assert_true(t_wait(&T.done, WAIT_MS));
@@ -539,12 +534,12 @@ static void test_client_cancel_mid_stream(void **state) {
         assert_true(cc_recv(&cc));
         assert_string_equal(cc.msg, want);
     }
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     specd_rpc_stream_cancel(cc.st);
     assert_int_equal(cc_end(&cc), GRPC_STATUS_CANCELLED);
     /* promptly: the handler's blocked send returns CANCELLED */
     assert_true(t_wait(&T.done, WAIT_MS));
-    assert_true(now_ms() - t0 < 2000);
+    assert_true(specd_now_ms_int() - t0 < 2000);
     assert_int_equal(T.last_io, SPECD_RPC_IO_CANCELLED);
     assert_true(T.saw_cancel);
     /* and everything the call held is freed, after its callback ran once */
@@ -670,9 +665,9 @@ typedef struct {
 
 static void *shutdown_thread(void *p) {
     shutdown_arg *a = p;
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     specd_rpc_server_shutdown(a->s, a->grace_ms);
-    a->took_ms = now_ms() - t0;
+    a->took_ms = specd_now_ms_int() - t0;
     return NULL;
 }
 
@@ -721,9 +716,9 @@ static void test_shutdown_cancels_after_grace(void **state) {
     cc_start(&cc, ch, ECHO "Stall", 8000);
     cc_send_str(&cc, "x", 1);
     assert_true(t_wait(&T.started, WAIT_MS));
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     specd_rpc_server_shutdown(s, 200);
-    int64_t took = now_ms() - t0;
+    int64_t took = specd_now_ms_int() - t0;
     assert_true(took >= 150 && took < 3000);
     assert_true(T.done);
     assert_true(T.saw_cancel);
@@ -824,7 +819,7 @@ static void test_health_watch(void **state) {
     assert_int_equal(watch_next(&w), H_SERVING);
     /* shutdown: the watcher hears NOT_SERVING, then the stream ends, and
      * the stop is quick, not held up for the whole grace period */
-    int64_t t0 = now_ms();
+    int64_t t0 = specd_now_ms_int();
     shutdown_arg a = {.s = s, .grace_ms = 5000};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, shutdown_thread, &a), 0);
@@ -832,7 +827,7 @@ static void test_health_watch(void **state) {
     assert_int_equal(watch_next(&w), -1);
     assert_int_equal(cc_end(&w), GRPC_STATUS_UNAVAILABLE);
     pthread_join(th, NULL);
-    assert_true(now_ms() - t0 < 4000);
+    assert_true(specd_now_ms_int() - t0 < 4000);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -995,11 +990,11 @@ static void test_run_until_signal(void **state) {
     assert_int_equal(pthread_create(&th, NULL, signal_thread, &a), 0);
     /* send SIGTERM only once the runner's handler is in place */
     struct sigaction cur;
-    int64_t end = now_ms() + WAIT_MS;
+    int64_t end = specd_now_ms_int() + WAIT_MS;
     do {
         sleep_ms(2);
         sigaction(SIGTERM, NULL, &cur);
-    } while (cur.sa_handler == SIG_DFL && now_ms() < end);
+    } while (cur.sa_handler == SIG_DFL && specd_now_ms_int() < end);
     assert_true(cur.sa_handler != SIG_DFL);
     kill(getpid(), SIGTERM);
     pthread_join(th, NULL);

@@ -27,6 +27,7 @@
 #include "common/spec/sampling.h"
 #include "common/spec/sampling_vec.h"
 #include "tests/harness/test_util.h"
+#include "common/util/clock.h"
 
 #define VOCAB 49152
 
@@ -567,12 +568,6 @@ static void test_large_vocab_matches_reference(void **state) {
     free(l);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Prints the cost at vocab 49152 and fails only on something pathological
  * (the sanitizer build is several times slower than release). */
 static void test_probs_timing(void **state) {
@@ -589,9 +584,9 @@ static void test_probs_timing(void **state) {
         for (size_t c = 0; c < sizeof timed / sizeof timed[0]; c++) {
             specd_sampling s = params(timed[c][0], (int)timed[c][1], timed[c][2], timed[c][3]);
             int reps = 20;
-            double t0 = now_s();
+            double t0 = specd_now_s();
             for (int r = 0; r < reps; r++) specd_sampling_probs(&s, l, VOCAB, p, scratch);
-            double us = (now_s() - t0) / reps * 1e6;
+            double us = (specd_now_s() - t0) / reps * 1e6;
             print_message("probs vocab %d %s T=%.1f top_k=%d top_p=%.2f min_p=%.2f: %.0f us\n",
                           VOCAB, flat ? "flat    " : "gaussian", (double)s.temperature, s.top_k,
                           (double)s.top_p, (double)s.min_p, us);

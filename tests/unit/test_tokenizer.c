@@ -25,6 +25,7 @@
 #include "common/text/tokenizer.h"
 #include "common/util/utf8.h"
 #include "tests/harness/test_util.h"
+#include "common/util/clock.h"
 
 #define GGUF_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SMOLLM2_JSON "tests/golden/tokenizer/smollm2_tokenizer.json"
@@ -450,12 +451,6 @@ static void test_input_limit(void **state) {
     specd_tokenizer_free(t);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void test_speed(void **state) {
     (void)state;
     /* ~200 KB: the corpus repeated, plus one long unbroken word (one piece,
@@ -476,9 +471,9 @@ static void test_speed(void **state) {
     int32_t *ids;
     size_t n;
     specd_error err = {{0}};
-    double t0 = now_s();
+    double t0 = specd_now_s();
     assert_int_equal(specd_tokenize(json_tok, text, len, 1, &ids, &n, &err), 0);
-    double dt = now_s() - t0;
+    double dt = specd_now_s() - t0;
     printf("  tokenized %zu bytes into %zu tokens in %.1f ms (%.1f MB/s)\n", len, n, dt * 1e3,
            len / dt / 1e6);
     assert_true(dt < 1.0);
