@@ -27,7 +27,7 @@
  *   specd_draft_e2e_request_latency_seconds        histograms
  *   specd_draft_failovers_total
  *   specd_draft_pipelined_drafts_total{drafter,outcome}   trees drafted ahead
- *       (driver.c, pipelined drafting): used, or wasted (the guess failed)
+ *       (driver_draft.c, pipelined drafting): used, or wasted (the guess failed)
  *   specd_draft_target_sessions{target}            gauge: sessions open per target
  *   specd_draft_targets_up                         gauge: targets usable now
  *   specd_draft_speculation_off_total{reason}      steps decoded plainly because

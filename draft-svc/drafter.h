@@ -117,7 +117,7 @@ struct specd_drafter {
      * the job's lookup_* shape, and runs the rest (candidates x depth,
      * 0 x 0 = not this step) only when it could pay. */
     int has_lookup;
-    /* 1 when the driver may draft ahead (pipelined drafting, driver.c):
+    /* 1 when the driver may draft ahead (pipelined drafting, driver_draft.c):
      * drafting takes time worth hiding behind the target's pass, it needs
      * no hidden state from the target, its session state follows whatever
      * history a job brings (a guess that turns out wrong is rolled back by

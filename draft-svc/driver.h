@@ -61,7 +61,7 @@ typedef struct specd_driver_env {
     int min_depth;
     /* Pipelined drafting (speculation.pipeline): while the target verifies
      * a tree, a drafter with draft_ahead drafts the next one, guessing that
-     * the target accepts the tree's most likely path whole. See driver.c. */
+     * the target accepts the tree's most likely path whole. See driver_draft.c. */
     int pipeline;
 } specd_driver_env;
 
