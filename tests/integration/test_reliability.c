@@ -617,6 +617,30 @@ static void expect_ref(const svc_gen *got, const svc_gen *ref, const char *what)
             fail_msg("%s: token %d is %d, undisturbed %d", what, i, got->ids[i], ref->ids[i]);
 }
 
+/* Starts q on draft-svc and waits until it is mid-stream: at least 20
+ * tokens in, a session open on some target (whose address it returns).
+ * A lone stream's steps do not wait for batching.max_wait (a plain run on
+ * the tiny model can finish 200 tokens in a few milliseconds), so a request
+ * that ends before it is caught is checked against ref and started again,
+ * up to 8 times; NULL if none was caught. before_each (may be NULL) runs
+ * before every attempt, e.g. to read counters that the attempt moves. */
+static const char *start_mid_stream(draft_side *d, const Specd__V1__GenerateRequest *q,
+                                    svc_gen *got, const svc_gen *ref, const char *what,
+                                    void (*before_each)(void *), void *arg) {
+    for (int attempt = 0; attempt < 8; attempt++) {
+        if (before_each) before_each(arg);
+        svc_generate_bg(d->ch, DRAFT_M, q, got);
+        while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(1);
+        const char *h = atomic_load(&got->done) ? NULL : holder(d);
+        if (h) return h;
+        svc_gen_join(got);
+        expect_ref(got, ref, what);
+        printf("  %s: the request ended before it was caught mid-stream (%d tokens); again\n",
+               what, got->n_ids);
+    }
+    return NULL;
+}
+
 /* Monotonic ms of the last SERVING health answer draft-svc saw from addr (0:
  * none yet, or not listed). */
 static int64_t last_alive(draft_side *d, const char *addr) {
@@ -644,7 +668,8 @@ static void wait_seen_alive(draft_side *d, const char *addr, int64_t since) {
 
 static void test_failover_kill_and_hang(void **state) {
     (void)state;
-    /* Slow steps (15 ms) so a kill lands mid-generation. */
+    /* max_wait batches concurrent streams; a lone stream does not wait for
+     * it (start_mid_stream catches a request mid-generation). */
     const char *flags[] = {"--batching.max_wait=15ms", "--threads=1", "--limits.kv_memory=64MiB",
                            NULL};
     char model[PATH_MAX];
@@ -695,10 +720,8 @@ static void test_failover_kill_and_hang(void **state) {
     seen = last_alive(&d, addr[0]);
     pid[0] = svc_start_target(port[0], model, flags);
     wait_seen_alive(&d, addr[0], seen);
-    svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
-    while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(2);
-    const char *h = holder(&d);
-    if (!h) fail_msg("decode kill: the request ended before the kill (%d tokens)", got->n_ids);
+    const char *h = start_mid_stream(&d, &q.r, got, ref, "decode kill", NULL, NULL);
+    if (!h) fail_msg("decode kill: no request was caught mid-stream");
     int k = !strcmp(h, addr[1]);
     svc_kill(pid[k]);
     svc_gen_join(got);
@@ -711,9 +734,8 @@ static void test_failover_kill_and_hang(void **state) {
     seen = last_alive(&d, addr[k]);
     pid[k] = svc_start_target(port[k], model, flags);
     wait_seen_alive(&d, addr[k], seen);
-    svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
-    while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(2);
-    if (!(h = holder(&d))) fail_msg("hang: the request ended before the freeze");
+    if (!(h = start_mid_stream(&d, &q.r, got, ref, "hang", NULL, NULL)))
+        fail_msg("hang: no request was caught mid-stream");
     k = !strcmp(h, addr[1]);
     kill(pid[k], SIGSTOP);
     double t0 = svc_now_ms();
@@ -772,6 +794,17 @@ static kv_info get_kv_info(const char *addr) {
     snprintf(k.dtype, sizeof k.dtype, "%s", kv->dtype ? kv->dtype : "");
     protobuf_c_message_free_unpacked(resp, NULL);
     return k;
+}
+
+/* Both targets' kv_info, read again on every call (start_mid_stream). */
+typedef struct kv_snapshot {
+    const char *addr[2];
+    kv_info info[2];
+} kv_snapshot;
+
+static void kv_snapshot_take(void *arg) {
+    kv_snapshot *k = arg;
+    for (int i = 0; i < 2; i++) k->info[i] = get_kv_info(k->addr[i]);
 }
 
 /* kv_cache_dtype through the whole service: a target started with
@@ -899,12 +932,13 @@ static void test_prefix_cache_failover(void **state) {
     draft_up(&d, targets, 2, STEP_TIMEOUT_MS);
     assert_true(svc_wait_health(d.ch, "specd.v1.Draft", 1, 5000) >= 0);
     for (int i = 0; i < 2; i++) wait_seen_alive(&d, addr[i], 0); /* both targets are known */
-    kv_info before[2] = {get_kv_info(addr[0]), get_kv_info(addr[1])};
+    /* read before each attempt: an attempt that ended uncaught moved them */
+    kv_snapshot snap = {.addr = {addr[0], addr[1]}};
     q.r.drafter = "ngram";
-    svc_generate_bg(d.ch, DRAFT_M, &q.r, got);
-    while (atomic_load(&got->progress) < 20 && !atomic_load(&got->done)) svc_sleep_ms(2);
-    const char *h = holder(&d);
-    if (!h) fail_msg("prefix failover: the request ended before the kill (%d tokens)", got->n_ids);
+    const char *h =
+        start_mid_stream(&d, &q.r, got, fo_ref, "prefix failover", kv_snapshot_take, &snap);
+    const kv_info *before = snap.info;
+    if (!h) fail_msg("prefix failover: no request was caught mid-stream");
     int k = !strcmp(h, addr[1]), s = 1 - k;
     svc_kill(pid[k]);
     pid[k] = 0;
