@@ -402,6 +402,16 @@ static uint32_t plain_run(gen *g) {
         if (q->drafter->has_lookup && g->target_load <= 1 && n > g->plain_streak)
             n = g->plain_streak;
         g->run_priced = 1;
+    } else if (driver_q_priced(g) && g->member && g->price.empty_draft && g->target_load <= 1 &&
+               driver_price_run_pays(g)) {
+        /* The drafter found nothing, or nothing it found paid for its row,
+         * and no skip says how long to decode plainly (the skip rules
+         * judge drafting time, which a lookup hardly takes), so each such
+         * step alone is a round trip. Where that costs more than the
+         * session's drafting has been winning (driver_price_run_pays), it
+         * runs as long as its streak of plain steps, up to
+         * DRIVER_MAX_SKIP: the 1st, 2nd, 4th ... plain step looks again. */
+        n = g->plain_streak < DRIVER_MAX_SKIP ? g->plain_streak : DRIVER_MAX_SKIP;
     }
     if (n > left) n = left;
     if (n > (long)g->max_plain) n = (long)g->max_plain;

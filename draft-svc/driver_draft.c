@@ -197,6 +197,7 @@ void driver_draft(gen *g, const specd_target_info *info) {
     const specd_gen_request *q = g->req;
     if (!q->drafter) return; /* g->tb was never allocated: it stays empty */
     specd_tree_buf_reset(&g->tb);
+    g->price.empty_draft = 0;
     /* a tree drafted ahead serves this step or none */
     int ahead_hit = g->ahead.valid && g->ahead.hit;
     g->ahead.valid = g->ahead.hit = 0;
@@ -311,5 +312,8 @@ void driver_draft(gen *g, const specd_target_info *info) {
         g->st->plain_by_cost++;
         specd_draft_metrics_spec_off(SPECD_SPEC_OFF_COST);
     }
+    /* drafted, and nothing goes out: nothing found, or nothing paid */
+    g->price.empty_draft = priced && !model_off && g->tb.n_nodes == 0;
+    if (g->price.empty_draft) driver_price_note_empty(g);
 }
 

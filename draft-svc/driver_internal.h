@@ -36,11 +36,16 @@ typedef struct price_state {
     int draft_tokens;    /* ... and its draft nodes, every session's (0: not reported) */
     int prompt_tokens;   /* ... and its prompt rows, every session's (0: not reported) */
     double overhead_us;  /* step time outside the forward pass, smoothed */
+    double run_overhead_us; /* ... of a plain run's step (no round trip), smoothed */
+    int run_seen;        /* run_overhead_us has been measured */
     double draft_one_us; /* the drafter's time per tree level, smoothed (note_draft_time) */
     double gain;         /* smoothed priced gain of drafting, draft time included */
     int skip, backoff;   /* plain steps left before drafting again; the next skip */
     int look;            /* the next draft is a look after a skip: checked as a sure node */
     int looking;         /* this step's tree is a look: it sends at least one node */
+    int empty_draft;     /* this step drafted and sends nothing (nothing found, or nothing paid) */
+    int look_steps;      /* priced steps this session drafted (driver_price_run_pays) */
+    int look_tokens;     /* ... and the draft tokens the target accepted in them */
     int sent_look;       /* the tree in flight is a look's forced node */
     float p1;            /* the first node's estimated chance, smoothed; < 0: none yet */
     int want_cand, want_depth; /* the shape to draft next */
@@ -124,6 +129,11 @@ typedef struct gen {
     int target_finished; /* the target sent a finish reason: its status follows */
 } gen;
 
+/* Most plain steps in a row before drafting again to see whether a tree
+ * pays now (text changes: a table, a quote, code): the longest skip, and
+ * the longest run after drafts that found nothing (driver.c plain_run). */
+#define DRIVER_MAX_SKIP 64
+
 /* ---- driver_price.c ----------------------------------------------------------- */
 
 /* Allocates a session's price state for trees of up to cap nodes; -1 when
@@ -139,6 +149,12 @@ void driver_skip_drafting(price_state *ps);
 void driver_price_tree(gen *g, double draft_us);
 /* After the answer to a priced tree: calibration and the session's scale. */
 void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r);
+/* Notes a drafted step that sends nothing (its drafting won no token). */
+void driver_price_note_empty(gen *g);
+/* Whether a plain run pays better, alone, than drafting again on the next
+ * step after a draft that sends nothing: what a round trip costs beyond a
+ * run's step, against what a step's drafting has been winning. */
+int driver_price_run_pays(gen *g);
 /* Folds a step's timings (received at t_recv, ms) into the cost curve. */
 void driver_price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_recv);
 

@@ -13,9 +13,6 @@
 
 /* Weights of the newest step in the smoothed times and the gain. */
 #define PRICE_ALPHA 0.2
-/* Most plain steps in a row before drafting again to see whether a tree
- * pays now (text changes: a table, a quote, code). */
-#define MAX_SKIP 64
 /* Every this many priced steps the draft goes one level and one column
  * past what was kept (driver_price_tree). */
 #define EXPLORE_EVERY 4
@@ -90,11 +87,11 @@ void driver_price_of_step(const gen *g, specd_tree_price *pr) {
                                         : specd_accept_calib_stage(g->req->calib);
 }
 
-/* Decodes plainly for the next `backoff` steps (1, 2, 4 ... MAX_SKIP while
+/* Decodes plainly for the next `backoff` steps (1, 2, 4 ... DRIVER_MAX_SKIP while
  * drafting keeps not paying), then drafts once to look. */
 void driver_skip_drafting(price_state *ps) {
     ps->skip = ps->backoff;
-    ps->backoff = ps->backoff * 2 < MAX_SKIP ? ps->backoff * 2 : MAX_SKIP;
+    ps->backoff = ps->backoff * 2 < DRIVER_MAX_SKIP ? ps->backoff * 2 : DRIVER_MAX_SKIP;
     ps->look = 1;
 }
 
@@ -170,7 +167,7 @@ static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_
  * decides whether the next steps should draft at all: drafting itself takes
  * time, so when the smoothed gain of the best tree, counting the draft
  * time, stays below a plain step's rate, the session decodes plainly for a
- * while (1, 2, 4 ... MAX_SKIP steps) and then drafts again to look. */
+ * while (1, 2, 4 ... DRIVER_MAX_SKIP steps) and then drafts again to look. */
 void driver_price_tree(gen *g, double draft_us) {
     price_state *ps = &g->price;
     specd_tree_buf *tb = &g->tb;
@@ -345,6 +342,8 @@ void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
     g->st->predicted_tokens += ps->predicted;
     specd_accept_calib_note_sent(g->req->calib, ps->sent_sessions, ps->predicted_unbiased,
                                  g->tb.n_nodes, (int)r->n_accepted);
+    ps->look_steps++;
+    ps->look_tokens += (int)r->n_accepted;
     /* +0.5 on both sides: a short tree's 0-or-1 outcome moves it gently */
     double ratio = ((double)r->n_accepted + 0.5) / (ps->predicted_raw + 0.5);
     double sc = (1 - PRICE_ALPHA) * ps->scale + PRICE_ALPHA * ratio;
@@ -371,6 +370,27 @@ void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
     ps->sent_look = 0;
 }
 
+void driver_price_note_empty(gen *g) { g->price.look_steps++; }
+
+/* specd_tree_run_pays with this session's measurements: the round trip's
+ * overhead, a run step's (0 until one was seen: the run that follows
+ * measures it), a one-row pass on the member's curve, and the tokens its
+ * drafted steps won. With the services on separate cores a round trip cost
+ * about what a run's step did and the n-gram drafter's looks won 0.19
+ * tokens each, so it looks on; running after every empty lookup there cut
+ * its tau from 1.19 to 1.09. On two shared cores a round trip cost 1.2 ms
+ * and a run's step 0.46 ms, and a sampled text with no repeats drafted
+ * nothing on 253 of 256 steps (docs/BENCHMARKS.md, thirty-fifth
+ * session). */
+int driver_price_run_pays(gen *g) {
+    const price_state *ps = &g->price;
+    if (!g->member) return 0;
+    specd_step_cost cost;
+    specd_tpool_member_cost(g->member, 0, &cost);
+    return specd_tree_run_pays(ps->overhead_us, ps->run_seen ? ps->run_overhead_us : 0,
+                               specd_step_cost_at(&cost, 1), ps->look_steps, ps->look_tokens);
+}
+
 /* Folds a step's timings into the member's cost curve and our overhead. */
 void driver_price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_recv) {
     price_state *ps = &g->price;
@@ -384,13 +404,22 @@ void driver_price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_r
     int shared = ps->sent_rows <= 0 || (int)tm->batch_tokens != ps->sent_rows;
     if (tm->forward_us > 0 && tm->batch_tokens > 0)
         specd_tpool_member_cost_observe(g->member, shared, (int)tm->batch_tokens, tm->forward_us);
-    /* a run's step was not sent: its wait is not a round trip */
-    if (r->step > 0 && ps->t_send > 0 && !ps->in_run) {
+    /* a run's step was not sent: its wait is not a round trip, but what a
+     * run's step costs beyond its pass (t_send is the previous answer's
+     * arrival there, when the target started it) */
+    if (r->step > 0 && ps->t_send > 0) {
         double over = (t_recv - ps->t_send) * 1e3 - tm->forward_us;
         if (over < 0) over = 0;
-        ps->overhead_us = ps->overhead_us > 0
-                              ? (1 - PRICE_ALPHA) * ps->overhead_us + PRICE_ALPHA * over
-                              : over;
+        if (!ps->in_run) {
+            ps->overhead_us = ps->overhead_us > 0
+                                  ? (1 - PRICE_ALPHA) * ps->overhead_us + PRICE_ALPHA * over
+                                  : over;
+        } else {
+            ps->run_overhead_us = ps->run_seen ? (1 - PRICE_ALPHA) * ps->run_overhead_us +
+                                                     PRICE_ALPHA * over
+                                               : over;
+            ps->run_seen = 1;
+        }
     }
 }
 
