@@ -62,6 +62,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "common/util/cpu_count.h"
 #include "common/util/thread_name.h"
 #include "common/util/small_file.h"
 #include "kernels/backend.h"
@@ -1215,8 +1216,8 @@ int cmd_bench_e2e(int argc, char **argv) {
                o.shared_prefix_file ? o.shared_prefix_file : "docs/ARCHITECTURE.md",
                o.no_prefix_cache ? "off" : (o.draft || o.target ? "as the target is configured"
                                                                 : "on"));
-    char threads_s[16] = "all";
-    if (o.threads) snprintf(threads_s, sizeof threads_s, "%d", o.threads);
+    char threads_s[16];
+    snprintf(threads_s, sizeof threads_s, "%d", o.threads ? o.threads : specd_cpu_count());
     printf("machine: %s, %ld CPUs online, %s threads, backend %s%s%s%s, %s\n\n", hostname,
            sysconf(_SC_NPROCESSORS_ONLN), threads_s, o.backend ? o.backend : "cpu",
            o.kv_dtype ? ", KV cache " : "", o.kv_dtype ? specd_kv_dtype_names[o.kv_dtype] : "",

@@ -32,6 +32,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "common/util/cpu_count.h"
 #include "common/model/model_file.h"
 #include "common/rpc/prompt.h"
 #include "common/text/tokenizer.h"
@@ -727,7 +728,7 @@ int cmd_eval(int argc, char **argv) {
     eval_report R = {.o = &o, .speculator = spec_dir, .accept_head = adaptive ? accept_dir : NULL,
                      .ps = &ps, .rows = &rows, .plain = plain,
                      .plain_wall = plain_wall, .n_predict = n_predict, .lanes = o.lanes,
-                     .threads = o.threads > 0 ? o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN),
+                     .threads = o.threads > 0 ? o.threads : specd_cpu_count(),
                      .backend = o.backend, .grid = grid,
                      .n_heads = n_heads, .spd_ks = {spd_ks[0], spd_ks[1]}, .n_spd_ks = n_spd_ks,
                      .spd = spd, .n_spd_cols = n_spd_cols, .adaptive_note = adaptive ? NULL : note};

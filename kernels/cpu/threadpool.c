@@ -31,6 +31,7 @@
 #include "threadpool.h"
 #include "common/util/thread_name.h"
 #include "common/util/clock.h"
+#include "common/util/cpu_count.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -156,10 +157,7 @@ static void *worker_main(void *p) {
 }
 
 specd_pool *specd_pool_create(int n_threads) {
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
+    if (n_threads <= 0) n_threads = specd_cpu_count();
     specd_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return NULL;
     pool->n_threads = n_threads;

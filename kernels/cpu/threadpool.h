@@ -14,7 +14,7 @@ typedef struct specd_pool specd_pool;
 /* task: 0..n_tasks-1; thread: 0..n_threads-1 (for per-thread scratch). */
 typedef void (*specd_task_fn)(void *ctx, int task, int thread);
 
-/* n_threads <= 0 means one per online CPU. */
+/* n_threads <= 0 means one per CPU this process may use (cpu_count.h). */
 specd_pool *specd_pool_create(int n_threads);
 void specd_pool_destroy(specd_pool *pool);
 int specd_pool_size(const specd_pool *pool);

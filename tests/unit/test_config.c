@@ -945,7 +945,7 @@ static void test_target_example_parses(void **state) {
     assert_string_equal(c.model, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert_int_equal(c.backend, BACKEND_CPU);
     assert_int_equal(c.device, 0);
-    assert_int_equal(c.threads, 8);
+    assert_int_equal(c.threads, 0);
     assert_int_equal(c.limits.max_sessions, 64);
     assert_int_equal(c.limits.max_prompt_tokens, 32768);
     assert_int_equal(c.limits.max_tree_tokens, 64);

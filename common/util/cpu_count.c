@@ -1,0 +1,93 @@
+/* cpu_count.c - see cpu_count.h. */
+#include "common/util/cpu_count.h"
+
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Longest cpu.max line accepted: two 20-digit numbers and a space. */
+#define QUOTA_MAX_TEXT 64
+
+/* Parses a decimal at *p (no sign), advancing it; -1 if none or if it
+ * would exceed 2^62. */
+static int64_t parse_u62(const char **p, const char *end) {
+    const char *s = *p;
+    int64_t v = 0;
+    if (s == end || *s < '0' || *s > '9') return -1;
+    while (s < end && *s >= '0' && *s <= '9') {
+        if (v > ((INT64_C(1) << 62) - 9) / 10) return -1;
+        v = v * 10 + (*s - '0');
+        s++;
+    }
+    *p = s;
+    return v;
+}
+
+int specd_cpu_quota_parse(const char *text, size_t len) {
+    if (!text || len == 0 || len > QUOTA_MAX_TEXT) return -1;
+    const char *p = text, *end = text + len;
+    /* one trailing newline, as the kernel writes it */
+    if (end[-1] == '\n') end--;
+    int64_t quota = -1;
+    if (end - p >= 3 && memcmp(p, "max", 3) == 0) {
+        p += 3;
+    } else if ((quota = parse_u62(&p, end)) < 0) {
+        return -1;
+    }
+    if (p == end || *p != ' ') return -1;
+    p++;
+    int64_t period = parse_u62(&p, end);
+    if (period <= 0 || p != end) return -1;
+    if (quota < 0) return 0; /* "max": no limit */
+    if (quota == 0) return -1;
+    int64_t cpus = (quota + period - 1) / period;
+    return cpus > 1 << 20 ? 1 << 20 : (int)cpus;
+}
+
+/* Reads a small file whole into buf (NUL-terminated); its length or -1. */
+static long read_small(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return (long)n;
+}
+
+/* The cgroup's CPU quota in whole CPUs, 0 for none (or none readable). */
+static int cgroup_cpus(void) {
+    char buf[QUOTA_MAX_TEXT + 2];
+    long n = read_small("/sys/fs/cgroup/cpu.max", buf, sizeof buf);
+    if (n > 0) {
+        int c = specd_cpu_quota_parse(buf, (size_t)n);
+        return c > 0 ? c : 0;
+    }
+    /* cgroup v1: the quota and the period in two files */
+    char q[32], per[32];
+    if (read_small("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", q, sizeof q) <= 0 ||
+        read_small("/sys/fs/cgroup/cpu/cpu.cfs_period_us", per, sizeof per) <= 0)
+        return 0;
+    long long quota = 0, period = 0;
+    if (sscanf(q, "%lld", &quota) != 1 || sscanf(per, "%lld", &period) != 1 || quota <= 0 ||
+        period <= 0)
+        return 0; /* -1 = no limit */
+    long long c = (quota + period - 1) / period;
+    return c > 1 << 20 ? 1 << 20 : (int)c;
+}
+
+int specd_cpu_count(void) {
+    int n = 0;
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+#endif
+    if (n <= 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online > 0 ? (int)online : 1;
+    }
+    int quota = cgroup_cpus();
+    if (quota > 0 && quota < n) n = quota;
+    return n > 0 ? n : 1;
+}
