@@ -314,6 +314,6 @@ void driver_draft(gen *g, const specd_target_info *info) {
     }
     /* drafted, and nothing goes out: nothing found, or nothing paid */
     g->price.empty_draft = priced && !model_off && g->tb.n_nodes == 0;
-    if (g->price.empty_draft) driver_price_note_empty(g);
+    if (g->price.empty_draft) driver_price_note_empty(g, draft_us);
 }
 

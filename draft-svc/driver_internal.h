@@ -45,7 +45,9 @@ typedef struct price_state {
     int looking;         /* this step's tree is a look: it sends at least one node */
     int empty_draft;     /* this step drafted and sends nothing (nothing found, or nothing paid) */
     int look_steps;      /* priced steps this session drafted (driver_price_run_pays) */
-    int look_tokens;     /* ... and the draft tokens the target accepted in them */
+    int look_tokens;     /* ... the draft tokens the target accepted in them */
+    double look_extra_us;/* ... and their own cost: drafting, and the rows they sent */
+    double step_extra_us;/* that cost of the step priced last (driver_price_tree) */
     int sent_look;       /* the tree in flight is a look's forced node */
     float p1;            /* the first node's estimated chance, smoothed; < 0: none yet */
     int want_cand, want_depth; /* the shape to draft next */
@@ -149,11 +151,12 @@ void driver_skip_drafting(price_state *ps);
 void driver_price_tree(gen *g, double draft_us);
 /* After the answer to a priced tree: calibration and the session's scale. */
 void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r);
-/* Notes a drafted step that sends nothing (its drafting won no token). */
-void driver_price_note_empty(gen *g);
-/* Whether a plain run pays better, alone, than drafting again on the next
- * step after a draft that sends nothing: what a round trip costs beyond a
- * run's step, against what a step's drafting has been winning. */
+/* Notes a drafted step that sends nothing (its drafting, draft_us, won no
+ * token). */
+void driver_price_note_empty(gen *g, double draft_us);
+/* Whether a plain run pays better, alone, than drafting on: what a drafted
+ * step costs beyond a run's step, against what a step's drafting has been
+ * winning (specd_tree_run_pays). */
 int driver_price_run_pays(gen *g);
 /* Folds a step's timings (received at t_recv, ms) into the cost curve. */
 void driver_price_timings(gen *g, const Specd__V1__VerifyResponse *r, double t_recv);

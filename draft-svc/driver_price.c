@@ -13,6 +13,9 @@
 
 /* Weights of the newest step in the smoothed times and the gain. */
 #define PRICE_ALPHA 0.2
+/* Drafted steps a session needs behind it before what they won judges
+ * drafting (driver_price_learn). */
+#define RUN_PAYS_MIN_STEPS 8
 /* Every this many priced steps the draft goes one level and one column
  * past what was kept (driver_price_tree). */
 #define EXPLORE_EVERY 4
@@ -158,7 +161,11 @@ static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_
     if (ps->gain < 1.0) {
         driver_skip_drafting(ps);
         ps->gain = 1.0; /* the next look starts without the old verdict */
-    } else if (gain >= 1.0) {
+    } else if (gain >= 1.0 && !(g->target_load <= 1 && g->max_plain > 0 &&
+                                ps->look_steps >= RUN_PAYS_MIN_STEPS &&
+                                driver_price_run_pays(g))) {
+        /* (a prediction that pays does not undo the backoff while what
+         * drafting actually won says runs pay: driver_price_learn) */
         ps->backoff = 1;
     }
 }
@@ -272,6 +279,16 @@ void driver_price_tree(gen *g, double draft_us) {
     float p_deep, p_wide;
     tree_shape(tb, ps->keep_shape, ps->p_path, &deepest, &widest, &p_deep, &p_wide);
     if (n_kept < n) specd_tree_buf_prune(tb, ps->keep);
+    /* this step's own cost, for driver_price_run_pays (counted with the
+     * step in driver_price_learn, or driver_price_note_empty if nothing
+     * is sent) */
+    ps->step_extra_us = draft_us;
+    if (tb->n_nodes > 0) {
+        int base = pr.other_tokens + 1;
+        double rows = specd_step_cost_at(&pr.cost, base + tb->n_nodes) -
+                      specd_step_cost_at(&pr.cost, base);
+        if (rows > 0) ps->step_extra_us += rows;
+    }
     /* A step where the model did not draft (a lookup's part only) says
      * nothing about it: the skip rules and its shape carry on as they
      * were. */
@@ -344,6 +361,7 @@ void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
                                  g->tb.n_nodes, (int)r->n_accepted);
     ps->look_steps++;
     ps->look_tokens += (int)r->n_accepted;
+    ps->look_extra_us += ps->step_extra_us;
     /* +0.5 on both sides: a short tree's 0-or-1 outcome moves it gently */
     double ratio = ((double)r->n_accepted + 0.5) / (ps->predicted_raw + 0.5);
     double sc = (1 - PRICE_ALPHA) * ps->scale + PRICE_ALPHA * ratio;
@@ -368,9 +386,19 @@ void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
         }
     }
     ps->sent_look = 0;
+    /* What the session's drafting has actually won, against what its
+     * drafted steps cost beyond a plain run's: the backstop for
+     * predictions that oversell (driver_price_run_pays). Alone only, once
+     * a few drafted steps say something. */
+    if (ps->skip == 0 && g->target_load <= 1 && g->max_plain > 0 &&
+        ps->look_steps >= RUN_PAYS_MIN_STEPS && driver_price_run_pays(g))
+        driver_skip_drafting(ps);
 }
 
-void driver_price_note_empty(gen *g) { g->price.look_steps++; }
+void driver_price_note_empty(gen *g, double draft_us) {
+    g->price.look_steps++;
+    g->price.look_extra_us += draft_us > 0 ? draft_us : 0;
+}
 
 /* specd_tree_run_pays with this session's measurements: the round trip's
  * overhead, a run step's (0 until one was seen: the run that follows
@@ -387,7 +415,8 @@ int driver_price_run_pays(gen *g) {
     if (!g->member) return 0;
     specd_step_cost cost;
     specd_tpool_member_cost(g->member, 0, &cost);
-    return specd_tree_run_pays(ps->overhead_us, ps->run_seen ? ps->run_overhead_us : 0,
+    double extra = ps->look_steps > 0 ? ps->look_extra_us / ps->look_steps : 0;
+    return specd_tree_run_pays(ps->overhead_us, ps->run_seen ? ps->run_overhead_us : 0, extra,
                                specd_step_cost_at(&cost, 1), ps->look_steps, ps->look_tokens);
 }
 

@@ -253,12 +253,14 @@ int specd_tree_drafting_could_pay(const specd_tree_price *pr) {
     return (L + SPECD_P_MAX) / tree > L / plain;
 }
 
-int specd_tree_run_pays(double rt_overhead_us, double run_overhead_us, double pass_us,
-                        int look_steps, int look_tokens) {
-    if (pass_us <= 0 || rt_overhead_us <= 0) return 0;
+int specd_tree_run_pays(double rt_overhead_us, double run_overhead_us, double extra_us,
+                        double pass_us, int look_steps, int look_tokens) {
+    if (pass_us <= 0) return 0;
+    if (rt_overhead_us < 0) rt_overhead_us = 0;
     if (run_overhead_us < 0) run_overhead_us = 0;
+    if (extra_us < 0) extra_us = 0;
     double yield = (look_tokens + 1.0) / (look_steps + 1.0);
-    return rt_overhead_us - run_overhead_us > yield * (pass_us + run_overhead_us);
+    return rt_overhead_us - run_overhead_us + extra_us > yield * (pass_us + run_overhead_us);
 }
 
 /* Node order for the choice: higher p, then shallower, then lower index. */

@@ -238,17 +238,18 @@ int specd_tree_could_pay(float p, const specd_tree_price *pr);
  * draft model about as slow per token as the target can. */
 int specd_tree_drafting_could_pay(const specd_tree_price *pr);
 
-/* After a draft that found nothing to send (a lookup without a match), a
- * session alone decides whether its next steps go out as a plain run or
- * draft again: drafting again pays a round trip (rt_overhead_us beyond the
- * pass, pass_us) where a run's step pays run_overhead_us, and has won
- * look_tokens accepted draft tokens in look_steps drafted steps, each token
- * worth a run's step (pass_us + run_overhead_us). 1 when the round trip
- * costs more than that yield is worth. The yield starts as one token on one
- * step, so a session drafts on until its own steps say otherwise. Nothing
- * measured (pass_us or rt_overhead_us <= 0): 0. */
-int specd_tree_run_pays(double rt_overhead_us, double run_overhead_us, double pass_us,
-                        int look_steps, int look_tokens);
+/* Whether a session alone does better in a plain run than drafting on,
+ * judged by what its drafting has actually won (the tree choice above
+ * judges by predictions). A drafted step pays a round trip
+ * (rt_overhead_us beyond the pass) where a run's step pays run_overhead_us,
+ * plus extra_us of its own (drafting, and the rows it sends: the mean over
+ * its drafted steps); it has won look_tokens accepted draft tokens in
+ * look_steps drafted steps, each token worth a run's step (pass_us +
+ * run_overhead_us). 1 when the step's extra cost exceeds that yield. The
+ * yield starts as one token on one step, so a session drafts on until its
+ * own steps say otherwise. Nothing measured (pass_us <= 0): 0. */
+int specd_tree_run_pays(double rt_overhead_us, double run_overhead_us, double extra_us,
+                        double pass_us, int look_steps, int look_tokens);
 
 /* L + E of a price: the tokens its pass yields besides this session's
  * accepted nodes (the numerator's fixed part in every rate above). */

@@ -285,26 +285,30 @@ static void test_plain_runs(void **state) {
     assert_true(specd_tree_drafting_could_pay(&pr));
 }
 
-/* After a draft that found nothing: a plain run, or draft again? The cases
- * measured (docs/BENCHMARKS.md, thirty-fifth session): two pods on their
- * own cores, where a round trip (150 us) costs about what a run's step
- * (120 us) does and the n-gram drafter's looks won 7 tokens in 57 steps:
- * draft on. Two shared cores, round trip 1200 us, run step 460 us, a
- * sampled text whose 10 looks won nothing: run. At the start (no look yet,
- * one token a step assumed) only a round trip longer than a run's whole
- * step runs. Nothing measured: never. */
+/* A plain run, or draft on? By what the session's drafting actually won.
+ * The cases measured (docs/BENCHMARKS.md, thirty-fifth session): two pods
+ * on their own cores, where a round trip (150 us) costs about what a run's
+ * step (120 us) does and the n-gram drafter's looks (20 us each) won 7
+ * tokens in 57 steps: draft on. Two shared cores, round trip 1200 us, run
+ * step 460 us, a sampled text whose 10 looks won nothing: run. A drafter
+ * whose steps cost 1 ms of drafting and rows needs its steps to win about
+ * a third of a token each on a 2.7 ms pass. At the start (no look yet, one
+ * token a step assumed) only a step dearer than a run's whole step runs.
+ * Nothing measured: never. */
 static void test_run_pays(void **state) {
     (void)state;
-    assert_false(specd_tree_run_pays(150, 120, 2700, 57, 7));
-    assert_true(specd_tree_run_pays(1200, 460, 3200, 10, 0));
-    /* the same looks winning 1 token in 2 steps: 740 < 0.55 x 3660 */
-    assert_false(specd_tree_run_pays(1200, 460, 3200, 10, 5));
-    assert_false(specd_tree_run_pays(1200, 0, 3200, 0, 0));
-    assert_true(specd_tree_run_pays(3300, 0, 3200, 0, 0));
-    /* a run step measured dearer than the round trip: never */
-    assert_false(specd_tree_run_pays(400, 500, 3200, 100, 0));
-    assert_false(specd_tree_run_pays(1200, 460, 0, 10, 0));
-    assert_false(specd_tree_run_pays(0, 0, 3200, 10, 0));
+    assert_false(specd_tree_run_pays(150, 120, 20, 2700, 57, 7));
+    assert_true(specd_tree_run_pays(1200, 460, 20, 3200, 10, 0));
+    /* the same looks winning 1 token in 2 steps: 760 < 0.55 x 3660 */
+    assert_false(specd_tree_run_pays(1200, 460, 20, 3200, 10, 5));
+    /* a model's steps: 1030 us against 0.3 x 2820 us (run), 0.4 x (draft on) */
+    assert_true(specd_tree_run_pays(150, 120, 1000, 2700, 9, 2));
+    assert_false(specd_tree_run_pays(150, 120, 1000, 2700, 9, 3));
+    assert_false(specd_tree_run_pays(1200, 0, 0, 3200, 0, 0));
+    assert_true(specd_tree_run_pays(3300, 0, 0, 3200, 0, 0));
+    /* a run step measured dearer than the round trip, a look costing nothing */
+    assert_false(specd_tree_run_pays(400, 500, 0, 3200, 100, 0));
+    assert_false(specd_tree_run_pays(1200, 460, 20, 0, 10, 0));
 }
 
 /* How many nodes specd_tree_choose keeps of a one-node tree at chance p. */
