@@ -56,7 +56,10 @@ static long read_small(const char *path, char *buf, size_t cap) {
     return (long)n;
 }
 
-/* The cgroup's CPU quota in whole CPUs, 0 for none (or none readable). */
+/* The cgroup's CPU quota in whole CPUs, 0 for none (or none readable).
+ * The files at the cgroup root are the container's own under a cgroup
+ * namespace, as in Kubernetes pods; a process in a nested cgroup without
+ * one reads the root's, which has no quota. */
 static int cgroup_cpus(void) {
     char buf[QUOTA_MAX_TEXT + 2];
     long n = read_small("/sys/fs/cgroup/cpu.max", buf, sizeof buf);
@@ -69,10 +72,11 @@ static int cgroup_cpus(void) {
     if (read_small("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", q, sizeof q) <= 0 ||
         read_small("/sys/fs/cgroup/cpu/cpu.cfs_period_us", per, sizeof per) <= 0)
         return 0;
+    /* a quota of -1 is no limit */
     long long quota = 0, period = 0;
     if (sscanf(q, "%lld", &quota) != 1 || sscanf(per, "%lld", &period) != 1 || quota <= 0 ||
         period <= 0)
-        return 0; /* -1 = no limit */
+        return 0;
     long long c = (quota + period - 1) / period;
     return c > 1 << 20 ? 1 << 20 : (int)c;
 }
