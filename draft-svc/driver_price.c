@@ -148,6 +148,14 @@ static void note_draft_time(gen *g, double draft_us, int levels) {
  * (a plain step's, or a lookup part's alone, driver_price_tree), the draft's own
  * time counted once for every level drafted; a smoothed gain below 1 skips
  * the drafter for a while (driver_skip_drafting). */
+/* Whether what this session's drafting actually won says plain runs pay
+ * better (driver_price_run_pays): alone, with runs offered, once
+ * RUN_PAYS_MIN_STEPS drafted steps say something. */
+static int drafting_lost(gen *g) {
+    return g->target_load <= 1 && g->max_plain > 0 &&
+           g->price.look_steps >= RUN_PAYS_MIN_STEPS && driver_price_run_pays(g);
+}
+
 static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_pick *pick,
                            double base_rate, int drafted_deep) {
     price_state *ps = &g->price;
@@ -161,9 +169,7 @@ static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_
     if (ps->gain < 1.0) {
         driver_skip_drafting(ps);
         ps->gain = 1.0; /* the next look starts without the old verdict */
-    } else if (gain >= 1.0 && !(g->target_load <= 1 && g->max_plain > 0 &&
-                                ps->look_steps >= RUN_PAYS_MIN_STEPS &&
-                                driver_price_run_pays(g))) {
+    } else if (gain >= 1.0 && !drafting_lost(g)) {
         /* (a prediction that pays does not undo the backoff while what
          * drafting actually won says runs pay: driver_price_learn) */
         ps->backoff = 1;
@@ -390,9 +396,7 @@ void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
      * drafted steps cost beyond a plain run's: the backstop for
      * predictions that oversell (driver_price_run_pays). Alone only, once
      * a few drafted steps say something. */
-    if (ps->skip == 0 && g->target_load <= 1 && g->max_plain > 0 &&
-        ps->look_steps >= RUN_PAYS_MIN_STEPS && driver_price_run_pays(g))
-        driver_skip_drafting(ps);
+    if (ps->skip == 0 && drafting_lost(g)) driver_skip_drafting(ps);
 }
 
 void driver_price_note_empty(gen *g, double draft_us) {

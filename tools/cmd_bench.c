@@ -32,6 +32,7 @@
 
 #include "bench_shapes.h"
 #include "cli.h"
+#include "common/util/cpu_count.h"
 #include "common/util/rng.h"
 #include "common/spec/sampling.h"
 #include "kernels/cpu/matmul.h"
@@ -440,11 +441,7 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
     memset(&di, 0, sizeof di); /* a backend without device_info leaves it unknown */
     int have_info = be->ops->device_info && be->ops->device_info(be, &di) == 0;
     int cpu = !strcmp(o->backend, "cpu"), n_threads = o->threads;
-    if (cpu && n_threads <= 0) { /* the CPU backend's default: all online CPUs */
-        specd_pool *p = specd_pool_create(0);
-        n_threads = specd_pool_size(p);
-        specd_pool_destroy(p);
-    }
+    if (cpu && n_threads <= 0) n_threads = specd_cpu_count(); /* the CPU backend's default */
     if (have_info && di.name[0]) snprintf(e->device, sizeof e->device, "%s", di.name);
     else if (cpu) cli_cpu_model(e->device, sizeof e->device);
     else snprintf(e->device, sizeof e->device, "unknown (the backend has no device_info)");
@@ -851,12 +848,7 @@ int cmd_bench(int argc, char **argv) {
         specd_model_close(m);
         return 1;
     }
-    int n_threads = threads;
-    if (n_threads <= 0) {
-        specd_pool *p = specd_pool_create(0);
-        n_threads = specd_pool_size(p);
-        specd_pool_destroy(p);
-    }
+    int n_threads = threads > 0 ? threads : specd_cpu_count();
 
     /* a fixed pseudo-random prompt: content does not change the cost */
     int32_t *prompt = malloc(sizeof(int32_t) * prompt_len);

@@ -4,8 +4,11 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "common/util/small_file.h"
 
 /* Longest cpu.max line accepted: two 20-digit numbers and a space. */
 #define QUOTA_MAX_TEXT 64
@@ -46,37 +49,29 @@ int specd_cpu_quota_parse(const char *text, size_t len) {
     return cpus > 1 << 20 ? 1 << 20 : (int)cpus;
 }
 
-/* Reads a small file whole into buf (NUL-terminated); its length or -1. */
-static long read_small(const char *path, char *buf, size_t cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, cap - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return (long)n;
-}
-
 /* The cgroup's CPU quota in whole CPUs, 0 for none (or none readable).
  * The files at the cgroup root are the container's own under a cgroup
  * namespace, as in Kubernetes pods; a process in a nested cgroup without
  * one reads the root's, which has no quota. */
 static int cgroup_cpus(void) {
-    char buf[QUOTA_MAX_TEXT + 2];
-    long n = read_small("/sys/fs/cgroup/cpu.max", buf, sizeof buf);
-    if (n > 0) {
-        int c = specd_cpu_quota_parse(buf, (size_t)n);
+    specd_error err = {{0}}; /* a file that is not there is no limit */
+    size_t n;
+    char *text = specd_read_small_file("/sys/fs/cgroup/cpu.max", QUOTA_MAX_TEXT, &n, &err);
+    if (text) {
+        int c = specd_cpu_quota_parse(text, n);
+        free(text);
         return c > 0 ? c : 0;
     }
-    /* cgroup v1: the quota and the period in two files */
-    char q[32], per[32];
-    if (read_small("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", q, sizeof q) <= 0 ||
-        read_small("/sys/fs/cgroup/cpu/cpu.cfs_period_us", per, sizeof per) <= 0)
-        return 0;
-    /* a quota of -1 is no limit */
+    /* cgroup v1: the quota and the period in two files; a quota of -1 is
+     * no limit */
+    char *q = specd_read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", 32, &n, &err);
+    char *per = specd_read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us", 32, &n, &err);
     long long quota = 0, period = 0;
-    if (sscanf(q, "%lld", &quota) != 1 || sscanf(per, "%lld", &period) != 1 || quota <= 0 ||
-        period <= 0)
-        return 0;
+    int ok = q && per && sscanf(q, "%lld", &quota) == 1 && sscanf(per, "%lld", &period) == 1 &&
+             quota > 0 && period > 0;
+    free(q);
+    free(per);
+    if (!ok) return 0;
     long long c = (quota + period - 1) / period;
     return c > 1 << 20 ? 1 << 20 : (int)c;
 }
