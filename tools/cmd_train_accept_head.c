@@ -37,6 +37,7 @@
 
 typedef struct head_opts {
     const char *model, *speculator, *out, *dtype;
+    const char *eval_head; /* --eval-head: score this head, train nothing */
     const char *data[MAX_DATA_FILES];
     int n_data;
     int threads, lanes, max_prompt, gen_len, seq_len;
@@ -63,6 +64,9 @@ static void usage(FILE *f) {
             "                        {\"text\"} or plain text: windows of it (repeatable;\n"
             "                        default data/train/prompts.jsonl)\n"
             "  -o, --out DIR         output (default SPECULATOR/accept_head)\n"
+            "  --eval-head DIR       train nothing: score that head on every example made\n"
+            "                        (BCE, calibration, and how well it ranks accepted tokens\n"
+            "                        above rejected ones against the draft's own probability)\n"
             "  -t, --threads N       CPU threads (default: all cores)\n"
             "examples:\n"
             "  --temperature T       0: greedy verification, 0/1 labels (default); T > 0:\n"
@@ -129,6 +133,7 @@ static int parse(int argc, char **argv, head_opts *o) {
             }
             o->data[o->n_data++] = cli_value(argc, argv, &i);
         } else if (!strcmp(a, "-o") || !strcmp(a, "--out")) o->out = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--eval-head")) o->eval_head = cli_value(argc, argv, &i);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->threads = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--temperature"))
@@ -238,6 +243,15 @@ static void print_eval(const char *what, const accept_eval *ev) {
         if (ev->stage_n[s])
             printf("    stage %d: %7ld examples  predicted %.3f  actual %.3f\n", s,
                    ev->stage_n[s], ev->stage_p[s], ev->stage_y[s]);
+    /* the draft's own probability is what draft-svc prices trees with
+     * (tree_builder.h); the head is worth its time where it ranks better */
+    printf("  ranking (AUC: accepted above rejected; 0.5 = chance), the head vs the draft's\n"
+           "  own probability of its token:\n");
+    printf("    all:     head %.3f  draft %.3f\n", ev->auc_head, ev->auc_draft);
+    for (int s = 0; s < ev->n_stages; s++)
+        if (ev->stage_n[s])
+            printf("    stage %d: head %.3f  draft %.3f\n", s, ev->stage_auc_head[s],
+                   ev->stage_auc_draft[s]);
 }
 
 /* The BCE of predicting `rate` for every example idx[0..n): the score to beat. */
@@ -312,6 +326,24 @@ int cmd_train_accept_head(int argc, char **argv) {
     fprintf(stderr, "%sexamples: %ld in %.0f s\n", pd.tty ? "\n" : "", ex.n, cli_now() - pd.t0);
     specd_transformer_free(t); /* the target's KV cache is not needed to train */
     t = NULL;
+    if (o.eval_head) {
+        /* every example, as the head has not seen them (the user's word) */
+        if (!(head = specd_accept_head_load(o.eval_head, &err))) goto fail;
+        if (!(val_idx = malloc(sizeof(long) * (size_t)(ex.n > 0 ? ex.n : 1)))) {
+            specd_seterr(&err, "out of memory");
+            goto fail;
+        }
+        double acc = 0;
+        for (long i = 0; i < ex.n; i++) acc += ex.label[val_idx[i] = i];
+        accept_eval ev;
+        if (accept_evaluate(head, &ex, val_idx, ex.n, &ev, &err)) goto fail;
+        print_eval(o.eval_head, &ev);
+        if (ex.n)
+            printf("  a constant p = %.3f would score BCE %.4f\n", acc / (double)ex.n,
+                   constant_bce(&ex, val_idx, ex.n, acc / (double)ex.n));
+        status = 0;
+        goto out;
+    }
     if (accept_split(&ex, src.n, &train_idx, &n_train, &val_idx, &n_val, &err)) goto fail;
     if (n_train == 0) {
         specd_seterr(&err, "no training examples (%ld in all); give more --data", ex.n);

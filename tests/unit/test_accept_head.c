@@ -476,6 +476,10 @@ static int draft(fx *f, const specd_sampling *s, int cand, int depth, float thr,
     for (int i = 0; i < f->out.n_nodes; i++) {
         assert_true(f->out.parents[i] < i);
         if (f->out.depth[i] > maxd) maxd = f->out.depth[i];
+        /* the head shapes the tree only; the price scores every node by
+         * the draft's own probability given its parent (tree_builder.h:
+         * no pcond), which predicts acceptance better than the head */
+        assert_true(f->out.pcond[i] == -1.0f);
     }
     return maxd;
 }

@@ -185,6 +185,10 @@ static void test_greedy_stage0_matches_prefill(void **state) {
         float want = specd_argmax(lg, V) == specd_argmax(logits + (t + 1) * V, V) ? 1.0f : 0.0f;
         assert_true(ex.label[e] == want);
         positives += want == 1.0f;
+        /* the draft's own probability of its token: the softmax at the argmax */
+        double z = 0, top = lg[specd_argmax(lg, V)];
+        for (int v = 0; v < V; v++) z += exp((double)lg[v] - top);
+        assert_float_equal(ex.qdraft[e], 1.0 / z, 1e-5);
         /* the stored state is that stage's output (fp16) */
         for (int k = 0; k < INNER; k++)
             assert_float_equal(specd_fp16_to_f32(ex.states[e * INNER + k]), st[k],
@@ -374,8 +378,38 @@ static void test_training_lowers_bce(void **state) {
     accept_examples_free(&ex);
 }
 
+/* accept_auc on rankings whose answer is known by hand. */
+static void test_auc(void **state) {
+    (void)state;
+    const float perfect_s[] = {0.1f, 0.2f, 0.8f, 0.9f}, y[] = {0, 0, 1, 1};
+    assert_float_equal(accept_auc(perfect_s, y, 4), 1.0, 1e-12);
+    const float reversed_s[] = {0.9f, 0.8f, 0.2f, 0.1f};
+    assert_float_equal(accept_auc(reversed_s, y, 4), 0.0, 1e-12);
+    /* every score equal: each pair a tie, half */
+    const float tie_s[] = {0.5f, 0.5f, 0.5f, 0.5f};
+    assert_float_equal(accept_auc(tie_s, y, 4), 0.5, 1e-12);
+    /* 2 accepted x 2 rejected pairs: (0.3 > 0.2), (0.3 < 0.6), (0.7 > 0.2),
+     * (0.7 > 0.6): 3 of 4; the order of the input does not matter */
+    const float s4[] = {0.6f, 0.3f, 0.2f, 0.7f}, y4[] = {0, 1, 0, 1};
+    assert_float_equal(accept_auc(s4, y4, 4), 0.75, 1e-12);
+    /* a tie across the classes counts half: (0.5 = 0.5) 0.5, (0.5 > 0.1) 1 */
+    const float s5[] = {0.5f, 0.5f, 0.1f}, y5[] = {1, 0, 0};
+    assert_float_equal(accept_auc(s5, y5, 3), 0.75, 1e-12);
+    /* soft labels: an example of label 0.5 is half accepted mass, half
+     * rejected. By hand, accepted mass x rejected mass: 0.9 (1) over 0.5
+     * (0.5) and 0.1 (1): 1.5; 0.5 (0.5) over 0.1 (1): 0.5; 0.5's own two
+     * halves tie: 0.5 x 0.5 x 1/2; out of accepted 1.5 x rejected 1.5 */
+    const float s6[] = {0.9f, 0.5f, 0.1f}, y6[] = {1, 0.5f, 0};
+    assert_float_equal(accept_auc(s6, y6, 3), (1.5 + 0.5 + 0.125) / (1.5 * 1.5), 1e-12);
+    /* one class only: undefined */
+    const float one[] = {1, 1};
+    assert_float_equal(accept_auc(perfect_s, one, 2), -1.0, 0);
+    assert_float_equal(accept_auc(perfect_s, y, 0), -1.0, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auc),
         cmocka_unit_test(test_greedy_stage0_matches_prefill),
         cmocka_unit_test(test_greedy_chain_needs_acceptance),
         cmocka_unit_test(test_examples_shape),

@@ -2,6 +2,7 @@
  * sources from a corpus, then one pass of target + speculator over them. */
 #include "tools/train/accept_data.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,12 +95,13 @@ void accept_examples_free(accept_examples *e) {
     free(e->states);
     free(e->stage);
     free(e->label);
+    free(e->qdraft);
     free(e->source);
     memset(e, 0, sizeof *e);
 }
 
-static int add_example(accept_examples *e, const float *state, int stage, float label, int src,
-                       specd_error *err) {
+static int add_example(accept_examples *e, const float *state, int stage, float label,
+                       float qdraft, int src, specd_error *err) {
     if (e->n == e->cap) {
         long c = e->cap ? 2 * e->cap : 4096;
         uint16_t *s = realloc(e->states, sizeof(uint16_t) * (size_t)c * (size_t)e->dim);
@@ -108,9 +110,11 @@ static int add_example(accept_examples *e, const float *state, int stage, float 
         if (st) e->stage = st;
         float *l = realloc(e->label, sizeof(float) * (size_t)c);
         if (l) e->label = l;
+        float *qd = realloc(e->qdraft, sizeof(float) * (size_t)c);
+        if (qd) e->qdraft = qd;
         int32_t *so = realloc(e->source, sizeof(int32_t) * (size_t)c);
         if (so) e->source = so;
-        if (!s || !st || !l || !so)
+        if (!s || !st || !l || !qd || !so)
             return specd_seterr(err, "out of memory for %ld examples", c);
         e->cap = c;
     }
@@ -120,6 +124,7 @@ static int add_example(accept_examples *e, const float *state, int stage, float 
     for (int i = 0; i < e->dim; i++) dst[i] = specd_f32_to_fp16(state[i]);
     e->stage[e->n] = (uint8_t)stage;
     e->label[e->n] = label;
+    e->qdraft[e->n] = qdraft;
     e->source[e->n] = src;
     e->n++;
     return 0;
@@ -249,13 +254,16 @@ static void choose_next(pass *P, int l) {
     if (L->next >= 0 && L->n_past + 1 > P->max_ctx) L->ends = 1;
 }
 
-/* The label of draft row r of a stage call judged by lane l's z_j, and the
- * draft token itself. */
-static float label_row(pass *P, int l, int r, int stage, int32_t *draft) {
+/* The label of draft row r of a stage call judged by lane l's z_j, the
+ * draft token itself and the speculator's probability of it (*qdraft). */
+static float label_row(pass *P, int l, int r, int stage, int32_t *draft, float *qdraft) {
     const lane *L = &P->ln[l];
     const float *z = P->logits + (size_t)l * P->V, *y = P->st_logits + (size_t)r * P->V;
     if (P->samp.temperature <= 0) {
         *draft = specd_argmax(y, P->V);
+        /* softmax at the argmax: 1 / sum(exp(y - max)), in a fixed order
+         * (-inf entries, outside a reduced vocabulary, count 0) */
+        *qdraft = (float)exp(-specd_log_sum_exp(y, P->V) + (double)y[*draft]);
         return *draft == specd_argmax(z, P->V) ? 1.0f : 0.0f;
     }
     specd_sampling_probs(&P->samp, y, P->V, P->q, P->scratch);
@@ -264,6 +272,7 @@ static float label_row(pass *P, int l, int r, int stage, int32_t *draft) {
     double u = specd_rng_uniform(P->o->seed ^ SPECD_DRAFT_RNG_SALT, stream, (uint64_t)stage);
     *draft = specd_sample_from_probs(P->q, P->V, u);
     float qd = P->q[*draft];
+    *qdraft = qd;
     specd_sampling_probs(&P->samp, z, P->V, P->p, P->scratch);
     float pd = P->p[*draft];
     return qd > 0 && pd < qd ? pd / qd : 1.0f;
@@ -294,8 +303,9 @@ static int stage_round(pass *P, specd_error *err) {
             lane *L = &P->ln[l];
             const float *state = P->st_out + (size_t)r * P->inner;
             int32_t draft;
-            float y = label_row(P, l, r, k, &draft);
-            if (add_example(P->out, state, k, y, L->src, err)) return -1;
+            float qdraft;
+            float y = label_row(P, l, r, k, &draft, &qdraft);
+            if (add_example(P->out, state, k, y, qdraft, L->src, err)) return -1;
             /* greedy: only an accepted draft that the sequence also follows
              * leaves a prefix of accepted drafts (accept_data.h) */
             int cont = L->next >= 0 && !L->ends && k + 1 < P->n_predict &&

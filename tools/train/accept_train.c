@@ -329,6 +329,64 @@ static double bce_logit(double z, double y) {
     return (z > 0 ? z : 0) - y * z + log1p(exp(-fabs(z)));
 }
 
+typedef struct scored {
+    float score, label;
+} scored;
+
+static int by_score(const void *a, const void *b) {
+    float x = ((const scored *)a)->score, y = ((const scored *)b)->score;
+    return (x > y) - (x < y);
+}
+
+double accept_auc(const float *score, const float *label, long n) {
+    scored *v = malloc(sizeof *v * (size_t)(n > 0 ? n : 1));
+    if (!v) return -1;
+    for (long i = 0; i < n; i++) v[i] = (scored){score[i], label[i]};
+    qsort(v, (size_t)n, sizeof *v, by_score);
+    /* walk groups of equal scores upwards: each accepted mass beats the
+     * rejected mass below its group and ties half of its group's */
+    double neg_below = 0, pos_all = 0, win = 0;
+    for (long i = 0; i < n;) {
+        long j = i;
+        double pos = 0, neg = 0;
+        for (; j < n && v[j].score == v[i].score; j++) {
+            pos += v[j].label;
+            neg += 1.0 - v[j].label;
+        }
+        win += pos * (neg_below + 0.5 * neg);
+        neg_below += neg;
+        pos_all += pos;
+        i = j;
+    }
+    free(v);
+    return pos_all > 0 && neg_below > 0 ? win / (pos_all * neg_below) : -1;
+}
+
+/* The AUCs of accept_eval over examples idx[0..n) of `stage` (-1 = all):
+ * the head's p (p_of[example]) and the draft's probability. */
+static int eval_aucs(const accept_examples *e, const long *idx, long n, int stage,
+                     const float *p_of, double *auc_head, double *auc_draft) {
+    float *sh = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    float *sd = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    float *y = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!sh || !sd || !y) {
+        free(sh), free(sd), free(y);
+        return -1;
+    }
+    long m = 0;
+    for (long i = 0; i < n; i++) {
+        long ex = idx[i];
+        if (stage >= 0 && e->stage[ex] != stage) continue;
+        sh[m] = p_of[ex];
+        sd[m] = e->qdraft[ex];
+        y[m++] = e->label[ex];
+    }
+    *auc_head = accept_auc(sh, y, m);
+    *auc_draft = accept_auc(sd, y, m);
+    free(sh), free(sd), free(y);
+    return 0;
+}
+
 int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *idx, long n,
                     accept_eval *out, specd_error *err) {
     memset(out, 0, sizeof *out);
@@ -340,8 +398,9 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
     float *s = malloc(sizeof(float) * EVAL_CHUNK * (size_t)e->dim);
     float *p = malloc(sizeof(float) * EVAL_CHUNK), *z = malloc(sizeof(float) * EVAL_CHUNK);
     long *rows = malloc(sizeof(long) * EVAL_CHUNK);
+    float *p_of = malloc(sizeof(float) * (size_t)(e->n > 0 ? e->n : 1)); /* by example */
     int rc = 0;
-    if (!s || !p || !z || !rows) {
+    if (!s || !p || !z || !rows || !p_of) {
         rc = specd_seterr(err, "out of memory");
         goto done;
     }
@@ -371,6 +430,7 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
                 out->stage_p[st] += p[r];
                 out->stage_y[st] += y;
                 out->n++;
+                p_of[rows[r]] = p[r];
             }
         }
     }
@@ -386,8 +446,15 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
                 out->stage_p[st] /= (double)out->stage_n[st];
                 out->stage_y[st] /= (double)out->stage_n[st];
             }
+        if (eval_aucs(e, idx, n, -1, p_of, &out->auc_head, &out->auc_draft))
+            rc = specd_seterr(err, "out of memory");
+        for (int st = 0; st < c->n_stages && !rc; st++)
+            if (eval_aucs(e, idx, n, st, p_of, &out->stage_auc_head[st],
+                          &out->stage_auc_draft[st]))
+                rc = specd_seterr(err, "out of memory");
     }
 done:
+    free(p_of);
     free(s);
     free(p);
     free(z);

@@ -80,7 +80,24 @@ typedef struct accept_eval {
     long stage_n[SPECD_ACCEPT_HEAD_MAX_STAGES];
     double stage_p[SPECD_ACCEPT_HEAD_MAX_STAGES]; /* mean predicted acceptance */
     double stage_y[SPECD_ACCEPT_HEAD_MAX_STAGES]; /* mean actual (label) */
+    /* How well each score ranks accepted tokens above rejected ones
+     * (accept_auc; -1 where a set holds only one class): the head's p, and
+     * the speculator's own probability of its draft (accept_examples.
+     * qdraft), the score draft-svc prices trees with. A head that does not
+     * rank better than the draft adds nothing but its adaptive length. */
+    double auc_head, auc_draft;
+    double stage_auc_head[SPECD_ACCEPT_HEAD_MAX_STAGES];
+    double stage_auc_draft[SPECD_ACCEPT_HEAD_MAX_STAGES];
 } accept_eval;
+
+/* The area under the ROC curve of `score` for labels in [0, 1]: the chance
+ * that an accepted example scores above a rejected one (ties count half).
+ * Each example counts as `label` of accepted mass and 1 - label of
+ * rejected mass, so sampling mode's soft labels weigh as their expected
+ * coin (an example's own two masses tie; 0/1 labels have none). 0.5 = no
+ * better than chance, 1 = a perfect ranking; -1 when the set has no
+ * accepted or no rejected mass. O(n log n). */
+double accept_auc(const float *score, const float *label, long n);
 
 /* Runs h over examples idx[0..n) (stage by stage) and scores it. */
 int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *idx, long n,
