@@ -235,6 +235,13 @@ static void train_progress(void *ctx, long step, long total, double loss, double
 
 /* ---- the run ------------------------------------------------------------------- */
 
+/* An AUC, or "-" where the examples held one class only (accept_auc's -1). */
+static const char *auc_text(double auc, char *buf, size_t n) {
+    if (auc < 0) snprintf(buf, n, "    -");
+    else snprintf(buf, n, "%.3f", auc);
+    return buf;
+}
+
 static void print_eval(const char *what, const accept_eval *ev) {
     printf("%s: %ld examples, BCE %.4f, accuracy %.1f%%\n", what, ev->n, ev->bce,
            100 * ev->accuracy);
@@ -247,11 +254,14 @@ static void print_eval(const char *what, const accept_eval *ev) {
      * (tree_builder.h); the head is worth its time where it ranks better */
     printf("  ranking (AUC: accepted above rejected; 0.5 = chance), the head vs the draft's\n"
            "  own probability of its token:\n");
-    printf("    all:     head %.3f  draft %.3f\n", ev->auc_head, ev->auc_draft);
+    char h[16], d[16];
+    printf("    all:     head %s  draft %s\n", auc_text(ev->auc_head, h, sizeof h),
+           auc_text(ev->auc_draft, d, sizeof d));
     for (int s = 0; s < ev->n_stages; s++)
         if (ev->stage_n[s])
-            printf("    stage %d: head %.3f  draft %.3f\n", s, ev->stage_auc_head[s],
-                   ev->stage_auc_draft[s]);
+            printf("    stage %d: head %s  draft %s\n", s,
+                   auc_text(ev->stage_auc_head[s], h, sizeof h),
+                   auc_text(ev->stage_auc_draft[s], d, sizeof d));
 }
 
 /* The BCE of predicting `rate` for every example idx[0..n): the score to beat. */
@@ -299,6 +309,8 @@ int cmd_train_accept_head(int argc, char **argv) {
     if (!(mf = specd_model_open(o.model, &err)) || !(tok = specd_tokenizer_from_model(mf, &err)))
         goto fail;
     if (!(sp = specd_mlp_speculator_load(o.speculator, o.threads, &err))) goto fail;
+    /* a head to score is read before the data pass, which takes minutes */
+    if (o.eval_head && !(head = specd_accept_head_load(o.eval_head, &err))) goto fail;
     if (accept_sources_from_corpus(tok, &c, o.max_prompt, o.gen_len, o.seq_len, &src, &err))
         goto fail;
     int longest = 0;
@@ -328,7 +340,6 @@ int cmd_train_accept_head(int argc, char **argv) {
     t = NULL;
     if (o.eval_head) {
         /* every example, as the head has not seen them (the user's word) */
-        if (!(head = specd_accept_head_load(o.eval_head, &err))) goto fail;
         if (!(val_idx = malloc(sizeof(long) * (size_t)(ex.n > 0 ? ex.n : 1)))) {
             specd_seterr(&err, "out of memory");
             goto fail;
