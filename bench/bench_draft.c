@@ -7,10 +7,15 @@
  * Built by CMake as build/bench_draft.
  * Run: build/bench_draft [--speculator DIR] [--threads 1,2] [--shapes 1x1,1x2,1x4,3x4]
  *                        [--evict-mb 96] [--gap-ms 0] [--reps 300]
- *                        [--quant none|q8_0|q4_1_head]
+ *                        [--quant none|q8_0|q4_1_head] [--stop-threshold T]
  *      --speculator  an MLPSpeculator directory; its accept_head/ is loaded
  *                    when present, as draft-svc does (default: the shipped
  *                    models/SmolLM2-135M-Instruct.speculator)
+ *      --stop-threshold  drafts are adaptive (SpecDec++) at this threshold,
+ *                    so the acceptance head runs on every level; without it
+ *                    the head is loaded but not run, as for a request with
+ *                    no threshold. 1 never stops a path: the same trees as
+ *                    without, plus the head's time
  *      --shapes      candidates x depth, as the driver asks for them
  *      --evict-mb    before each draft the calling thread reads this many MB
  *                    (default 96, the default target's weights), as the
@@ -83,7 +88,7 @@ static int parse_shapes(const char *s, int *cands, int *depths) {
 static int usage(void) {
     fprintf(stderr, "usage: bench_draft [--speculator DIR] [--threads LIST] [--shapes CxD,...]\n"
                     "                   [--evict-mb N] [--gap-ms X] [--reps N]\n"
-                    "                   [--quant none|q8_0|q4_1_head]\n");
+                    "                   [--quant none|q8_0|q4_1_head] [--stop-threshold T]\n");
     return 2;
 }
 
@@ -91,7 +96,7 @@ int main(int argc, char **argv) {
     const char *dir = "models/SmolLM2-135M-Instruct.speculator";
     int threads[MAX_LIST] = {1, 2}, n_threads = 2;
     int cands[MAX_LIST] = {1, 1, 1, 3}, depths[MAX_LIST] = {1, 2, 4, 4}, n_shapes = 4;
-    double gap_ms = 0, evict_mb = 96;
+    double gap_ms = 0, evict_mb = 96, stop_threshold = 0;
     int reps = 300, quant = SPECD_MLP_Q4_HEAD;
     const char *const *quant_names = specd_mlp_quant_names;
     for (int i = 1; i < argc; i++) {
@@ -113,6 +118,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--evict-mb")) {
             evict_mb = atof(v), i++;
             if (evict_mb < 0 || evict_mb > 65536) return usage();
+        } else if (!strcmp(a, "--stop-threshold")) {
+            stop_threshold = atof(v), i++;
+            if (!(stop_threshold > 0 && stop_threshold <= 1)) return usage();
         } else if (!strcmp(a, "--gap-ms")) {
             gap_ms = atof(v), i++;
             if (gap_ms < 0 || gap_ms > 1000) return usage();
@@ -131,9 +139,14 @@ int main(int argc, char **argv) {
     unsigned char *evict = evict_bytes ? malloc(evict_bytes) : NULL;
     if (!times || (evict_bytes && !evict)) return 1;
     if (evict) memset(evict, 1, evict_bytes);
+    char head_note[96] = "";
+    if (have_head && stop_threshold > 0)
+        snprintf(head_note, sizeof head_note, ", its acceptance head run at stop threshold %g",
+                 stop_threshold);
+    else if (have_head)
+        snprintf(head_note, sizeof head_note, ", its acceptance head loaded, not run");
     printf("speculator %s (%s%s), %d drafts per row, each after a %.0f MB read and %.1f ms idle\n\n",
-           dir, quant_names[quant], have_head ? ", with its acceptance head" : "", reps,
-           evict_mb, gap_ms);
+           dir, quant_names[quant], head_note, reps, evict_mb, gap_ms);
     printf("| threads | shape | nodes | median us | fastest us | median us per level |\n");
     printf("|--------:|------:|------:|----------:|-----------:|--------------------:|\n");
     for (int ti = 0; ti < n_threads; ti++) {
@@ -166,7 +179,8 @@ int main(int argc, char **argv) {
                 specd_tree_buf_reset(&tb);
                 specd_draft_job j = {.history = hist, .n_history = 16, .n_prompt = 8,
                                      .hidden = hidden, .candidates = cands[si],
-                                     .depth = depths[si], .out = &tb};
+                                     .depth = depths[si], .out = &tb,
+                                     .stop_threshold = (float)stop_threshold, .min_depth = 1};
                 if (evict) stream_read(evict, evict_bytes);
                 sleep_ms(gap_ms);
                 double t0 = specd_now_us();
