@@ -49,8 +49,12 @@ typedef struct specd_tree_buf {
     int32_t *depth;   /* [cap] 1 for a child of the root */
     float *logq;      /* [cap] draft log-probability of the path root..node */
     /* [cap] the drafter's own estimate that the node is accepted given its
-     * parent was (the acceptance head's), or -1: none, and tree_choice.h
-     * uses exp(logq - parent's logq) instead */
+     * parent was, or -1: none, and tree_choice.h uses exp(logq - parent's
+     * logq) instead. Set where a node's logq is not a draft probability:
+     * the merged tree's lookup nodes and nodes both sources proposed
+     * (drafter_hybrid.c). The mlp drafter leaves it unset: its draft
+     * probability ranks accepted tokens better than its acceptance head
+     * does (docs/SPECULATION.md). */
     float *pcond;
     /* [cap] where the node came from (SPECD_SRC_*): SPECD_SRC_MODEL unless
      * a drafter that merges a model's tree with a lookup's says otherwise

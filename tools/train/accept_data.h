@@ -81,8 +81,8 @@ typedef struct accept_examples {
     uint8_t *stage;    /* [n] */
     float *label;      /* [n] in [0, 1] */
     /* [n] the speculator's own probability of the token it drafted: greedy,
-     * its softmax (T = 1) at the argmax; sampling, q(d) at T. The score a
-     * drafter without a head is priced by (draft-svc/tree_builder.h), which
+     * its softmax (T = 1) at the argmax; sampling, q(d) at T. The score
+     * draft-svc prices mlp nodes by (draft-svc/tree_builder.h), which
      * accept_evaluate ranks beside the head's. */
     float *qdraft;
     int32_t *source;   /* [n] index of the source it came from */
