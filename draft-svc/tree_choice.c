@@ -96,9 +96,11 @@ static int src_of(const specd_tree_buf *t, int i) {
     return t->src && t->src[i] < SPECD_N_SRC ? t->src[i] : SPECD_SRC_MODEL;
 }
 
+/* The score's bin (SPECD_CALIB_BINS: tenths, then four above 0.9). */
 static int bin_of(float score) {
-    int b = (int)(score * SPECD_CALIB_BINS);
-    return b < 0 ? 0 : b >= SPECD_CALIB_BINS ? SPECD_CALIB_BINS - 1 : b;
+    if (!(score > 0)) return 0; /* and NaN */
+    if (score < 0.9f) return (int)(score * 10);
+    return 9 + (score >= 0.95f) + (score >= 0.98f) + (score >= 0.99f);
 }
 
 void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank) {

@@ -431,11 +431,66 @@ static void test_calibration(void **state) {
     /* a session scale above 1 raises conditional chances, capped below 1 */
     specd_accept_estimate(&c, &t, score, rank, 100.0f, p);
     assert_true(p[0] <= 0.99f && p[0] > 0.98f);
-    /* an acceptance head's pcond wins over the draft probability */
+    /* a drafter's own score (pcond) wins over the draft probability */
     t.pcond[0] = 0.2f;
     specd_tree_scores(&t, score, rank);
     assert_true(fabsf(score[0] - 0.2f) < 1e-6f);
     specd_tree_buf_free(&t);
+    specd_accept_calib_destroy(&c);
+}
+
+/* Above 0.9 the bins are finer: a draft that says 0.92 and one that says
+ * 0.995 are accepted at different rates (0.78 and 0.96 at depth 1 on the
+ * held-out prompts), and the calibration keeps the two apart instead of
+ * pricing both at their average. */
+static void test_calibration_top_bins(void **state) {
+    (void)state;
+    specd_accept_calib c;
+    specd_accept_calib_init(&c);
+    specd_tree_buf lo, hi;
+    specd_error err = {{0}};
+    assert_int_equal(specd_tree_buf_init(&lo, 4, 0, &err), 0);
+    assert_int_equal(specd_tree_buf_init(&hi, 4, 0, &err), 0);
+    const float q_lo[1] = {0.92f}, q_hi[1] = {0.995f};
+    chain_tree(&lo, q_lo, 1);
+    chain_tree(&hi, q_hi, 1);
+    float s_lo[4], s_hi[4], p_lo[4], p_hi[4];
+    uint8_t r_lo[4], r_hi[4];
+    specd_tree_scores(&lo, s_lo, r_lo);
+    specd_tree_scores(&hi, s_hi, r_hi);
+    /* 0.92 accepted 7 times in 10, 0.995 19 times in 20 */
+    for (int step = 0; step < 2000; step++) {
+        int32_t first = 0;
+        specd_accept_calib_update(&c, &lo, s_lo, r_lo, &first, step % 10 < 7);
+        specd_accept_calib_update(&c, &hi, s_hi, r_hi, &first, step % 20 < 19);
+    }
+    specd_accept_estimate(&c, &lo, s_lo, r_lo, 1.0f, p_lo);
+    specd_accept_estimate(&c, &hi, s_hi, r_hi, 1.0f, p_hi);
+    assert_true(fabsf(p_lo[0] - 0.70f) < 0.02f);
+    assert_true(fabsf(p_hi[0] - 0.95f) < 0.02f);
+    /* the bins' edges: tenths below 0.9, then 0.95, 0.98 and 0.99 */
+    const float edge_pairs[][2] = {{0.85f, 0.89f}, {0.90f, 0.94f}, {0.95f, 0.97f},
+                                   {0.98f, 0.985f}, {0.99f, 1.0f}};
+    for (size_t k = 0; k < sizeof edge_pairs / sizeof edge_pairs[0]; k++) {
+        /* same bin: teaching one moves the other */
+        specd_accept_calib cc;
+        specd_accept_calib_init(&cc);
+        specd_tree_buf a;
+        assert_int_equal(specd_tree_buf_init(&a, 4, 0, &err), 0);
+        float sa[4], pa[4];
+        uint8_t ra[4];
+        chain_tree(&a, &edge_pairs[k][0], 1);
+        specd_tree_scores(&a, sa, ra);
+        for (int i = 0; i < 100; i++) specd_accept_calib_update(&cc, &a, sa, ra, NULL, 0);
+        chain_tree(&a, &edge_pairs[k][1], 1);
+        specd_tree_scores(&a, sa, ra);
+        specd_accept_estimate(&cc, &a, sa, ra, 1.0f, pa);
+        assert_true(pa[0] < 0.2f);
+        specd_tree_buf_free(&a);
+        specd_accept_calib_destroy(&cc);
+    }
+    specd_tree_buf_free(&lo);
+    specd_tree_buf_free(&hi);
     specd_accept_calib_destroy(&c);
 }
 
@@ -813,6 +868,7 @@ int main(void) {
         cmocka_unit_test(test_choose_brute_force),
         cmocka_unit_test(test_choose_cases),
         cmocka_unit_test(test_calibration),
+        cmocka_unit_test(test_calibration_top_bins),
         cmocka_unit_test(test_ranks_and_tries),
         cmocka_unit_test(test_gain_by_load),
         cmocka_unit_test(test_stage_time),
