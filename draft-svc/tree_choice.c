@@ -96,12 +96,24 @@ static int src_of(const specd_tree_buf *t, int i) {
     return t->src && t->src[i] < SPECD_N_SRC ? t->src[i] : SPECD_SRC_MODEL;
 }
 
-/* The score's bin (SPECD_CALIB_BINS: tenths, then four above 0.9). */
-static int bin_of(float score) {
+/* Tenths, then four above 0.9 (tree_choice.h). */
+static const float k_bin_lo[SPECD_CALIB_BINS + 1] = {0.0f, 0.1f,  0.2f,  0.3f,  0.4f,
+                                                     0.5f, 0.6f,  0.7f,  0.8f,  0.9f,
+                                                     0.95f, 0.98f, 0.99f, 1.0f};
+
+int specd_calib_bin(float score) {
     if (!(score > 0)) return 0; /* and NaN */
     if (score < 0.9f) return (int)(score * 10);
     return 9 + (score >= 0.95f) + (score >= 0.98f) + (score >= 0.99f);
 }
+
+void specd_calib_bin_range(int b, float *lo, float *hi) {
+    b = b < 0 ? 0 : b >= SPECD_CALIB_BINS ? SPECD_CALIB_BINS - 1 : b;
+    *lo = k_bin_lo[b];
+    *hi = k_bin_lo[b + 1];
+}
+
+static int bin_of(float score) { return specd_calib_bin(score); }
 
 void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank) {
     for (int i = 0; i < t->n_nodes; i++) {

@@ -68,6 +68,10 @@
  * 0.995 chain of four was priced as 0.88^4 instead of about 0.96^4
  * (docs/BENCHMARKS.md, thirty-sixth session). */
 #define SPECD_CALIB_BINS 13
+/* The bin of a score in [0, 1] (NaN and below 0: bin 0), and bin b's
+ * range [*lo, *hi) (the last one holds 1 too). */
+int specd_calib_bin(float score);
+void specd_calib_bin_range(int b, float *lo, float *hi);
 /* No node is ever certain: a calibrated chance stops here, so a long
  * confident chain still costs something per node. */
 #define SPECD_P_MAX 0.99f

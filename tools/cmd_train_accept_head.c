@@ -262,6 +262,15 @@ static void print_eval(const char *what, const accept_eval *ev) {
             printf("    stage %d: head %s  draft %s\n", s,
                    auc_text(ev->stage_auc_head[s], h, sizeof h),
                    auc_text(ev->stage_auc_draft[s], d, sizeof d));
+    /* what draft-svc's calibration learns per bin, all stages together */
+    printf("  acceptance by the draft's probability (draft-svc's calibration bins):\n");
+    for (int b = 0; b < SPECD_CALIB_BINS; b++) {
+        if (!ev->qbin_n[b]) continue;
+        float lo, hi;
+        specd_calib_bin_range(b, &lo, &hi);
+        printf("    %.2f-%.2f: %7ld examples  accepted %.3f\n", (double)lo, (double)hi,
+               ev->qbin_n[b], ev->qbin_y[b]);
+    }
 }
 
 /* The BCE of predicting `rate` for every example idx[0..n): the score to beat. */

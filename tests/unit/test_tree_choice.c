@@ -468,6 +468,20 @@ static void test_calibration_top_bins(void **state) {
     specd_accept_estimate(&c, &hi, s_hi, r_hi, 1.0f, p_hi);
     assert_true(fabsf(p_lo[0] - 0.70f) < 0.02f);
     assert_true(fabsf(p_hi[0] - 0.95f) < 0.02f);
+    /* every bin's range maps back to it, and the ranges tile [0, 1] */
+    float prev_hi = 0.0f;
+    for (int b = 0; b < SPECD_CALIB_BINS; b++) {
+        float blo, bhi;
+        specd_calib_bin_range(b, &blo, &bhi);
+        assert_true(blo == prev_hi && bhi > blo);
+        assert_int_equal(specd_calib_bin(blo + 1e-6f), b);
+        assert_int_equal(specd_calib_bin(nextafterf(bhi, 0.0f)), b);
+        prev_hi = bhi;
+    }
+    assert_true(prev_hi == 1.0f);
+    assert_int_equal(specd_calib_bin(1.0f), SPECD_CALIB_BINS - 1);
+    assert_int_equal(specd_calib_bin(-0.5f), 0);
+    assert_int_equal(specd_calib_bin(NAN), 0);
     /* the bins' edges: tenths below 0.9, then 0.95, 0.98 and 0.99 */
     const float edge_pairs[][2] = {{0.85f, 0.89f}, {0.90f, 0.94f}, {0.95f, 0.97f},
                                    {0.98f, 0.985f}, {0.99f, 1.0f}};

@@ -448,6 +448,13 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
             }
         if (eval_aucs(e, idx, n, -1, p_of, &out->auc_head, &out->auc_draft))
             rc = specd_seterr(err, "out of memory");
+        for (long i = 0; i < n; i++) {
+            int b = specd_calib_bin(e->qdraft[idx[i]]);
+            out->qbin_n[b]++;
+            out->qbin_y[b] += e->label[idx[i]];
+        }
+        for (int b = 0; b < SPECD_CALIB_BINS; b++)
+            if (out->qbin_n[b]) out->qbin_y[b] /= (double)out->qbin_n[b];
         for (int st = 0; st < c->n_stages && !rc; st++)
             if (eval_aucs(e, idx, n, st, p_of, &out->stage_auc_head[st],
                           &out->stage_auc_draft[st]))

@@ -24,6 +24,7 @@
 
 #include "common/util/error.h"
 #include "common/model/accept_head.h"
+#include "draft-svc/tree_choice.h"
 #include "tools/train/accept_data.h"
 
 typedef struct accept_model {
@@ -88,6 +89,11 @@ typedef struct accept_eval {
     double auc_head, auc_draft;
     double stage_auc_head[SPECD_ACCEPT_HEAD_MAX_STAGES];
     double stage_auc_draft[SPECD_ACCEPT_HEAD_MAX_STAGES];
+    /* Acceptance by the draft's probability, in the score bins draft-svc
+     * calibrates trees with (draft-svc/tree_choice.h): examples and mean
+     * label per bin, all stages together. */
+    long qbin_n[SPECD_CALIB_BINS];
+    double qbin_y[SPECD_CALIB_BINS];
 } accept_eval;
 
 /* The area under the ROC curve of `score` for labels in [0, 1]: the chance
