@@ -113,8 +113,6 @@ void specd_calib_bin_range(int b, float *lo, float *hi) {
     *hi = k_bin_lo[b + 1];
 }
 
-static int bin_of(float score) { return specd_calib_bin(score); }
-
 void specd_tree_scores(const specd_tree_buf *t, float *score, uint8_t *rank) {
     for (int i = 0; i < t->n_nodes; i++) {
         score[i] = specd_tree_node_score(t, i);
@@ -137,7 +135,8 @@ void specd_accept_estimate(specd_accept_calib *c, const specd_tree_buf *t, const
                            const uint8_t *rank, float scale, float *p_path) {
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < t->n_nodes; i++) {
-        int o = src_of(t, i), d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
+        int o = src_of(t, i), d = depth_row(t->depth[i]), r = rank[i];
+        int b = specd_calib_bin(score[i]);
         float pc = (c->accepted[o][d][r][b] + CALIB_PRIOR_WEIGHT * score[i]) /
                    (c->tried[o][d][r][b] + CALIB_PRIOR_WEIGHT);
         pc *= scale;
@@ -184,7 +183,8 @@ void specd_accept_calib_update(specd_accept_calib *c, const specd_tree_buf *t,
             if (accepted_nodes[k] == i) accepted = 1;
         }
         if (!tried) continue;
-        int o = src_of(t, i), d = depth_row(t->depth[i]), r = rank[i], b = bin_of(score[i]);
+        int o = src_of(t, i), d = depth_row(t->depth[i]), r = rank[i];
+        int b = specd_calib_bin(score[i]);
         c->tried[o][d][r][b] += 1;
         c->accepted[o][d][r][b] += (float)accepted;
         if (c->tried[o][d][r][b] >= SPECD_CALIB_WINDOW) {

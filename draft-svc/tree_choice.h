@@ -35,8 +35,8 @@
  * Where p comes from. A drafter scores each node with its conditional
  * chance of acceptance given its parent was accepted: the draft's own
  * conditional probability, or the drafter's score where it sets one (the
- * merged tree's lookup nodes, tree_builder.h). Scores are biased (a draft model is
- * overconfident, a prompt-lookup match says little), so a calibrator maps
+ * merged tree's lookup nodes, tree_builder.h). Scores are biased (a draft
+ * model is overconfident, a prompt-lookup match says little), so a calibrator maps
  * (depth, rank among siblings, score bin) to the acceptance rate actually
  * observed there, over every step of every session of the drafter, with
  * the score itself as the prior; each session then scales that by how its
