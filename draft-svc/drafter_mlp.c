@@ -420,17 +420,17 @@ static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_e
     size_t rows = 0, cand = 0;
     /* a reduced vocabulary's rows stay at its draft ids (prepare_draft_row) */
     int draft_ids = m->draft_vocab > 0;
+    int any_adaptive = 0; /* the head runs only then (below) */
     for (int i = 0; i < n; i++) {
         plan_job(m, &jobs[i], &m->plans[i]);
         if (!m->plans[i].depth) continue;
+        any_adaptive |= m->plans[i].adaptive;
         size_t bound = (size_t)(m->plans[i].bound > 1 ? m->plans[i].bound : 1);
         rows += bound;
         if (bound * (size_t)m->max_k > cand) cand = bound * (size_t)m->max_k;
     }
     if (rows == 0) return 0;
     if (grow_rows(m, rows, err) || grow_cand(m, cand, err)) return -1;
-    int any_adaptive = 0;
-    for (int i = 0; i < n; i++) any_adaptive |= m->plans[i].depth && m->plans[i].adaptive;
 
     /* depth 0: every job's root, reading the target's hidden state */
     int n_rows = 0;

@@ -103,8 +103,10 @@ static const float k_bin_lo[SPECD_CALIB_BINS + 1] = {0.0f, 0.1f,  0.2f,  0.3f,  
 
 int specd_calib_bin(float score) {
     if (!(score > 0)) return 0; /* and NaN */
-    if (score < 0.9f) return (int)(score * 10);
-    return 9 + (score >= 0.95f) + (score >= 0.98f) + (score >= 0.99f);
+    if (score < k_bin_lo[9]) return (int)(score * 10);
+    int b = 9; /* the finer bins: walk the table's edges */
+    while (b < SPECD_CALIB_BINS - 1 && score >= k_bin_lo[b + 1]) b++;
+    return b;
 }
 
 void specd_calib_bin_range(int b, float *lo, float *hi) {
