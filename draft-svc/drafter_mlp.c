@@ -45,8 +45,9 @@
  *
  * Adaptive length (SpecDec++, with an acceptance head, accept_head.h, and
  * a job's stop_threshold > 0). After stage s, the head reads each frontier
- * row's new state and gives p: its estimate that the token drafted from that
- * state is accepted, given the path so far was. Every child of the row gets
+ * row's new state (and, a head with draft features, the row's two largest
+ * probabilities, prepare_rows) and gives p: its estimate that the token
+ * drafted from that state is accepted, given the path so far was. Every child of the row gets
  * P = P(parent) * p, the chance its whole path survives verification (the
  * root has P = 1). A child at depth d stops growing (becomes a leaf) when
  * 1 - P > stop_threshold and d >= min_depth; nothing grows past `depth`.
@@ -146,6 +147,8 @@ typedef struct mlp_impl {
     float *logits;     /* [rows][vocab] */
     int32_t *tokens;   /* [rows] */
     float *p_rows;     /* [rows] the head's p for each frontier row's children */
+    float *row_top2;   /* [rows][2] a row's two largest probabilities, for a head
+                        * with draft features (accept_head.h) */
     mlp_front *front, *next; /* [rows] */
     size_t cand_cap;
     mlp_cand *cand;    /* [bound * max_k] of one job */
@@ -187,6 +190,7 @@ static int grow_rows(mlp_impl *m, size_t rows, specd_error *err) {
         grow((void **)&m->logits, rows * (size_t)m->vocab, sizeof(float)) ||
         grow((void **)&m->tokens, rows, sizeof(int32_t)) ||
         grow((void **)&m->p_rows, rows, sizeof(float)) ||
+        grow((void **)&m->row_top2, 2 * rows, sizeof(float)) ||
         grow((void **)&m->front, rows, sizeof(mlp_front)) ||
         grow((void **)&m->next, rows, sizeof(mlp_front)))
         return specd_seterr(err, "mlp drafter: out of memory for %zu rows", rows);
@@ -288,9 +292,7 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
     specd_tree_buf *out = job->out;
     int nc = 0;
     for (int r = a; r < b; r++) {
-        float *row = m->logits + (size_t)r * m->row_w;
-        if (m->row_map) prepare_draft_row(m, job, m->front[r].node, row);
-        else adjust_row(m, job, m->front[r].node, row);
+        const float *row = m->logits + (size_t)r * m->row_w; /* prepared (prepare_rows) */
         /* log(sum(exp(row))) by the sampling core's vector exp, in double
          * and summed in a fixed order (specd_log_sum_exp), so the
          * log-probabilities are a function of the logits alone; -inf
@@ -353,14 +355,12 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
         const float *q;
         const int32_t *q_map = NULL;
         int q_n;
-        if (m->row_map) {
-            prepare_draft_row(m, job, par->node, row);
+        if (m->row_map) { /* the row is prepared (prepare_rows) */
             specd_sampling_probs(smp, row, m->row_w, m->q_probs, m->sample_scratch);
             q = m->q_probs;
             q_map = m->row_map;
             q_n = m->row_w;
         } else {
-            adjust_row(m, job, par->node, row);
             specd_sampling_probs(smp, row, m->vocab, m->probs, m->sample_scratch);
             m->probs_zero = 0;
             q = m->probs;
@@ -415,6 +415,30 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
     return n_next;
 }
 
+/* Every frontier row of a stage made ready once, before anything reads
+ * it: a draft-id row's "other" bucket off and the request's adjustments on
+ * (prepare_draft_row), or a target-width row's adjustments (adjust_row).
+ * With `top2`, also each row's two largest probabilities at temperature 1
+ * into m->row_top2, the draft features of a head that reads them
+ * (accept_head.h): from the row as the drafter ranks it, so a function of
+ * the row's path alone, never of the children it will draw (which keeps a
+ * sampled tree's shape fixed before its draws, see the top). */
+static void prepare_rows(mlp_impl *m, const specd_draft_job *jobs, int n_rows, int top2) {
+    for (int r = 0; r < n_rows; r++) {
+        float *row = m->logits + (size_t)r * m->row_w;
+        const specd_draft_job *job = &jobs[m->front[r].job];
+        if (m->row_map) prepare_draft_row(m, job, m->front[r].node, row);
+        else adjust_row(m, job, m->front[r].node, row);
+        if (!top2) continue;
+        int32_t ids[2];
+        float vals[2] = {-INFINITY, -INFINITY};
+        int k = specd_topk(row, m->row_w, 2, ids, vals);
+        double lse = specd_log_sum_exp(row, m->row_w);
+        m->row_top2[2 * r] = k > 0 ? (float)exp((double)vals[0] - lse) : 0.0f;
+        m->row_top2[2 * r + 1] = k > 1 ? (float)exp((double)vals[1] - lse) : 0.0f;
+    }
+}
+
 static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_error *err) {
     /* plan every job and size the scratch for the largest frontier */
     size_t rows = 0, cand = 0;
@@ -454,6 +478,7 @@ static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_e
                                                    m->out_states, m->logits, err))
             return -1;
         if (m->row_map) m->row_w = m->draft_vocab;
+        prepare_rows(m, jobs, n_rows, any_adaptive && specd_accept_head_wants_top2(m->head));
         /* The head over every row in one call, when a job of the call is
          * adaptive (the head's p only shapes those). It does not score the
          * nodes the driver prices (tree_choice.h): the speculator's own
@@ -464,7 +489,8 @@ static int mlp_propose_locked(mlp_impl *m, specd_draft_job *jobs, int n, specd_e
          * against 0.626; docs/BENCHMARKS.md, thirty-sixth session), and
          * the driver calibrates either by depth, rank and score. */
         if (any_adaptive &&
-            specd_accept_head_forward(m->head, s, n_rows, m->out_states, m->p_rows, NULL, err))
+            specd_accept_head_forward(m->head, s, n_rows, m->out_states, m->row_top2, m->p_rows,
+                                      NULL, err))
             return -1;
         /* each job's rows are contiguous (frontier order follows job order) */
         int n_next = 0;
@@ -507,6 +533,7 @@ static void mlp_free_impl(mlp_impl *m) {
     free(m->logits);
     free(m->tokens);
     free(m->p_rows);
+    free(m->row_top2);
     free(m->front);
     free(m->next);
     free(m->cand);

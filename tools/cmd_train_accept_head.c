@@ -45,6 +45,7 @@ typedef struct head_opts {
     long skip; /* leading documents of the data left out */
     float temperature;
     int hidden, layers;
+    int draft_features; /* the head also reads the draft's probabilities */
     accept_train_opts train;
     int w_rej_auto;
 } head_opts;
@@ -82,6 +83,9 @@ static void usage(FILE *f) {
             "model:\n"
             "  --hidden N            hidden width (default 256)\n"
             "  --layers N            residual SiLU blocks (default 2)\n"
+            "  --no-draft-features   the state alone: without the draft's two largest\n"
+            "                        probabilities beside it (accept_head.h; they rank\n"
+            "                        accepted drafts better than the state alone)\n"
             "  --dtype f16|bf16|f32  stored weights (default f32: the head is small)\n"
             "optimization:\n"
             "  --steps N             (default 2000)\n"
@@ -111,6 +115,7 @@ static void opts_default(head_opts *o) {
     o->max_examples = 200000;
     o->hidden = 256;
     o->layers = 2;
+    o->draft_features = 1;
     o->train = (accept_train_opts){.steps = 2000, .batch = 512, .lr = 1e-3f, .min_lr_ratio = 0.1f,
                                    .weight_decay = 0.01f, .clip = 1.0f, .warmup = 100,
                                    .w_rej = 1.0f, .seed = 42, .log_every = 10};
@@ -149,6 +154,7 @@ static int parse(int argc, char **argv, head_opts *o) {
             o->skip = cli_int(a, cli_value(argc, argv, &i), 0, 1L << 40);
         else if (!strcmp(a, "--hidden"))
             o->hidden = (int)cli_int(a, cli_value(argc, argv, &i), 1, SPECD_ACCEPT_HEAD_MAX_HIDDEN);
+        else if (!strcmp(a, "--no-draft-features")) o->draft_features = 0;
         else if (!strcmp(a, "--layers"))
             o->layers = (int)cli_int(a, cli_value(argc, argv, &i), 0, SPECD_ACCEPT_HEAD_MAX_LAYERS);
         else if (!strcmp(a, "--dtype")) {
@@ -378,10 +384,13 @@ int cmd_train_accept_head(int argc, char **argv) {
         if (o.train.w_rej < 1e-3f) o.train.w_rej = 1e-3f;
     }
     fprintf(stderr, "training: %ld examples (%ld held out), acceptance rate %.3f, w_rej %.3g, "
-                    "head %d x %d, %ld steps of %d\n", n_train, n_val, rate, (double)o.train.w_rej,
-            o.hidden, o.layers, o.train.steps, o.train.batch);
-    specd_accept_head_config hc = {.input_dim = sc->inner_dim, .hidden_dim = o.hidden,
-                                   .n_layers = o.layers, .n_stages = sc->n_predict};
+                    "head %d x %d%s, %ld steps of %d\n", n_train, n_val, rate,
+            (double)o.train.w_rej, o.hidden, o.layers,
+            o.draft_features ? " with draft features" : "", o.train.steps, o.train.batch);
+    specd_accept_head_config hc = {
+        .input_dim = sc->inner_dim, .hidden_dim = o.hidden, .n_layers = o.layers,
+        .n_stages = sc->n_predict,
+        .n_draft_features = o.draft_features ? SPECD_ACCEPT_HEAD_DRAFT_FEATURES : 0};
     if (accept_model_init(&m, &hc, (float)rate, o.train.seed, &err)) goto fail;
     progress pt = {.t0 = cli_now(), .tty = isatty(2)};
     if (accept_train(&m, &ex, train_idx, n_train, &o.train, train_progress, &pt, &err)) goto fail;

@@ -28,8 +28,8 @@
 #define WEIGHTS SPECD_HF_SINGLE_WEIGHTS
 #define MODEL_TYPE "specd_accept_head"
 #define MAX_JSON_FILE (1u << 20) /* a config is a few hundred bytes */
-/* in_proj weight + bias, stage_emb, 4 per block, out weight + bias */
-#define MAX_TENSORS (3 + 4 * SPECD_ACCEPT_HEAD_MAX_LAYERS + 2)
+/* in_proj weight + bias, stage_emb, draft_proj, 4 per block, out weight + bias */
+#define MAX_TENSORS (4 + 4 * SPECD_ACCEPT_HEAD_MAX_LAYERS + 2)
 
 /* ---- config.json ------------------------------------------------------------- */
 
@@ -50,13 +50,18 @@ static int parse_config_object(const cJSON *root, specd_accept_head_config *c, s
     if (strcmp(type->valuestring, MODEL_TYPE) != 0)
         return specd_seterr(err, CONFIG ": model_type is '%.64s', not '" MODEL_TYPE "'",
                             type->valuestring);
-    return get_int(root, "input_dim", 1, SPECD_ACCEPT_HEAD_MAX_INPUT, &c->input_dim, err) ||
-                   get_int(root, "hidden_dim", 1, SPECD_ACCEPT_HEAD_MAX_HIDDEN, &c->hidden_dim,
-                           err) ||
-                   get_int(root, "n_layers", 0, SPECD_ACCEPT_HEAD_MAX_LAYERS, &c->n_layers, err) ||
-                   get_int(root, "n_stages", 1, SPECD_ACCEPT_HEAD_MAX_STAGES, &c->n_stages, err)
-               ? -1
-               : 0;
+    if (get_int(root, "input_dim", 1, SPECD_ACCEPT_HEAD_MAX_INPUT, &c->input_dim, err) ||
+        get_int(root, "hidden_dim", 1, SPECD_ACCEPT_HEAD_MAX_HIDDEN, &c->hidden_dim, err) ||
+        get_int(root, "n_layers", 0, SPECD_ACCEPT_HEAD_MAX_LAYERS, &c->n_layers, err) ||
+        get_int(root, "n_stages", 1, SPECD_ACCEPT_HEAD_MAX_STAGES, &c->n_stages, err) ||
+        /* optional: the heads written before draft features had none */
+        specd_json_int(root, CONFIG, "n_draft_features", 0, 0, 0,
+                       SPECD_ACCEPT_HEAD_DRAFT_FEATURES, &c->n_draft_features, err))
+        return -1;
+    if (c->n_draft_features != 0 && c->n_draft_features != SPECD_ACCEPT_HEAD_DRAFT_FEATURES)
+        return specd_seterr(err, CONFIG ": 'n_draft_features' = %d must be 0 or %d",
+                            c->n_draft_features, SPECD_ACCEPT_HEAD_DRAFT_FEATURES);
+    return 0;
 }
 
 int specd_accept_head_parse_config(const char *json, size_t len, specd_accept_head_config *cfg,
@@ -74,21 +79,29 @@ static int check_config(const specd_accept_head_config *c, specd_error *err) {
     if (c->input_dim < 1 || c->input_dim > SPECD_ACCEPT_HEAD_MAX_INPUT ||
         c->hidden_dim < 1 || c->hidden_dim > SPECD_ACCEPT_HEAD_MAX_HIDDEN ||
         c->n_layers < 0 || c->n_layers > SPECD_ACCEPT_HEAD_MAX_LAYERS || c->n_stages < 1 ||
-        c->n_stages > SPECD_ACCEPT_HEAD_MAX_STAGES)
+        c->n_stages > SPECD_ACCEPT_HEAD_MAX_STAGES ||
+        (c->n_draft_features != 0 && c->n_draft_features != SPECD_ACCEPT_HEAD_DRAFT_FEATURES))
         return specd_seterr(err, "accept head: config (input %d, hidden %d, layers %d, stages "
-                                 "%d) is outside the limits", c->input_dim, c->hidden_dim,
-                            c->n_layers, c->n_stages);
+                                 "%d, draft features %d) is outside the limits", c->input_dim,
+                            c->hidden_dim, c->n_layers, c->n_stages, c->n_draft_features);
     return 0;
 }
 
 /* ---- tensor layout ------------------------------------------------------------ */
 
-/* One tensor of the head: its file name, shape (cols 0 = a vector) and
- * place in the flat parameter buffer. The order is the file's and the
- * formula's: in_proj, stage_emb, blocks, out. */
+/* What a tensor is, for matching it to a specd_accept_head_weights field. */
+typedef enum {
+    T_IN_W, T_IN_B, T_STAGE_EMB, T_DRAFT_W, T_FC1_W, T_FC1_B, T_FC2_W, T_FC2_B, T_OUT_W, T_OUT_B
+} tensor_kind;
+
+/* One tensor of the head: its file name, shape (cols 0 = a vector), kind
+ * (and block) and place in the flat parameter buffer. The order is the
+ * file's and the formula's: in_proj, stage_emb, draft_proj, blocks, out. */
 typedef struct head_tensor {
     char name[40];
     int rows, cols;
+    tensor_kind kind;
+    int layer;
     size_t offset;
 } head_tensor;
 
@@ -100,43 +113,49 @@ static size_t tensor_numel(const head_tensor *t) {
 static int head_layout(const specd_accept_head_config *c, head_tensor *t, size_t *total) {
     int n = 0, H = c->hidden_dim;
     size_t off = 0;
-#define ADD(rows_, cols_, ...)                                          \
+#define ADD(kind_, layer_, rows_, cols_, ...)                            \
     do {                                                                \
         snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__);             \
         t[n].rows = (rows_);                                            \
         t[n].cols = (cols_);                                            \
+        t[n].kind = (kind_);                                            \
+        t[n].layer = (layer_);                                          \
         t[n].offset = off;                                              \
         off += tensor_numel(&t[n]);                                     \
         n++;                                                            \
     } while (0)
-    ADD(H, c->input_dim, "in_proj.weight");
-    ADD(H, 0, "in_proj.bias");
-    ADD(c->n_stages, H, "stage_emb.weight");
+    ADD(T_IN_W, 0, H, c->input_dim, "in_proj.weight");
+    ADD(T_IN_B, 0, H, 0, "in_proj.bias");
+    ADD(T_STAGE_EMB, 0, c->n_stages, H, "stage_emb.weight");
+    if (c->n_draft_features) ADD(T_DRAFT_W, 0, H, c->n_draft_features, "draft_proj.weight");
     for (int l = 0; l < c->n_layers; l++) {
-        ADD(H, H, "blocks.%d.fc1.weight", l);
-        ADD(H, 0, "blocks.%d.fc1.bias", l);
-        ADD(H, H, "blocks.%d.fc2.weight", l);
-        ADD(H, 0, "blocks.%d.fc2.bias", l);
+        ADD(T_FC1_W, l, H, H, "blocks.%d.fc1.weight", l);
+        ADD(T_FC1_B, l, H, 0, "blocks.%d.fc1.bias", l);
+        ADD(T_FC2_W, l, H, H, "blocks.%d.fc2.weight", l);
+        ADD(T_FC2_B, l, H, 0, "blocks.%d.fc2.bias", l);
     }
-    ADD(1, H, "out.weight");
-    ADD(1, 0, "out.bias");
+    ADD(T_OUT_W, 0, 1, H, "out.weight");
+    ADD(T_OUT_B, 0, 1, 0, "out.bias");
 #undef ADD
     *total = off;
     return n;
 }
 
-/* The caller's array for layout entry i (same order as head_layout). */
-static const float *weight_src(const specd_accept_head_weights *w, int n_layers, int i) {
-    if (i == 0) return w->in_w;
-    if (i == 1) return w->in_b;
-    if (i == 2) return w->stage_emb;
-    i -= 3;
-    if (i < 4 * n_layers) {
-        int l = i / 4;
-        const float *const per[4] = {w->fc1_w[l], w->fc1_b[l], w->fc2_w[l], w->fc2_b[l]};
-        return per[i % 4];
+/* The caller's array for a layout entry. */
+static const float *weight_src(const specd_accept_head_weights *w, const head_tensor *t) {
+    switch (t->kind) {
+    case T_IN_W: return w->in_w;
+    case T_IN_B: return w->in_b;
+    case T_STAGE_EMB: return w->stage_emb;
+    case T_DRAFT_W: return w->draft_w;
+    case T_FC1_W: return w->fc1_w[t->layer];
+    case T_FC1_B: return w->fc1_b[t->layer];
+    case T_FC2_W: return w->fc2_w[t->layer];
+    case T_FC2_B: return w->fc2_b[t->layer];
+    case T_OUT_W: return w->out_w;
+    case T_OUT_B: return &w->out_b;
     }
-    return i == 4 * n_layers ? w->out_w : &w->out_b;
+    return NULL;
 }
 
 /* ---- the model ---------------------------------------------------------------- */
@@ -145,6 +164,7 @@ struct specd_accept_head {
     specd_accept_head_config cfg;
     float *params; /* every tensor, in layout order */
     const float *in_w, *in_b, *stage_emb, *out_w;
+    const float *draft_w; /* [H][F]; NULL without draft features */
     const float *fc1_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc1_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
     const float *fc2_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc2_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
     float out_b;
@@ -188,18 +208,22 @@ static specd_accept_head *head_alloc(const specd_accept_head_config *cfg, head_t
         return NULL;
     }
     h->cfg = *cfg;
-    const float *p = h->params;
-    int i = 0;
-    h->in_w = p + layout[i++].offset;
-    h->in_b = p + layout[i++].offset;
-    h->stage_emb = p + layout[i++].offset;
-    for (int l = 0; l < cfg->n_layers; l++) {
-        h->fc1_w[l] = p + layout[i++].offset;
-        h->fc1_b[l] = p + layout[i++].offset;
-        h->fc2_w[l] = p + layout[i++].offset;
-        h->fc2_b[l] = p + layout[i++].offset;
+    for (int i = 0; i < *n_tensors; i++) {
+        const float *at = h->params + layout[i].offset;
+        int l = layout[i].layer;
+        switch (layout[i].kind) {
+        case T_IN_W: h->in_w = at; break;
+        case T_IN_B: h->in_b = at; break;
+        case T_STAGE_EMB: h->stage_emb = at; break;
+        case T_DRAFT_W: h->draft_w = at; break;
+        case T_FC1_W: h->fc1_w[l] = at; break;
+        case T_FC1_B: h->fc1_b[l] = at; break;
+        case T_FC2_W: h->fc2_w[l] = at; break;
+        case T_FC2_B: h->fc2_b[l] = at; break;
+        case T_OUT_W: h->out_w = at; break;
+        case T_OUT_B: break; /* copied into out_b once filled */
+        }
     }
-    h->out_w = p + layout[i].offset; /* out.bias is copied into out_b once filled */
     return h;
 }
 
@@ -269,7 +293,7 @@ specd_accept_head *specd_accept_head_create(const specd_accept_head_config *cfg,
     specd_accept_head *h = head_alloc(cfg, layout, &n, err);
     if (!h) return NULL;
     for (int i = 0; i < n; i++) {
-        const float *src = weight_src(w, cfg->n_layers, i);
+        const float *src = weight_src(w, &layout[i]);
         if (!src) {
             specd_seterr(err, "accept head: no data for tensor '%s'", layout[i].name);
             specd_accept_head_free(h);
@@ -397,6 +421,8 @@ static char *config_text(const specd_accept_head_config *c, const char *dtype,
              cJSON_AddNumberToObject(root, "hidden_dim", c->hidden_dim) &&
              cJSON_AddNumberToObject(root, "n_layers", c->n_layers) &&
              cJSON_AddNumberToObject(root, "n_stages", c->n_stages) &&
+             (!c->n_draft_features ||
+              cJSON_AddNumberToObject(root, "n_draft_features", c->n_draft_features)) &&
              cJSON_AddStringToObject(root, "dtype", dtype);
     if (ok && extra_json) {
         cJSON *extra = cJSON_Parse(extra_json);
@@ -440,7 +466,7 @@ int specd_accept_head_save(const char *dir, const specd_accept_head_config *cfg,
     size_t total;
     int n = head_layout(cfg, layout, &total);
     for (int i = 0; i < n; i++) {
-        const float *src = weight_src(w, cfg->n_layers, i);
+        const float *src = weight_src(w, &layout[i]);
         if (!src) return specd_seterr(err, "accept head: no data for tensor '%s'", layout[i].name);
         outs[i] = (safetensors_out){.name = layout[i].name, .type = type,
                                     .n_dims = layout[i].cols ? 2 : 1, .data = src};
@@ -545,14 +571,31 @@ static int grow_scratch(specd_accept_head *h, size_t rows, specd_error *err) {
     return 0;
 }
 
+static float clamp16(double v) { return (float)(v < -16 ? -16 : v > 16 ? 16 : v); }
+
+void specd_accept_head_draft_features(float q1, float q2, float *f) {
+    /* the floors only keep a zero finite (q1 >= 1/vocab in a real row; q2
+     * is 0 where one token has all the mass): the clamp bounds the rest */
+    double a = q1 > 1e-30f ? q1 : 1e-30, b = q2 > 1e-30f ? q2 : 1e-30;
+    f[0] = clamp16(log(a) - log1p(-(a < 1 ? a : 1 - 1e-16)));
+    f[1] = clamp16(log(a) - log(b));
+    f[2] = q1;
+}
+
+int specd_accept_head_wants_top2(const specd_accept_head *h) {
+    return h->cfg.n_draft_features > 0;
+}
+
 int specd_accept_head_forward(specd_accept_head *h, int stage, int n_rows, const float *states,
-                              float *p, float *logits, specd_error *err) {
+                              const float *top2, float *p, float *logits, specd_error *err) {
     const specd_accept_head_config *c = &h->cfg;
     if (stage < 0 || stage >= c->n_stages)
         return specd_seterr(err, "accept head: stage %d outside 0..%d", stage, c->n_stages - 1);
     if (n_rows < 0 || n_rows > SPECD_ACCEPT_HEAD_MAX_ROWS)
         return specd_seterr(err, "accept head: %d rows, at most %d", n_rows,
                             SPECD_ACCEPT_HEAD_MAX_ROWS);
+    if (c->n_draft_features && !top2)
+        return specd_seterr(err, "accept head: reads draft features, and the caller gave none");
     if (n_rows == 0) return 0;
     if (grow_scratch(h, (size_t)n_rows, err)) return -1;
     int H = c->hidden_dim;
@@ -563,6 +606,20 @@ int specd_accept_head_forward(specd_accept_head *h, int stage, int n_rows, const
     for (int o = 0; o < H; o++) h->bias0[o] = h->in_b[o] + e[o];
     const cpu_qweight *q = h->n_q ? h->q : NULL; /* q[0] W_in, q[1 + 2l] fc1, q[2 + 2l] fc2 */
     linear(states, n_rows, c->input_dim, h->in_w16, q, h->bias0, H, 0, h->x, NULL);
+    if (c->n_draft_features) {
+        /* x += W_d f: three columns, plain fp32 */
+        for (int r = 0; r < n_rows; r++) {
+            float f[SPECD_ACCEPT_HEAD_DRAFT_FEATURES];
+            specd_accept_head_draft_features(top2[2 * r], top2[2 * r + 1], f);
+            float *xr = h->x + (size_t)r * H;
+            for (int o = 0; o < H; o++) {
+                const float *wd = h->draft_w + (size_t)o * SPECD_ACCEPT_HEAD_DRAFT_FEATURES;
+                float acc = 0;
+                for (int j = 0; j < SPECD_ACCEPT_HEAD_DRAFT_FEATURES; j++) acc += wd[j] * f[j];
+                xr[o] += acc;
+            }
+        }
+    }
     for (int l = 0; l < c->n_layers; l++) {
         linear(h->x, n_rows, H, h->fc1_w16[l], q ? q + 1 + 2 * l : NULL, h->fc1_b[l], H, 0, h->t,
                NULL);

@@ -5,10 +5,12 @@
  * given that the stages before it were.
  *
  * Input: the speculator's stage OUTPUT state s_{i+1} (inner_dim wide: the
- * state that stage i's logits are computed from, mlp_speculator.h) and the
- * stage index i. The network, a residual MLP with SiLU:
+ * state that stage i's logits are computed from, mlp_speculator.h), the
+ * stage index i and, in a head with draft features, what the stage's own
+ * distribution says of its draft (below). The network, a residual MLP with
+ * SiLU:
  *
- *     x     = W_in s + b_in + E[i]                      hidden_dim
+ *     x     = W_in s + b_in + E[i] (+ W_d f)            hidden_dim
  *     x     = x + W2_l silu(W1_l x + b1_l) + b2_l       l = 0 .. n_layers-1
  *     logit = w_out . x + b_out
  *     p     = sigmoid(logit)
@@ -19,13 +21,33 @@
  * at different depths (the acceptance rate falls with depth), and the head
  * needs to know which.
  *
+ * Draft features (n_draft_features = 3; 0 in a head without them). The
+ * stage's logits are one linear map and a softmax from s, yet a head on s
+ * alone ranked the shipped speculator's drafts worse than the draft's own
+ * probability did (AUC 0.69 against 0.83 on the held-out prompts,
+ * docs/BENCHMARKS.md, thirty-sixth session): a small network does not
+ * rebuild a 49k-way softmax. So such a head is also given that
+ * probability, as f = specd_accept_head_draft_features(q1, q2):
+ *     f = [ln(q1 / (1 - q1)), ln(q1 / q2), q1]      (logs clamped to +-16)
+ * where q1 >= q2 are the two largest probabilities of the stage's
+ * distribution over the next token at temperature 1, after the request's
+ * adjustments (the draft's own token's and its runner-up's, greedy). The
+ * residual stream carries W_d f unchanged to the output. The first feature
+ * is the draft's probability as a logit because acceptance is close to
+ * linear in it there (held-out, by calibration bin: logit(acceptance) ~
+ * 0.8 logit(q1) - 0.7), so a head learns the calibration with weights near
+ * 1 and spends its state on what the probability misses.
+ *
  * Files: a directory holding
  *   config.json        {"model_type": "specd_accept_head", "input_dim": D,
- *                       "hidden_dim": H, "n_layers": L, "n_stages": S, ...}
- *                      (other keys, e.g. how it was trained, are ignored)
+ *                       "hidden_dim": H, "n_layers": L, "n_stages": S,
+ *                       "n_draft_features": F (optional: 0 or 3, default 0),
+ *                       ...} (other keys, e.g. how it was trained, are
+ *                      ignored)
  *   model.safetensors  F32, F16 or BF16 tensors, exactly these:
  *       in_proj.weight [H, D]      in_proj.bias [H]
  *       stage_emb.weight [S, H]
+ *       draft_proj.weight [H, F]   (only when F > 0)
  *       blocks.{l}.fc1.weight [H, H]  blocks.{l}.fc1.bias [H]
  *       blocks.{l}.fc2.weight [H, H]  blocks.{l}.fc2.bias [H]
  *       out.weight [1, H]          out.bias [1]
@@ -46,16 +68,20 @@
 #define SPECD_ACCEPT_HEAD_MAX_STAGES 16
 /* Rows per forward call: a sanity bound on the caller. */
 #define SPECD_ACCEPT_HEAD_MAX_ROWS (1 << 20)
+/* The draft features' count (above): a head has all of them or none. */
+#define SPECD_ACCEPT_HEAD_DRAFT_FEATURES 3
 
 typedef struct specd_accept_head_config {
     int input_dim;  /* D: the speculator's inner_dim */
     int hidden_dim; /* H */
     int n_layers;   /* L residual blocks, may be 0 */
     int n_stages;   /* S: stage indices 0 .. S-1 have an embedding */
+    int n_draft_features; /* F: 0, or SPECD_ACCEPT_HEAD_DRAFT_FEATURES */
 } specd_accept_head_config;
 
 /* Parses and validates config.json from a buffer (need not be NUL-
- * terminated). All four keys are required; model_type must be
+ * terminated). The four dimensions are required, n_draft_features is not
+ * (0 or 3); model_type must be
  * "specd_accept_head". Errors name the key:
  * "config.json: 'n_layers' = 99 must be an integer in 0..16". */
 int specd_accept_head_parse_config(const char *json, size_t len, specd_accept_head_config *cfg,
@@ -67,6 +93,7 @@ typedef struct specd_accept_head_weights {
     const float *in_w;      /* [H][D] */
     const float *in_b;      /* [H] */
     const float *stage_emb; /* [S][H] */
+    const float *draft_w;   /* [H][F]; unused when F = 0 */
     const float *fc1_w[SPECD_ACCEPT_HEAD_MAX_LAYERS]; /* [H][H] */
     const float *fc1_b[SPECD_ACCEPT_HEAD_MAX_LAYERS]; /* [H] */
     const float *fc2_w[SPECD_ACCEPT_HEAD_MAX_LAYERS]; /* [H][H] */
@@ -95,15 +122,27 @@ int specd_accept_head_save(const char *dir, const specd_accept_head_config *cfg,
                            const specd_accept_head_weights *w, const char *dtype,
                            const char *extra_json, specd_error *err);
 
+/* The draft features of a row whose distribution's two largest
+ * probabilities are q1 >= q2 (above): f[0..SPECD_ACCEPT_HEAD_DRAFT_FEATURES).
+ * The trainer and draft-svc both make them here, so they cannot drift. */
+void specd_accept_head_draft_features(float q1, float q2, float *f);
+
 /* The acceptance probability of n_rows rows of stage `stage`:
  *   states [n_rows][input_dim]  the speculator's stage output states
+ *   top2   [n_rows][2]          q1, q2 of each row (above); read only by a
+ *                               head with draft features, may be NULL
+ *                               for one without
  *   p      [n_rows]             sigmoid(logit), in [0, 1]
  * logits (may be NULL) gets the pre-sigmoid values. Plain single-threaded C:
  * the head is a few hundred KB, far below the speculator stage it follows.
  * One call at a time per head (it keeps scratch buffers). -1 + err for a
- * stage outside 0..n_stages-1 or a bad row count. */
+ * stage outside 0..n_stages-1, a bad row count, or no top2 for a head
+ * with draft features. */
 int specd_accept_head_forward(specd_accept_head *h, int stage, int n_rows, const float *states,
-                              float *p, float *logits, specd_error *err);
+                              const float *top2, float *p, float *logits, specd_error *err);
+
+/* Whether the head reads draft features (its callers then compute top2). */
+int specd_accept_head_wants_top2(const specd_accept_head *h);
 
 /* From now on the forward multiplies W_in and the blocks' matrices on the
  * integer path: weights as Q8_0 (about half the fp16 bytes, which a draft

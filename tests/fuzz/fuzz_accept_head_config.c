@@ -21,5 +21,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c.hidden_dim < 1 || c.hidden_dim > SPECD_ACCEPT_HEAD_MAX_HIDDEN) abort();
     if (c.n_layers < 0 || c.n_layers > SPECD_ACCEPT_HEAD_MAX_LAYERS) abort();
     if (c.n_stages < 1 || c.n_stages > SPECD_ACCEPT_HEAD_MAX_STAGES) abort();
+    if (c.n_draft_features != 0 && c.n_draft_features != SPECD_ACCEPT_HEAD_DRAFT_FEATURES) abort();
     return 0;
 }

@@ -10,7 +10,11 @@
  * node) must stop paths exactly where 1 - prod p > threshold says, never
  * before min_depth nor past depth, leave the tree unchanged at threshold 0,
  * rank greedy branches by log q + log P, and in sampling mode only cut
- * chains short, never change their draws. Speculators: the tiny fixtures of
+ * chains short, never change their draws. A head with draft features
+ * (the row's two largest probabilities beside the state) must add W_d f as
+ * the formula says, refuse a call without them, and stop a drafter's chain
+ * exactly where a feature head says the row is too unsure. Speculators: the
+ * tiny fixtures of
  * tests/golden/data/mlp-spec-*. */
 #include <math.h>
 #include <setjmp.h>
@@ -43,22 +47,25 @@
 typedef struct head_buf {
     specd_accept_head_config cfg;
     float *buf;
-    float *in_w, *in_b, *emb, *out_w;
+    float *in_w, *in_b, *emb, *out_w, *draft_w;
     float *fc1_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc1_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
     float *fc2_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc2_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
     specd_accept_head_weights w;
 } head_buf;
 
-static void hb_init(head_buf *h, int D, int H, int L, int S) {
+/* F: draft features, 0 or SPECD_ACCEPT_HEAD_DRAFT_FEATURES */
+static void hb_init_f(head_buf *h, int D, int H, int L, int S, int F) {
     memset(h, 0, sizeof *h);
-    h->cfg = (specd_accept_head_config){D, H, L, S};
-    size_t n = (size_t)H * D + H + (size_t)S * H + (size_t)L * (2 * H * H + 2 * H) + H;
+    h->cfg = (specd_accept_head_config){D, H, L, S, F};
+    size_t n = (size_t)H * D + H + (size_t)S * H + (size_t)H * F +
+               (size_t)L * (2 * H * H + 2 * H) + H;
     h->buf = calloc(n, sizeof(float));
     assert_non_null(h->buf);
     float *p = h->buf;
     h->w.in_w = h->in_w = p, p += (size_t)H * D;
     h->w.in_b = h->in_b = p, p += H;
     h->w.stage_emb = h->emb = p, p += (size_t)S * H;
+    if (F) h->w.draft_w = h->draft_w = p, p += (size_t)H * F;
     for (int l = 0; l < L; l++) {
         h->w.fc1_w[l] = h->fc1_w[l] = p, p += (size_t)H * H;
         h->w.fc1_b[l] = h->fc1_b[l] = p, p += H;
@@ -67,6 +74,8 @@ static void hb_init(head_buf *h, int D, int H, int L, int S) {
     }
     h->w.out_w = h->out_w = p;
 }
+
+static void hb_init(head_buf *h, int D, int H, int L, int S) { hb_init_f(h, D, H, L, S, 0); }
 
 static void hb_free(head_buf *h) { free(h->buf); }
 
@@ -161,6 +170,7 @@ static void test_parse_config(void **state) {
     assert_int_equal(c.hidden_dim, 16);
     assert_int_equal(c.n_layers, 2);
     assert_int_equal(c.n_stages, 3);
+    assert_int_equal(c.n_draft_features, 0); /* optional, absent = none */
 #define HEAD "{\"model_type\": \"specd_accept_head\", "
     expect_parse_error(HEAD "\"hidden_dim\": 16, \"n_layers\": 2, \"n_stages\": 3}",
                        "'input_dim' is missing");
@@ -176,6 +186,19 @@ static void test_parse_config(void **state) {
                             "\"n_stages\": 2}", "'input_dim'");
     expect_parse_error(HEAD "\"input_dim\": 48, \"hidden_dim\": null, \"n_layers\": 1, "
                             "\"n_stages\": 2}", "'hidden_dim' is missing");
+    const char *feat = HEAD "\"input_dim\": 48, \"hidden_dim\": 16, \"n_layers\": 2, "
+                            "\"n_stages\": 3, \"n_draft_features\": 3}";
+    assert_int_equal(specd_accept_head_parse_config(feat, strlen(feat), &c, &err), 0);
+    assert_int_equal(c.n_draft_features, 3);
+    expect_parse_error(HEAD "\"input_dim\": 48, \"hidden_dim\": 16, \"n_layers\": 2, "
+                            "\"n_stages\": 3, \"n_draft_features\": 2}",
+                       "'n_draft_features' = 2 must be 0 or 3");
+    expect_parse_error(HEAD "\"input_dim\": 48, \"hidden_dim\": 16, \"n_layers\": 2, "
+                            "\"n_stages\": 3, \"n_draft_features\": 4}",
+                       "'n_draft_features' = 4");
+    expect_parse_error(HEAD "\"input_dim\": 48, \"hidden_dim\": 16, \"n_layers\": 2, "
+                            "\"n_stages\": 3, \"n_draft_features\": \"3\"}",
+                       "'n_draft_features' must be an integer");
 #undef HEAD
     expect_parse_error("{\"model_type\": \"mlp_speculator\", \"vocab_size\": 100}",
                        "model_type is 'mlp_speculator'");
@@ -189,7 +212,7 @@ static void test_parse_config(void **state) {
 static void fill_random(head_buf *h, uint64_t seed) {
     const specd_accept_head_config *c = &h->cfg;
     size_t n = (size_t)c->hidden_dim * c->input_dim + c->hidden_dim +
-               (size_t)c->n_stages * c->hidden_dim +
+               (size_t)c->n_stages * c->hidden_dim + (size_t)c->hidden_dim * c->n_draft_features +
                (size_t)c->n_layers * (2 * c->hidden_dim * c->hidden_dim + 2 * c->hidden_dim) +
                c->hidden_dim;
     test_fill_random(h->buf, n, seed, 0.5f);
@@ -228,9 +251,9 @@ static void test_save_load_roundtrip(void **state) {
     specd_accept_head *f16 = specd_accept_head_load(dir, &err);
     if (!f16) fail_msg("%s", err.msg);
     for (int stage = 0; stage < 3; stage++) {
-        assert_int_equal(specd_accept_head_forward(mem, stage, 5, s, p_mem, z, &err), 0);
-        assert_int_equal(specd_accept_head_forward(f32, stage, 5, s, p_f32, NULL, &err), 0);
-        assert_int_equal(specd_accept_head_forward(f16, stage, 5, s, p_f16, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(mem, stage, 5, s, NULL, p_mem, z, &err), 0);
+        assert_int_equal(specd_accept_head_forward(f32, stage, 5, s, NULL, p_f32, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(f16, stage, 5, s, NULL, p_f16, NULL, &err), 0);
         for (int r = 0; r < 5; r++) {
             assert_true(p_mem[r] == p_f32[r]); /* F32 files are exact */
             assert_float_equal(p_f16[r], p_mem[r], 2e-2);
@@ -240,14 +263,14 @@ static void test_save_load_roundtrip(void **state) {
     /* one row at a time gives the same as the batch (no order dependence) */
     for (int r = 0; r < 5; r++) {
         float one;
-        assert_int_equal(specd_accept_head_forward(mem, 1, 1, s + 12 * r, &one, NULL, &err), 0);
-        assert_int_equal(specd_accept_head_forward(mem, 1, 5, s, p_mem, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(mem, 1, 1, s + 12 * r, NULL, &one, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(mem, 1, 5, s, NULL, p_mem, NULL, &err), 0);
         assert_true(one == p_mem[r]);
     }
     /* stage outside the head, bad row count */
-    assert_int_equal(specd_accept_head_forward(mem, 3, 1, s, p_mem, NULL, &err), -1);
+    assert_int_equal(specd_accept_head_forward(mem, 3, 1, s, NULL, p_mem, NULL, &err), -1);
     assert_non_null(strstr(err.msg, "stage 3"));
-    assert_int_equal(specd_accept_head_forward(mem, 0, -1, s, p_mem, NULL, &err), -1);
+    assert_int_equal(specd_accept_head_forward(mem, 0, -1, s, NULL, p_mem, NULL, &err), -1);
     assert_int_equal(specd_accept_head_config_of(f16)->n_layers, 2);
     specd_accept_head_free(mem);
     specd_accept_head_free(f32);
@@ -297,7 +320,7 @@ static void test_load_errors(void **state) {
     specd_accept_head *h = specd_accept_head_load(craft(good, n_good, SMALL_CONFIG), &err);
     if (!h) fail_msg("%s", err.msg);
     float s[2] = {1, 2}, p;
-    assert_int_equal(specd_accept_head_forward(h, 1, 1, s, &p, NULL, &err), 0);
+    assert_int_equal(specd_accept_head_forward(h, 1, 1, s, NULL, &p, NULL, &err), 0);
     assert_float_equal(p, 0.5f, 1e-7); /* all zero: logit 0 */
     specd_accept_head_free(h);
 
@@ -386,7 +409,7 @@ static void test_forward_hand(void **state) {
     assert_non_null(hd);
     const float s[2] = {1.0f, -2.0f};
     float p, z;
-    assert_int_equal(specd_accept_head_forward(hd, 1, 1, s, &p, &z, &err), 0);
+    assert_int_equal(specd_accept_head_forward(hd, 1, 1, s, NULL, &p, &z, &err), 0);
     /* x = W_in s + b_in + E[1]:
      *   x0 = 0.5*1 + -1*-2 + 0.1 + 0.3  = 2.9
      *   x1 = 2*1 + 0.25*-2 - 0.2 - 0.4  = 0.9
@@ -402,7 +425,7 @@ static void test_forward_hand(void **state) {
     assert_float_equal(z, want_z, 1e-5);
     assert_float_equal(p, 1 / (1 + exp(-want_z)), 1e-6);
     /* stage 0 has a zero stage vector: only the input differs */
-    assert_int_equal(specd_accept_head_forward(hd, 0, 1, s, &p, &z, &err), 0);
+    assert_int_equal(specd_accept_head_forward(hd, 0, 1, s, NULL, &p, &z, &err), 0);
     x0 = 2.6, x1 = 1.3;
     a0 = x0 + 0.5 * x1 + 0.05, a1 = -0.5 * x0 + 1.5 * x1 - 0.1;
     t0 = silu_d(a0), t1 = silu_d(a1);
@@ -411,14 +434,93 @@ static void test_forward_hand(void **state) {
     /* extreme logits saturate without NaN */
     h.w.out_b = 1e4f;
     specd_accept_head *big = specd_accept_head_create(&h.cfg, &h.w, &err);
-    assert_int_equal(specd_accept_head_forward(big, 0, 1, s, &p, NULL, &err), 0);
+    assert_int_equal(specd_accept_head_forward(big, 0, 1, s, NULL, &p, NULL, &err), 0);
     assert_true(p == 1.0f);
     specd_accept_head_free(big);
     h.w.out_b = -1e4f;
     big = specd_accept_head_create(&h.cfg, &h.w, &err);
-    assert_int_equal(specd_accept_head_forward(big, 0, 1, s, &p, NULL, &err), 0);
+    assert_int_equal(specd_accept_head_forward(big, 0, 1, s, NULL, &p, NULL, &err), 0);
     assert_true(p == 0.0f);
     specd_accept_head_free(big);
+    specd_accept_head_free(hd);
+    hb_free(&h);
+}
+
+/* A head with draft features: x gains W_d f, f = [logit q1, ln(q1/q2), q1],
+ * worked by hand; it refuses a call without top2; F32 files are exact and
+ * name draft_proj; a config that disagrees with the tensors names it. */
+static void test_forward_draft_features(void **state) {
+    (void)state;
+    head_buf h;
+    hb_init_f(&h, 2, 2, 0, 1, SPECD_ACCEPT_HEAD_DRAFT_FEATURES);
+    const float in_w[4] = {0.5f, -1.0f, 2.0f, 0.25f}, in_b[2] = {0.1f, -0.2f};
+    const float draft_w[6] = {2.0f, -1.0f, 0.5f, /* row 0 */ -3.0f, 0.0f, 4.0f /* row 1 */};
+    const float out_w[2] = {1.25f, -0.75f};
+    memcpy(h.in_w, in_w, sizeof in_w);
+    memcpy(h.in_b, in_b, sizeof in_b);
+    memcpy(h.draft_w, draft_w, sizeof draft_w);
+    memcpy(h.out_w, out_w, sizeof out_w);
+    h.w.out_b = -0.5f;
+    specd_error err = {{0}};
+    specd_accept_head *hd = specd_accept_head_create(&h.cfg, &h.w, &err);
+    if (!hd) fail_msg("%s", err.msg);
+    assert_true(specd_accept_head_wants_top2(hd));
+    const float s[4] = {1.0f, -2.0f, 0.5f, 0.5f}, top2[4] = {0.8f, 0.15f, 0.3f, 0.25f};
+    float p[2], z[2];
+    assert_int_equal(specd_accept_head_forward(hd, 0, 2, s, top2, p, z, &err), 0);
+    for (int r = 0; r < 2; r++) {
+        double q1 = top2[2 * r], q2 = top2[2 * r + 1];
+        double f0 = log(q1 / (1 - q1)), f1 = log(q1 / q2), f2 = q1;
+        double x0 = 0.5 * s[2 * r] - 1.0 * s[2 * r + 1] + 0.1 + 2.0 * f0 - 1.0 * f1 + 0.5 * f2;
+        double x1 = 2.0 * s[2 * r] + 0.25 * s[2 * r + 1] - 0.2 - 3.0 * f0 + 4.0 * f2;
+        double want = 1.25 * x0 - 0.75 * x1 - 0.5;
+        assert_float_equal(z[r], want, 1e-5);
+        assert_float_equal(p[r], 1 / (1 + exp(-want)), 1e-6);
+    }
+    float f[SPECD_ACCEPT_HEAD_DRAFT_FEATURES];
+    specd_accept_head_draft_features(0.25f, 0.125f, f);
+    assert_float_equal(f[0], log(0.25 / 0.75), 1e-6);
+    assert_float_equal(f[1], log(2.0), 1e-6);
+    assert_float_equal(f[2], 0.25, 0);
+    /* the edges stay finite: all the mass on one token, none on the next */
+    specd_accept_head_draft_features(1.0f, 0.0f, f);
+    assert_float_equal(f[0], 16, 0);
+    assert_float_equal(f[1], 16, 0);
+    specd_accept_head_draft_features(0.0f, 0.0f, f);
+    assert_float_equal(f[0], -16, 0);
+    assert_float_equal(f[1], 0, 0);
+    /* without the features it asks for: an error, not a guess */
+    assert_int_equal(specd_accept_head_forward(hd, 0, 2, s, NULL, p, z, &err), -1);
+    assert_non_null(strstr(err.msg, "draft features"));
+    /* a file round trip keeps them, bit for bit */
+    const char *dir = save_head(&h, "F32");
+    specd_accept_head *back = specd_accept_head_load(dir, &err);
+    if (!back) fail_msg("%s", err.msg);
+    assert_int_equal(specd_accept_head_config_of(back)->n_draft_features, 3);
+    float p2[2];
+    assert_int_equal(specd_accept_head_forward(back, 0, 2, s, top2, p2, NULL, &err), 0);
+    assert_memory_equal(p, p2, sizeof p);
+    specd_accept_head_free(back);
+    /* a head without features ignores top2 */
+    head_buf plain;
+    hb_init(&plain, 2, 2, 0, 1);
+    plain.w.out_b = 0.3f;
+    specd_accept_head *ph = specd_accept_head_create(&plain.cfg, &plain.w, &err);
+    assert_false(specd_accept_head_wants_top2(ph));
+    assert_int_equal(specd_accept_head_forward(ph, 0, 2, s, top2, p, NULL, &err), 0);
+    assert_float_equal(p[1], 1 / (1 + exp(-0.3)), 1e-6);
+    specd_accept_head_free(ph);
+    /* config and tensors must agree on the features */
+    write_text(dir, "config.json",
+               "{\"model_type\": \"specd_accept_head\", \"input_dim\": 2, \"hidden_dim\": 2, "
+               "\"n_layers\": 0, \"n_stages\": 1}");
+    expect_load_error(dir, "'draft_proj.weight' is not part");
+    dir = save_head(&plain, "F32");
+    write_text(dir, "config.json",
+               "{\"model_type\": \"specd_accept_head\", \"input_dim\": 2, \"hidden_dim\": 2, "
+               "\"n_layers\": 0, \"n_stages\": 1, \"n_draft_features\": 3}");
+    expect_load_error(dir, "tensor 'draft_proj.weight' is missing");
+    hb_free(&plain);
     specd_accept_head_free(hd);
     hb_free(&h);
 }
@@ -633,7 +735,7 @@ static void test_greedy_ranks_by_expected_length(void **state) {
         int32_t tok = f.history[7];
         assert_int_equal(specd_mlp_speculator_stage(sp, 0, 1, f.hidden, &tok, s1, lg, &err), 0);
         float p_root;
-        assert_int_equal(specd_accept_head_forward(head, 0, 1, s1, &p_root, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(head, 0, 1, s1, NULL, &p_root, NULL, &err), 0);
         int32_t kids[4];
         float kid_lq[4], vals[4];
         int nk = specd_topk(lg, V, 4, kids, vals);
@@ -647,7 +749,7 @@ static void test_greedy_ranks_by_expected_length(void **state) {
         for (int i = 0; i < 4; i++) memcpy(s1x4 + i * INNER, s1, sizeof s1);
         assert_int_equal(specd_mlp_speculator_stage(sp, 1, 4, s1x4, kids, s2, lg, &err), 0);
         float p_kid[4];
-        assert_int_equal(specd_accept_head_forward(head, 1, 4, s2, p_kid, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(head, 1, 4, s2, NULL, p_kid, NULL, &err), 0);
         float score[12], by_q[12];
         int32_t cand_tok[12], cand_par[12];
         for (int i = 0; i < 4; i++) {
@@ -775,6 +877,48 @@ static void test_stop_rule_sampling(void **state) {
     fx_free(&f);
 }
 
+/* A head with draft features in the drafter: logit = K (q1 - c), so with a
+ * steep K a row whose top probability q1 is below c ends its path, one
+ * above lets it grow. The greedy chain (candidates 1) with no head gives
+ * each node's probability given its parent, which is q1 of the row it was
+ * drafted from; c between the first two decides the depth. */
+static void test_feature_head_stops_unsure_rows(void **state) {
+    (void)state;
+    specd_sampling g = greedy();
+    fx plain;
+    fx_init(&plain, UNTIED, NULL, 4);
+    assert_int_equal(draft(&plain, &g, 1, 3, 0.0f, 1), 3);
+    float q[3];
+    for (int i = 0; i < 3; i++)
+        q[i] = expf(plain.out.logq[i] - (i ? plain.out.logq[i - 1] : 0.0f));
+    print_message("chain's conditional q: %.4f %.4f %.4f\n", q[0], q[1], q[2]);
+    assert_true(fabsf(q[0] - q[1]) > 0.01f); /* room for a steep step between */
+    const float c = 0.5f * (q[0] + q[1]), K = 2000.0f;
+    head_buf h;
+    hb_init_f(&h, INNER, 1, 0, 3, SPECD_ACCEPT_HEAD_DRAFT_FEATURES);
+    h.draft_w[2] = K; /* the third feature is q1 itself */
+    h.out_w[0] = 1.0f;
+    h.w.out_b = -K * c;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", save_head(&h, "F32"));
+    hb_free(&h);
+    fx f;
+    fx_init(&f, UNTIED, dir, 4);
+    /* q[0] > c: the first node grows, the second stops; else the first stops */
+    int want = q[0] > c ? 2 : 1;
+    assert_int_equal(draft(&f, &g, 1, 3, 0.5f, 1), want);
+    for (int i = 0; i < f.out.n_nodes; i++) assert_int_equal(f.out.tokens[i], plain.out.tokens[i]);
+    /* threshold 0: the head decides nothing */
+    assert_int_equal(draft(&f, &g, 1, 3, 0.0f, 1), 3);
+    /* min_depth holds the stop back */
+    assert_int_equal(draft(&f, &g, 1, 3, 0.5f, 3), 3);
+    /* a sampled chain reads the features too and stops no later than depth 3 */
+    specd_sampling smp = sampled(9);
+    assert_true(draft(&f, &smp, 1, 3, 0.5f, 1) >= 1);
+    fx_free(&f);
+    fx_free(&plain);
+}
+
 static void test_drafter_head_checks(void **state) {
     (void)state;
     specd_error err = {{0}};
@@ -820,12 +964,12 @@ static void test_int8_path(void **state) {
     test_fill_random(s, sizeof s / sizeof s[0], 5, 2.0f);
     double worst = 0;
     for (int stage = 0; stage < 3; stage++) {
-        assert_int_equal(specd_accept_head_forward(a, stage, R, s, p16, NULL, &err), 0);
-        assert_int_equal(specd_accept_head_forward(b, stage, R, s, p8, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(a, stage, R, s, NULL, p16, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(b, stage, R, s, NULL, p8, NULL, &err), 0);
         for (int r = 0; r < R; r++) {
             double d = fabs((double)p8[r] - p16[r]);
             if (d > worst) worst = d;
-            assert_int_equal(specd_accept_head_forward(b, stage, 1, s + 64 * r, &one, NULL, &err), 0);
+            assert_int_equal(specd_accept_head_forward(b, stage, 1, s + 64 * r, NULL, &one, NULL, &err), 0);
             assert_true(one == p8[r]); /* alone as in the batch, bit for bit */
         }
     }
@@ -845,9 +989,9 @@ static void test_int8_path(void **state) {
     a = specd_accept_head_create(&h.cfg, &h.w, &err);
     float t[2 * 12], q0[2], q1[2];
     test_fill_random(t, 24, 6, 2.0f);
-    assert_int_equal(specd_accept_head_forward(a, 1, 2, t, q0, NULL, &err), 0);
+    assert_int_equal(specd_accept_head_forward(a, 1, 2, t, NULL, q0, NULL, &err), 0);
     assert_int_equal(specd_accept_head_use_int8(a, &err), 0);
-    assert_int_equal(specd_accept_head_forward(a, 1, 2, t, q1, NULL, &err), 0);
+    assert_int_equal(specd_accept_head_forward(a, 1, 2, t, NULL, q1, NULL, &err), 0);
     assert_memory_equal(q0, q1, sizeof q0);
     specd_accept_head_free(a);
     hb_free(&h);
@@ -860,13 +1004,17 @@ static void test_int8_path(void **state) {
     specd_accept_head *g = specd_accept_head_load(dir, &err);
     assert_int_equal(specd_accept_head_use_int8(g, &err), 0);
     const int D = specd_accept_head_config_of(f)->input_dim;
-    float *st = malloc(sizeof(float) * (size_t)D * 16), pf[16], pg[16];
+    float *st = malloc(sizeof(float) * (size_t)D * 16), pf[16], pg[16], top2[32];
     test_fill_random(st, (size_t)D * 16, 9, 1.0f);
     for (int i = 0; i < D * 16; i++) st[i] = fabsf(st[i]) * 2.0f - 0.2f;
+    for (int r = 0; r < 16; r++) { /* q1 from 0.2 to 0.99, q2 below the rest */
+        top2[2 * r] = 0.2f + 0.79f * (float)r / 15;
+        top2[2 * r + 1] = 0.5f * (1 - top2[2 * r]);
+    }
     worst = 0;
     for (int stage = 0; stage < specd_accept_head_config_of(f)->n_stages; stage++) {
-        assert_int_equal(specd_accept_head_forward(f, stage, 16, st, pf, NULL, &err), 0);
-        assert_int_equal(specd_accept_head_forward(g, stage, 16, st, pg, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(f, stage, 16, st, top2, pf, NULL, &err), 0);
+        assert_int_equal(specd_accept_head_forward(g, stage, 16, st, top2, pg, NULL, &err), 0);
         for (int r = 0; r < 16; r++)
             if (fabs((double)pf[r] - pg[r]) > worst) worst = fabs((double)pf[r] - pg[r]);
     }
@@ -883,12 +1031,14 @@ int main(void) {
         cmocka_unit_test(test_save_load_roundtrip),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_forward_hand),
+        cmocka_unit_test(test_forward_draft_features),
         cmocka_unit_test(test_stop_rule_greedy),
         cmocka_unit_test(test_min_depth_and_depth),
         cmocka_unit_test(test_threshold_zero_unchanged),
         cmocka_unit_test(test_greedy_ranks_by_expected_length),
         cmocka_unit_test(test_sampling_chains_are_prefixes),
         cmocka_unit_test(test_stop_rule_sampling),
+        cmocka_unit_test(test_feature_head_stops_unsure_rows),
         cmocka_unit_test(test_drafter_head_checks),
         cmocka_unit_test(test_int8_path),
     };

@@ -189,6 +189,13 @@ static void test_greedy_stage0_matches_prefill(void **state) {
         double z = 0, top = lg[specd_argmax(lg, V)];
         for (int v = 0; v < V; v++) z += exp((double)lg[v] - top);
         assert_float_equal(ex.qdraft[e], 1.0 / z, 1e-5);
+        /* the row's two largest probabilities: the draft's, then the
+         * runner-up's (the draft features' input) */
+        double second = -INFINITY;
+        for (int v = 0; v < V; v++)
+            if (v != specd_argmax(lg, V) && lg[v] > second) second = lg[v];
+        assert_float_equal(ex.qtop2[2 * e], 1.0 / z, 1e-5);
+        assert_float_equal(ex.qtop2[2 * e + 1], exp(second - top) / z, 1e-5);
         /* the stored state is that stage's output (fp16) */
         for (int k = 0; k < INNER; k++)
             assert_float_equal(specd_fp16_to_f32(ex.states[e * INNER + k]), st[k],
@@ -378,6 +385,66 @@ static void test_training_lowers_bce(void **state) {
     accept_examples_free(&ex);
 }
 
+/* The draft-feature path learns: labels that depend only on the row's top
+ * probability (accepted iff q1 > 0.5), states that are pure noise. A head
+ * with draft features ranks them almost perfectly after training; one
+ * without (the same data, the same steps) cannot beat chance by much. A
+ * wrong gradient for draft_proj would leave the first where the second is. */
+static void test_draft_features_learn(void **state) {
+    (void)state;
+    enum { N = 4000, D = 16 };
+    accept_examples ex = {.n = N, .cap = N, .dim = D};
+    ex.states = malloc(sizeof(uint16_t) * N * D);
+    ex.stage = calloc(N, 1);
+    ex.label = malloc(sizeof(float) * N);
+    ex.qdraft = malloc(sizeof(float) * N);
+    ex.qtop2 = malloc(sizeof(float) * 2 * N);
+    ex.source = malloc(sizeof(int32_t) * N);
+    float noise[D];
+    for (long i = 0; i < N; i++) {
+        test_fill_random(noise, D, 1000 + (uint64_t)i, 1.0f);
+        for (int d = 0; d < D; d++) ex.states[i * D + d] = specd_f32_to_fp16(noise[d]);
+        float q1 = 0.05f + 0.9f * (float)((i * 7919) % 1000) / 1000.0f;
+        ex.qtop2[2 * i] = q1;
+        ex.qtop2[2 * i + 1] = 0.5f * (1 - q1);
+        ex.qdraft[i] = q1;
+        ex.label[i] = q1 > 0.5f ? 1.0f : 0.0f;
+        ex.source[i] = (int32_t)(i % 20);
+        ex.stage[i] = (uint8_t)(i % 2);
+    }
+    long *tr, *va, n_tr, n_va;
+    specd_error err = {{0}};
+    assert_int_equal(accept_split(&ex, 20, &tr, &n_tr, &va, &n_va, &err), 0);
+    double auc[2];
+    for (int with = 0; with < 2; with++) {
+        specd_accept_head_config hc = {.input_dim = D, .hidden_dim = 16, .n_layers = 1,
+                                       .n_stages = 2,
+                                       .n_draft_features = with ? SPECD_ACCEPT_HEAD_DRAFT_FEATURES : 0};
+        accept_model m;
+        assert_int_equal(accept_model_init(&m, &hc, 0.5f, 7, &err), 0);
+        accept_train_opts o = {.steps = 300, .batch = 64, .lr = 3e-3f, .min_lr_ratio = 0.1f,
+                               .clip = 1.0f, .warmup = 20, .w_rej = 1.0f, .seed = 3};
+        assert_int_equal(accept_train(&m, &ex, tr, n_tr, &o, NULL, NULL, &err), 0);
+        specd_accept_head_weights w;
+        accept_model_weights(&m, &w);
+        specd_accept_head *h = specd_accept_head_create(&hc, &w, &err);
+        if (!h) fail_msg("%s", err.msg);
+        accept_eval ev;
+        assert_int_equal(accept_evaluate(h, &ex, va, n_va, &ev, &err), 0);
+        auc[with] = ev.auc_head;
+        printf("  draft features %s: held-out BCE %.4f, AUC %.3f\n", with ? "on " : "off", ev.bce,
+               ev.auc_head);
+        if (with) assert_true(ev.bce < 0.25);
+        specd_accept_head_free(h);
+        accept_model_free(&m);
+    }
+    assert_true(auc[1] > 0.98);
+    assert_true(auc[0] < 0.7);
+    free(tr);
+    free(va);
+    accept_examples_free(&ex);
+}
+
 /* accept_auc on rankings whose answer is known by hand. */
 static void test_auc(void **state) {
     (void)state;
@@ -410,6 +477,7 @@ static void test_auc(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auc),
+        cmocka_unit_test(test_draft_features_learn),
         cmocka_unit_test(test_greedy_stage0_matches_prefill),
         cmocka_unit_test(test_greedy_chain_needs_acceptance),
         cmocka_unit_test(test_examples_shape),

@@ -96,12 +96,13 @@ void accept_examples_free(accept_examples *e) {
     free(e->stage);
     free(e->label);
     free(e->qdraft);
+    free(e->qtop2);
     free(e->source);
     memset(e, 0, sizeof *e);
 }
 
 static int add_example(accept_examples *e, const float *state, int stage, float label,
-                       float qdraft, int src, specd_error *err) {
+                       float qdraft, const float *qtop2, int src, specd_error *err) {
     if (e->n == e->cap) {
         long c = e->cap ? 2 * e->cap : 4096;
         uint16_t *s = realloc(e->states, sizeof(uint16_t) * (size_t)c * (size_t)e->dim);
@@ -112,9 +113,11 @@ static int add_example(accept_examples *e, const float *state, int stage, float 
         if (l) e->label = l;
         float *qd = realloc(e->qdraft, sizeof(float) * (size_t)c);
         if (qd) e->qdraft = qd;
+        float *q2 = realloc(e->qtop2, sizeof(float) * 2 * (size_t)c);
+        if (q2) e->qtop2 = q2;
         int32_t *so = realloc(e->source, sizeof(int32_t) * (size_t)c);
         if (so) e->source = so;
-        if (!s || !st || !l || !qd || !so)
+        if (!s || !st || !l || !qd || !q2 || !so)
             return specd_seterr(err, "out of memory for %ld examples", c);
         e->cap = c;
     }
@@ -125,6 +128,8 @@ static int add_example(accept_examples *e, const float *state, int stage, float 
     e->stage[e->n] = (uint8_t)stage;
     e->label[e->n] = label;
     e->qdraft[e->n] = qdraft;
+    e->qtop2[2 * e->n] = qtop2[0];
+    e->qtop2[2 * e->n + 1] = qtop2[1];
     e->source[e->n] = src;
     e->n++;
     return 0;
@@ -254,11 +259,26 @@ static void choose_next(pass *P, int l) {
     if (L->next >= 0 && L->n_past + 1 > P->max_ctx) L->ends = 1;
 }
 
+/* The two largest probabilities of softmax(y) (T = 1) into q[0] >= q[1]. */
+static void top2_probs(const float *y, int V, float *q) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (y[i] > a) b = a, a = y[i];
+        else if (y[i] > b) b = y[i];
+    }
+    double lse = specd_log_sum_exp(y, V);
+    q[0] = (float)exp((double)a - lse);
+    q[1] = b == -INFINITY ? 0.0f : (float)exp((double)b - lse);
+}
+
 /* The label of draft row r of a stage call judged by lane l's z_j, the
- * draft token itself and the speculator's probability of it (*qdraft). */
-static float label_row(pass *P, int l, int r, int stage, int32_t *draft, float *qdraft) {
+ * draft token itself, the speculator's probability of it (*qdraft) and its
+ * row's two largest probabilities at T = 1 (qtop2[2]). */
+static float label_row(pass *P, int l, int r, int stage, int32_t *draft, float *qdraft,
+                       float *qtop2) {
     const lane *L = &P->ln[l];
     const float *z = P->logits + (size_t)l * P->V, *y = P->st_logits + (size_t)r * P->V;
+    top2_probs(y, P->V, qtop2);
     if (P->samp.temperature <= 0) {
         *draft = specd_argmax(y, P->V);
         /* softmax at the argmax: 1 / sum(exp(y - max)), in a fixed order
@@ -303,9 +323,9 @@ static int stage_round(pass *P, specd_error *err) {
             lane *L = &P->ln[l];
             const float *state = P->st_out + (size_t)r * P->inner;
             int32_t draft;
-            float qdraft;
-            float y = label_row(P, l, r, k, &draft, &qdraft);
-            if (add_example(P->out, state, k, y, qdraft, L->src, err)) return -1;
+            float qdraft, qtop2[2];
+            float y = label_row(P, l, r, k, &draft, &qdraft, qtop2);
+            if (add_example(P->out, state, k, y, qdraft, qtop2, L->src, err)) return -1;
             /* greedy: only an accepted draft that the sequence also follows
              * leaves a prefix of accepted drafts (accept_data.h) */
             int cont = L->next >= 0 && !L->ends && k + 1 < P->n_predict &&

@@ -85,6 +85,10 @@ typedef struct accept_examples {
      * draft-svc prices mlp nodes by (draft-svc/tree_builder.h), which
      * accept_evaluate ranks beside the head's. */
     float *qdraft;
+    /* [n][2] the two largest probabilities of the stage's distribution at
+     * temperature 1 (greedy: qtop2[0] == qdraft): the draft features'
+     * input (accept_head.h), as draft-svc computes it for a row */
+    float *qtop2;
     int32_t *source;   /* [n] index of the source it came from */
 } accept_examples;
 

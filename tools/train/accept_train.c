@@ -32,6 +32,7 @@ static int model_tensors(const accept_model *m, model_tensor *t) {
     t[n++] = (model_tensor){m->in_w, (size_t)H * D, 1, 1.0f / sqrtf((float)D)};
     t[n++] = (model_tensor){m->in_b, (size_t)H, 0, 0};
     t[n++] = (model_tensor){m->stage_emb, (size_t)m->cfg.n_stages * H, 0, 0};
+    if (m->draft_w) t[n++] = (model_tensor){m->draft_w, (size_t)H * m->cfg.n_draft_features, 1, 0};
     for (int l = 0; l < m->cfg.n_layers; l++) {
         t[n++] = (model_tensor){m->fc1_w[l], HH, 1, 1.0f / sqrtf((float)H)};
         t[n++] = (model_tensor){m->fc1_b[l], (size_t)H, 0, 0};
@@ -44,7 +45,7 @@ static int model_tensors(const accept_model *m, model_tensor *t) {
     return n;
 }
 
-#define MAX_MODEL_TENSORS (3 + 4 * SPECD_ACCEPT_HEAD_MAX_LAYERS + 2)
+#define MAX_MODEL_TENSORS (4 + 4 * SPECD_ACCEPT_HEAD_MAX_LAYERS + 2)
 
 /* A standard normal from two counter-based uniforms (Box-Muller). */
 static float normal(uint64_t seed, uint64_t stream, uint64_t i) {
@@ -58,17 +59,21 @@ int accept_model_init(accept_model *m, const specd_accept_head_config *cfg, floa
     if (cfg->input_dim < 1 || cfg->hidden_dim < 1 || cfg->n_layers < 0 ||
         cfg->n_layers > SPECD_ACCEPT_HEAD_MAX_LAYERS || cfg->n_stages < 1 ||
         cfg->n_stages > SPECD_ACCEPT_HEAD_MAX_STAGES || cfg->input_dim > SPECD_ACCEPT_HEAD_MAX_INPUT ||
-        cfg->hidden_dim > SPECD_ACCEPT_HEAD_MAX_HIDDEN)
+        cfg->hidden_dim > SPECD_ACCEPT_HEAD_MAX_HIDDEN ||
+        (cfg->n_draft_features != 0 && cfg->n_draft_features != SPECD_ACCEPT_HEAD_DRAFT_FEATURES))
         return specd_seterr(err, "accept head: config outside the limits");
     m->cfg = *cfg;
     size_t H = (size_t)cfg->hidden_dim, D = (size_t)cfg->input_dim;
-    m->n_params = H * D + H + (size_t)cfg->n_stages * H + (size_t)cfg->n_layers * (2 * H * H + 2 * H) + H + 1;
+    size_t F = (size_t)cfg->n_draft_features;
+    m->n_params = H * D + H + (size_t)cfg->n_stages * H + H * F +
+                  (size_t)cfg->n_layers * (2 * H * H + 2 * H) + H + 1;
     m->params = calloc(m->n_params, sizeof(float));
     if (!m->params) return specd_seterr(err, "out of memory for %zu parameters", m->n_params);
     float *p = m->params;
     m->in_w = p, p += H * D;
     m->in_b = p, p += H;
     m->stage_emb = p, p += (size_t)cfg->n_stages * H;
+    if (F) m->draft_w = p, p += H * F;
     for (int l = 0; l < cfg->n_layers; l++) {
         m->fc1_w[l] = p, p += H * H;
         m->fc1_b[l] = p, p += H;
@@ -98,6 +103,7 @@ void accept_model_weights(const accept_model *m, specd_accept_head_weights *w) {
     w->in_w = m->in_w;
     w->in_b = m->in_b;
     w->stage_emb = m->stage_emb;
+    w->draft_w = m->draft_w;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         w->fc1_w[l] = m->fc1_w[l];
         w->fc1_b[l] = m->fc1_b[l];
@@ -133,8 +139,9 @@ int accept_split(const accept_examples *e, int n_sources, long **train, long *n_
 
 /* Activations of one batch, kept for the backward. */
 typedef struct work {
-    int B, L, H, D;
+    int B, L, H, D, F;
     float *s;            /* [B][D] */
+    float *f;            /* [B][F] the draft features */
     int32_t *stage;      /* [B] */
     float *x;            /* [L+1][B][H]: the residual stream before each block, and after */
     float *a, *t;        /* [L][B][H]: fc1 output, and its SiLU */
@@ -144,6 +151,7 @@ typedef struct work {
 
 static void work_free(work *k) {
     free(k->s);
+    free(k->f);
     free(k->stage);
     free(k->x);
     free(k->a);
@@ -163,8 +171,10 @@ static int work_init(work *k, const accept_model *m, int B) {
     k->L = m->cfg.n_layers;
     k->H = m->cfg.hidden_dim;
     k->D = m->cfg.input_dim;
+    k->F = m->cfg.n_draft_features;
     size_t BH = (size_t)B * k->H, L = (size_t)k->L;
     k->s = malloc(sizeof(float) * (size_t)B * k->D);
+    k->f = malloc(sizeof(float) * (size_t)B * (size_t)(k->F ? k->F : 1));
     k->stage = malloc(sizeof(int32_t) * (size_t)B);
     k->x = malloc(sizeof(float) * (L + 1) * BH);
     k->a = malloc(sizeof(float) * (L ? L : 1) * BH);
@@ -176,7 +186,7 @@ static int work_init(work *k, const accept_model *m, int B) {
     k->dx = malloc(sizeof(float) * BH);
     k->dt = malloc(sizeof(float) * BH);
     k->dxa = malloc(sizeof(float) * BH);
-    return k->s && k->stage && k->x && k->a && k->t && k->z && k->dz && k->y && k->w && k->dx &&
+    return k->s && k->f && k->stage && k->x && k->a && k->t && k->z && k->dz && k->y && k->w && k->dx &&
                    k->dt && k->dxa
                ? 0
                : -1;
@@ -186,13 +196,15 @@ static int work_init(work *k, const accept_model *m, int B) {
  * returns the weighted BCE (mean over the batch's weight). */
 static double train_step(const accept_model *m, work *k, const accept_examples *e,
                          const long *rows, int B, float w_rej, float *g) {
-    int H = k->H, D = k->D, L = k->L;
+    int H = k->H, D = k->D, L = k->L, F = k->F;
     size_t BH = (size_t)B * H;
     double wsum = 0;
     for (int r = 0; r < B; r++) {
         long i = rows[r];
         const uint16_t *src = e->states + (size_t)i * D;
         for (int c = 0; c < D; c++) k->s[(size_t)r * D + c] = specd_fp16_to_f32(src[c]);
+        if (F) specd_accept_head_draft_features(e->qtop2[2 * i], e->qtop2[2 * i + 1],
+                                                k->f + (size_t)r * F);
         k->stage[r] = e->stage[i];
         /* -(y log p + w_rej (1-y) log(1-p)) as nn_bce's one weight per term:
          * W = y + w_rej (1-y), target y / W. The same loss and gradient
@@ -208,6 +220,12 @@ static double train_step(const accept_model *m, work *k, const accept_examples *
         const float *emb = m->stage_emb + (size_t)k->stage[r] * H;
         float *x = k->x + (size_t)r * H;
         for (int c = 0; c < H; c++) x[c] += emb[c];
+    }
+    for (int r = 0; F && r < B; r++) { /* x += W_d f */
+        const float *f = k->f + (size_t)r * F;
+        float *x = k->x + (size_t)r * H;
+        for (int o = 0; o < H; o++)
+            for (int j = 0; j < F; j++) x[o] += m->draft_w[(size_t)o * F + j] * f[j];
     }
     for (int l = 0; l < L; l++) {
         const float *xl = k->x + (size_t)l * BH;
@@ -241,6 +259,8 @@ static double train_step(const accept_model *m, work *k, const accept_examples *
         const float *d = k->dx + (size_t)r * H;
         for (int c = 0; c < H; c++) ge[c] += d[c];
     }
+    if (F) /* dW_d += dx^T f */
+        nn_linear_bwd(k->f, B, F, m->draft_w, H, k->dx, NULL, g + (m->draft_w - m->params), NULL);
     nn_linear_bwd(k->s, B, D, m->in_w, H, k->dx, NULL, g + (m->in_w - m->params),
                   g + off_in_b);
     return wsum > 0 ? loss / wsum : 0;
@@ -396,11 +416,12 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
                             c->input_dim);
     out->n_stages = c->n_stages;
     float *s = malloc(sizeof(float) * EVAL_CHUNK * (size_t)e->dim);
+    float *top2 = malloc(sizeof(float) * 2 * EVAL_CHUNK);
     float *p = malloc(sizeof(float) * EVAL_CHUNK), *z = malloc(sizeof(float) * EVAL_CHUNK);
     long *rows = malloc(sizeof(long) * EVAL_CHUNK);
     float *p_of = malloc(sizeof(float) * (size_t)(e->n > 0 ? e->n : 1)); /* by example */
     int rc = 0;
-    if (!s || !p || !z || !rows || !p_of) {
+    if (!s || !top2 || !p || !z || !rows || !p_of) {
         rc = specd_seterr(err, "out of memory");
         goto done;
     }
@@ -415,10 +436,12 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
                 if (e->stage[ex] != st) continue;
                 const uint16_t *src = e->states + (size_t)ex * e->dim;
                 for (int d = 0; d < e->dim; d++) s[(size_t)nr * e->dim + d] = specd_fp16_to_f32(src[d]);
+                top2[2 * nr] = e->qtop2[2 * ex];
+                top2[2 * nr + 1] = e->qtop2[2 * ex + 1];
                 rows[nr++] = ex;
             }
             if (nr == 0) break;
-            if (specd_accept_head_forward(h, st, nr, s, p, z, err)) {
+            if (specd_accept_head_forward(h, st, nr, s, top2, p, z, err)) {
                 rc = -1;
                 break;
             }
@@ -463,6 +486,7 @@ int accept_evaluate(specd_accept_head *h, const accept_examples *e, const long *
 done:
     free(p_of);
     free(s);
+    free(top2);
     free(p);
     free(z);
     free(rows);

@@ -33,12 +33,14 @@ typedef struct accept_model {
     size_t n_params;
     /* into params */
     float *in_w, *in_b, *stage_emb, *out_w, *out_b;
+    float *draft_w; /* [H][F]; NULL when cfg.n_draft_features is 0 */
     float *fc1_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc1_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
     float *fc2_w[SPECD_ACCEPT_HEAD_MAX_LAYERS], *fc2_b[SPECD_ACCEPT_HEAD_MAX_LAYERS];
 } accept_model;
 
-/* Initializes (fixed seed): in_proj and fc1 ~ N(0, 1/fan_in), fc2 and the
- * stage embedding 0 (each block starts as the identity), out.weight ~
+/* Initializes (fixed seed): in_proj and fc1 ~ N(0, 1/fan_in), fc2, the
+ * stage embedding and draft_proj 0 (each block starts as the identity, and
+ * the draft features' weights grow from the gradient), out.weight ~
  * N(0, 0.01/sqrt(H)), out.bias = logit(base_rate) so training starts from
  * the examples' mean acceptance rather than from 0.5. */
 int accept_model_init(accept_model *m, const specd_accept_head_config *cfg, float base_rate,
