@@ -34,6 +34,10 @@
  * t=X" per threshold after the mlp row (the request's
  * speculation.stop_threshold; the mlp row itself then sends -1, fixed
  * length), so fixed and SpecDec++ drafting are compared in one run.
+ * --depths 1,2,3 adds a row "mlp depth D" per depth, the fixed shape
+ * --candidates x D, so the best fixed length is found in the same run too
+ * (a run's rows share the host's moods; separate runs did not: docs/
+ * BENCHMARKS.md).
  *
  * Shared prefix (the prefix cache's proof): --shared-prefix N puts one fixed
  * system prompt of about N tokens in front of every prompt (the system
@@ -73,7 +77,8 @@
 #define MAX_DRAFTERS 5 /* none and pick_drafters' order */
 #define MAX_CLASSES 8
 #define MAX_THRESHOLDS 8
-#define MAX_ROWS (MAX_DRAFTERS + MAX_THRESHOLDS)
+#define MAX_DEPTHS 8
+#define MAX_ROWS (MAX_DRAFTERS + MAX_THRESHOLDS + MAX_DEPTHS)
 
 typedef struct prompt {
     char *name, *cls, *system, *text;
@@ -134,16 +139,19 @@ typedef struct bench_opts {
     int device;
     float stop_thresholds[MAX_THRESHOLDS];
     int n_thresholds;
+    int depths[MAX_DEPTHS]; /* --depths: extra fixed-depth mlp rows */
+    int n_depths;
     cli_sampling samp;
     specd_rpc_channel_opts tls;
 } bench_opts;
 
-/* One row group of the table: a drafter, and the stop threshold its
- * requests send (0 = none sent: the server's default). */
+/* One row group of the table: a drafter, the stop threshold its requests
+ * send (0 = none sent: the server's default) and their depth (0 = --depth). */
 typedef struct row_spec {
     char drafter[16];
     char label[32]; /* what the table calls it */
     float stop_threshold;
+    int depth;
 } row_spec;
 
 /* One request's outcome. */
@@ -184,6 +192,7 @@ typedef struct run_ctx {
     int n_prompts;
     const char *drafter;
     float stop_threshold; /* the request's speculation.stop_threshold (0 = not sent) */
+    int depth;            /* the request's speculation.depth (0 = --depth) */
     /* --shared-prefix: this cell's system prompt (salt line + the fixed
      * text), put before every prompt; NULL = off */
     const char *shared;
@@ -236,6 +245,9 @@ static void usage(void) {
            "  --candidates N, --depth N  fixed tree shape (default: the server's policy)\n"
            "  --stop-thresholds LIST  add a row \"mlp adaptive t=X\" per threshold X (0 < X < 1):\n"
            "                       SpecDec++ adaptive draft length, beside the fixed mlp row\n"
+           "  --depths LIST        add a row \"mlp depth D\" per depth D: the fixed shape\n"
+           "                       --candidates x D, to find the best fixed length in the\n"
+           "                       same run as the adaptive rows\n"
            "  --rounds N           run the grid N times; within a round each stream level\n"
            "                       runs every drafter back to back, in alternating order\n"
            "                       (forward, then reversed): each cell reports its median\n"
@@ -497,9 +509,10 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
     cli_sampling_to_proto(&o->samp, &sp, bias_msgs, bias_ptrs);
     req.sampling = &sp;
     req.drafter = (char *)rc->drafter;
-    if (o->candidates || o->depth || rc->stop_threshold) {
+    int depth = rc->depth ? rc->depth : o->depth;
+    if (o->candidates || depth || rc->stop_threshold) {
         spec.candidates = o->candidates;
-        spec.depth = o->depth;
+        spec.depth = depth;
         spec.stop_threshold = rc->stop_threshold;
         req.speculation = &spec;
     }
@@ -696,6 +709,7 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
 static int warm_row(run_ctx *rc, const row_spec *row, specd_error *err) {
     rc->drafter = row->drafter;
     rc->stop_threshold = row->stop_threshold;
+    rc->depth = row->depth;
     req_rec warm;
     int max_new = rc->o->max_new < 8 ? rc->o->max_new : 8;
     return one_request(rc, 0, max_new, &warm, err) == GRPC_STATUS_OK ? 0 : -1;
@@ -737,6 +751,7 @@ static int run_level_interleaved(run_ctx *rc, const row_spec *rows, int n_rows, 
             int d = (round + j) % 2 ? n_rows - 1 - i : i;
             rc->drafter = rows[d].drafter;
             rc->stop_threshold = rows[d].stop_threshold;
+            rc->depth = rows[d].depth;
             rc->recs = recs[d];
             if ((rc_out = run_streams(rc, streams, j, 1, err))) break;
             double t0 = 1e300, t1 = 0;
@@ -920,20 +935,27 @@ static int parse_thresholds(const char *opt, const char *val, bench_opts *o) {
     return 0;
 }
 
-/* The table's rows: each drafter, and after mlp one row per stop threshold
- * (the mlp row then asks for fixed length explicitly, so a server whose
- * default is adaptive still gives the comparison). -1 + err when
- * thresholds are asked for without the mlp drafter. */
+/* The table's rows: each drafter, and after mlp one row per extra depth
+ * and one per stop threshold (the mlp and depth rows then ask for fixed
+ * length explicitly, so a server whose default is adaptive still gives the
+ * comparison). -1 + err when either is asked for without the mlp drafter. */
 static int build_rows(const bench_opts *o, char names[][16], int n_names, row_spec *rows,
                       specd_error *err) {
     int n = 0, have_mlp = 0;
     for (int d = 0; d < n_names; d++) {
         int mlp = !strcmp(names[d], "mlp");
         have_mlp |= mlp;
-        rows[n] = (row_spec){.stop_threshold = mlp && o->n_thresholds ? -1.0f : 0.0f};
+        float fixed = mlp && (o->n_thresholds || o->n_depths) ? -1.0f : 0.0f;
+        rows[n] = (row_spec){.stop_threshold = fixed};
         snprintf(rows[n].drafter, sizeof rows[n].drafter, "%.15s", names[d]);
         snprintf(rows[n].label, sizeof rows[n].label, "%.15s", names[d]);
         n++;
+        for (int k = 0; mlp && k < o->n_depths; k++) {
+            rows[n] = (row_spec){.stop_threshold = -1.0f, .depth = o->depths[k]};
+            snprintf(rows[n].drafter, sizeof rows[n].drafter, "mlp");
+            snprintf(rows[n].label, sizeof rows[n].label, "mlp depth %d", o->depths[k]);
+            n++;
+        }
         for (int k = 0; mlp && k < o->n_thresholds; k++) {
             rows[n] = (row_spec){.stop_threshold = o->stop_thresholds[k]};
             snprintf(rows[n].drafter, sizeof rows[n].drafter, "mlp");
@@ -942,9 +964,9 @@ static int build_rows(const bench_opts *o, char names[][16], int n_names, row_sp
             n++;
         }
     }
-    if (o->n_thresholds && !have_mlp)
-        return specd_seterr(err, "--stop-thresholds needs the mlp drafter (--speculator DIR, "
-                                 "or a --draft server offering it)");
+    if ((o->n_thresholds || o->n_depths) && !have_mlp)
+        return specd_seterr(err, "--stop-thresholds and --depths need the mlp drafter "
+                                 "(--speculator DIR, or a --draft server offering it)");
     return n;
 }
 
@@ -986,6 +1008,17 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--accept-head")) o->accept_head = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--stop-thresholds")) {
             if (parse_thresholds(a, cli_value(argc, argv, &i), o)) return 2;
+        } else if (!strcmp(a, "--depths")) {
+            int32_t *v;
+            int n = cli_int_list(a, cli_value(argc, argv, &i), 1, 64, &v);
+            if (n > MAX_DEPTHS) {
+                fprintf(stderr, "specd bench: --depths takes at most %d values\n", MAX_DEPTHS);
+                free(v);
+                return 2;
+            }
+            for (int k = 0; k < n; k++) o->depths[k] = v[k];
+            o->n_depths = n;
+            free(v);
         }
         else if (!strcmp(a, "--streams")) {
             int32_t *v;
@@ -1247,6 +1280,7 @@ int cmd_bench_e2e(int argc, char **argv) {
     if (!shared_cell) {
         rc.drafter = "none";
         rc.stop_threshold = 0;
+        rc.depth = 0;
         for (int p = 0; p < rc.n_prompts && ok; p++) {
             req_rec warm;
             if (one_request(&rc, p, 1, &warm, &err) != GRPC_STATUS_OK) ok = 0;
