@@ -911,6 +911,21 @@ static void print_command(int argc, char **argv) {
     printf("\n");
 }
 
+/* "1,2,4" into out[0..max) (each in 1..hi), *n its count. -1 when longer. */
+static int int_list(const char *opt, const char *val, long hi, int *out, int max, int *n) {
+    int32_t *v;
+    int k = cli_int_list(opt, val, 1, hi, &v);
+    if (k > max) {
+        fprintf(stderr, "specd bench: %s takes at most %d values\n", opt, max);
+        free(v);
+        return -1;
+    }
+    for (int j = 0; j < k; j++) out[j] = v[j];
+    *n = k;
+    free(v);
+    return 0;
+}
+
 /* "0.3,0.5" into o->stop_thresholds (each in 0.001..0.999). */
 static int parse_thresholds(const char *opt, const char *val, bench_opts *o) {
     char *buf = strdup(val), *save = NULL;
@@ -1009,28 +1024,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--stop-thresholds")) {
             if (parse_thresholds(a, cli_value(argc, argv, &i), o)) return 2;
         } else if (!strcmp(a, "--depths")) {
-            int32_t *v;
-            int n = cli_int_list(a, cli_value(argc, argv, &i), 1, 64, &v);
-            if (n > MAX_DEPTHS) {
-                fprintf(stderr, "specd bench: --depths takes at most %d values\n", MAX_DEPTHS);
-                free(v);
+            if (int_list(a, cli_value(argc, argv, &i), 64, o->depths, MAX_DEPTHS, &o->n_depths))
                 return 2;
-            }
-            for (int k = 0; k < n; k++) o->depths[k] = v[k];
-            o->n_depths = n;
-            free(v);
-        }
-        else if (!strcmp(a, "--streams")) {
-            int32_t *v;
-            int n = cli_int_list(a, cli_value(argc, argv, &i), 1, 1024, &v);
-            if (n > MAX_LEVELS) {
-                fprintf(stderr, "specd bench: --streams takes at most %d values\n", MAX_LEVELS);
-                free(v);
+        } else if (!strcmp(a, "--streams")) {
+            if (int_list(a, cli_value(argc, argv, &i), 1024, o->levels, MAX_LEVELS, &o->n_levels))
                 return 2;
-            }
-            for (int k = 0; k < n; k++) o->levels[k] = v[k];
-            o->n_levels = n;
-            free(v);
         } else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens"))
             o->max_new = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--requests"))
