@@ -51,18 +51,20 @@ static eval_prompt g_prompts[N_PROMPTS];
 
 /* A SpecDec++ acceptance head with random weights for that speculator, in
  * dir/accept_head: its p's sit around 1/2, so thresholds cut paths at
- * different depths. */
+ * different depths. It reads draft features, as the shipped head does, so
+ * the drafter's per-row probabilities are on the lossless path too. */
 #define HEAD_HIDDEN 16
 static void write_random_accept_head(const char *dir) {
     specd_accept_head_config c = {.input_dim = TEST_SPEC_INNER, .hidden_dim = HEAD_HIDDEN,
-                                  .n_layers = 1, .n_stages = TEST_SPEC_STAGES};
-    enum { H = HEAD_HIDDEN, D = TEST_SPEC_INNER };
-    static float in_w[H * D], in_b[H], emb[TEST_SPEC_STAGES * H], w1[H * H], b1[H], w2[H * H], b2[H],
-        out_w[H];
-    float *all[] = {in_w, in_b, emb, w1, b1, w2, b2, out_w};
-    size_t sizes[] = {H * D, H, TEST_SPEC_STAGES * H, H * H, H, H * H, H, H};
-    for (int i = 0; i < 8; i++) test_fill_random(all[i], sizes[i], 77 + (uint64_t)i, 0.2f);
-    specd_accept_head_weights w = {.in_w = in_w, .in_b = in_b, .stage_emb = emb,
+                                  .n_layers = 1, .n_stages = TEST_SPEC_STAGES,
+                                  .n_draft_features = SPECD_ACCEPT_HEAD_DRAFT_FEATURES};
+    enum { H = HEAD_HIDDEN, D = TEST_SPEC_INNER, F = SPECD_ACCEPT_HEAD_DRAFT_FEATURES };
+    static float in_w[H * D], in_b[H], emb[TEST_SPEC_STAGES * H], dw[H * F], w1[H * H], b1[H],
+        w2[H * H], b2[H], out_w[H];
+    float *all[] = {in_w, in_b, emb, dw, w1, b1, w2, b2, out_w};
+    size_t sizes[] = {H * D, H, TEST_SPEC_STAGES * H, H * F, H * H, H, H * H, H, H};
+    for (int i = 0; i < 9; i++) test_fill_random(all[i], sizes[i], 77 + (uint64_t)i, 0.2f);
+    specd_accept_head_weights w = {.in_w = in_w, .in_b = in_b, .stage_emb = emb, .draft_w = dw,
                                    .fc1_w = {w1}, .fc1_b = {b1}, .fc2_w = {w2}, .fc2_b = {b2},
                                    .out_w = out_w, .out_b = 0.0f};
     char path[PATH_MAX];
