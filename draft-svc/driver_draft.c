@@ -241,10 +241,13 @@ void driver_draft(gen *g, const specd_target_info *info) {
          * wrong, a cost point measured high during a burst on shared
          * cores, and only a pass of that size measures it again (a CI run
          * under parallel tests drafted nothing on a text that drafts at
-         * tau 4.8). Looks come after 1, 2, 4 ... 64 plain steps. */
+         * tau 4.8). Looks come after 1, 2, 4 ... 64 plain steps (64 at
+         * once where the load says no: driver_skip_drafting). */
         if (!model_off && !(look && pr.sessions == 1) &&
             !specd_tree_could_pay(look ? SPECD_P_MAX : p1, &pr)) {
-            driver_skip_drafting(&g->price);
+            /* the load's verdict when not even a sure node could pay */
+            driver_skip_drafting(&g->price, pr.sessions > 1 &&
+                                                (look || !specd_tree_could_pay(SPECD_P_MAX, &pr)));
             model_off = 1;
         }
         if (model_off && !q->drafter->has_lookup) {

@@ -144,8 +144,9 @@ int driver_price_init(price_state *ps, int cap, const specd_policy *pol);
 void driver_price_free(price_state *ps);
 /* What the next pass will cost this session (tree_choice.h's price). */
 void driver_price_of_step(const gen *g, specd_tree_price *pr);
-/* Decodes plainly for the next few steps, then drafts once to look. */
-void driver_skip_drafting(price_state *ps);
+/* Decodes plainly for the next few steps, then drafts once to look;
+ * for_load: the longest skip at once (the load, not the text, said no). */
+void driver_skip_drafting(price_state *ps, int for_load);
 /* Cuts g->tb to the tree worth its verification time, and learns the
  * drafter's time from draft_us. */
 void driver_price_tree(gen *g, double draft_us);

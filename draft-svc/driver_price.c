@@ -91,8 +91,17 @@ void driver_price_of_step(const gen *g, specd_tree_price *pr) {
 }
 
 /* Decodes plainly for the next `backoff` steps (1, 2, 4 ... DRIVER_MAX_SKIP while
- * drafting keeps not paying), then drafts once to look. */
-void driver_skip_drafting(price_state *ps) {
+ * drafting keeps not paying), then drafts once to look. A skip for the
+ * load is the longest at once: where not even a sure node pays for its row
+ * in a loaded pass, no text would, so doubling from 1 only bought looks
+ * that could not send anything, each a round trip that leaves this
+ * session out of a pass and makes the others' pass wait for it
+ * (batching.max_wait): 5.5-7.5 steps sent per 64-token request at 4 and 16
+ * streams against plain decoding's 2, and 2.1-3.8 with this
+ * (docs/BENCHMARKS.md, thirty-seventh session). A look after it, or an
+ * earlier answer that drafting pays (backoff back to 1), starts over. */
+void driver_skip_drafting(price_state *ps, int for_load) {
+    if (for_load) ps->backoff = DRIVER_MAX_SKIP;
     ps->skip = ps->backoff;
     ps->backoff = ps->backoff * 2 < DRIVER_MAX_SKIP ? ps->backoff * 2 : DRIVER_MAX_SKIP;
     ps->look = 1;
@@ -167,7 +176,7 @@ static void judge_drafting(gen *g, const specd_tree_price *pr, const specd_tree_
     ps->gain = (1 - PRICE_ALPHA) * ps->gain + PRICE_ALPHA * gain;
     specd_accept_calib_note_gain(g->req->calib, pr->sessions, gain);
     if (ps->gain < 1.0) {
-        driver_skip_drafting(ps);
+        driver_skip_drafting(ps, 0);
         ps->gain = 1.0; /* the next look starts without the old verdict */
     } else if (gain >= 1.0 && !drafting_lost(g)) {
         /* (a prediction that pays does not undo the backoff while what
@@ -396,7 +405,7 @@ void driver_price_learn(gen *g, const Specd__V1__VerifyResponse *r) {
      * drafted steps cost beyond a plain run's: the backstop for
      * predictions that oversell (driver_price_run_pays). Alone only, once
      * a few drafted steps say something. */
-    if (ps->skip == 0 && drafting_lost(g)) driver_skip_drafting(ps);
+    if (ps->skip == 0 && drafting_lost(g)) driver_skip_drafting(ps, 0);
 }
 
 void driver_price_note_empty(gen *g, double draft_us) {
