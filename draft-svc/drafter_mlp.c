@@ -149,6 +149,7 @@ typedef struct mlp_impl {
     float *p_rows;     /* [rows] the head's p for each frontier row's children */
     float *row_top2;   /* [rows][2] a row's two largest probabilities, for a head
                         * with draft features (accept_head.h) */
+    double *row_lse;   /* [rows] log(sum(exp(row))) of a prepared row (prepare_rows) */
     mlp_front *front, *next; /* [rows] */
     size_t cand_cap;
     mlp_cand *cand;    /* [bound * max_k] of one job */
@@ -191,6 +192,7 @@ static int grow_rows(mlp_impl *m, size_t rows, specd_error *err) {
         grow((void **)&m->tokens, rows, sizeof(int32_t)) ||
         grow((void **)&m->p_rows, rows, sizeof(float)) ||
         grow((void **)&m->row_top2, 2 * rows, sizeof(float)) ||
+        grow((void **)&m->row_lse, rows, sizeof(double)) ||
         grow((void **)&m->front, rows, sizeof(mlp_front)) ||
         grow((void **)&m->next, rows, sizeof(mlp_front)))
         return specd_seterr(err, "mlp drafter: out of memory for %zu rows", rows);
@@ -293,12 +295,7 @@ static int expand_greedy(mlp_impl *m, specd_draft_job *job, const mlp_plan *p, i
     int nc = 0;
     for (int r = a; r < b; r++) {
         const float *row = m->logits + (size_t)r * m->row_w; /* prepared (prepare_rows) */
-        /* log(sum(exp(row))) by the sampling core's vector exp, in double
-         * and summed in a fixed order (specd_log_sum_exp), so the
-         * log-probabilities are a function of the logits alone; -inf
-         * entries (a bias, or ids outside a reduced vocabulary) count 0.
-         * Scalar expf over the row was a fifth of a draft level's time. */
-        double lse = specd_log_sum_exp(row, m->row_w);
+        double lse = m->row_lse[r];
         int k = specd_topk(row, m->row_w, m->top_k[s], m->topk_ids, m->topk_vals);
         if (m->row_map)
             for (int i = 0; i < k; i++) m->topk_ids[i] = m->row_map[m->topk_ids[i]];
@@ -418,6 +415,11 @@ static int expand_sampling(mlp_impl *m, specd_draft_job *job, const mlp_plan *p,
 /* Every frontier row of a stage made ready once, before anything reads
  * it: a draft-id row's "other" bucket off and the request's adjustments on
  * (prepare_draft_row), or a target-width row's adjustments (adjust_row).
+ * A greedy row's log(sum(exp(row))) goes to m->row_lse: by the sampling
+ * core's vector exp, in double and summed in a fixed order
+ * (specd_log_sum_exp), so the log-probabilities are a function of the
+ * logits alone; -inf entries (a bias, or ids outside a reduced vocabulary)
+ * count 0. Scalar expf over the row was a fifth of a draft level's time.
  * With `top2`, also each row's two largest probabilities at temperature 1
  * into m->row_top2, the draft features of a head that reads them
  * (accept_head.h): from the row as the drafter ranks it, so a function of
@@ -429,13 +431,14 @@ static void prepare_rows(mlp_impl *m, const specd_draft_job *jobs, int n_rows, i
         const specd_draft_job *job = &jobs[m->front[r].job];
         if (m->row_map) prepare_draft_row(m, job, m->front[r].node, row);
         else adjust_row(m, job, m->front[r].node, row);
+        if (!top2 && m->plans[m->front[r].job].sampling) continue;
+        m->row_lse[r] = specd_log_sum_exp(row, m->row_w);
         if (!top2) continue;
         int32_t ids[2];
         float vals[2] = {-INFINITY, -INFINITY};
         int k = specd_topk(row, m->row_w, 2, ids, vals);
-        double lse = specd_log_sum_exp(row, m->row_w);
-        m->row_top2[2 * r] = k > 0 ? (float)exp((double)vals[0] - lse) : 0.0f;
-        m->row_top2[2 * r + 1] = k > 1 ? (float)exp((double)vals[1] - lse) : 0.0f;
+        m->row_top2[2 * r] = k > 0 ? (float)exp((double)vals[0] - m->row_lse[r]) : 0.0f;
+        m->row_top2[2 * r + 1] = k > 1 ? (float)exp((double)vals[1] - m->row_lse[r]) : 0.0f;
     }
 }
 
@@ -534,6 +537,7 @@ static void mlp_free_impl(mlp_impl *m) {
     free(m->tokens);
     free(m->p_rows);
     free(m->row_top2);
+    free(m->row_lse);
     free(m->front);
     free(m->next);
     free(m->cand);

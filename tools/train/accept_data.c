@@ -259,7 +259,9 @@ static void choose_next(pass *P, int l) {
     if (L->next >= 0 && L->n_past + 1 > P->max_ctx) L->ends = 1;
 }
 
-/* The two largest probabilities of softmax(y) (T = 1) into q[0] >= q[1]. */
+/* The two largest probabilities of softmax(y) (T = 1) into q[0] >= q[1],
+ * summed in a fixed order (-inf entries, outside a reduced vocabulary,
+ * count 0). */
 static void top2_probs(const float *y, int V, float *q) {
     float a = -INFINITY, b = -INFINITY;
     for (int i = 0; i < V; i++) {
@@ -281,9 +283,8 @@ static float label_row(pass *P, int l, int r, int stage, int32_t *draft, float *
     top2_probs(y, P->V, qtop2);
     if (P->samp.temperature <= 0) {
         *draft = specd_argmax(y, P->V);
-        /* softmax at the argmax: 1 / sum(exp(y - max)), in a fixed order
-         * (-inf entries, outside a reduced vocabulary, count 0) */
-        *qdraft = (float)exp(-specd_log_sum_exp(y, P->V) + (double)y[*draft]);
+        /* the softmax at the argmax is the row's largest probability */
+        *qdraft = qtop2[0];
         return *draft == specd_argmax(z, P->V) ? 1.0f : 0.0f;
     }
     specd_sampling_probs(&P->samp, y, P->V, P->q, P->scratch);
