@@ -718,6 +718,10 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
         .max_tree_tokens = o->max_tree_tokens,
         .eos_id = tok && specd_tokenizer_eos(tok) >= 0 ? specd_tokenizer_eos(tok) : m->hp.eos_id,
     };
+    if (tok) {
+        _Static_assert(SPECD_TOKENIZER_MAX_END <= SPECD_SESSION_MAX_END, "end ids fit");
+        svc->lim.n_end_ids = specd_tokenizer_end_ids(tok, svc->lim.end_ids);
+    }
     svc->adm = (specd_admission_limits){
         .context = svc->lim.context,
         .max_prompt_tokens = o->max_prompt_tokens,

@@ -199,6 +199,14 @@ grpc_status_code specd_session_tree(specd_session *s, const specd_session_tree_r
     return GRPC_STATUS_OK;
 }
 
+/* EOS or one of the model's other end-of-generation tokens. */
+static int session_is_end(const specd_session_limits *lim, int32_t tok) {
+    if (tok == lim->eos_id) return 1;
+    for (int i = 0; i < lim->n_end_ids; i++)
+        if (lim->end_ids[i] == tok) return 1;
+    return 0;
+}
+
 int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_after,
                        specd_finish *finish) {
     *finish = SPECD_FINISH_NONE;
@@ -210,7 +218,7 @@ int specd_session_emit(specd_session *s, const int32_t *toks, int n, int n_past_
         /* Emitted tokens are history for the next position's penalties; a
          * no-op when the session keeps no counts (vocab 0). */
         specd_token_counts_add(&s->counts, tok, 1);
-        if (tok == s->lim.eos_id && !s->ignore_eos) {
+        if (session_is_end(&s->lim, tok) && !s->ignore_eos) {
             *finish = SPECD_FINISH_EOS;
             break;
         }

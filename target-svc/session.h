@@ -22,12 +22,20 @@
 #include "common/spec/sampling.h"
 #include "common/spec/verify.h"
 
+#define SPECD_SESSION_MAX_END 8
+
 typedef struct specd_session_limits {
     int vocab;             /* token ids are 0..vocab-1 */
     int context;           /* cache rows per session (the slot size) */
     int max_prompt_tokens;
     int max_tree_tokens;
     int eos_id;            /* -1 if the model has none */
+    /* More tokens that end a generation as EOS does (finish EOS): the chat
+     * families' end-of-turn markers that the GGUF's single EOS id misses,
+     * e.g. Llama 3's <|eot_id|> where EOS is <|end_of_text|>
+     * (specd_tokenizer_end_ids). */
+    int32_t end_ids[SPECD_SESSION_MAX_END];
+    int n_end_ids;
 } specd_session_limits;
 
 typedef enum specd_session_state {

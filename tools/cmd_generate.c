@@ -238,8 +238,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
 
 /* The prompt as token ids: raw text, or a user turn in the chat template
  * (whose special tokens are then parsed as special). */
-static int build_prompt(const gen_opts *o, const specd_model_file *m, const specd_tokenizer *tok,
-                        int32_t **ids, size_t *n_ids, specd_error *err) {
+static int build_prompt(const gen_opts *o, const specd_tokenizer *tok, int32_t **ids,
+                        size_t *n_ids, specd_error *err) {
     char *owned = NULL;
     const char *text = NULL;
     if (gen_prompt_text(o, 0, &text, &owned, err)) return -1;
@@ -250,26 +250,14 @@ static int build_prompt(const gen_opts *o, const specd_model_file *m, const spec
         size_t n = 0;
         if (o->system) msgs[n++] = (specd_chat_msg){"system", o->system};
         msgs[n++] = (specd_chat_msg){"user", text};
-        /* GGUF files carry their template; without one, plain ChatML */
-        char *tmpl = m->gguf ? gguf_get_str(m->gguf, "tokenizer.chat_template", NULL) : NULL;
-        char *rendered = specd_chat_render(tmpl, msgs, n, 1, err);
-        free(tmpl);
-        rc = rendered ? specd_tokenize(tok, rendered, strlen(rendered), 1, ids, n_ids, err) : -1;
-        free(rendered);
+        rc = specd_chat_tokenize(tok, msgs, n, ids, n_ids, err);
     } else {
         rc = specd_tokenize(tok, text, strlen(text), 0, ids, n_ids, err);
+        /* models trained with a BOS token (Llama 3) expect it first; SmolLM2 not */
+        if (rc == 0 && specd_tokenizer_add_bos(tok, ids, n_ids))
+            rc = specd_seterr(err, "out of memory");
     }
     free(owned);
-    /* models trained with a BOS token (Llama 3) expect it first; SmolLM2 not */
-    int32_t bos = specd_tokenizer_bos(tok);
-    if (rc == 0 && specd_tokenizer_wants_bos(tok) && bos >= 0) {
-        int32_t *with_bos = realloc(*ids, sizeof(int32_t) * (*n_ids + 1));
-        if (!with_bos) return specd_seterr(err, "out of memory");
-        memmove(with_bos + 1, with_bos, sizeof(int32_t) * *n_ids);
-        with_bos[0] = bos;
-        *ids = with_bos;
-        (*n_ids)++;
-    }
     return rc;
 }
 
@@ -365,7 +353,7 @@ int cmd_generate(int argc, char **argv) {
     specd_token_counts counts;
     int adjust = 0, have_counts = 0;
     int rc = 1;
-    if (!tok || build_prompt(&o, m, tok, &ids, &n_ids, &err)) goto done;
+    if (!tok || build_prompt(&o, tok, &ids, &n_ids, &err)) goto done;
     if (n_ids == 0) {
         specd_seterr(&err, "the prompt is empty after tokenization");
         goto done;

@@ -10,16 +10,19 @@
 static grpc_status_code tokenize_input(const specd_tokenizer *tok,
                                        const Specd__V1__GenerateRequest *req, int32_t **ids,
                                        size_t *n, specd_error *err) {
-    char *text = NULL;
     if (req->input_case == SPECD__V1__GENERATE_REQUEST__INPUT_CHAT) {
         size_t nm = req->chat->n_messages;
         if (nm == 0)
             return specd_seterr(err, "request.chat: no messages"), GRPC_STATUS_INVALID_ARGUMENT;
+        /* A model whose template specd cannot render takes no chat input
+         * at all: the request is fine, this server cannot serve it. */
+        if (!specd_chat_family(specd_tokenizer_chat_template(tok), err))
+            return specd_preferr(err, "request.chat"), GRPC_STATUS_UNIMPLEMENTED;
         specd_chat_msg *msgs = calloc(nm, sizeof *msgs);
         if (!msgs) return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
         for (size_t i = 0; i < nm; i++) {
             const char *role = req->chat->messages[i]->role;
-            /* The ChatML template renders any role string; an unknown one is
+            /* The templates render any role string; an unknown one is
              * almost surely a client bug (a typo would silently change the
              * prompt), so refuse it. */
             if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
@@ -32,28 +35,20 @@ static grpc_status_code tokenize_input(const specd_tokenizer *tok,
             msgs[i].role = role;
             msgs[i].content = req->chat->messages[i]->content;
         }
-        text = specd_chat_render(specd_tokenizer_chat_template(tok), msgs, nm, 1, err);
+        int rc = specd_chat_tokenize(tok, msgs, nm, ids, n, err);
         free(msgs);
-        if (!text) return specd_preferr(err, "request.chat"), GRPC_STATUS_INVALID_ARGUMENT;
+        if (rc) return specd_preferr(err, "request.chat"), GRPC_STATUS_INVALID_ARGUMENT;
+        return GRPC_STATUS_OK;
     }
-    const char *src = text ? text : req->text;
-    int32_t *raw = NULL;
-    size_t n_raw = 0;
-    /* Chat templates spell their control tokens as text, so specials are
-     * recognized; for raw text too, as Hugging Face encode() does. */
-    int rc = specd_tokenize(tok, src, strlen(src), 1, &raw, &n_raw, err);
-    free(text);
-    if (rc) return specd_preferr(err, "request.input"), GRPC_STATUS_INVALID_ARGUMENT;
-    int bos = specd_tokenizer_wants_bos(tok) && specd_tokenizer_bos(tok) >= 0;
-    *ids = malloc(sizeof(int32_t) * (n_raw + 2));
-    if (!*ids) {
-        free(raw);
+    /* Special tokens in raw text are recognized too, as Hugging Face
+     * encode() does. */
+    if (specd_tokenize(tok, req->text, strlen(req->text), 1, ids, n, err))
+        return specd_preferr(err, "request.input"), GRPC_STATUS_INVALID_ARGUMENT;
+    if (specd_tokenizer_add_bos(tok, ids, n)) {
+        free(*ids);
+        *ids = NULL;
         return specd_seterr(err, "out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
     }
-    if (bos) (*ids)[0] = specd_tokenizer_bos(tok);
-    if (n_raw) memcpy(*ids + bos, raw, sizeof(int32_t) * n_raw);
-    *n = n_raw + (size_t)bos;
-    free(raw);
     return GRPC_STATUS_OK;
 }
 

@@ -224,8 +224,14 @@ int32_t specd_tokenizer_bos(const specd_tokenizer *t) { return t->bos; }
 int32_t specd_tokenizer_eos(const specd_tokenizer *t) { return t->eos; }
 
 int specd_tokenizer_end_ids(const specd_tokenizer *t, int32_t out[SPECD_TOKENIZER_MAX_END]) {
-    int32_t cand[SPECD_TOKENIZER_MAX_END] = {t->eos, specd_tokenizer_token_id(t, "<|im_end|>"),
-                                             specd_tokenizer_token_id(t, "<|endoftext|>")};
+    int32_t cand[SPECD_TOKENIZER_MAX_END] = {
+        t->eos,
+        specd_tokenizer_token_id(t, "<|im_end|>"),
+        specd_tokenizer_token_id(t, "<|endoftext|>"),
+        specd_tokenizer_token_id(t, "<|eot_id|>"),
+        specd_tokenizer_token_id(t, "<|eom_id|>"),
+        specd_tokenizer_token_id(t, "<|end_of_text|>"),
+    };
     int n = 0;
     for (int i = 0; i < SPECD_TOKENIZER_MAX_END; i++) {
         int dup = cand[i] < 0;
@@ -233,6 +239,18 @@ int specd_tokenizer_end_ids(const specd_tokenizer *t, int32_t out[SPECD_TOKENIZE
         if (!dup) out[n++] = cand[i];
     }
     return n;
+}
+
+int specd_tokenizer_add_bos(const specd_tokenizer *t, int32_t **ids, size_t *n_ids) {
+    int32_t bos = specd_tokenizer_bos(t);
+    if (!specd_tokenizer_wants_bos(t) || bos < 0 || (*n_ids > 0 && (*ids)[0] == bos)) return 0;
+    int32_t *with_bos = realloc(*ids, sizeof(int32_t) * (*n_ids + 1));
+    if (!with_bos) return -1;
+    memmove(with_bos + 1, with_bos, sizeof(int32_t) * *n_ids);
+    with_bos[0] = bos;
+    *ids = with_bos;
+    (*n_ids)++;
+    return 0;
 }
 
 int specd_tokenizer_is_end(const specd_tokenizer *t, int32_t id) {

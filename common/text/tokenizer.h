@@ -57,10 +57,12 @@ int32_t specd_tokenizer_n_vocab(const specd_tokenizer *t);
 int32_t specd_tokenizer_bos(const specd_tokenizer *t); /* -1 if none */
 int32_t specd_tokenizer_eos(const specd_tokenizer *t); /* -1 if none */
 /* The tokens that end a generation: EOS and, where the vocabulary has them,
- * ChatML's end-of-turn / end-of-text markers (some GGUF files name only one
- * of them as EOS). Writes up to SPECD_TOKENIZER_MAX_END distinct ids and
- * returns how many. */
-#define SPECD_TOKENIZER_MAX_END 3
+ * the chat families' end-of-turn and end-of-text markers (ChatML's
+ * <|im_end|> and <|endoftext|>; Llama 3's <|eot_id|>, <|eom_id|> and
+ * <|end_of_text|>, the three its generation_config.json lists), since a GGUF
+ * file names only one of them as EOS. Writes up to SPECD_TOKENIZER_MAX_END
+ * distinct ids and returns how many. */
+#define SPECD_TOKENIZER_MAX_END 6
 int specd_tokenizer_end_ids(const specd_tokenizer *t, int32_t out[SPECD_TOKENIZER_MAX_END]);
 /* 1 if id is one of specd_tokenizer_end_ids(). */
 int specd_tokenizer_is_end(const specd_tokenizer *t, int32_t id);
@@ -69,6 +71,11 @@ int specd_tokenizer_is_end(const specd_tokenizer *t, int32_t id);
  * post-processor / tokenizer_config.json that adds it. specd_tokenize never
  * adds it; callers prepend specd_tokenizer_bos() when this says so. */
 int specd_tokenizer_wants_bos(const specd_tokenizer *t);
+/* Puts BOS before *ids (realloc'd) where the model wants one and the ids do
+ * not already start with it: a chat template that writes BOS itself (Llama
+ * 3's) or a prompt that spells it must not get a second one. 0, or -1 when
+ * out of memory (*ids unchanged). */
+int specd_tokenizer_add_bos(const specd_tokenizer *t, int32_t **ids, size_t *n_ids);
 /* 1 for control / special tokens (GGUF token_type 3, tokenizer.json added
  * tokens with "special": true). */
 int specd_tokenizer_is_special(const specd_tokenizer *t, int32_t id);

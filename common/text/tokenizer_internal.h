@@ -140,7 +140,9 @@ typedef struct tok_entry {
 } tok_entry;
 
 struct specd_tokenizer {
-    char *chat_template; /* the model's (GGUF tokenizer.chat_template), or NULL */
+    /* the model's chat template, or NULL: GGUF tokenizer.chat_template, or
+     * tokenizer_config.json's / chat_template.jinja beside a tokenizer.json */
+    char *chat_template;
     tok_entry *tokens;
     int32_t n_vocab;
     tok_strmap model_vocab;   /* BPE vocabulary: string -> id */

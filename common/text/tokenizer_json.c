@@ -380,26 +380,51 @@ static int32_t config_token(const specd_tokenizer *t, const cJSON *cfg, const ch
     return specd_tokenizer_token_id(t, v->valuestring);
 }
 
-/* Optional: a missing or unreadable tokenizer_config.json changes nothing. */
-static void read_sibling_config(specd_tokenizer *t, const char *json_path) {
-    char path[4096];
-    const char *slash = strrchr(json_path, '/');
-    int dir_len = slash ? (int)(slash - json_path + 1) : 0;
-    if (snprintf(path, sizeof path, "%.*stokenizer_config.json", dir_len, json_path) >=
-        (int)sizeof path)
-        return;
-    size_t len;
-    char *buf = specd_read_small_file(path, TOKENIZER_JSON_MAX_BYTES, &len, NULL);
-    if (!buf) return;
-    cJSON *cfg = cJSON_ParseWithLength(buf, len);
-    free(buf);
-    if (!cfg) return;
+/* tokenizer_config.json's special tokens, add_bos_token and chat_template
+ * (a string, or a list of {name, template} of which "default" is the chat
+ * one; the others are tool-use variants). */
+static void apply_tokenizer_config(specd_tokenizer *t, const cJSON *cfg) {
     int32_t bos = config_token(t, cfg, "bos_token"), eos = config_token(t, cfg, "eos_token");
     if (bos >= 0) t->bos = bos;
     if (eos >= 0) t->eos = eos;
     const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
     if (cJSON_IsBool(add_bos)) t->wants_bos = cJSON_IsTrue(add_bos);
-    cJSON_Delete(cfg);
+    const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *v;
+    if (cJSON_IsArray(tmpl)) {
+        const cJSON *found = NULL;
+        cJSON_ArrayForEach(v, tmpl) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
+            if (cJSON_IsString(name) && !strcmp(name->valuestring, "default"))
+                found = cJSON_GetObjectItemCaseSensitive(v, "template");
+        }
+        tmpl = found;
+    }
+    if (cJSON_IsString(tmpl)) {
+        free(t->chat_template);
+        t->chat_template = strdup(tmpl->valuestring);
+    }
+}
+
+/* Optional: a missing or unreadable tokenizer_config.json changes nothing.
+ * Newer model directories keep the chat template in chat_template.jinja
+ * beside it instead. */
+static void read_sibling_config(specd_tokenizer *t, const char *json_path) {
+    char path[4096];
+    const char *slash = strrchr(json_path, '/');
+    int dir_len = slash ? (int)(slash - json_path + 1) : 0;
+    size_t len;
+    if (snprintf(path, sizeof path, "%.*stokenizer_config.json", dir_len, json_path) <
+        (int)sizeof path) {
+        char *buf = specd_read_small_file(path, TOKENIZER_JSON_MAX_BYTES, &len, NULL);
+        cJSON *cfg = buf ? cJSON_ParseWithLength(buf, len) : NULL;
+        free(buf);
+        if (cfg) apply_tokenizer_config(t, cfg);
+        cJSON_Delete(cfg);
+    }
+    if (!t->chat_template &&
+        snprintf(path, sizeof path, "%.*schat_template.jinja", dir_len, json_path) <
+            (int)sizeof path)
+        t->chat_template = specd_read_small_file(path, TOKENIZER_JSON_MAX_BYTES, &len, NULL);
 }
 
 specd_tokenizer *specd_tokenizer_from_json(const char *path, specd_error *err) {

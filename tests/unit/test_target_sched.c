@@ -396,6 +396,16 @@ static void test_open_checks(void **state) {
     assert_int_equal(c->out_count[8], 4);
     assert_int_equal(c->out_count[9], 3);
     specd_session_free(&s);
+    /* the model's other end tokens (Llama 3's <|eot_id|> where EOS is
+     * <|end_of_text|>) end it as EOS does, and the token is kept */
+    specd_session_limits lim_end = lim;
+    lim_end.end_ids[0] = 9;
+    lim_end.n_end_ids = 1;
+    specd_session_init(&s, &lim_end);
+    assert_int_equal(specd_session_open(&s, &o, "open", &err), GRPC_STATUS_OK);
+    assert_int_equal(specd_session_emit(&s, more, 4, 10, &fr), 2);
+    assert_int_equal(fr, SPECD__V1__FINISH_REASON__FINISH_REASON_EOS);
+    specd_session_free(&s);
     sp.frequency_penalty = 3.0f;
     specd_session_init(&s, &lim);
     assert_int_equal(specd_session_open(&s, &o, "open", &err), GRPC_STATUS_INVALID_ARGUMENT);

@@ -53,10 +53,7 @@ int accept_sources_from_corpus(const specd_tokenizer *tok, const corpus *c, int 
         int rc;
         if (doc->is_prompt) {
             specd_chat_msg msg = {"user", doc->text};
-            char *text = specd_chat_render(specd_tokenizer_chat_template(tok), &msg, 1, 1, err);
-            if (!text) goto fail;
-            rc = specd_tokenize(tok, text, strlen(text), 1, &ids, &n_ids, err);
-            free(text);
+            rc = specd_chat_tokenize(tok, &msg, 1, &ids, &n_ids, err);
         } else {
             rc = specd_tokenize(tok, doc->text, doc->len, 0, &ids, &n_ids, err);
         }

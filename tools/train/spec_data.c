@@ -153,11 +153,7 @@ static int prompt_ids(const specd_tokenizer *tok, const corpus_doc *doc, int max
     int rc;
     if (doc->is_prompt) {
         specd_chat_msg msg = {"user", doc->text};
-        char *rendered =
-            specd_chat_render(specd_tokenizer_chat_template(tok), &msg, 1, 1, err);
-        if (!rendered) return -1;
-        rc = specd_tokenize(tok, rendered, strlen(rendered), 1, ids, n_ids, err);
-        free(rendered);
+        rc = specd_chat_tokenize(tok, &msg, 1, ids, n_ids, err);
     } else {
         rc = specd_tokenize(tok, doc->text, doc->len, 0, ids, n_ids, err);
     }
