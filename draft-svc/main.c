@@ -16,6 +16,7 @@
 #include "common/model/model_file.h"
 #include "common/rpc/request_log.h"
 #include "common/rpc/rpc_server.h"
+#include "common/text/chat.h"
 #include "common/text/tokenizer.h"
 #include "draft-svc/draft_config.h"
 #include "draft-svc/draft_opts.h"
@@ -131,6 +132,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "draft-svc: serving on port %d, %zu target entr%s, default drafter %s\n",
             specd_rpc_server_port(srv), cfg.targets.n, cfg.targets.n == 1 ? "y" : "ies",
             specd_drafter_names[specd_draft_default_drafter(&dop)]);
+    if (tok) {
+        /* chat input is refused per request when specd cannot render the
+         * model's template; say so once, up front */
+        specd_error cerr = {{0}};
+        const char *fam = specd_chat_family(specd_tokenizer_chat_template(tok), &cerr);
+        fprintf(stderr, "draft-svc: chat input %s%s\n", fam ? "as " : "off: ", fam ? fam : cerr.msg);
+    }
     int sig = specd_rpc_server_run_until_signal(srv, DRAIN_GRACE_MS);
     if (sig < 0) {
         fprintf(stderr, "draft-svc: cannot install signal handlers\n");

@@ -22,10 +22,13 @@
  * which str.isspace() holds, Unicode's among them. */
 #include "common/text/chat.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "common/util/utf8.h"
 
 #define IM_START "<|im_start|>"
 #define IM_END "<|im_end|>"
@@ -157,17 +160,11 @@ const char *specd_chat_family(const char *tmpl, specd_error *err) {
 
 /* ---- Jinja's trim and transformers' tojson -------------------------------- */
 
-/* The code point at p (valid UTF-8 up to end) and its length in *len. */
-static uint32_t utf8_at(const unsigned char *p, const unsigned char *end, int *len) {
-    uint32_t c = p[0];
-    int n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    if (p + n > end) n = 1;
-    if (n > 1) {
-        c &= 0x3Fu >> (n - 1);
-        for (int i = 1; i < n; i++) c = (c << 6) | (p[i] & 0x3Fu);
-    }
-    *len = n;
-    return c;
+/* The character at p and its length in *len; an invalid byte sequence is
+ * no space (a template never sees one: requests are checked for UTF-8). */
+static uint32_t utf8_at(const uint8_t *p, const uint8_t *end, size_t *len) {
+    if (specd_utf8_next(p, (size_t)(end - p), len) != SPECD_UTF8_OK) return 0xFFFD;
+    return specd_utf8_decode(p, *len);
 }
 
 /* Python's str.isspace(), the set str.strip() removes. */
@@ -179,11 +176,11 @@ static int py_space(uint32_t c) {
 
 /* Appends s with leading and trailing Python whitespace removed. */
 static void sb_trimmed(strbuf *b, const char *s) {
-    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
-    int len;
+    const uint8_t *p = (const uint8_t *)s, *end = p + strlen(s);
+    size_t len;
     while (p < end && py_space(utf8_at(p, end, &len))) p += len;
-    const unsigned char *last = p; /* one past the last non-space character */
-    for (const unsigned char *q = p; q < end; q += len)
+    const uint8_t *last = p; /* one past the last non-space character */
+    for (const uint8_t *q = p; q < end; q += len)
         if (!py_space(utf8_at(q, end, &len))) last = q + len;
     sb_add(b, (const char *)p, (size_t)(last - p));
 }
