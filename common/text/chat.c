@@ -17,6 +17,12 @@
  *             TRIM(messages[0].content if it is "system") <|eot_id|>
  *             then the turns as llama3 (a "tool" turn: an ipython header and
  *             the content as a JSON string, untrimmed), then the header.
+ *   deepseek-r1 (DeepSeek-R1-Distill-Llama): BOS, the LAST system message's
+ *             content, then <｜User｜>CONTENT per user turn,
+ *             <｜Assistant｜>ANSWER<｜end▁of▁sentence｜> per assistant turn
+ *             (ANSWER: what follows its last </think>, the reasoning is not
+ *             history), tool outputs wrapped in DeepSeek's tool-output
+ *             markers, and <｜Assistant｜><think>\n as the generation prompt.
  *
  * TRIM is Jinja's trim filter, Python's str.strip(): every character for
  * which str.isspace() holds, Unicode's among them. */
@@ -35,6 +41,15 @@
 #define L3_START "<|start_header_id|>"
 #define L3_END "<|end_header_id|>"
 #define L3_EOT "<|eot_id|>"
+/* DeepSeek's markers: fullwidth bars (U+FF5C) and U+2581 for spaces */
+#define DS_TOK(name) "<\uFF5C" name "\uFF5C>"
+#define DS_USER DS_TOK("User")
+#define DS_ASSISTANT DS_TOK("Assistant")
+#define DS_EOS DS_TOK("end\u2581of\u2581sentence")
+#define DS_OUTS_BEGIN DS_TOK("tool\u2581outputs\u2581begin")
+#define DS_OUTS_END DS_TOK("tool\u2581outputs\u2581end")
+#define DS_OUT_BEGIN DS_TOK("tool\u2581output\u2581begin")
+#define DS_OUT_END DS_TOK("tool\u2581output\u2581end")
 /* Llama 3.1's system preamble, as the templates spell it */
 #define L31_CUTOFF "Cutting Knowledge Date: December 2023\n"
 #define L31_TODAY "Today Date: "
@@ -118,9 +133,9 @@ char *specd_chat_default_system(const char *tmpl) {
 
 /* ---- families -------------------------------------------------------------- */
 
-typedef enum { FAM_CHATML, FAM_LLAMA3, FAM_LLAMA31 } chat_fam;
+typedef enum { FAM_CHATML, FAM_LLAMA3, FAM_LLAMA31, FAM_DEEPSEEK_R1 } chat_fam;
 
-static const char *const fam_names[] = {"chatml", "llama3", "llama3.1"};
+static const char *const fam_names[] = {"chatml", "llama3", "llama3.1", "deepseek-r1"};
 
 static int has(const char *s, const char *what) { return strstr(s, what) != NULL; }
 
@@ -128,10 +143,21 @@ static int has(const char *s, const char *what) { return strstr(s, what) != NULL
  * calling fine-tunes (functionary, firefunction) reuse them with turns of
  * their own. So llama3.1 needs Meta's system preamble (with its "Today
  * Date" line, which functionary's preamble lacks), and llama3 needs the
- * header + trimmed content turn and no tool or function handling at all. */
+ * header + trimmed content turn and no tool or function handling at all.
+ * DeepSeek's R1 distills: the template's own state and generation prompt,
+ * and no enable_thinking switch (the Qwen distill's copy in llama.cpp closes
+ * the thinking block with one). */
 static int detect(const char *tmpl, chat_fam *fam, specd_error *err) {
     if (!tmpl || (has(tmpl, IM_START) && has(tmpl, IM_END))) {
         *fam = FAM_CHATML;
+        return 0;
+    }
+    if (has(tmpl, DS_USER) && has(tmpl, "{{'" DS_ASSISTANT "<think>\\n'}}") &&
+        has(tmpl, "content.split('</think>')[-1]") &&
+        has(tmpl, "ns = namespace(is_first=false, is_tool=false, is_output_first=true, "
+                  "system_prompt='')") &&
+        !has(tmpl, "enable_thinking")) {
+        *fam = FAM_DEEPSEEK_R1;
         return 0;
     }
     if (has(tmpl, L3_START) && has(tmpl, L3_END) && has(tmpl, L3_EOT)) {
@@ -147,9 +173,9 @@ static int detect(const char *tmpl, chat_fam *fam, specd_error *err) {
             return 0;
         }
     }
-    specd_seterr(err, "unsupported chat template (specd renders the ChatML, Llama 3 and "
-                      "Llama 3.1-3.3 templates, with <|im_start|> or <|start_header_id|>; "
-                      "send text or token_ids instead)");
+    specd_seterr(err, "unsupported chat template (specd renders the ChatML, Llama 3, "
+                      "Llama 3.1-3.3 and DeepSeek-R1-Distill templates; send text or "
+                      "token_ids instead)");
     return -1;
 }
 
@@ -299,6 +325,47 @@ static int render_llama3(strbuf *b, chat_fam fam, const char *tmpl, const char *
     return 0;
 }
 
+static void render_deepseek_r1(strbuf *b, const char *bos, const specd_chat_msg *msgs,
+                               size_t n, int gen) {
+    const char *system = "";
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(msgs[i].role, "system")) system = msgs[i].content;
+    sb_str(b, bos);
+    sb_str(b, system);
+    /* in_tool: the last turns were tool outputs, whose block an answer or
+     * the end closes (a user turn does not); first_out: no output yet, in
+     * any block */
+    int in_tool = 0, first_out = 1;
+    for (size_t i = 0; i < n; i++) {
+        const char *role = msgs[i].role, *c = msgs[i].content;
+        if (!strcmp(role, "user")) {
+            in_tool = 0;
+            sb_str(b, DS_USER);
+            sb_str(b, c);
+        } else if (!strcmp(role, "assistant") && in_tool) {
+            in_tool = 0;
+            sb_str(b, DS_OUTS_END);
+            sb_str(b, c);
+            sb_str(b, DS_EOS);
+        } else if (!strcmp(role, "assistant")) {
+            for (const char *t = strstr(c, "</think>"); t; t = strstr(t + 1, "</think>"))
+                c = t + strlen("</think>");
+            sb_str(b, DS_ASSISTANT);
+            sb_str(b, c);
+            sb_str(b, DS_EOS);
+        } else if (!strcmp(role, "tool")) {
+            in_tool = 1;
+            sb_str(b, first_out ? DS_OUTS_BEGIN : "\n");
+            first_out = 0;
+            sb_str(b, DS_OUT_BEGIN);
+            sb_str(b, c);
+            sb_str(b, DS_OUT_END);
+        }
+    }
+    if (in_tool) sb_str(b, DS_OUTS_END);
+    if (gen && !in_tool) sb_str(b, DS_ASSISTANT "<think>\n");
+}
+
 char *specd_chat_render(const char *tmpl, const specd_chat_vars *vars,
                         const specd_chat_msg *msgs, size_t n, int add_generation_prompt,
                         specd_error *err) {
@@ -315,6 +382,8 @@ char *specd_chat_render(const char *tmpl, const specd_chat_vars *vars,
     sb_add(&b, "", 0);
     if (fam == FAM_CHATML) {
         render_chatml(&b, tmpl, msgs, n, add_generation_prompt);
+    } else if (fam == FAM_DEEPSEEK_R1) {
+        render_deepseek_r1(&b, bos, msgs, n, add_generation_prompt);
     } else if (render_llama3(&b, fam, tmpl, bos, vars ? vars->date : NULL, msgs, n,
                              add_generation_prompt, err)) {
         free(b.s);

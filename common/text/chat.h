@@ -19,10 +19,14 @@
  *            3.3 print the template's own date, "26 Jul 2024"; 3.2 prints
  *            today's, as transformers' strftime_now gives it), and "tool"
  *            messages as an ipython turn holding the content as a JSON
- *            string. Tool definitions and tool calls are not rendered.
+ *            string. Tool definitions and tool calls are not rendered;
+ *   deepseek-r1  DeepSeek's R1-Distill template (the Llama 3.1 8B and 70B
+ *            distills): <｜User｜> and <｜Assistant｜> turns, the system
+ *            prompt up front, answers without their </think> reasoning, and
+ *            "<｜Assistant｜><think>\n" to start the answer.
  *
- * Any other template (Mistral's [INST], function-calling fine-tunes that
- * reuse Llama 3's header tokens, ...) is refused with a message saying so,
+ * Any other template (function-calling fine-tunes that reuse Llama 3's
+ * header tokens, DeepSeek V3's, ...) is refused with a message saying so,
  * rather than rendered in a format the model was not trained on; such
  * models still take text and token-id prompts. */
 #ifndef SPECD_CHAT_H
@@ -45,8 +49,9 @@ typedef struct specd_chat_vars {
     const char *date;      /* what strftime_now("%d %b %Y") gives; NULL = today, UTC */
 } specd_chat_vars;
 
-/* The family a template belongs to ("chatml", "llama3", "llama3.1"; NULL =
- * plain ChatML), or NULL with a message naming the families specd renders. */
+/* The family a template belongs to ("chatml", "llama3", "llama3.1",
+ * "deepseek-r1"; NULL = plain ChatML), or NULL with a message naming the
+ * families specd renders. */
 const char *specd_chat_family(const char *template_or_null, specd_error *err);
 
 /* Returns the rendered prompt (malloc'd, NUL-terminated), or NULL with a

@@ -5,13 +5,15 @@
  * Input: one control byte, then fields separated by 0x00. Control bits 0-2
  * pick the template: 0 none (plain ChatML), 1 a ChatML one with a default
  * system prompt, 2 Llama 3.0's, 3 Llama 3.1's (a literal date), 4 Llama
- * 3.2's (strftime_now), 5-7 the first field itself. Bit 3: the generation
- * prompt. The remaining fields are role, content, role, content, ...
+ * 3.2's (strftime_now), 5 DeepSeek-R1's, 6-7 the first field itself. Bit 3:
+ * the generation prompt; bit 4: a given date. The remaining fields are
+ * role, content, role, content, ...
  *
  * Invariants: never a crash; specd_chat_family and specd_chat_render agree
  * (a family renders every conversation but Llama 3.1's empty one, no family
- * renders nothing); a rendering holds every message's role, and ends with
- * the assistant's header when asked for it. */
+ * renders nothing); a ChatML or Llama 3 rendering holds every message's
+ * role; asked for the generation prompt, a rendering ends with it (or, for
+ * DeepSeek-R1 after tool outputs, with the end of their block). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,7 +27,8 @@
 
 /* Short templates with each family's markers (the real ones are in
  * tests/golden/tokenizer/); detection reads markers, not the whole text. */
-static const char *const templates[5] = {
+#define DS "\uFF5C"
+static const char *const templates[6] = {
     NULL,
     "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe kind.<|im_end|>\\n' }}"
     "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'}}",
@@ -39,6 +42,10 @@ static const char *const templates[5] = {
     "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
     "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"
     "{{- \"Today Date: \" + date_string + \"\\n\\n\" }}<|end_header_id|><|eot_id|>",
+    "{%- set ns = namespace(is_first=false, is_tool=false, is_output_first=true, "
+    "system_prompt='') -%}{{'<" DS "User" DS ">' + message['content']}}"
+    "{%- set content = content.split('</think>')[-1] -%}"
+    "{%- if add_generation_prompt and not ns.is_tool -%}{{'<" DS "Assistant" DS "><think>\\n'}}",
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -57,7 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         p = z + 1;
     }
     int pick = ctl & 7, first = 0;
-    const char *tmpl = pick < 5 ? templates[pick] : (first = 1, fields[0]);
+    const char *tmpl = pick < 6 ? templates[pick] : (first = 1, fields[0]);
     specd_chat_msg msgs[MAX_MSGS];
     size_t n = 0;
     for (int i = first; i + 1 < nf && n < MAX_MSGS; i += 2)
@@ -68,9 +75,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *fam = specd_chat_family(tmpl, &err);
     specd_chat_vars vars = {"<|begin_of_text|>", ctl & 16 ? "07 Mar 2026" : NULL};
     char *out = specd_chat_render(tmpl, &vars, msgs, n, gen, &err);
-    if (!fam && out) abort();
+    if (!fam && (out || pick < 6)) abort(); /* the built-in templates are recognised */
     if (fam && !out && !(n == 0 && !strcmp(fam, "llama3.1"))) abort();
-    if (out) {
+    if (out && !strcmp(fam, "deepseek-r1")) {
+        size_t lo = strlen(out);
+        const char *tails[2] = {"<" DS "Assistant" DS "><think>\n",
+                                "<" DS "tool\u2581outputs\u2581end" DS ">"};
+        int ok = !gen;
+        for (int k = 0; k < 2 && !ok; k++)
+            ok = lo >= strlen(tails[k]) && !strcmp(out + lo - strlen(tails[k]), tails[k]);
+        if (!ok) abort();
+        free(out);
+    } else if (out) {
         for (size_t i = 0; i < n; i++) {
             /* a Llama 3.1 "tool" turn is spelled "ipython" */
             int renamed = !strcmp(fam, "llama3.1") &&

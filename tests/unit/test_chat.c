@@ -186,8 +186,8 @@ static int32_t token_id_of(const specd_tokenizer *tok, const char *text) {
     return id;
 }
 
-/* Meta's Llama 3.0-3.3 templates: every conversation as jinja2 renders it,
- * or refused where the template raises. */
+/* Meta's Llama 3.0-3.3 templates and DeepSeek's R1-Distill one: every
+ * conversation as jinja2 renders it, or refused where the template raises. */
 static void test_llama3_matches_jinja(void **state) {
     (void)state;
     cJSON *root = load_json(LLAMA3_FIXTURES);
@@ -216,9 +216,9 @@ static void test_llama3_matches_jinja(void **state) {
         free(got);
         total++;
     }
-    printf("  %d Llama 3 chat fixtures match jinja2 (%d refused as jinja2 raises)\n", total,
-           refused);
-    assert_true(total >= 60);
+    printf("  %d Llama 3 and DeepSeek-R1 chat fixtures match jinja2 (%d refused as jinja2 "
+           "raises)\n", total, refused);
+    assert_true(total >= 100);
     assert_true(refused >= 1);
     cJSON_Delete(root);
 }
@@ -232,7 +232,10 @@ static void test_families(void **state) {
         specd_error err = {{0}};
         const char *fam = specd_chat_family(t->valuestring, &err);
         assert_non_null(fam);
-        assert_string_equal(fam, strcmp(t->string, "llama3.0") ? "llama3.1" : "llama3");
+        const char *want = !strcmp(t->string, "llama3.0")    ? "llama3"
+                           : !strcmp(t->string, "deepseek-r1") ? "deepseek-r1"
+                                                                : "llama3.1";
+        assert_string_equal(fam, want);
     }
     int refused = 0;
     cJSON_ArrayForEach(t, cJSON_GetObjectItem(root, "refused")) {
@@ -248,7 +251,7 @@ static void test_families(void **state) {
         assert_null(specd_chat_render(tmpl, NULL, &m, 1, 1, &err));
         refused++;
     }
-    assert_int_equal(refused, 4);
+    assert_int_equal(refused, 6);
     specd_error err = {{0}};
     assert_string_equal(specd_chat_family(NULL, &err), "chatml");
     cJSON *chatml = load_fixtures();

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""make_llama3_chat_fixtures.py - Llama 3 chat conversations rendered by jinja2.
+"""make_llama3_chat_fixtures.py - Llama-family chat conversations rendered by jinja2.
 
 Writes llama3_chat_fixtures.json beside this file: each entry is a template
-(Meta's Llama 3.0, 3.1, 3.2 and 3.3 Instruct templates, as llama.cpp's source
-tree carries them), a conversation, add_generation_prompt, the variables the
+(Meta's Llama 3.0, 3.1, 3.2 and 3.3 Instruct templates, and DeepSeek's
+R1-Distill template, made for Llama 3.1 8B, as llama.cpp's source tree
+carries them), a conversation, add_generation_prompt, the variables the
 template reads (bos_token, the date strftime_now gives) and what jinja2
 renders, or null where the template raises (each template is stored once,
 under "templates"). tests/unit/test_chat.c checks
@@ -43,12 +44,19 @@ META = [
     ("llama3.2", "models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja"),
     ("llama3.3", "models/templates/meta-llama-Llama-3.3-70B-Instruct.jinja"),
 ]
-# Llama 3 header tokens, another model's rendering: must be refused.
+DEEPSEEK = [
+    ("deepseek-r1", "models/templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"),
+]
+DEEPSEEK_BOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
+# The same tokens, another model's rendering: must be refused.
 OTHERS = [
     "models/templates/meetkai-functionary-medium-v3.1.jinja",
     "models/templates/meetkai-functionary-medium-v3.2.jinja",
     "models/templates/fireworks-ai-llama-3-firefunction-v2.jinja",
-    "models/templates/deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+    "models/templates/deepseek-ai-DeepSeek-V3.1.jinja",
+    "models/templates/llama-cpp-deepseek-r1.jinja",
+    # the Qwen distill's copy closes the thinking block in its prompt
+    "models/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
 ]
 
 
@@ -93,6 +101,16 @@ CONVERSATIONS = [
      {"role": "tool", "content": "{\"t\": 21, \"note\": \"a \\\\ b\"}\n\tend\u0001 é <&>'"},
      {"role": "user", "content": "thanks"}],
     [],
+    # reasoning models: an answer's thinking is dropped from the history
+    [{"role": "system", "content": "first"}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "<think>\nadd</think>\n\n4</think> really 4"},
+     {"role": "system", "content": "second system wins"}, {"role": "user", "content": "and 3+3?"}],
+    # tool outputs, several in a row, then an answer, then more
+    [{"role": "user", "content": "look up"}, {"role": "tool", "content": "r1"},
+     {"role": "tool", "content": "r2"}, {"role": "assistant", "content": "done"},
+     {"role": "user", "content": "again"}, {"role": "tool", "content": "r3"}],
+    [{"role": "user", "content": "look up"}, {"role": "tool", "content": "r1"},
+     {"role": "user", "content": "never mind"}],
 ]
 
 
@@ -110,7 +128,7 @@ def main():
     src = sys.argv[1]
     env = environment()
     templates = [("llama3.0", llama3_0_template(src))]
-    for name, path in META:
+    for name, path in META + DEEPSEEK:
         templates.append((name, open(os.path.join(src, path), encoding="utf-8").read()))
     out = {"date": FIXED_DATE.strftime("%d %b %Y"), "templates": dict(templates), "fixtures": [],
            "refused": []}
@@ -122,10 +140,11 @@ def main():
                 # that case is a fixture for it.
                 if name == "llama3.0" and not gen:
                     continue
+                bos = DEEPSEEK_BOS if name.startswith("deepseek") else "<|begin_of_text|>"
                 out["fixtures"].append({
                     "template_name": name, "messages": msgs,
-                    "add_generation_prompt": gen, "bos_token": "<|begin_of_text|>",
-                    "expected": render(env, tmpl, msgs, gen, "<|begin_of_text|>")})
+                    "add_generation_prompt": gen, "bos_token": bos,
+                    "expected": render(env, tmpl, msgs, gen, bos)})
     for path in OTHERS:
         out["refused"].append({"template_name": os.path.basename(path),
                                "template": open(os.path.join(src, path), encoding="utf-8").read()})
