@@ -280,8 +280,9 @@ static void llama31_date(const char *tmpl, const char *given, char out[32]) {
         return;
     }
     const char *set = strstr(tmpl, "set date_string = ");
-    if (set) {
-        char *lit = read_literal(set + strlen("set date_string = "));
+    if (set) set += strlen("set date_string = ");
+    if (set && (*set == '"' || *set == '\'')) {
+        char *lit = read_literal(set);
         if (lit && strlen(lit) < 32) snprintf(out, 32, "%s", lit);
         free(lit);
     }
