@@ -263,7 +263,9 @@ static void llama3_header(strbuf *b, const char *role) {
 }
 
 /* The date Llama 3.1-3.3 print: today's (strftime_now("%d %b %Y"), C locale)
- * where the template asks for it, else the template's own literal. */
+ * where the template asks for it, else the template's own literal. The
+ * month names are a table, not strftime's %b, so that a process whose
+ * locale is set still prints Python's English ones. */
 static void llama31_date(const char *tmpl, const char *given, char out[32]) {
     static const char *const mon[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                         "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};

@@ -299,6 +299,18 @@ static void test_llama3_date(void **state) {
     cJSON_Delete(root);
 }
 
+/* Writes doc to dir/name and frees it. */
+static void write_json(const char *dir, const char *name, cJSON *doc) {
+    char path[256], *text = cJSON_PrintUnformatted(doc);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+    free(text);
+    cJSON_Delete(doc);
+}
+
 /* A Hugging Face directory's template comes from tokenizer_config.json;
  * specd_chat_tokenize writes BOS once (the template writes it and the model
  * wants one), spells the turns' control tokens as single ids, and the end
@@ -308,7 +320,6 @@ static void test_hf_dir_llama3_tokenize(void **state) {
     char dir[] = "/tmp/specd_chat_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char path[256];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     /* the tiny Llama 3 tokenizer of the fixtures, with the header tokens */
     char *json = test_read_file(test_path(TINY_LLAMA3_TOKENIZER), NULL);
     assert_non_null(json);
@@ -328,13 +339,7 @@ static void test_hf_dir_llama3_tokenize(void **state) {
         cJSON_ReplaceItemInObject(e, "content", cJSON_CreateString(headers[h]));
         cJSON_AddItemToArray(added, e);
     }
-    json = cJSON_PrintUnformatted(tj);
-    cJSON_Delete(tj);
-    FILE *fp = fopen(path, "wb");
-    assert_non_null(fp);
-    fputs(json, fp);
-    fclose(fp);
-    free(json);
+    write_json(dir, "tokenizer.json", tj);
     cJSON *root = load_json(LLAMA3_FIXTURES);
     cJSON *cfg = cJSON_CreateObject();
     cJSON_AddStringToObject(cfg, "bos_token", "<|begin_of_text|>");
@@ -349,14 +354,7 @@ static void test_hf_dir_llama3_tokenize(void **state) {
         cJSON_GetObjectItem(cJSON_GetObjectItem(root, "templates"), "llama3.1")->valuestring);
     cJSON_AddItemToArray(list, tool_use);
     cJSON_AddItemToArray(list, dflt);
-    char *cfg_text = cJSON_PrintUnformatted(cfg);
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    fp = fopen(path, "wb");
-    assert_non_null(fp);
-    fputs(cfg_text, fp);
-    fclose(fp);
-    free(cfg_text);
-    cJSON_Delete(cfg);
+    write_json(dir, "tokenizer_config.json", cfg);
 
     specd_error err = {{0}};
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
