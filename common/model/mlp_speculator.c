@@ -161,6 +161,15 @@ struct specd_mlp_speculator {
     specd_tensor t_lnw[SPECD_MLP_SPEC_MAX_PREDICT], t_lnb[SPECD_MLP_SPEC_MAX_PREDICT];
     specd_bweight lnw[SPECD_MLP_SPEC_MAX_PREDICT], lnb[SPECD_MLP_SPEC_MAX_PREDICT];
     int ln_owned[SPECD_MLP_SPEC_MAX_PREDICT]; /* 1 where the stage owns its ln arrays */
+    /* 1 where the stage's emb / proj / head are its own backend weights, 0
+     * where they are an earlier stage's (tie_weights; ln_owned says the same
+     * of the norm's vectors). A tied matrix is prepared (repacked, or
+     * uploaded to a GPU) once, so every stage reads the same bytes. On the
+     * CPU that makes a deeper draft level cheap: the shared head (8192 x
+     * 512, 2.6 MB as Q4_1) is still in the cache from the level before,
+     * where a copy per stage came from DRAM each time (bench_draft). */
+    int emb_owned[SPECD_MLP_SPEC_MAX_PREDICT], proj_owned[SPECD_MLP_SPEC_MAX_PREDICT],
+        head_owned[SPECD_MLP_SPEC_MAX_PREDICT];
     float emb_scale; /* emb_weight / state_weight */
     /* Reduced vocabulary (cfg.vocab_mapped), else NULL: draft id -> target id
      * (-1 = other) and target id -> draft id. */
@@ -354,6 +363,21 @@ static float *vector_f32(const safetensors_tensor *t, specd_error *err) {
     return v;
 }
 
+/* Stage i's matrix of one role (tables t, w, owned indexed by stage): a
+ * tied stage (from != i) takes stage `from`'s prepared weight as it is,
+ * whose src points at that stage's tensor, alive as long as the speculator;
+ * otherwise the stage prepares its own. */
+static int bind_matrix(specd_mlp_speculator *sp, const safetensors_tensor *st, int is_head, int i,
+                       int from, specd_tensor *t, specd_bweight *w, int *owned,
+                       specd_error *err) {
+    if (from != i) {
+        w[i] = w[from];
+        return 0;
+    }
+    owned[i] = 1; /* released on free even if preparing fails halfway */
+    return make_weight(sp, st, is_head, &t[i], &w[i], err);
+}
+
 /* Binds every stage's weights, applying the tying rule of the reference:
  * emb, head and ln shared by all stages (index 0), proj shared by stages
  * >= 1 (index 1; proj.0 reads emb_dim, the others inner_dim). */
@@ -376,19 +400,20 @@ static int bind_weights(specd_mlp_speculator *sp, specd_error *err) {
             !(lw = stage_tensor(sp, "ln", "weight", g, share, 1, c->inner_dim, 0, err)) ||
             !(lb = stage_tensor(sp, "ln", "bias", g, share, 1, c->inner_dim, 0, err)))
             return -1;
-        if (make_weight(sp, emb, 0, &sp->t_emb[i], &sp->emb[i], err) ||
-            make_weight(sp, proj, 0, &sp->t_proj[i], &sp->proj[i], err) ||
-            make_weight(sp, head, 1, &sp->t_head[i], &sp->head[i], err))
+        if (bind_matrix(sp, emb, 0, i, g, sp->t_emb, sp->emb, sp->emb_owned, err) ||
+            bind_matrix(sp, proj, 0, i, p, sp->t_proj, sp->proj, sp->proj_owned, err) ||
+            bind_matrix(sp, head, 1, i, g, sp->t_head, sp->head, sp->head_owned, err))
             return -1;
-        if (tied && i > 0) { /* same tensors as stage 0: share the fp32 copies */
+        if (tied && i > 0) { /* same tensors as stage 0: share its copies */
             sp->ln_w[i] = sp->ln_w[0];
             sp->ln_b[i] = sp->ln_b[0];
-        } else {
-            sp->ln_owned[i] = 1;
-            if (!(sp->ln_w[i] = vector_f32(lw, err)) || !(sp->ln_b[i] = vector_f32(lb, err)))
-                return -1;
+            sp->lnw[i] = sp->lnw[0];
+            sp->lnb[i] = sp->lnb[0];
+            continue;
         }
-        if (make_vector(sp, lw->name, sp->ln_w[i], c->inner_dim, &sp->t_lnw[i], &sp->lnw[i], err) ||
+        sp->ln_owned[i] = 1;
+        if (!(sp->ln_w[i] = vector_f32(lw, err)) || !(sp->ln_b[i] = vector_f32(lb, err)) ||
+            make_vector(sp, lw->name, sp->ln_w[i], c->inner_dim, &sp->t_lnw[i], &sp->lnw[i], err) ||
             make_vector(sp, lb->name, sp->ln_b[i], c->inner_dim, &sp->t_lnb[i], &sp->lnb[i], err))
             return -1;
     }
@@ -508,11 +533,11 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
     /* the backend's weights may point into the Q8_0 copies: freed last */
     for (int i = 0; i < SPECD_MLP_SPEC_MAX_PREDICT; i++) {
         if (sp->be) {
-            if (sp->emb[i].src) sp->be->ops->release_weight(sp->be, &sp->emb[i]);
-            if (sp->proj[i].src) sp->be->ops->release_weight(sp->be, &sp->proj[i]);
-            if (sp->head[i].src) sp->be->ops->release_weight(sp->be, &sp->head[i]);
-            if (sp->lnw[i].src) sp->be->ops->release_weight(sp->be, &sp->lnw[i]);
-            if (sp->lnb[i].src) sp->be->ops->release_weight(sp->be, &sp->lnb[i]);
+            if (sp->emb_owned[i]) sp->be->ops->release_weight(sp->be, &sp->emb[i]);
+            if (sp->proj_owned[i]) sp->be->ops->release_weight(sp->be, &sp->proj[i]);
+            if (sp->head_owned[i]) sp->be->ops->release_weight(sp->be, &sp->head[i]);
+            if (sp->ln_owned[i] && sp->lnw[i].src) sp->be->ops->release_weight(sp->be, &sp->lnw[i]);
+            if (sp->ln_owned[i] && sp->lnb[i].src) sp->be->ops->release_weight(sp->be, &sp->lnb[i]);
         }
         if (sp->ln_owned[i]) {
             free(sp->ln_w[i]);
@@ -538,6 +563,17 @@ void specd_mlp_speculator_free(specd_mlp_speculator *sp) {
 
 const specd_mlp_spec_config *specd_mlp_speculator_config(const specd_mlp_speculator *sp) {
     return &sp->cfg;
+}
+
+size_t specd_mlp_speculator_weight_bytes(const specd_mlp_speculator *sp) {
+    size_t n = 0;
+    for (int i = 0; i < sp->cfg.n_predict; i++) {
+        if (sp->emb_owned[i]) n += sp->emb[i].bytes;
+        if (sp->proj_owned[i]) n += sp->proj[i].bytes;
+        if (sp->head_owned[i]) n += sp->head[i].bytes;
+        if (sp->ln_owned[i]) n += sp->lnw[i].bytes + sp->lnb[i].bytes;
+    }
+    return n;
 }
 
 int specd_mlp_speculator_state_in_dim(const specd_mlp_speculator *sp, int stage) {

@@ -122,6 +122,10 @@ specd_mlp_speculator *specd_mlp_speculator_load_ex(const char *dir,
 void specd_mlp_speculator_free(specd_mlp_speculator *sp);
 
 const specd_mlp_spec_config *specd_mlp_speculator_config(const specd_mlp_speculator *sp);
+/* Bytes of the weights as the backend holds them (matrices as prepared:
+ * repacked, quantized or on the GPU; the norms' vectors). Each tied tensor
+ * counts once: its stages share one prepared copy. */
+size_t specd_mlp_speculator_weight_bytes(const specd_mlp_speculator *sp);
 /* Width of the state a stage reads: emb_dim for stage 0, inner_dim after. */
 int specd_mlp_speculator_state_in_dim(const specd_mlp_speculator *sp, int stage);
 

@@ -314,6 +314,40 @@ static void expect_load_error(const char *dir, const char *want) {
     remove_dir(dir);
 }
 
+/* Weight bytes of the synthetic speculator (valid_tensors, all F32, kept
+ * as stored) with n_predict stages, tied or not. */
+static size_t synthetic_weight_bytes(int n_predict, int tied) {
+    static const char config[] =
+        "{\"model_type\": \"mlp_speculator\", \"vocab_size\": 8, \"emb_dim\": 4, "
+        "\"inner_dim\": 6, \"n_predict\": %d, \"top_k_tokens_per_head\": [3, 2%s], "
+        "\"n_candidates\": 4, \"tie_weights\": %s, \"scale_input\": false}";
+    tspec t[32];
+    int n = valid_tensors(t, n_predict, tied, 1);
+    const char *dir =
+        make_dir(t, n, config, n_predict, n_predict > 2 ? ", 2" : "", tied ? "true" : "false");
+    specd_error err = {{0}};
+    specd_mlp_speculator *sp = specd_mlp_speculator_load(dir, 1, &err);
+    if (!sp) fail_msg("n_predict %d tied %d: %s", n_predict, tied, err.msg);
+    size_t bytes = specd_mlp_speculator_weight_bytes(sp);
+    specd_mlp_speculator_free(sp);
+    remove_dir(dir);
+    return bytes;
+}
+
+/* A tied tensor is held once, however many stages read it: a third tied
+ * stage adds no bytes, a third untied one adds its emb, proj, head and
+ * norm. (Sizes in F32: emb and head 8 x 6, proj 6 x 4 for stage 0 and
+ * 6 x 6 after, ln weight and bias 6 each.) */
+static void test_tied_weights_held_once(void **s) {
+    (void)s;
+    const size_t emb = 8 * 6 * 4, head = 8 * 6 * 4, proj0 = 6 * 4 * 4, proj = 6 * 6 * 4,
+                 ln = 2 * 6 * 4;
+    assert_int_equal(synthetic_weight_bytes(2, 1), emb + proj0 + proj + head + ln);
+    assert_int_equal(synthetic_weight_bytes(3, 1), emb + proj0 + proj + head + ln);
+    assert_int_equal(synthetic_weight_bytes(2, 0), 2 * (emb + head + ln) + proj0 + proj);
+    assert_int_equal(synthetic_weight_bytes(3, 0), 3 * (emb + head + ln) + proj0 + 2 * proj);
+}
+
 static void test_valid_synthetic(void **s) {
     (void)s;
     tspec t[32];
@@ -545,6 +579,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_untied_f32),
         cmocka_unit_test(test_tied_f16_scale_input),
+        cmocka_unit_test(test_tied_weights_held_once),
         cmocka_unit_test(test_sharded_bf16_scale_input),
         cmocka_unit_test(test_valid_synthetic),
         cmocka_unit_test(test_bad_tensors),
