@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/rpc/request_ctx.h"
+#include "common/text/chat.h"
 #include "draft-svc/batcher.h"
 #include "draft-svc/draft_metrics.h"
 #include "draft-svc/driver.h"
@@ -24,6 +25,10 @@ struct specd_draft_service {
     specd_accept_calib calib[SPECD_N_DRAFTERS], calib_sampled[SPECD_N_DRAFTERS];
     specd_driver_env env;
     char tok_sha256[65];
+    /* GetInfo's: the family of the tokenizer's chat template (chat.h), ""
+     * when draft-svc takes no messages (no tokenizer, or a template specd
+     * does not render) */
+    const char *chat_format;
     int vocab; /* from the tokenizer or a drafter; 0 = unknown (the targets check ids) */
     specd_draft_limits lim; /* what request_check.h checks against */
     int watching; /* the metrics' scrape hook on o.pool is registered */
@@ -211,6 +216,9 @@ static void h_info(specd_rpc_call *c, void *user) {
     r.tokenizer_sha256 = svc->tok_sha256[0] ? svc->tok_sha256 : ti.tokenizer_sha256;
     r.bos_token_id = ti.bos_token_id;
     r.eos_token_id = ti.eos_token_id;
+    r.n_end_token_ids = (size_t)ti.n_end_token_ids;
+    r.end_token_ids = ti.end_token_ids;
+    r.chat_format = (char *)svc->chat_format;
     r.backend = ti.backend;
     r.max_sessions = ti.max_sessions; /* of one target */
     r.max_tree_tokens = svc->o.max_tree_tokens < ti.max_tree_tokens ? svc->o.max_tree_tokens
@@ -285,6 +293,7 @@ specd_draft_service *specd_draft_service_create(const specd_draft_opts *o, specd
         }
     }
     if (o->tok) specd_tokenizer_sha256_hex(o->tok, svc->tok_sha256);
+    svc->chat_format = specd_chat_format(o->tok);
     svc->lim = (specd_draft_limits){
         .tok = o->tok,
         .vocab = svc->vocab,

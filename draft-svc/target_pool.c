@@ -183,19 +183,7 @@ static void refresh(specd_tpool *p) {
 
 /* ---- compatibility --------------------------------------------------------- */
 
-/* GetInfo and the compatibility check, without the pool lock (it is a
- * network call). 1 = compatible, 0 = incompatible, -1 = unreachable. */
-static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info *info) {
-    Specd__V1__InfoRequest req = SPECD__V1__INFO_REQUEST__INIT;
-    Specd__V1__Info *r = NULL;
-    specd_error err = {{0}};
-    grpc_status_code code =
-        specd_rpc_unary(m->ch, "/specd.v1.Target/GetInfo", &req.base, &specd__v1__info__descriptor,
-                        (ProtobufCMessage **)&r, p->o.info_timeout_ms, &err);
-    if (code != GRPC_STATUS_OK) {
-        fprintf(stderr, "draft-svc: target %s: GetInfo: %s\n", m->addr, err.msg);
-        return -1;
-    }
+void specd_target_info_from_pb(const struct Specd__V1__Info *r, specd_target_info *info) {
     memset(info, 0, sizeof *info);
     info->vocab_size = r->vocab_size;
     info->hidden_size = r->hidden_size;
@@ -205,6 +193,8 @@ static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info
     info->queue_wait_ms = r->queue_wait_ms > INT32_MAX ? INT32_MAX : (int)r->queue_wait_ms;
     info->eos_token_id = r->eos_token_id;
     info->bos_token_id = r->bos_token_id;
+    for (size_t i = 0; i < r->n_end_token_ids && i < SPECD_TARGET_MAX_END; i++)
+        info->end_token_ids[info->n_end_token_ids++] = r->end_token_ids[i];
     snprintf(info->tokenizer_sha256, sizeof info->tokenizer_sha256, "%s",
              r->tokenizer_sha256 ? r->tokenizer_sha256 : "");
     snprintf(info->model_id, sizeof info->model_id, "%s", r->model_id ? r->model_id : "");
@@ -220,17 +210,35 @@ static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info
                 specd_step_cost_load(&info->step_cost, &(int){(int)sc->batch_tokens[i]},
                                      &(double){sc->forward_us[i]}, 1);
     }
+}
+
+const char *specd_target_info_mismatch(const specd_tpool_opts *o, const specd_target_info *info) {
+    if (o->expect_vocab && info->vocab_size != o->expect_vocab) return "vocab_size";
+    if (o->expect_hidden && info->hidden_size != o->expect_hidden) return "hidden_size";
+    if (o->expect_tokenizer_sha256 && *o->expect_tokenizer_sha256 &&
+        strcmp(info->tokenizer_sha256, o->expect_tokenizer_sha256))
+        return "tokenizer_sha256";
+    if (info->max_tree_tokens < 1 || info->vocab_size < 1 || info->context_length < 2)
+        return "limits";
+    return NULL;
+}
+
+/* GetInfo and the compatibility check, without the pool lock (it is a
+ * network call). 1 = compatible, 0 = incompatible, -1 = unreachable. */
+static int check_member(specd_tpool *p, specd_tpool_member *m, specd_target_info *info) {
+    Specd__V1__InfoRequest req = SPECD__V1__INFO_REQUEST__INIT;
+    Specd__V1__Info *r = NULL;
+    specd_error err = {{0}};
+    grpc_status_code code =
+        specd_rpc_unary(m->ch, "/specd.v1.Target/GetInfo", &req.base, &specd__v1__info__descriptor,
+                        (ProtobufCMessage **)&r, p->o.info_timeout_ms, &err);
+    if (code != GRPC_STATUS_OK) {
+        fprintf(stderr, "draft-svc: target %s: GetInfo: %s\n", m->addr, err.msg);
+        return -1;
+    }
+    specd_target_info_from_pb(r, info);
     protobuf_c_message_free_unpacked(&r->base, NULL);
-    const char *why = NULL;
-    if (p->o.expect_vocab && info->vocab_size != p->o.expect_vocab)
-        why = "vocab_size";
-    else if (p->o.expect_hidden && info->hidden_size != p->o.expect_hidden)
-        why = "hidden_size";
-    else if (p->o.expect_tokenizer_sha256 && *p->o.expect_tokenizer_sha256 &&
-             strcmp(info->tokenizer_sha256, p->o.expect_tokenizer_sha256))
-        why = "tokenizer_sha256";
-    else if (info->max_tree_tokens < 1 || info->vocab_size < 1 || info->context_length < 2)
-        why = "limits";
+    const char *why = specd_target_info_mismatch(&p->o, info);
     if (why) {
         fprintf(stderr,
                 "draft-svc: target %s (%s) is incompatible: its %s differs from what this "

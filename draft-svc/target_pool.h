@@ -39,10 +39,16 @@ typedef struct specd_tpool specd_tpool;
 typedef struct specd_tpool_member specd_tpool_member;
 
 /* What the pool learned from a member's GetInfo. */
+#define SPECD_TARGET_MAX_END 16
+
 typedef struct specd_target_info {
     int vocab_size, hidden_size, context_length, max_tree_tokens, max_sessions;
     int queue_wait_ms; /* how long it may queue a new session before RESOURCE_EXHAUSTED */
     int eos_token_id, bos_token_id;
+    /* the ids that end a generation there (GetInfo's end_token_ids; a
+     * longer list is cut: GetInfo passes it on, nothing decides by it) */
+    int32_t end_token_ids[SPECD_TARGET_MAX_END];
+    int n_end_token_ids;
     char tokenizer_sha256[65];
     char model_id[256];
     char backend[16];
@@ -64,6 +70,18 @@ typedef struct specd_tpool_opts {
     int expect_hidden;
     const char *expect_tokenizer_sha256;
 } specd_tpool_opts;
+
+/* A target's GetInfo answer (bytes from another service) as the pool keeps
+ * it: numbers as they are, strings cut to their fields, at most
+ * SPECD_TARGET_MAX_END end ids, and only the cost points with 1..2^20
+ * tokens and a finite positive time. Pure: tests/fuzz/fuzz_target_info.c
+ * feeds it any bytes protobuf-c decodes. */
+struct Specd__V1__Info;
+void specd_target_info_from_pb(const struct Specd__V1__Info *r, specd_target_info *info);
+/* Why draft-svc must not send this target sessions ("vocab_size",
+ * "hidden_size", "tokenizer_sha256" against o's expectations, or "limits"
+ * for a target that cannot hold a session), or NULL when it may. */
+const char *specd_target_info_mismatch(const specd_tpool_opts *o, const specd_target_info *info);
 
 specd_tpool *specd_tpool_create(const specd_tpool_opts *o, specd_error *err);
 void specd_tpool_free(specd_tpool *p); /* every member must have been released */

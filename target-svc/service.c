@@ -17,6 +17,7 @@
 #include "common/util/dtype.h"
 #include "common/rpc/ipc_caps.h"
 #include "common/rpc/prompt.h"
+#include "common/text/chat.h"
 #include "common/text/text_stream.h"
 #include "kernels/ipc.h"
 #include "specd.pb-c.h"
@@ -38,6 +39,7 @@ struct specd_target_service {
     int dim;
     char tok_sha256[65]; /* "" without a tokenizer */
     char model_id[1024];
+    const char *chat_format; /* GetInfo's: the template's family, "" = no chat input */
 };
 
 /* The scheduler's cancellation probe: a call that is gone needs no work. */
@@ -637,6 +639,19 @@ static void h_generate(specd_rpc_call *c, void *user) {
 
 /* ---- GetInfo ---------------------------------------------------------------------- */
 
+/* The ids that end a session with finish EOS (session.c): the EOS, then
+ * the other end ids, each once. */
+static int end_token_ids(const specd_session_limits *lim, int32_t out[SPECD_SESSION_MAX_END + 1]) {
+    int n = 0;
+    if (lim->eos_id >= 0) out[n++] = lim->eos_id;
+    for (int i = 0; i < lim->n_end_ids; i++) {
+        int dup = 0;
+        for (int j = 0; j < n; j++) dup |= out[j] == lim->end_ids[i];
+        if (!dup) out[n++] = lim->end_ids[i];
+    }
+    return n;
+}
+
 static void h_info(specd_rpc_call *c, void *user) {
     specd_target_service *svc = user;
     const specd_llama_hparams *hp = &svc->m->hp;
@@ -654,6 +669,10 @@ static void h_info(specd_rpc_call *c, void *user) {
     r.max_tree_tokens = svc->o.max_tree_tokens;
     r.max_sessions = svc->o.max_sessions;
     r.queue_wait_ms = (uint32_t)specd_sched_queue_wait_ms(svc->sched);
+    r.chat_format = (char *)svc->chat_format;
+    int32_t ends[SPECD_SESSION_MAX_END + 1];
+    r.n_end_token_ids = (size_t)end_token_ids(&svc->lim, ends);
+    r.end_token_ids = ends;
     Specd__V1__KvPoolInfo kv = SPECD__V1__KV_POOL_INFO__INIT;
     specd_kv_pool_stats st;
     specd_sched_kv_stats(svc->sched, &st);
@@ -718,6 +737,7 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
         .max_tree_tokens = o->max_tree_tokens,
         .eos_id = tok && specd_tokenizer_eos(tok) >= 0 ? specd_tokenizer_eos(tok) : m->hp.eos_id,
     };
+    svc->chat_format = specd_chat_format(tok);
     if (tok) {
         _Static_assert(SPECD_TOKENIZER_MAX_END <= SPECD_SESSION_MAX_END, "end ids fit");
         svc->lim.n_end_ids = specd_tokenizer_end_ids(tok, svc->lim.end_ids);

@@ -184,6 +184,13 @@ const char *specd_chat_family(const char *tmpl, specd_error *err) {
     return detect(tmpl, &fam, err) ? NULL : fam_names[fam];
 }
 
+const char *specd_chat_format(const specd_tokenizer *tok) {
+    if (!tok) return "";
+    specd_error err;
+    const char *fam = specd_chat_family(specd_tokenizer_chat_template(tok), &err);
+    return fam ? fam : "";
+}
+
 /* ---- Jinja's trim and transformers' tojson -------------------------------- */
 
 /* The character at p and its length in *len; an invalid byte sequence is

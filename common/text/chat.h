@@ -63,6 +63,11 @@ char *specd_chat_render(const char *template_or_null, const specd_chat_vars *var
                         const specd_chat_msg *msgs, size_t n, int add_generation_prompt,
                         specd_error *err);
 
+/* The family a service renders chat messages in with this tokenizer's
+ * template (GetInfo's chat_format), or "" where it takes none: no
+ * tokenizer, or a template of no family above. */
+const char *specd_chat_format(const specd_tokenizer *tok_or_null);
+
 /* Chat messages -> prompt ids, as every service and tool builds them: the
  * tokenizer's template rendered with the generation prompt and the BOS
  * token's text, tokenized with special tokens recognized, then BOS first

@@ -1151,6 +1151,10 @@ static void test_get_info(void **state) {
     assert_int_equal(info->hidden_size, 64);
     assert_int_equal(info->context_length, TINY_CTX);
     assert_int_equal(info->eos_token_id, 2);
+    /* the tiny models have no tokenizer: no messages, EOS the one end */
+    assert_string_equal(info->chat_format, "");
+    assert_int_equal((int)info->n_end_token_ids, 1);
+    assert_int_equal(info->end_token_ids[0], 2);
     assert_string_equal(info->backend, "cpu");
     assert_int_equal(info->max_tree_tokens, 32);
     assert_int_equal((int)info->n_drafters, 5);
@@ -1514,6 +1518,41 @@ static void test_smol_q8_cache(void **state) {
     world_down(&W);
 }
 
+/* GetInfo of both services of W: the chat format they render messages
+ * in, and the ids that end a generation, in the target's order, which
+ * draft-svc passes on: the EOS first, each id once, every one an end id of
+ * the tokenizer. */
+static void expect_chat_info(world *W, const char *want_format, int min_ends) {
+    const char *methods[] = {"/specd.v1.Target/GetInfo", "/specd.v1.Draft/GetInfo"};
+    specd_rpc_channel *chs[] = {W->tch, W->dch};
+    int32_t ends[SPECD_TOKENIZER_MAX_END];
+    int n_tok_ends = W->tok ? specd_tokenizer_end_ids(W->tok, ends) : 0;
+    for (int k = 0; k < 2; k++) {
+        Specd__V1__InfoRequest q = SPECD__V1__INFO_REQUEST__INIT;
+        Specd__V1__Info *info = NULL;
+        specd_error err = {{0}};
+        if (specd_rpc_unary(chs[k], methods[k], &q.base, &specd__v1__info__descriptor,
+                            (ProtobufCMessage **)&info, WAIT_MS, &err) != GRPC_STATUS_OK)
+            fail_msg("%s: %s", methods[k], err.msg);
+        if (strcmp(info->chat_format, want_format))
+            fail_msg("%s: chat_format \"%s\", want \"%s\"", methods[k], info->chat_format,
+                     want_format);
+        if ((int)info->n_end_token_ids < min_ends)
+            fail_msg("%s: %zu end_token_ids, want at least %d", methods[k],
+                     info->n_end_token_ids, min_ends);
+        assert_int_equal(info->end_token_ids[0], info->eos_token_id);
+        for (size_t i = 0; i < info->n_end_token_ids; i++) {
+            int32_t id = info->end_token_ids[i];
+            for (size_t j = 0; j < i; j++) assert_int_not_equal(info->end_token_ids[j], id);
+            if (W->tok && !specd_tokenizer_is_end(W->tok, id))
+                fail_msg("%s: end_token_ids[%zu] = %d is no end id of the tokenizer", methods[k],
+                         i, id);
+        }
+        if (W->tok) assert_true((int)info->n_end_token_ids >= n_tok_ends);
+        specd__v1__info__free_unpacked(info, NULL);
+    }
+}
+
 static void test_smol_text(void **state) {
     (void)state;
     if (!smol_present()) {
@@ -1523,6 +1562,9 @@ static void test_smol_text(void **state) {
     world W;
     /* The draft LM is the model itself: its q equals p, the trees are long. */
     world_up(&W, SMOL, SMOL, NULL, 512, 256, 2);
+    /* SmolLM2's template is ChatML; its EOS and <|im_end|>, <|endoftext|>
+     * end a generation */
+    expect_chat_info(&W, "chatml", 2);
     gen_out *ref = malloc(sizeof *ref), *got = malloc(sizeof *got);
     const char *drafters[] = {"none", "ngram", "draft_lm"};
     const shape shapes[] = {{0, 0}, {2, 3}, {1, 5}};

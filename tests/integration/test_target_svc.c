@@ -715,6 +715,11 @@ static void test_get_info(void **state) {
     assert_int_equal(info->hidden_size, 64);
     assert_int_equal(info->context_length, CTX);
     assert_int_equal(info->eos_token_id, 2);
+    if (!S.tok) { /* no messages without a tokenizer; EOS the one end */
+        assert_string_equal(info->chat_format, "");
+        assert_int_equal((int)info->n_end_token_ids, 1);
+        assert_int_equal(info->end_token_ids[0], 2);
+    }
     assert_string_equal(info->backend, "cpu");
     assert_int_equal(info->max_tree_tokens, MAX_TREE);
     assert_int_equal(info->max_sessions, 4);
