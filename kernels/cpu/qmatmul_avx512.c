@@ -28,7 +28,11 @@
 #include <immintrin.h>
 
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
-#define NT 8 /* tokens per pass: 8 accumulators + 8 weight registers + temps */
+/* Tokens per pass: a pass holds one fp32 accumulator per token, the tile's
+ * 8 decoded chunks and a few temporaries in the 32 zmm registers. VNNI
+ * passes take up to 16 tokens; the AVX-512BW ones up to 8, as their dot
+ * needs two more temporaries (and Q8_0's sign masks) and spilled at 16. */
+#define NT 16 /* the most of any kernel: the accumulator array's size */
 
 /* The two dot flavours, as macros so each kernel below is compiled for its
  * own target. `ones` is 16-bit 1s (vpmaddwd's partner). */
@@ -43,30 +47,51 @@
         else _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (v));   \
     } while (0)
 
-/* Row groups [g0, g1) for all tokens, NT at a time; the remainder's count
- * is a constant in each call, so its loops unroll. */
-#define DEF_DRIVER(NAME, TARGET)                                                               \
+/* Row groups [g0, g1) for all tokens, in passes of at most NTP tokens, as
+ * equal as they go: at 8 a pass, 9 tokens are 5 + 4, not 8 + 1, whose pass
+ * of one token decodes every tile again for a single dot. Each pass's count
+ * is a constant in its call, so its loops unroll (the pragmas: GCC's own
+ * limit stops short of 16 tokens, and an accumulator array it keeps in
+ * memory costs a third). A token's sums are the same in any pass (a fixed
+ * order per token), so the split changes no bit. On the Zen 5 VM, against
+ * 8 a pass with the remainder last, a 9-token Q4_1 or Q8_0 matmul takes
+ * 0.93x the time and a 12-token one 0.92-0.94x (bench/kernel_ab.sh). */
+#define PASS_CASE(NAME, n) \
+    case n: NAME##_pass(a, g, t0, n); break;
+#define PASS_CASES_8(NAME)                                                           \
+    PASS_CASE(NAME, 1) PASS_CASE(NAME, 2) PASS_CASE(NAME, 3) PASS_CASE(NAME, 4)      \
+    PASS_CASE(NAME, 5) PASS_CASE(NAME, 6) PASS_CASE(NAME, 7) PASS_CASE(NAME, 8)
+#define PASS_CASES_16(NAME)                                                          \
+    PASS_CASES_8(NAME)                                                               \
+    PASS_CASE(NAME, 9) PASS_CASE(NAME, 10) PASS_CASE(NAME, 11) PASS_CASE(NAME, 12)   \
+    PASS_CASE(NAME, 13) PASS_CASE(NAME, 14) PASS_CASE(NAME, 15) PASS_CASE(NAME, 16)
+#define DEF_DRIVER(NAME, TARGET, NTP)                                                          \
     static __attribute__((target(TARGET))) void NAME(const cpu_qmm_args *a, int64_t g0,       \
                                                      int64_t g1) {                            \
+        const int n_tok = a->a.n_tok;                                                         \
+        if (n_tok <= 0) return;                                                               \
+        const int passes = (n_tok + NTP - 1) / NTP;                                           \
+        const int base = n_tok / passes, longer = n_tok % passes; /* passes of base + 1 */    \
+        if (n_tok == 1) { /* decode: through the pass loop, 1.06x the time when hot */         \
+            for (int64_t g = g0; g < g1; g++) NAME##_pass(a, g, 0, 1);                        \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t g = g0; g < g1; g++) {                                                   \
-            int t0 = 0;                                                                       \
-            for (; t0 + NT <= a->a.n_tok; t0 += NT) NAME##_pass(a, g, t0, NT);                \
-            switch (a->a.n_tok - t0) {                                                        \
-            case 1: NAME##_pass(a, g, t0, 1); break;                                          \
-            case 2: NAME##_pass(a, g, t0, 2); break;                                          \
-            case 3: NAME##_pass(a, g, t0, 3); break;                                          \
-            case 4: NAME##_pass(a, g, t0, 4); break;                                          \
-            case 5: NAME##_pass(a, g, t0, 5); break;                                          \
-            case 6: NAME##_pass(a, g, t0, 6); break;                                          \
-            case 7: NAME##_pass(a, g, t0, 7); break;                                          \
-            default: break;                                                                   \
+            for (int p = 0, t0 = 0; p < passes; p++) {                                        \
+                const int nt = base + (p < longer);                                           \
+                switch (nt) {                                                                 \
+                    PASS_CASES_##NTP(NAME)                                                    \
+                default: break;                                                               \
+                }                                                                             \
+                t0 += nt;                                                                     \
             }                                                                                 \
         }                                                                                     \
     }
+#define UNROLL_TOKENS _Pragma("GCC unroll 16")
 
 /* ---- 4-bit tiles (Q4_0, Q4_1) -------------------------------------------- */
 
-#define DEF_Q4(NAME, TARGET, DOT)                                                              \
+#define DEF_Q4(NAME, TARGET, DOT, NTP)                                                            \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -74,7 +99,7 @@
         const __m512i ones = _mm512_set1_epi16(1);                                            \
         (void)ones;                                                                           \
         __m512 acc[NT];                                                                       \
-        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();                            \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
         const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
         for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
             PREFETCH_TILE(tile, QT_Q4_BYTES);                                                 \
@@ -86,7 +111,7 @@
                 q[v] = _mm512_and_si512(raw, lo4);                                            \
                 q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);                  \
             }                                                                                 \
-            for (int t = 0; t < nt; t++) {                                                    \
+            UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
@@ -101,10 +126,10 @@
             }                                                                                 \
         }                                                                                     \
         const int64_t n = W->rows - g * QT_ROWS;                                              \
-        for (int t = 0; t < nt; t++)                                                          \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++)                                            \
             STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
     }                                                                                         \
-    DEF_DRIVER(NAME, TARGET)
+    DEF_DRIVER(NAME, TARGET, NTP)
 
 /* ---- 8-bit tiles (Q8_0) --------------------------------------------------- */
 
@@ -126,7 +151,7 @@
                               ones))
 #define Q8_FIX_BW(is, sqv) (is)
 
-#define DEF_Q8(NAME, TARGET, PREP, DOT, FIX)                                                   \
+#define DEF_Q8(NAME, TARGET, PREP, DOT, FIX, NTP)                                                 \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -134,7 +159,7 @@
         const __m512i ones = _mm512_set1_epi16(1);                                            \
         (void)sign80, (void)ones;                                                             \
         __m512 acc[NT];                                                                       \
-        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();                            \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
         const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
         for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
             PREFETCH_TILE(tile, QT_Q8_BYTES);                                                 \
@@ -146,7 +171,7 @@
                 w[c] = _mm512_loadu_si512((const void *)(tile + 32 + 64 * c));                \
                 PREP(w, c);                                                                   \
             }                                                                                 \
-            for (int t = 0; t < nt; t++) {                                                    \
+            UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
@@ -161,15 +186,15 @@
             }                                                                                 \
         }                                                                                     \
         const int64_t n = W->rows - g * QT_ROWS;                                              \
-        for (int t = 0; t < nt; t++)                                                          \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++)                                            \
             STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
     }                                                                                         \
-    DEF_DRIVER(NAME, TARGET)
+    DEF_DRIVER(NAME, TARGET, NTP)
 
-DEF_Q4(q4_bw, TBW, DOT_BW)
-DEF_Q4(q4_vnni, TBW ",avx512vnni", DOT_VNNI)
-DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_FIX_BW)
-DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_FIX_VNNI)
+DEF_Q4(q4_bw, TBW, DOT_BW, 8)
+DEF_Q4(q4_vnni, TBW ",avx512vnni", DOT_VNNI, 16)
+DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_FIX_BW, 8)
+DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_FIX_VNNI, 16)
 
 /* The activation quantizer (qmatmul.c's cpu_quantize_act, read it first),
  * a block of 32 in two zmm: the same operations per element (|x|, max,

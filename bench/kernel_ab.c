@@ -1,0 +1,127 @@
+/* kernel_ab.c - two builds of one matmul kernel file, timed in turn inside
+ * one process: the way to tell a kernel change of a few percent on a shared
+ * machine, whose speed drifts between runs by more than that.
+ *
+ * Built and run by bench/kernel_ab.sh, which compiles the kernel file twice
+ * (a git revision's as ks_A, the working tree's as ks_B) and links both
+ * here; read that script first.
+ *
+ * For each token count: one Q4_1 (1536 x 576, the FFN gate) or Q8_0
+ * (4096 x 576, a slice of the LM head) matrix, repacked into a huge-page
+ * arena as the CPU backend keeps it, multiplied on one thread
+ *   hot:  the same copy again and again (in L2: the kernel's arithmetic);
+ *   cold: the next of copies spanning 96 MB (from DRAM, as in a forward
+ *         pass);
+ * A and B alternate call batch by call batch, 41 times; the medians are
+ * printed with B / A. The two outputs are compared bit for bit: a kernel
+ * change that is meant to be a pure speed-up must not move a bit. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util/clock.h"
+#include "common/util/dtype.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/quant_impl.h"
+#include "kernels/cpu/weight_arena.h"
+
+int ks_A(cpu_kernel_set *ks, int vnni);
+int ks_B(cpu_kernel_set *ks, int vnni);
+
+#define REPS 41
+#define HOT_CALLS 20
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3 || (strcmp(argv[1], "q4") && strcmp(argv[1], "q8"))) {
+        fprintf(stderr, "usage: kernel_ab q4|q8 VNNI(0|1)\n");
+        return 2;
+    }
+    const int q4 = !strcmp(argv[1], "q4"), vnni = atoi(argv[2]);
+    const int64_t rows = q4 ? 1536 : 4096, cols = 576;
+    const specd_dtype type = q4 ? SPECD_Q4_1 : SPECD_Q8_0;
+    const specd_dtype_info *ti = specd_dtype_get(type);
+    const size_t nblk = (size_t)(rows * cols) / 32, bytes = nblk * ti->block_bytes;
+    uint8_t *raw = malloc(bytes);
+    if (!raw) return 1;
+    srand(1);
+    for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)rand();
+    /* finite scales (fp16 0x2000 = 2^-7): random bits would make NaNs and
+     * infinities, whose bits say nothing about the kernels */
+    for (size_t b = 0; b < nblk; b++) {
+        const uint16_t h = 0x2000;
+        memcpy(raw + b * ti->block_bytes, &h, 2);
+        if (q4) memcpy(raw + b * ti->block_bytes + 2, &h, 2);
+    }
+    specd_tensor t = {.type = type, .n_dims = 2, .ne = {(uint64_t)cols, (uint64_t)rows, 1, 1},
+                      .data = raw, .nbytes = bytes};
+    const int n_copies = (int)((96u << 20) / bytes) + 1;
+    cpu_arena *arena = cpu_arena_create();
+    cpu_qweight *w = calloc((size_t)n_copies, sizeof *w);
+    if (!arena || !w) return 1;
+    for (int i = 0; i < n_copies; i++)
+        if (cpu_qweight_make(&t, &w[i], arena) != 1) return 1;
+
+    cpu_kernel_set A, B;
+    memset(&A, 0, sizeof A), memset(&B, 0, sizeof B);
+    if (!ks_A(&A, vnni) || !ks_B(&B, vnni)) {
+        fprintf(stderr, "kernel_ab: this CPU lacks the path\n");
+        return 1;
+    }
+    const cpu_qkind kind = q4 ? CPU_Q4 : CPU_Q8;
+    const int max_tok = 16;
+    float *x = malloc(sizeof(float) * (size_t)(max_tok * cols));
+    float *y[2] = {malloc(sizeof(float) * (size_t)(max_tok * rows)),
+                   malloc(sizeof(float) * (size_t)(max_tok * rows))};
+    int8_t *q = malloc((size_t)(max_tok * cols));
+    const size_t nb_all = (size_t)(max_tok * cols / 32);
+    float *d = malloc(sizeof(float) * nb_all), *s = malloc(sizeof(float) * nb_all);
+    int32_t *sq = malloc(sizeof(int32_t) * nb_all);
+    if (!x || !y[0] || !y[1] || !q || !d || !s || !sq) return 1;
+    for (int64_t i = 0; i < max_tok * cols; i++) x[i] = (float)(rand() % 1000) / 500.0f - 1.0f;
+    cpu_quantize_act(x, max_tok, cols, q, d, s, sq);
+
+    printf("%s %lldx%lld, %s kernels, 1 thread, %d copies (cold); median us of %d turns\n",
+           ti->name, (long long)rows, (long long)cols, vnni ? "VNNI" : "non-VNNI", n_copies, REPS);
+    printf("| n_tok | hot A | hot B | B/A | cold A | cold B | B/A | bits |\n");
+    printf("|--:|--:|--:|--:|--:|--:|--:|---|\n");
+    const int toks[] = {1, 2, 4, 5, 8, 9, 12, 16};
+    int differ = 0;
+    for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+        const int nt = toks[k];
+        double med[2][2];
+        for (int cold = 0; cold < 2; cold++) {
+            double ts[2][REPS];
+            const int calls = cold ? n_copies : HOT_CALLS;
+            for (int r = 0; r < REPS; r++)
+                for (int v = 0; v < 2; v++) {
+                    const cpu_kernel_set *ks = v ? &B : &A;
+                    const double t0 = specd_now_s();
+                    for (int i = 0; i < calls; i++) {
+                        const cpu_qweight *W = &w[cold ? i : 0];
+                        cpu_qmm_args a = {.w = W,
+                                          .a = {.n_tok = nt, .cols = cols, .nb = cols / 32,
+                                                .q = q, .d = d, .s = s, .sq = sq},
+                                          .y = y[v],
+                                          .ldy = rows};
+                        ks->qrows[kind](&a, 0, W->n_groups);
+                    }
+                    ts[v][r] = (specd_now_s() - t0) / calls * 1e6;
+                }
+            for (int v = 0; v < 2; v++) {
+                qsort(ts[v], REPS, sizeof(double), cmp_double);
+                med[cold][v] = ts[v][REPS / 2];
+            }
+        }
+        const int same = !memcmp(y[0], y[1], sizeof(float) * (size_t)(nt * rows));
+        differ |= !same;
+        printf("| %d | %.1f | %.1f | %.3f | %.1f | %.1f | %.3f | %s |\n", nt, med[0][0], med[0][1],
+               med[0][1] / med[0][0], med[1][0], med[1][1], med[1][1] / med[1][0],
+               same ? "same" : "DIFFER");
+    }
+    return differ;
+}
