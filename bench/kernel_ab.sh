@@ -21,6 +21,9 @@ case $file in
 *avx2*) sym=cpu_qkernels_avx2 ;;
 *) echo "kernel_ab: $file is not a qmatmul SIMD file" >&2; exit 2 ;;
 esac
+for lib in kernels spec util; do
+    [ -f "build/libspecd_$lib.a" ] || { echo "kernel_ab: build/libspecd_$lib.a missing: cmake --build build first" >&2; exit 2; }
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git show "$rev:$file" > "$tmp/a.c"
