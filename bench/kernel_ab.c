@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const cpu_qkind kind = q4 ? CPU_Q4 : CPU_Q8;
-    const int max_tok = 16;
+    const int max_tok = 64;
     float *x = malloc(sizeof(float) * (size_t)(max_tok * cols));
     float *y[2] = {malloc(sizeof(float) * (size_t)(max_tok * rows)),
                    malloc(sizeof(float) * (size_t)(max_tok * rows))};
@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
            ti->name, (long long)rows, (long long)cols, vnni ? "VNNI" : "non-VNNI", n_copies, REPS);
     printf("| n_tok | hot A | hot B | B/A | cold A | cold B | B/A | bits |\n");
     printf("|--:|--:|--:|--:|--:|--:|--:|---|\n");
-    const int toks[] = {1, 2, 4, 5, 8, 9, 12, 16};
+    const int toks[] = {1, 2, 4, 5, 8, 9, 12, 16, 32, 64};
     int differ = 0;
     for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
         const int nt = toks[k];
