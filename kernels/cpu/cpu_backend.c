@@ -707,7 +707,9 @@ static void q8_prepass_task(void *ctx, int task, int thread) {
  * threads than KV heads (3 for SmolLM2 on a 4-core machine, 8 for Llama-3
  * on 16 cores, 1 for a multi-query model on any), some threads have no
  * task at all while the others read the whole cache, and at a long context
- * that pass is most of the step. Rows are independent on the K side and
+ * that pass is most of the step. With KV heads that do not divide among
+ * the threads (SmolLM2's 3 on 2) one thread reads two heads' rows while
+ * the other waits for it after one. Rows are independent on the K side and
  * head elements on the V side, so the pass then splits into three runs
  * that every thread shares, each value computed by the same kernel calls
  * as above:
@@ -729,7 +731,12 @@ static void q8_prepass_task(void *ctx, int task, int thread) {
  * the gain, hence SPLIT_MIN_ROWS. Where every thread has a KV head already
  * (3 on 2 threads) splitting measured no faster (3,000 rows 4.46-4.75 ms
  * against 4.56-4.70; 1,000 rows 1.44-1.45 against 1.64-1.73), so it is
- * left to the one run. */
+ * left to the one run. On the 2-vCPU AMD EPYC Zen 5 VM, 3 KV heads on 2
+ * threads split against not (bench_attention, alternated, three runs):
+ * 3,000 rows 4.63/5.04/4.66 ms against 6.87/5.39/5.22, 2,000 rows
+ * 2.90-4.28 against 3.23-4.35, 1,500 rows 1.94-3.06 against 2.35-3.01;
+ * so heads that do not divide evenly among the threads split too, and
+ * heads that do (4 on 2 threads, 3 on 3) keep the one run. */
 #define SPLIT_MIN_ROWS 1024
 #define SPLIT_SLICE 32   /* V side: head elements per task */
 #define SPLIT_MAX_CHUNKS 64
@@ -823,14 +830,14 @@ static void split_values_task(void *ctx, int task, int thread) {
 
 /* The split decode for this step, or 0 where attn_task's one run serves:
  * one sequence, one new token, no mask, a context of SPLIT_MIN_ROWS or
- * more, more threads than KV heads, and the block kernels to call (not the
- * scalar set). */
+ * more, KV heads that leave a thread idle or do not divide evenly among
+ * the threads, and the block kernels to call (not the scalar set). */
 static int split_decode(cpu_backend *c, float *out, const float *q, const void *k_pool,
                         const void *v_pool, int f16, int n_heads, int n_kv_heads, int head_dim) {
     const specd_step *st = &c->step;
     const cpu_kernel_set *ks = cpu_active_kernels();
     const int threads = specd_pool_size(c->pool);
-    if (st->n_seqs != 1 || threads <= n_kv_heads) return 0;
+    if (st->n_seqs != 1 || (threads <= n_kv_heads && n_kv_heads % threads == 0)) return 0;
     const specd_step_seq *s = &st->seqs[0];
     const int width = s->n_past + 1;
     if (s->n_new != 1 || s->mask || width < SPLIT_MIN_ROWS) return 0;

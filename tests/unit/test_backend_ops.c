@@ -1158,9 +1158,10 @@ static void test_attention_blocks_bitwise(void **state) {
  * (the same step on a 1-thread backend, which never splits), on every SIMD
  * path, fp32 and fp16 KV, for GQA (3 heads a KV head), multi-query (9),
  * MHA (one: the per-query kernels) and a 128-wide head (4 slices), at
- * widths on and off page and chunk edges. 4 threads (on however many
- * cores): below SPLIT_MIN_ROWS (1,024) and with 4 KV heads it must not
- * split. */
+ * widths on and off page and chunk edges. 4 threads, then 2 (on however
+ * many cores): below SPLIT_MIN_ROWS (1,024) and with 4 KV heads, which
+ * divide evenly among 4 or 2 threads, it must not split; 3 KV heads on 2
+ * threads (one thread would read two heads' rows) must. */
 static void test_attention_split_decode(void **state) {
     (void)state;
     static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
@@ -1172,9 +1173,12 @@ static void test_attention_split_decode(void **state) {
     for (int i = 0; i < PAGES; i++) pages[i] = (i * 7 + 3) % PAGES; /* out of order */
     specd_error err = {{0}};
     specd_backend_opts o1 = {.name = "cpu", .n_threads = 1}, o4 = {.name = "cpu", .n_threads = 4};
+    specd_backend_opts o2 = {.name = "cpu", .n_threads = 2};
     specd_backend *one = specd_backend_create(&o1, &err), *four = specd_backend_create(&o4, &err);
+    specd_backend *two = specd_backend_create(&o2, &err);
     assert_non_null(one);
     assert_non_null(four);
+    assert_non_null(two);
     tstep *st = malloc(sizeof *st);
     int tested = 0;
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
@@ -1182,15 +1186,17 @@ static void test_attention_split_decode(void **state) {
         /* the scalar set has no block kernels: nothing splits there */
         const int can_split = strcmp(paths[pi], "scalar") != 0;
         tested++;
-        for (int f16 = 0; f16 < 2; f16++)
+        for (int run = 0; run < 4; run++) /* 4 threads, then 2; fp32 then fp16 KV */
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+                    const int bi = run / 2, f16 = run % 2;
                     const int nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd;
                     const int width = widths[wi], kvd = nkv * hd, qw = nh * hd;
                     const specd_dtype kvt = f16 ? SPECD_F16 : SPECD_F32;
                     const uint64_t seed = 4000 + 100 * si + 10 * wi + (uint64_t)f16;
                     kvcache c;
-                    one->kv_type = four->kv_type = kvt;
+                    specd_backend *many = bi ? two : four;
+                    one->kv_type = many->kv_type = kvt;
                     kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)PAGES * SPECD_KV_PAGE_ROWS, seed);
                     const seq_spec sp = {width - 1, 1, NULL, pages};
                     tstep_init(st, 1, &sp, 16, 7, 100);
@@ -1201,21 +1207,22 @@ static void test_attention_split_decode(void **state) {
                     test_fill_random(q, (size_t)qw, seed + 1, 2.0f);
                     test_fill_random(k, (size_t)kvd, seed + 2, 1.0f);
                     test_fill_random(v, (size_t)kvd, seed + 3, 1.0f);
-                    const long before = cpu_split_decodes(four);
-                    run_attention(four, st, &c, q, k, v, nh, nkv, hd, o2, after2);
+                    const long before = cpu_split_decodes(many);
+                    run_attention(many, st, &c, q, k, v, nh, nkv, hd, o2, after2);
                     const int want = can_split && shapes[si].split && width >= 1024;
-                    if (cpu_split_decodes(four) - before != want)
-                        fail_msg("%s %s nh %d nkv %d hd %d width %d: split %ld times, want %d",
-                                 paths[pi], f16 ? "f16" : "f32", nh, nkv, hd, width,
-                                 cpu_split_decodes(four) - before, want);
+                    if (cpu_split_decodes(many) - before != want)
+                        fail_msg("%s %s %d threads nh %d nkv %d hd %d width %d: split %ld times, "
+                                 "want %d",
+                                 paths[pi], f16 ? "f16" : "f32", bi ? 2 : 4, nh, nkv, hd, width,
+                                 cpu_split_decodes(many) - before, want);
                     run_attention(one, st, &c, q, k, v, nh, nkv, hd, o1, after1);
                     assert_int_equal(cpu_split_decodes(one), 0);
                     for (int e = 0; e < qw; e++)
                         if (memcmp(&o1[e], &o2[e], sizeof(float)))
                             fail_msg("%s %s nh %d nkv %d hd %d width %d: element %d is %.9g "
-                                     "on 4 threads, %.9g on 1",
+                                     "on %d threads, %.9g on 1",
                                      paths[pi], f16 ? "f16" : "f32", nh, nkv, hd, width, e,
-                                     (double)o2[e], (double)o1[e]);
+                                     (double)o2[e], bi ? 2 : 4, (double)o1[e]);
                     assert_memory_equal(after1, after2, c.bytes);
                     free(c.host), free(q), free(k), free(v), free(o1), free(o2);
                     free(after1), free(after2);
@@ -1226,6 +1233,7 @@ static void test_attention_split_decode(void **state) {
     free(st);
     one->ops->destroy(one);
     four->ops->destroy(four);
+    two->ops->destroy(two);
 }
 
 /* An fp16 cache stores each new K/V element exactly as specd_f32_to_fp16
