@@ -728,15 +728,17 @@ static void q8_prepass_task(void *ctx, int task, int thread) {
  * --kv-heads 1, 2 threads, Sapphire Rapids VM): decode over 3,000 rows,
  * 30 layers, 2.71-3.03 ms in one run against 2.15-2.29 ms split; over
  * 1,000 rows even (0.96-1.00 against 0.89-1.03), the two extra runs eating
- * the gain, hence SPLIT_MIN_ROWS. Where every thread has a KV head already
- * (3 on 2 threads) splitting measured no faster (3,000 rows 4.46-4.75 ms
- * against 4.56-4.70; 1,000 rows 1.44-1.45 against 1.64-1.73), so it is
- * left to the one run. On the 2-vCPU AMD EPYC Zen 5 VM, 3 KV heads on 2
- * threads split against not (bench_attention, alternated, three runs):
- * 3,000 rows 4.63/5.04/4.66 ms against 6.87/5.39/5.22, 2,000 rows
+ * the gain, hence SPLIT_MIN_ROWS. There, 3 KV heads on 2 threads split
+ * measured no faster than the one run (3,000 rows 4.46-4.75 ms against
+ * 4.56-4.70; 1,000 rows 1.44-1.45 against 1.64-1.73). On the 2-vCPU AMD
+ * EPYC Zen 5 VM, where two threads stream the cache at a third of the
+ * memory's pace, they split faster (bench_attention, alternated, three
+ * runs: 3,000 rows 4.63/5.04/4.66 ms against 6.87/5.39/5.22, 2,000 rows
  * 2.90-4.28 against 3.23-4.35, 1,500 rows 1.94-3.06 against 2.35-3.01;
- * so heads that do not divide evenly among the threads split too, and
- * heads that do (4 on 2 threads, 3 on 3) keep the one run. */
+ * decode after a 3,000-token prompt 133-137 tok/s against 122-129), so
+ * heads that do not divide evenly among the threads split too, and heads
+ * that do (4 on 2 threads, 3 on 3) keep the one run. Re-measure on a
+ * machine like the first. */
 #define SPLIT_MIN_ROWS 1024
 #define SPLIT_SLICE 32   /* V side: head elements per task */
 #define SPLIT_MAX_CHUNKS 64
