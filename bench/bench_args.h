@@ -1,5 +1,6 @@
-/* bench_args.h - the command-line list the micro-benchmarks share. Header
- * only: each bench/ program is one file plus this. */
+/* bench_args.h - what the micro-benchmarks share: the command-line list
+ * and the comparison their medians sort by. Header only: each bench/
+ * program is one file plus this. */
 #ifndef SPECD_BENCH_ARGS_H
 #define SPECD_BENCH_ARGS_H
 
@@ -18,6 +19,12 @@ static inline int bench_int_list(const char *s, int *v, int cap, long lo, long h
         if (*end && *end != ',') return -1;
     }
     return n;
+}
+
+/* qsort's order for doubles, ascending (a median is then v[n / 2]). */
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 #endif

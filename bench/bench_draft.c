@@ -64,11 +64,6 @@ static void stream_read(const unsigned char *p, size_t n) {
     g_sink += sum;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* "1x1,3x4" into candidates and depths; the count, or -1. */
 static int parse_shapes(const char *s, int *cands, int *depths) {
     int n = 0;
@@ -191,7 +186,7 @@ int main(int argc, char **argv) {
                 if (r >= 0) times[r] = specd_now_us() - t0;
                 nodes = tb.n_nodes;
             }
-            qsort(times, (size_t)reps, sizeof *times, cmp_double);
+            qsort(times, (size_t)reps, sizeof *times, bench_cmp_double);
             int depth = depths[si] < d->max_depth ? depths[si] : d->max_depth;
             printf("| %7d | %2dx%-2d | %5d | %9.1f | %10.1f | %19.1f |\n", threads[ti], cands[si],
                    depths[si], nodes, times[reps / 2], times[0], times[reps / 2] / depth);

@@ -20,17 +20,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_args.h"
 #include "bench/echo_service.h"
 #include "common/rpc/rpc_client.h"
 #include "common/util/clock.h"
 
 #define WARMUP 200
 #define ROUNDS 5
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* N ping-pongs of `size` bytes on one stream to target; the round trips
  * (us) into rt. 0 or -1 + err. */
@@ -134,7 +130,7 @@ int main(int argc, char **argv) {
         }
         for (size_t t = 0; !status && t < 2; t++) {
             int m = per * ROUNDS;
-            qsort(rt[t], (size_t)m, sizeof(double), cmp_d);
+            qsort(rt[t], (size_t)m, sizeof(double), bench_cmp_double);
             double sum = 0;
             for (int i = 0; i < m; i++) sum += rt[t][i];
             printf("| %s | %zu B | %.1f | %.1f | %.1f |\n", tr[t].name, sizes[s], sum / m,

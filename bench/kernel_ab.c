@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_args.h"
 #include "common/util/clock.h"
 #include "common/util/dtype.h"
 #include "kernels/cpu/qmatmul.h"
@@ -30,11 +31,6 @@ int ks_B(cpu_kernel_set *ks, int vnni);
 
 #define REPS 41
 #define HOT_CALLS 20
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv) {
     if (argc != 3 || (strcmp(argv[1], "q4") && strcmp(argv[1], "q8"))) {
@@ -113,7 +109,7 @@ int main(int argc, char **argv) {
                     ts[v][r] = (specd_now_s() - t0) / calls * 1e6;
                 }
             for (int v = 0; v < 2; v++) {
-                qsort(ts[v], REPS, sizeof(double), cmp_double);
+                qsort(ts[v], REPS, sizeof(double), bench_cmp_double);
                 med[cold][v] = ts[v][REPS / 2];
             }
         }

@@ -70,12 +70,12 @@
                                                      int64_t g1) {                            \
         const int n_tok = a->a.n_tok;                                                         \
         if (n_tok <= 0) return;                                                               \
-        const int passes = (n_tok + NTP - 1) / NTP;                                           \
-        const int base = n_tok / passes, longer = n_tok % passes; /* passes of base + 1 */    \
         if (n_tok == 1) { /* decode: through the pass loop, 1.06x the time when hot */         \
             for (int64_t g = g0; g < g1; g++) NAME##_pass(a, g, 0, 1);                        \
             return;                                                                           \
         }                                                                                     \
+        const int passes = (n_tok + NTP - 1) / NTP;                                           \
+        const int base = n_tok / passes, longer = n_tok % passes; /* passes of base + 1 */    \
         for (int64_t g = g0; g < g1; g++) {                                                   \
             for (int p = 0, t0 = 0; p < passes; p++) {                                        \
                 const int nt = base + (p < longer);                                           \
