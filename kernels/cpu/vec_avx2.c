@@ -240,12 +240,15 @@ static inline TAVX2F16 void widen_row(float *dst, const uint16_t *src, int n) {
 /* Decode at a long context streams the cache from memory, and one KV
  * head's slice of a row is a few lines out of every row (256 of 768 bytes
  * for SmolLM2): a stride the hardware prefetcher follows slowly. The K pass
- * (dots_paged) asks for the row KV_PREFETCH_ROWS ahead itself: a KV head's
- * 3 queries over 3,000 rows x 30 layers, one thread, took 13.2-15.2 ms
- * without and 7.4-8.7 ms with (a kernel microbenchmark, not committed).
- * The V pass measured no faster with it. Prefetches never fault, but the
- * page table lookup must stay inside the sequence. */
-#define KV_PREFETCH_ROWS 16
+ * (dots_paged) and the fp16 V pass ask for the row KV_PREFETCH_ROWS ahead
+ * themselves. The distance must cover a DRAM miss at the pass's pace (~5
+ * ns a head's row): 16 rows did not. A decode step's attention over 3,000
+ * rows x 30 layers, one thread, on the Zen 5 VM (bench/kernel_ab.sh HEAD~1
+ * kernels/cpu/vec_avx2.c): 0.68x the time at 64 rows with the V pass
+ * prefetching, 0.85x with the V prefetch at 16 rows, no faster at 64 rows
+ * without the V prefetch. Prefetches never fault, but the page table
+ * lookup must stay inside the sequence. */
+#define KV_PREFETCH_ROWS 64
 
 static inline __attribute__((always_inline)) void
 kv_prefetch_row(const void *pool, int f16, const int32_t *pages, int r, int n_rows,
@@ -541,6 +544,7 @@ static TAVX2F16 void kv_axpys_block_f16_avx2(float *const *o, const float *const
     for (int t0 = 0; t0 < n_rows; t0 += AXPY_TILE) {
         int nt = n_rows - t0 < AXPY_TILE ? n_rows - t0 : AXPY_TILE;
         for (int r = 0; r < nt; r++) {
+            kv_prefetch_row(pool, 1, pages, t0 + r + KV_PREFETCH_ROWS, n_rows, stride, off, n);
             widen_row(tile[r], cpu_kv_paged_row_f16(pool, pages, t0 + r, stride, off), n);
             rows[r] = tile[r];
         }

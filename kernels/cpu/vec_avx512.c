@@ -35,8 +35,12 @@
 
 /* Prefetch distance of the K and V passes, in rows: vec_avx2.c's (a KV
  * head's slice of a row is a short piece of a long stride, which the
- * hardware prefetcher follows slowly). */
-#define K_PREFETCH_ROWS 16
+ * hardware prefetcher follows slowly; read its comment). A decode step's
+ * attention over 1,000-3,000 rows x 30 layers, one thread, Zen 5 VM
+ * (bench/kernel_ab.sh with vec_avx512.c): at 48-128 rows 0.63-0.74x the
+ * time of 16 rows, which did not cover a DRAM miss; _MM_HINT_T1 or T2
+ * instead of T0 gained less (0.70-0.83x). */
+#define K_PREFETCH_ROWS 64
 
 /* Prefetches every cache line of one KV head's slice (n elements) of the
  * sequence's row r: the K passes ask for rows K_PREFETCH_ROWS ahead. */
@@ -633,7 +637,7 @@ dots_qlanes(const float *const *q, int nq, const void *pool, int f16, const int3
     }
     for (int r = 0; r < n_rows; r += 16) {
         const int nr = n_rows - r < 16 ? n_rows - r : 16;
-        for (int i = 16; i < 32 && r + i < n_rows; i++) /* the next tile (K_PREFETCH_ROWS) */
+        for (int i = K_PREFETCH_ROWS; i < K_PREFETCH_ROWS + 16 && r + i < n_rows; i++)
             prefetch_kv_row(pool, f16, pages, r + i, stride, off, n);
         const float *kr[16];
         for (int i = 0; i < 16; i++) {
