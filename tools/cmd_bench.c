@@ -3,7 +3,7 @@
  * cmd_bench_e2e.c).
  *
  * Default: a table of prefill and decode tokens/s for one stream (the median
- * of --reps runs), the bytes of weights one decode step reads, and the
+ * of --reps runs), the bytes of weights and KV cache a decode step reads, and the
  * memory read bandwidth of this machine measured in the same run, so the
  * decode figure can be read as a fraction of the bandwidth bound. The decode
  * loop is real greedy decoding (argmax fed back), not a synthetic kernel
@@ -102,6 +102,12 @@ static double decode_weight_bytes(const specd_model_file *m) {
     }
     if (m->hp.tied_embeddings) total += (double)specd_model_tensor(m, "token_embd.weight")->nbytes;
     return total;
+}
+
+/* Bytes of K and V one cached token holds, all layers, in the cache's type:
+ * what a decode step reads per row of context. */
+static double kv_token_bytes(const specd_llama_hparams *hp, specd_dtype kv_type) {
+    return (double)hp->n_layers * 2 * (double)specd_kv_row_bytes(kv_type, hp->n_kv_heads * hp->head_dim);
 }
 
 typedef struct bw_job {
@@ -454,8 +460,7 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
     e->kv_name = kv && kv->name ? kv->name : "?";
     e->weight_bytes = specd_transformer_decode_weight_bytes(r->t);
     e->file_bytes = decode_weight_bytes(m);
-    e->kv_token_bytes = (double)m->hp.n_layers * 2 *
-                        (double)specd_kv_row_bytes(be->kv_type, m->hp.n_kv_heads * m->hp.head_dim);
+    e->kv_token_bytes = kv_token_bytes(&m->hp, be->kv_type);
     e->peak_bytes_per_s = 0;
     pick_peak(e, o, &di, n_threads);
 }
@@ -884,7 +889,13 @@ int cmd_bench(int argc, char **argv) {
     } else {
         double pre = median(pre_s, reps), dec = median(dec_s, reps);
         double wbytes = specd_transformer_decode_weight_bytes(t);
-        double achieved = wbytes * gen / dec / 1e9;
+        /* decode token g reads the prompt's rows and those of the tokens
+         * before it and its own, prompt_len + g + 1 of them: on average over
+         * the run prompt_len + (gen + 1) / 2 (at 3,000 tokens of SmolLM2's
+         * fp16 cache 69 MB, most of a step's read beside 97 MB of weights) */
+        double kvbytes = kv_token_bytes(hp, specd_transformer_kv_dtype(t)) *
+                         (prompt_len + (gen + 1) / 2.0);
+        double achieved = (wbytes + kvbytes) * gen / dec / 1e9;
         printf("model    %s (%d layers, dim %d, vocab %d)\n", model, hp->n_layers, hp->dim,
                hp->vocab_size);
         printf("backend  %s (%s, precision %s, KV cache %s), %d threads, median of %d runs\n\n",
@@ -895,13 +906,14 @@ int cmd_bench(int argc, char **argv) {
         printf("|---------|-------:|----------:|---------:|\n");
         printf("| prefill | %6d | %9.1f | %8.1f |\n", prompt_len, pre * 1e3, prompt_len / pre);
         printf("| decode  | %6d | %9.1f | %8.1f |\n", gen, dec * 1e3, gen / dec);
-        printf("\nweights read per decode token: %.1f MB -> %.1f GB/s achieved\n", wbytes / 1e6,
-               achieved);
+        printf("\nread per decode token: %.1f MB of weights + %.1f MB of KV cache (on average) "
+               "-> %.1f GB/s achieved\n",
+               wbytes / 1e6, kvbytes / 1e6, achieved);
         if (bandwidth) {
             double bw = measure_bandwidth(n_threads);
             printf("memory read bandwidth (%d threads): %.1f GB/s -> decode bound %.1f tokens/s; "
                    "decode runs at %.0f%% of it\n",
-                   n_threads, bw, bw * 1e9 / wbytes, 100.0 * achieved / bw);
+                   n_threads, bw, bw * 1e9 / (wbytes + kvbytes), 100.0 * achieved / bw);
             print_prefill_bound(hp, prompt_len, pre, precision, n_threads);
         }
     }
