@@ -7,7 +7,9 @@
  * bytes broadcast to all lanes (a load-port broadcast, no shuffle):
  *
  *   VNNI:     isum = vpdpbusd(isum, w_u8, x_s8)               (1 instruction)
- *   AVX-512BW: isum += vpmaddwd(vpmaddubsw(w_u8, x_s8), 1)      (3 instructions)
+ *   AVX-512BW: isum += vpmaddwd(vpmaddubsw(w_u8, x_s8), 1)      (3 instructions;
+ *              4-bit weights: the int16 pair sums of a block's 8 chunks
+ *              added first, one vpmaddwd a block, ISUM4_BW)
  *
  * vpdpbusd and vpmaddubsw take unsigned weights. 4-bit weights are unsigned
  * already. Signed Q8_0 weights: VNNI adds 128 (xor 0x80) and subtracts
@@ -30,8 +32,10 @@
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 /* Tokens per pass: a pass holds one fp32 accumulator per token, the tile's
  * 8 decoded chunks and a few temporaries in the 32 zmm registers. VNNI
- * passes take up to 16 tokens; the AVX-512BW ones up to 8, as their dot
- * needs two more temporaries (and Q8_0's sign masks) and spilled at 16. */
+ * passes and AVX-512BW 4-bit ones take up to 16 tokens; AVX-512BW Q8_0
+ * passes up to 8, as their dot needs two more temporaries and the sign
+ * masks, and spilled at 16. (4-bit BW passes of 16 against 8: 9 tokens
+ * 0.91-0.93x the time, 12 tokens 0.95-0.99x, other counts even.) */
 #define NT 16 /* the most of any kernel: the accumulator array's size */
 
 /* The two dot flavours, as macros so each kernel below is compiled for its
@@ -39,6 +43,36 @@
 #define DOT_VNNI(acc, w, x) _mm512_dpbusd_epi32((acc), (w), (x))
 #define DOT_BW(acc, w, x) \
     _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((w), (x)), ones))
+
+/* A 4-bit block's int32 sums for one token (qmatmul_avx2.c's ISUM4_*, 16
+ * rows wide): `q` the 8 decoded chunks, `xq` the token's 32 activation
+ * bytes. With VNNI, two vpdpbusd chains (one chain was 4-9% slower at 4-64
+ * tokens: bench/kernel_ab.sh). Without it, vpmaddubsw's int16 pair sums of
+ * 4-bit weights are at most 2 * 15 * 127 = 3810 in magnitude (the
+ * quantizer never makes -128), so all eight chunks add up in int16 (at
+ * most 30480 < 32767) and ONE vpmaddwd widens them instead of one per
+ * chunk. Integer sums are exact either way: no bit changes. */
+#define ISUM4_VNNI(is, q, xq)                                                                 \
+    do {                                                                                      \
+        __m512i s0_ = _mm512_setzero_si512(), s1_ = _mm512_setzero_si512();                   \
+        for (int c_ = 0; c_ < 8; c_ += 2) {                                                   \
+            s0_ = DOT_VNNI(s0_, (q)[c_], _mm512_set1_epi32(ld32((xq) + 4 * c_)));             \
+            s1_ = DOT_VNNI(s1_, (q)[c_ + 1], _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)));     \
+        }                                                                                     \
+        (is) = _mm512_add_epi32(s0_, s1_);                                                    \
+    } while (0)
+#define ISUM4_BW(is, q, xq)                                                                   \
+    do {                                                                                      \
+        __m512i p0_ = _mm512_maddubs_epi16((q)[0], _mm512_set1_epi32(ld32(xq)));              \
+        __m512i p1_ = _mm512_maddubs_epi16((q)[1], _mm512_set1_epi32(ld32((xq) + 4)));        \
+        for (int c_ = 2; c_ < 8; c_ += 2) {                                                   \
+            p0_ = _mm512_add_epi16(                                                           \
+                p0_, _mm512_maddubs_epi16((q)[c_], _mm512_set1_epi32(ld32((xq) + 4 * c_))));  \
+            p1_ = _mm512_add_epi16(                                                           \
+                p1_, _mm512_maddubs_epi16((q)[c_ + 1], _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
+        }                                                                                     \
+        (is) = _mm512_madd_epi16(_mm512_add_epi16(p0_, p1_), ones);                           \
+    } while (0)
 
 /* Stores 16 outputs, or the first n of them (the last, partial row group). */
 #define STORE_ROWS(p, v, n)                                                   \
@@ -91,7 +125,7 @@
 
 /* ---- 4-bit tiles (Q4_0, Q4_1) -------------------------------------------- */
 
-#define DEF_Q4(NAME, TARGET, DOT, NTP)                                                            \
+#define DEF_Q4(NAME, TARGET, ISUM, NTP)                                                           \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -114,12 +148,9 @@
             UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
-                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
-                for (int c = 0; c < 8; c += 2) {                                              \
-                    s0 = DOT(s0, q[c], _mm512_set1_epi32(ld32(xq + 4 * c)));                  \
-                    s1 = DOT(s1, q[c + 1], _mm512_set1_epi32(ld32(xq + 4 * c + 4)));          \
-                }                                                                             \
-                const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));                \
+                __m512i is;                                                                   \
+                ISUM(is, q, xq);                                                              \
+                const __m512 f = _mm512_cvtepi32_ps(is);                                      \
                 acc[t] = _mm512_fmadd_ps(f, _mm512_mul_ps(wd, _mm512_set1_ps(a->a.d[xb])),    \
                                          acc[t]);                                             \
                 acc[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(a->a.s[xb]), acc[t]);             \
@@ -191,8 +222,8 @@
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
-DEF_Q4(q4_bw, TBW, DOT_BW, 8)
-DEF_Q4(q4_vnni, TBW ",avx512vnni", DOT_VNNI, 16)
+DEF_Q4(q4_bw, TBW, ISUM4_BW, 16)
+DEF_Q4(q4_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16)
 DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_FIX_BW, 8)
 DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_FIX_VNNI, 16)
 
