@@ -12,10 +12,10 @@
  * (kv_dots_block_f16), softmax (softmax_exp), and the weighted sum of the V
  * rows (kv_axpys_block_f16): what cpu_backend.c's attn_task does with the
  * cached rows of a decode token or a tree (a tree's own few rows, masked
- * per query, are left out). Each layer has its own K and V pools of P rows (rows of the
- * 3 heads side by side, pages of SPECD_KV_PAGE_ROWS in order, as a fresh
- * server hands them out), so a step reads P x 23 KB from memory, as the
- * model does. A and B alternate step by step, 41 times per P; the medians
+ * per query, are left out). Each layer has its own K and V pools of P
+ * rows (rows of the 3 heads side by side, pages of SPECD_KV_PAGE_ROWS in
+ * order, as a fresh server hands them out), so a step reads P x 23 KB
+ * from memory, as the model does. A and B alternate step by step, 41 times per P; the medians
  * are printed with B / A, and the outputs of the last step are compared bit
  * for bit. */
 #include <math.h>

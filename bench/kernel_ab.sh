@@ -25,6 +25,12 @@ case $file in
 *vec_avx2.c) sym=cpu_vec_avx2 main=attn_ab A=vs_A B=vs_B ;;
 *) echo "kernel_ab: $file is not a qmatmul or vec SIMD file" >&2; exit 2 ;;
 esac
+# the kernels run unchecked: refuse a file this CPU cannot execute
+case $file in
+*avx512.c) need=avx512bw ;;
+*) need=avx2 ;;
+esac
+grep -qw "$need" /proc/cpuinfo || { echo "kernel_ab: this CPU lacks $need for $file" >&2; exit 2; }
 if [ "$main" = kernel_ab ]; then
     args=("${3:-q4}")
     case ${4:-vnni} in vnni) args+=(1) ;; plain) args+=(0) ;; *) echo "vnni or plain" >&2; exit 2 ;; esac
