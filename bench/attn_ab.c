@@ -36,11 +36,6 @@ void vs_B(cpu_kernel_set *ks);
 enum { LAYERS = 30, KV = 3, GROUP = 3, HD = 64 };
 static int NQ = GROUP; /* queries per KV head: GROUP x the step's tokens */
 
-static float urand(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)(*s >> 40) / (float)(1 << 24) - 0.5f;
-}
-
 /* One step's attention over every layer; out[layer][kvh][NQ][HD]. */
 static void step(const cpu_kernel_set *ks, uint16_t *const *kp, uint16_t *const *vp,
                  const int32_t *pages, int P, const float *q, float *out, float *scores) {
@@ -96,8 +91,8 @@ int main(int argc, char **argv) {
         vp[l] = aligned_alloc(64, pool_elems * sizeof(uint16_t));
         if (!kp[l] || !vp[l]) return 1;
         for (size_t i = 0; i < pool_elems; i++) {
-            kp[l][i] = specd_f32_to_fp16(urand(&seed));
-            vp[l][i] = specd_f32_to_fp16(urand(&seed));
+            kp[l][i] = specd_f32_to_fp16(bench_urand(&seed));
+            vp[l][i] = specd_f32_to_fp16(bench_urand(&seed));
         }
     }
     int32_t *pages = malloc(sizeof(int32_t) * (size_t)n_pages);
@@ -107,7 +102,7 @@ int main(int argc, char **argv) {
     float *scores = malloc(sizeof(float) * (size_t)NQ * (size_t)(max_p + 16));
     if (!pages || !q || !out[0] || !out[1] || !scores) return 1;
     for (int i = 0; i < n_pages; i++) pages[i] = i;
-    for (size_t i = 0; i < n_q; i++) q[i] = 4.0f * urand(&seed);
+    for (size_t i = 0; i < n_q; i++) q[i] = 4.0f * bench_urand(&seed);
 
     printf("one step's attention (%d token%s), SmolLM2 shape (30 layers, 3 KV heads x 3 queries, "
            "head 64), fp16 cache, 1 thread; median ms of %d turns\n", tok, tok > 1 ? "s" : "",

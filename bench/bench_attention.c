@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_args.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/matmul.h"
 #include "common/util/clock.h"
@@ -38,11 +39,6 @@ enum { N_HEADS = 9, HEAD = 64, N_LAYERS = 30, MAX_PROMPTS = 16 };
 /* KV heads: SmolLM2's 3, or (--kv-heads) 1 or 9, the multi-query and
  * multi-head shapes of the same 9 heads */
 static int N_KV = 3;
-
-static float urand(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)(*s >> 40) / (float)(1 << 24) - 0.5f;
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench_attention: %s\n", what);
@@ -156,8 +152,8 @@ int main(int argc, char **argv) {
             if (!pages || !q || !out || !k || !v || !kv.base) die("out of memory");
             for (int i = 0; i < n_pages; i++) pages[i] = i;
             uint64_t s = 42;
-            for (size_t i = 0; i < q_n; i++) q[i] = urand(&s);
-            for (size_t i = 0; i < kv_n; i++) k[i] = urand(&s), v[i] = urand(&s);
+            for (size_t i = 0; i < q_n; i++) q[i] = bench_urand(&s);
+            for (size_t i = 0; i < kv_n; i++) k[i] = bench_urand(&s), v[i] = bench_urand(&s);
             double pre = 1e30, dec = 1e30;
             for (int r = 0; r < reps; r++) {
                 /* prefill: 4 layers are enough to time (each has its own pool) */

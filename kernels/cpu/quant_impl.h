@@ -163,6 +163,11 @@ static inline int32_t ld32(const int8_t *p) {
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
 
+/* Rows ahead that the fp32 and fp16 attention passes (vec_avx2.c,
+ * vec_avx512.c) prefetch a KV head's slice of: far enough to cover a DRAM
+ * miss at a pass's pace (vec_avx2.c's comment has the measurements). */
+#define CPU_KV_PREFETCH_ROWS 64
+
 /* The physical row of a sequence's cache row r (backend.h: row r lives at
  * pages[r / PAGE_ROWS] * PAGE_ROWS + r % PAGE_ROWS). The attention kernels'
  * one address rule; the helpers below add the pool's own layout. */

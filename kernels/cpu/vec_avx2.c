@@ -248,7 +248,7 @@ static inline TAVX2F16 void widen_row(float *dst, const uint16_t *src, int n) {
  * prefetching, 0.85x with the V prefetch at 16 rows, no faster at 64 rows
  * without the V prefetch. Prefetches never fault, but the page table
  * lookup must stay inside the sequence. */
-#define KV_PREFETCH_ROWS 64
+#define KV_PREFETCH_ROWS CPU_KV_PREFETCH_ROWS
 
 static inline __attribute__((always_inline)) void
 kv_prefetch_row(const void *pool, int f16, const int32_t *pages, int r, int n_rows,

@@ -40,7 +40,7 @@
  * (bench/kernel_ab.sh with vec_avx512.c): at 48-128 rows 0.63-0.74x the
  * time of 16 rows, which did not cover a DRAM miss; _MM_HINT_T1 or T2
  * instead of T0 gained less (0.70-0.83x). */
-#define K_PREFETCH_ROWS 64
+#define K_PREFETCH_ROWS CPU_KV_PREFETCH_ROWS
 
 /* Prefetches every cache line of one KV head's slice (n elements) of the
  * sequence's row r: the K passes ask for rows K_PREFETCH_ROWS ahead. */
