@@ -49,7 +49,8 @@ static void bench_usage(void) {
            "  --reps N             runs; the median is reported (default 3; with --verify\n"
            "                       steps per cell, default 10 on cuda, 3 on cpu)\n"
            "  --no-bandwidth       skip measuring the bounds (memory bandwidth for decode,\n"
-           "                       the int8 and fp32 multiply-add peaks for prefill)\n"
+           "                       the int8 and fp32 multiply-add peaks for prefill and\n"
+           "                       for --verify's goal lines)\n"
            "  --precision P        CPU matmul: fast (int8 activations, default) or exact\n"
            "                       (fp32 activations); also applies to --verify\n"
            "  --kv-cache-dtype T   auto (f16; f32 with --precision exact on the cpu), f32, f16\n"
@@ -151,23 +152,42 @@ static double measure_bandwidth(int n_threads) {
     return best;
 }
 
-/* The compute bound of a prefill of L tokens: its multiply-adds at this
- * machine's measured peaks (kernels/cpu/peak.h). The matmuls' MACs are the
- * layers' weights once per token (int8 on the fast path, fp32 with
- * precision exact) plus the LM head once for the prompt's last row; the
- * attention's are fp32, QK^T and PV over the keys up to each token (causal:
- * token p reads p + 1 keys), so they grow with L. Prints the line and the
- * bound in tokens/s. */
-static void print_prefill_bound(const specd_llama_hparams *hp, int L, double prefill_s,
-                                specd_precision precision, int n_threads) {
+/* The multiply-adds of one forward pass of `rows` new tokens of a sequence
+ * with P tokens cached, split by the arithmetic that does them: *mm the
+ * matmuls (every layer's weights once per row, int8 on the fast path,
+ * fp32 with precision exact; the LM head for `heads` of the rows), *attn
+ * the attention (fp32: QK^T and PV, row i reading the P cached keys and
+ * the rows up to itself, P + i + 1 keys). */
+static void pass_macs(const specd_llama_hparams *hp, int P, int rows, int heads, double *mm,
+                      double *attn) {
     double q = (double)hp->n_heads * hp->head_dim, kv = (double)hp->n_kv_heads * hp->head_dim;
     double per_layer = hp->dim * q + 2.0 * hp->dim * kv + q * hp->dim + 3.0 * hp->dim * hp->hidden_dim;
-    double mm = per_layer * hp->n_layers + (double)hp->vocab_size * hp->dim / L; /* a token */
-    double attn = (double)hp->n_layers * q * (L + 1.0);                       /* a token */
+    double keys = (double)rows * P + rows * (rows + 1.0) / 2.0; /* summed over the rows */
+    *mm = per_layer * hp->n_layers * rows + (double)hp->vocab_size * hp->dim * heads;
+    *attn = 2.0 * hp->n_layers * q * keys;
+}
+
+/* This machine's multiply-add peaks (kernels/cpu/peak.h) in the forms the
+ * CPU kernels issue: *mm_peak the matmuls' (int8 on the fast path, fp32
+ * with precision exact), *attn_peak the attention's (fp32). 0 if unknown. */
+static void measure_mac_peaks(specd_precision precision, int n_threads, double *mm_peak,
+                              double *attn_peak) {
     specd_pool *pool = specd_pool_create(n_threads);
-    double fp32 = cpu_peak_fp32_macs(pool);
-    double int8 = precision == SPECD_PRECISION_FAST ? cpu_peak_int8_macs(pool) : fp32;
+    *attn_peak = pool ? cpu_peak_fp32_macs(pool) : 0;
+    *mm_peak = !pool ? 0 : precision == SPECD_PRECISION_FAST ? cpu_peak_int8_macs(pool) : *attn_peak;
     specd_pool_destroy(pool);
+}
+
+/* The compute bound of a prefill of L tokens: its multiply-adds
+ * (pass_macs, the LM head once for the prompt's last row) at this
+ * machine's measured peaks. Prints the line. */
+static void print_prefill_bound(const specd_llama_hparams *hp, int L, double prefill_s,
+                                specd_precision precision, int n_threads) {
+    double mm, attn, int8, fp32;
+    pass_macs(hp, 0, L, 1, &mm, &attn);
+    mm /= L; /* a token */
+    attn /= L;
+    measure_mac_peaks(precision, n_threads, &int8, &fp32);
     if (!(fp32 > 0 && int8 > 0)) return;
     double bound = 1.0 / (mm / int8 + attn / fp32);
     printf("prefill arithmetic per token: %.1f M MAC in matmuls (%s) + %.1f M in attention "
@@ -230,6 +250,10 @@ typedef struct verify_env {
     double kv_token_bytes;  /* K and V of one cached token, all layers */
     double peak_bytes_per_s; /* 0 = unknown: no bound columns */
     char peak_src[160];
+    /* cpu: the multiply-add peaks (measure_mac_peaks) and the model's
+     * shape, for the arithmetic floor of the goal cells; 0 = unknown */
+    double mm_peak, attn_peak;
+    specd_llama_hparams hp;
 } verify_env;
 
 /* A skipped measurement, printed with the tables (it explains their "-"
@@ -463,6 +487,9 @@ static void describe(verify_env *e, const verify_run *r, const specd_model_file 
     e->kv_token_bytes = kv_token_bytes(&m->hp, be->kv_type);
     e->peak_bytes_per_s = 0;
     pick_peak(e, o, &di, n_threads);
+    e->hp = m->hp;
+    e->mm_peak = e->attn_peak = 0;
+    if (cpu && o->measure_bw) measure_mac_peaks(o->precision, n_threads, &e->mm_peak, &e->attn_peak);
 }
 
 static void print_header(const verify_env *e, const verify_opts *o, const specd_model_file *m,
@@ -485,6 +512,12 @@ static void print_header(const verify_env *e, const verify_opts *o, const specd_
         printf("peak bw   %.1f GB/s, %s\n", e->peak_bytes_per_s / 1e9, e->peak_src);
     else
         printf("peak bw   %s\n", e->peak_src);
+    if (e->mm_peak > 0 && e->attn_peak > 0)
+        printf("peak MAC  %.0f G multiply-adds/s in the matmuls (%s), %.0f G in the attention "
+               "(fp32), measured here (kernels/cpu/peak.h): the arithmetic floor of the goal "
+               "lines\n",
+               e->mm_peak / 1e9, o->precision == SPECD_PRECISION_FAST ? "int8" : "fp32",
+               e->attn_peak / 1e9);
     if (o->settle_ms > 0)
         printf("timing    median of %d steps, monotonic clock around specd_transformer_forward "
                "(which ends with the backend's sync); a batch size's cells take turns in %d "
@@ -556,6 +589,26 @@ static void print_table(const verify_env *e, const verify_opts *o, int P, const 
  * it), on cpu the CPU kernels' (k=4 within 1.3x of a plain step, k=8
  * within 1.6x, a plain step of 8 sequences within 2.5x of one; a memory
  * bound is not a goal there). */
+/* The least time the arithmetic of a step of B sequences x `rows` new
+ * tokens (each row's logits made) takes at the measured peaks, whatever
+ * the memory does; NAN when the peaks are unknown. */
+static double arith_ms(const verify_env *e, int B, int P, int rows) {
+    if (!(e->mm_peak > 0 && e->attn_peak > 0)) return NAN;
+    double mm, attn;
+    pass_macs(&e->hp, P, rows, rows, &mm, &attn);
+    return B * (mm / e->mm_peak + attn / e->attn_peak) * 1e3;
+}
+
+/* ", its arithmetic alone X ms at the peaks: Y x plain" for a goal line
+ * whose goal is `goal` x plain: where Y exceeds the goal, no kernel can
+ * meet it on this machine (the step would have to beat the peak). */
+static void print_floor(const verify_env *e, int B, int P, int rows, double plain, double goal) {
+    double a = arith_ms(e, B, P, rows);
+    if (isnan(a) || isnan(plain)) return;
+    printf("; its arithmetic alone takes %.2f ms at the peaks = %.2fx of plain%s", a, a / plain,
+           a / plain > goal ? ": out of reach on this machine" : "");
+}
+
 static void print_goals(const verify_env *e, const verify_opts *o, int P, const double *ms) {
     int cuda = !strcmp(o->backend, "cuda"), bi = index_of(o->batches, o->n_b, 1);
     const double *row = bi >= 0 ? ms + (size_t)bi * (1 + o->n_k) : NULL;
@@ -577,14 +630,20 @@ static void print_goals(const verify_env *e, const verify_opts *o, int P, const 
         if (!row || ki < 0 || isnan(row[0]) || isnan(row[1 + ki]))
             printf("P=%d: verify k=%d at batch 1: not measured (needs 1 in --batches, %d in --ks)\n",
                    P, ks[g], ks[g]);
-        else
-            printf("P=%d: verify k=%d at batch 1: %.2fx of plain (goal <= %.2fx)\n", P, ks[g],
+        else {
+            printf("P=%d: verify k=%d at batch 1: %.2fx of plain (goal <= %.2fx)", P, ks[g],
                    row[1 + ki] / row[0], goal);
+            if (!cuda) print_floor(e, 1, P, ks[g] + 1, row[0], goal);
+            printf("\n");
+        }
     }
     const int b8 = index_of(o->batches, o->n_b, 8);
-    if (!cuda && row && b8 >= 0 && !isnan(row[0]) && !isnan(ms[(size_t)b8 * (1 + o->n_k)]))
-        printf("P=%d: plain decode at batch 8: %.2fx of batch 1 (goal <= 2.50x)\n", P,
+    if (!cuda && row && b8 >= 0 && !isnan(row[0]) && !isnan(ms[(size_t)b8 * (1 + o->n_k)])) {
+        printf("P=%d: plain decode at batch 8: %.2fx of batch 1 (goal <= 2.50x)", P,
                ms[(size_t)b8 * (1 + o->n_k)] / row[0]);
+        print_floor(e, 8, P, 1, row[0], 2.5);
+        printf("\n");
+    }
     printf("\n");
 }
 
