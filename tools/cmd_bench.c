@@ -584,11 +584,6 @@ static void print_table(const verify_env *e, const verify_opts *o, int P, const 
     printf("\n");
 }
 
-/* The numbers the work is judged by, from the batch-1 row: on cuda the GPU
- * kit's (a decode step within 1.25x of the HBM bound, k=4 within 1.10x of
- * it), on cpu the CPU kernels' (k=4 within 1.3x of a plain step, k=8
- * within 1.6x, a plain step of 8 sequences within 2.5x of one; a memory
- * bound is not a goal there). */
 /* The least time the arithmetic of a step of B sequences x `rows` new
  * tokens (each row's logits made) takes at the measured peaks, whatever
  * the memory does; NAN when the peaks are unknown. */
@@ -599,9 +594,9 @@ static double arith_ms(const verify_env *e, int B, int P, int rows) {
     return B * (mm / e->mm_peak + attn / e->attn_peak) * 1e3;
 }
 
-/* ", its arithmetic alone X ms at the peaks: Y x plain" for a goal line
- * whose goal is `goal` x plain: where Y exceeds the goal, no kernel can
- * meet it on this machine (the step would have to beat the peak). */
+/* Ends a goal line with "; its arithmetic alone takes X ms at the peaks =
+ * Yx of plain" for a goal of `goal` x plain: where Y exceeds the goal, no
+ * kernel can meet it on this machine (the step would beat the peak). */
 static void print_floor(const verify_env *e, int B, int P, int rows, double plain, double goal) {
     double a = arith_ms(e, B, P, rows);
     if (isnan(a) || isnan(plain)) return;
@@ -609,6 +604,11 @@ static void print_floor(const verify_env *e, int B, int P, int rows, double plai
            a / plain > goal ? ": out of reach on this machine" : "");
 }
 
+/* The numbers the work is judged by, from the batch-1 row: on cuda the GPU
+ * kit's (a decode step within 1.25x of the HBM bound, k=4 within 1.10x of
+ * it), on cpu the CPU kernels' (k=4 within 1.3x of a plain step, k=8
+ * within 1.6x, a plain step of 8 sequences within 2.5x of one; a memory
+ * bound is not a goal there). */
 static void print_goals(const verify_env *e, const verify_opts *o, int P, const double *ms) {
     int cuda = !strcmp(o->backend, "cuda"), bi = index_of(o->batches, o->n_b, 1);
     const double *row = bi >= 0 ? ms + (size_t)bi * (1 + o->n_k) : NULL;
