@@ -169,7 +169,7 @@
  * no subtraction follows it (integer sums are exact in any order: the
  * same bits). Q8_0's epilogue per token and block was a shift and a
  * subtraction beside the convert and the FMA; without them
- * (bench/kernel_ab.sh HEAD~1 kernels/cpu/qmatmul_avx512.c q8, Zen 5 VM)
+ * (bench/kernel_ab.sh 894455f~1 kernels/cpu/qmatmul_avx512.c q8, Zen 5 VM)
  * 0.94-0.96x the time at 4-64 tokens, hot and cold. The AVX-VNNI twin in
  * qmatmul_avx2.c measured 1.02-1.05x with the same change and keeps its
  * subtraction. */
