@@ -2,9 +2,11 @@
  * shapes, against this machine's memory bandwidth.
  *
  * Built by CMake as build/bench_matmul.
- * Run: build/bench_matmul [--quick] [--precision fast|exact] [path ...]
+ * Run: build/bench_matmul [--quick] [--precision fast|exact] [--kquants] [path ...]
  *      (paths: scalar avx2 avx512; precision: fast, the default, is the
- *      server's integer-activation matmul (qmatmul.h), exact the fp32 one)
+ *      server's integer-activation matmul (qmatmul.h), exact the fp32 one;
+ *      --kquants: a Llama-3.2-1B-shaped model in Q4_K_M's types instead,
+ *      where `exact` is what those types ran on before they had tiles)
  *
  * Prints:
  *   1. memory bandwidth: a streaming read of a 512 MB buffer (DRAM) and of a
@@ -115,8 +117,9 @@ static specd_tensor make_tensor(specd_dtype type, int64_t rows, int64_t cols) {
     uint16_t d = specd_f32_to_fp16(0.01f), m = specd_f32_to_fp16(-0.08f);
     for (size_t b = 0; b < bytes / in->block_bytes; b++) {
         uint8_t *p = w + b * in->block_bytes;
-        memcpy(p, &d, 2);
-        if (type == SPECD_Q4_1) memcpy(p + 2, &m, 2);
+        /* Q6_K keeps its d last; Q4_K's d and dmin come first, as Q4_1's */
+        memcpy(p + (type == SPECD_Q6_K ? 208 : 0), &d, 2);
+        if (type == SPECD_Q4_1 || type == SPECD_Q4_K) memcpy(p + 2, &m, 2);
     }
     specd_tensor t;
     memset(&t, 0, sizeof t);
@@ -140,15 +143,29 @@ typedef struct mat_spec {
 
 /* SmolLM2-135M: dim 576, 9 heads / 3 kv heads of 64, MLP 1536, 30 layers,
  * vocab 49152 (tied embeddings, Q8_0). Rows = output dim. */
-static const mat_spec k_mats[] = {
+static const mat_spec k_smollm2[] = {
     {"attn_q/o  576x576 Q4_1", SPECD_Q4_1, 576, 576, 2},
     {"attn_k/v  192x576 Q4_1", SPECD_Q4_1, 192, 576, 2},
     {"gate/up  1536x576 Q4_1", SPECD_Q4_1, 1536, 576, 2},
     {"down     576x1536 Q4_1", SPECD_Q4_1, 576, 1536, 1},
     {"lm_head 49152x576 Q8_0", SPECD_Q8_0, 49152, 576, 0},
 };
-#define N_MATS (int)(sizeof k_mats / sizeof k_mats[0])
-#define N_LAYERS 30
+/* --kquants: Llama-3.2-1B (dim 2048, 32 heads / 8 kv heads of 64, MLP
+ * 8192, 16 layers, vocab 128256, tied) as llama-quantize's Q4_K_M makes
+ * it: Q4_K, with attn_v and ffn_down in Q6_K (Q4_K_M gives half the
+ * layers' Q6_K; all of them here) and the LM head in Q6_K. */
+static const mat_spec k_llama1b_q4km[] = {
+    {"attn_q/o 2048x2048 Q4_K", SPECD_Q4_K, 2048, 2048, 2},
+    {"attn_k    512x2048 Q4_K", SPECD_Q4_K, 512, 2048, 1},
+    {"attn_v    512x2048 Q6_K", SPECD_Q6_K, 512, 2048, 1},
+    {"gate/up  8192x2048 Q4_K", SPECD_Q4_K, 8192, 2048, 2},
+    {"down     2048x8192 Q6_K", SPECD_Q6_K, 2048, 8192, 1},
+    {"lm_head 128256x2048 Q6_K", SPECD_Q6_K, 128256, 2048, 0},
+};
+#define N_MATS_MAX 6
+static const mat_spec *k_mats = k_smollm2;
+static int g_n_mats = (int)(sizeof k_smollm2 / sizeof k_smollm2[0]);
+static int g_n_layers = 30;
 #define WORKSET (96u << 20) /* the model's size */
 
 static const int k_toks[] = {1, 2, 4, 5, 8, 9, 16, 32}; /* 5, 9: verifying chains of 4, 8 */
@@ -168,7 +185,7 @@ static void matmul_copy(specd_pool *pool, float *y, const mat_set *s, int i, con
     else cpu_matmul(pool, y, &s->copies[i], x, n_tok);
 }
 
-static mat_set g_sets[N_MATS];
+static mat_set g_sets[N_MATS_MAX];
 
 /* Seconds per call: passes over all copies of the matrix (a model-sized
  * working set) until `min_time`; the fastest pass counts. On a shared
@@ -249,6 +266,10 @@ int main(int argc, char **argv) {
                 return 2;
             }
             g_fast = !strcmp(p, "fast");
+        } else if (!strcmp(argv[i], "--kquants")) {
+            k_mats = k_llama1b_q4km;
+            g_n_mats = (int)(sizeof k_llama1b_q4km / sizeof k_llama1b_q4km[0]);
+            g_n_layers = 16;
         } else if (n_paths < 3) {
             paths[n_paths++] = argv[i];
         }
@@ -287,7 +308,7 @@ int main(int argc, char **argv) {
      * one thread read 39.7 us on them, 23-28 us from an arena) */
     cpu_arena *arena = g_fast ? cpu_arena_create() : NULL;
     if (g_fast && !arena) return 1;
-    for (int m = 0; m < N_MATS; m++) {
+    for (int m = 0; m < g_n_mats; m++) {
         const specd_dtype_info *in = specd_dtype_get(k_mats[m].type);
         size_t bytes = (size_t)(k_mats[m].cols / in->block_elems) * in->block_bytes *
                        (size_t)k_mats[m].rows;
@@ -303,7 +324,7 @@ int main(int argc, char **argv) {
             }
         }
     }
-    const int64_t max_cols = 1536, max_rows = 49152, max_tok = 32;
+    const int64_t max_cols = 8192, max_rows = 128256, max_tok = 32;
     float *x = malloc(sizeof(float) * (size_t)(max_tok * max_cols));
     float *y = malloc(sizeof(float) * (size_t)(max_tok * max_rows));
     for (int64_t i = 0; i < max_tok * max_cols; i++) x[i] = (float)(rnd() >> 40) / 16777216.0f - 0.5f;
@@ -322,7 +343,7 @@ int main(int argc, char **argv) {
             for (int k = 1; k < N_TOKS; k++) printf("  %7d", k_toks[k]);
             printf("\n");
             double model_s[N_TOKS] = {0};
-            for (int m = 0; m < N_MATS; m++) {
+            for (int m = 0; m < g_n_mats; m++) {
                 const specd_tensor *t = &g_sets[m].copies[0];
                 printf("  %-24s", k_mats[m].name);
                 for (int k = 0; k < N_TOKS; k++) {
@@ -331,7 +352,7 @@ int main(int argc, char **argv) {
                     double s = time_matmul(pool, m, x, y, k_toks[k], min_time);
                     if (k == 0) printf(" %7.1f (%5.1f)", s * 1e6, (double)t->nbytes / s / 1e9);
                     else printf("  %7.1f", s * 1e6);
-                    int count = k_mats[m].per_layer ? k_mats[m].per_layer * N_LAYERS : 1;
+                    int count = k_mats[m].per_layer ? k_mats[m].per_layer * g_n_layers : 1;
                     model_s[k] += s * count;
                 }
                 printf("\n");
@@ -345,9 +366,9 @@ int main(int argc, char **argv) {
             printf("\n");
             if (g_fast && g_int8_peak > 0) { /* the integer kernels against the core's peak */
                 double macs = 0;
-                for (int m = 0; m < N_MATS; m++)
+                for (int m = 0; m < g_n_mats; m++)
                     macs += (double)k_mats[m].rows * (double)k_mats[m].cols *
-                            (k_mats[m].per_layer ? k_mats[m].per_layer * N_LAYERS : 1);
+                            (k_mats[m].per_layer ? k_mats[m].per_layer * g_n_layers : 1);
                 double rate = macs * k_toks[N_TOKS - 1] / model_s[N_TOKS - 1];
                 printf("  at %d tokens: %.1f G int8 multiply-adds/s, %.0f%% of %d x the best "
                        "one-core peak above\n",

@@ -358,18 +358,20 @@ static void quant_task(void *ctx, int task, int thread) {
 }
 
 /* The activation buffer of one quantized input, from the caller's thread
- * buffer: per-block scales, scaled sums and sums, then the int8 values
- * (n_tok * cols bytes). The quantization is a pass over x, small next to
- * rows * cols * n_tok multiply-adds, and done once for all tasks. */
+ * buffer: per-block scales, scaled sums, sums and (for a Q6K matrix,
+ * `half`) first halves' sums, then the int8 values (n_tok * cols bytes).
+ * The quantization is a pass over x, small next to rows * cols * n_tok
+ * multiply-adds, and done once for all tasks. */
 static cpu_qact quantize_input(specd_pool *pool, const float *x, int n_tok, int64_t cols,
-                               int64_t nb) {
+                               int64_t nb, int half) {
     const size_t nbt = (size_t)n_tok * (size_t)nb;
     const size_t qfloats = ((size_t)n_tok * (size_t)cols + 3) / 4;
-    float *buf = pack_buffer(3 * nbt + qfloats);
+    float *buf = pack_buffer(4 * nbt + qfloats);
     float *d = buf, *s = buf + nbt;
-    int32_t *sq = (int32_t *)(buf + 2 * nbt);
-    int8_t *q = (int8_t *)(buf + 3 * nbt);
-    cpu_qact a = {.n_tok = n_tok, .cols = cols, .nb = nb, .q = q, .d = d, .s = s, .sq = sq};
+    int32_t *sq = (int32_t *)(buf + 2 * nbt), *sh = (int32_t *)(buf + 3 * nbt);
+    int8_t *q = (int8_t *)(buf + 4 * nbt);
+    cpu_qact a = {.n_tok = n_tok, .cols = cols, .nb = nb, .q = q, .d = d, .s = s, .sq = sq,
+                  .sh = half ? sh : NULL};
     const int threads = specd_pool_size(pool);
     if (n_tok < QUANT_SPLIT_MIN || threads < 2) {
         active()->quantize(x, n_tok, cols, q, d, s, sq);
@@ -378,6 +380,7 @@ static cpu_qact quantize_input(specd_pool *pool, const float *x, int n_tok, int6
                        .q = q, .d = d, .s = s, .sq = sq};
         specd_pool_run(pool, threads, quant_task, &j);
     }
+    if (half) cpu_act_half_sums(q, n_tok, cols, sh);
     return a;
 }
 
@@ -418,7 +421,9 @@ int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweigh
     for (int i = 0; i < n_mats; i++)
         if (W[i]->cols != W[0]->cols) return -1;
     if (n_tok <= 0) return 0;
-    cpu_qact a = quantize_input(pool, x, n_tok, W[0]->cols, W[0]->nb);
+    int half = 0;
+    for (int i = 0; i < n_mats; i++) half |= W[i]->kind == CPU_Q6K;
+    cpu_qact a = quantize_input(pool, x, n_tok, W[0]->cols, W[0]->nb, half);
     qmms_job j;
     int tasks = 0;
     const int threads = specd_pool_size(pool);

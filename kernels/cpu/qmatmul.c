@@ -30,6 +30,52 @@ static void tile_put_q8(uint8_t *tile, int i, uint16_t d, const uint8_t *qs32) {
     for (int v = 0; v < 8; v++) memcpy(tile + 32 + 64 * v + 4 * i, qs32 + 4 * v, 4);
 }
 
+static void put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
+
+/* Row i of a Q4_K super-block into its row group's header and 8 tiles
+ * (qmatmul.h): sub-block s's nibbles sit in bytes 32 * (s / 2) .. + 31,
+ * low nibbles for even s, high for odd; a Q4 tile wants byte k to hold
+ * weights k and k + 16 of the block. */
+static void sb_put_q4k(uint8_t *sb, int i, const uint8_t *blk) {
+    put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q4K_D)));
+    put_f32(sb + 64 + 4 * i, -specd_fp16_to_f32(rd_u16(blk + Q4K_DMIN)));
+    for (int s = 0; s < QT_SB_BLOCKS; s++) {
+        uint8_t *tile = sb + QT_Q4K_HDR + s * QT_Q4K_BYTES;
+        uint8_t sc, mn, qs16[16];
+        q4k_scale_min(s, blk + Q4K_SCALES, &sc, &mn);
+        tile[i] = sc;
+        tile[16 + i] = mn;
+        const uint8_t *src = blk + Q4K_QS + 32 * (s / 2);
+        const int shift = (s & 1) ? 4 : 0;
+        for (int k = 0; k < 16; k++)
+            qs16[k] = (uint8_t)(((src[k] >> shift) & 15) | (((src[k + 16] >> shift) & 15) << 4));
+        for (int v = 0; v < 4; v++) memcpy(tile + 32 + 64 * v + 4 * i, qs16 + 4 * v, 4);
+    }
+}
+
+/* Row i of a Q6_K super-block likewise. Weight e (0..255) of the block:
+ * half h = e / 128, quarter k = e % 128 / 32, l = e % 32: its low 4 bits
+ * in ql[64h + l + 32(k & 1)] (nibble k >> 1), its top 2 in qh[32h + l]
+ * (bits 2k, 2k+1), its scale scales[e / 16] (quant_ref.c's deq_q6_k). */
+static void sb_put_q6k(uint8_t *sb, int i, const uint8_t *blk) {
+    put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q6K_D)));
+    for (int s = 0; s < QT_SB_BLOCKS; s++) {
+        uint8_t *tile = sb + QT_Q6K_HDR + s * QT_Q6K_BYTES;
+        tile[i] = (uint8_t)blk[Q6K_SCALES + 2 * s];
+        tile[16 + i] = (uint8_t)blk[Q6K_SCALES + 2 * s + 1];
+        for (int c = 0; c < 32; c++) {
+            const int e = 32 * s + c, h = e / 128, k = e % 128 / 32, l = e % 32;
+            const int lo = (blk[Q6K_QL + 64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+            const int hi = (blk[Q6K_QH + 32 * h + l] >> (2 * k)) & 3;
+            /* column c: chunk c / 4, byte 4i + c % 4 of the chunk */
+            const int chunk = c / 4, j = c % 4;
+            uint8_t *lop = tile + 32 + 64 * (chunk % 4) + 4 * i + j;
+            *lop |= (uint8_t)(chunk < 4 ? lo : lo << 4);
+            tile[288 + 64 * (chunk / 4) + 4 * i + j] |= (uint8_t)(hi << (2 * (chunk % 4)));
+        }
+    }
+}
+
 int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) {
     memset(out, 0, sizeof *out);
     cpu_qkind kind;
@@ -37,10 +83,14 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q4_0:
     case SPECD_Q4_1: kind = CPU_Q4; break;
     case SPECD_Q8_0: kind = CPU_Q8; break;
+    case SPECD_Q4_K: kind = CPU_Q4K; break;
+    case SPECD_Q6_K: kind = CPU_Q6K; break;
     default: return 0;
     }
+    const int ksb = kind == CPU_Q4K || kind == CPU_Q6K; /* super-blocks of 256 */
     const int64_t cols = (int64_t)t->ne[0], rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
-    if (cols <= 0 || cols % QT_COLS != 0 || rows <= 0 || !t->data) return -1;
+    if (cols <= 0 || cols % (ksb ? QT_COLS * QT_SB_BLOCKS : QT_COLS) != 0 || rows <= 0 || !t->data)
+        return -1;
     const specd_dtype_info *in = specd_dtype_get(t->type);
     const size_t row_bytes = (size_t)(cols / in->block_elems) * in->block_bytes;
     out->kind = kind;
@@ -48,7 +98,13 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     out->cols = cols;
     out->nb = cols / QT_COLS;
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
-    out->tile_bytes = kind == CPU_Q4 ? QT_Q4_BYTES : QT_Q8_BYTES;
+    static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES, QT_Q8_BYTES, QT_Q4K_BYTES,
+                                                  QT_Q6K_BYTES};
+    out->tile_bytes = tile_bytes[kind];
+    const int64_t n_sb = out->nb / QT_SB_BLOCKS;
+    out->group_bytes = kind == CPU_Q4K   ? (size_t)n_sb * QT_Q4K_SB
+                       : kind == CPU_Q6K ? (size_t)n_sb * QT_Q6K_SB
+                                         : (size_t)out->nb * out->tile_bytes;
     size_t bytes = cpu_qweight_bytes(out);
     /* zeroed: padding rows must be zero (an arena's memory is fresh) */
     if (arena) {
@@ -64,6 +120,15 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
         const uint8_t *src = (const uint8_t *)t->data + (size_t)r * row_bytes;
         const int64_t g = r / QT_ROWS;
         const int i = (int)(r % QT_ROWS);
+        if (ksb) {
+            const size_t sb_bytes = kind == CPU_Q4K ? QT_Q4K_SB : QT_Q6K_SB;
+            for (int64_t k = 0; k < n_sb; k++) {
+                uint8_t *sb = out->data + (size_t)g * out->group_bytes + (size_t)k * sb_bytes;
+                if (kind == CPU_Q4K) sb_put_q4k(sb, i, src + (size_t)k * in->block_bytes);
+                else sb_put_q6k(sb, i, src + (size_t)k * in->block_bytes);
+            }
+            continue;
+        }
         for (int64_t b = 0; b < out->nb; b++) {
             uint8_t *tile = out->data + (size_t)(g * out->nb + b) * out->tile_bytes;
             const uint8_t *blk = src + (size_t)b * in->block_bytes;
@@ -91,9 +156,7 @@ void cpu_qweight_free(cpu_qweight *w) {
     memset(w, 0, sizeof *w);
 }
 
-size_t cpu_qweight_bytes(const cpu_qweight *w) {
-    return (size_t)w->n_groups * (size_t)w->nb * w->tile_bytes;
-}
+size_t cpu_qweight_bytes(const cpu_qweight *w) { return (size_t)w->n_groups * w->group_bytes; }
 
 /* ---- activations ------------------------------------------------------------ */
 
@@ -127,51 +190,100 @@ void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float 
     }
 }
 
+void cpu_act_half_sums(const int8_t *q, int n_tok, int64_t cols, int32_t *sh) {
+    const int64_t nb = cols / QT_COLS;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *qb = q + (size_t)t * cols + b * QT_COLS;
+            int32_t sum = 0;
+            for (int j = 0; j < QT_COLS / 2; j++) sum += qb[j];
+            sh[(size_t)t * nb + b] = sum;
+        }
+}
+
 /* ---- the scalar twin -------------------------------------------------------- */
 
-/* isum of row i of a tile with one token's 32 int8 activations. */
-static int32_t tile_isum(const cpu_qweight *W, const uint8_t *tile, int i, const int8_t *xq) {
+/* sum over a block's columns [c0, c1) of w * x for row i of a 4-bit
+ * tile's nibbles (Q4, Q4K): byte 4i + j of chunk v holds column 4v + j in
+ * its low nibble and 16 + 4v + j in its high nibble. */
+static int32_t isum_q4(const uint8_t *qs, int i, const int8_t *xq) {
     int32_t sum = 0;
-    if (W->kind == CPU_Q4) {
-        for (int v = 0; v < 4; v++)
-            for (int j = 0; j < 4; j++) {
-                uint8_t byte = tile[64 + 64 * v + 4 * i + j];
-                sum += (int32_t)(byte & 15) * xq[4 * v + j];
-                sum += (int32_t)(byte >> 4) * xq[16 + 4 * v + j];
-            }
-    } else {
-        for (int v = 0; v < 8; v++)
-            for (int j = 0; j < 4; j++)
-                sum += (int32_t)(int8_t)tile[32 + 64 * v + 4 * i + j] * xq[4 * v + j];
+    for (int v = 0; v < 4; v++)
+        for (int j = 0; j < 4; j++) {
+            uint8_t byte = qs[64 * v + 4 * i + j];
+            sum += (int32_t)(byte & 15) * xq[4 * v + j];
+            sum += (int32_t)(byte >> 4) * xq[16 + 4 * v + j];
+        }
+    return sum;
+}
+
+/* Q6K: sum over half h (columns 16h .. 16h + 15) of (q - 32) * x. */
+static int32_t isum_q6k(const uint8_t *tile, int i, int h, const int8_t *xq) {
+    int32_t sum = 0;
+    for (int c = 16 * h; c < 16 * h + 16; c++) {
+        const int chunk = c / 4, j = c % 4;
+        const uint8_t lo = tile[32 + 64 * (chunk % 4) + 4 * i + j];
+        const uint8_t hi = tile[288 + 64 * (chunk / 4) + 4 * i + j];
+        const int q = ((chunk < 4 ? lo : lo >> 4) & 15) | (((hi >> (2 * (chunk % 4))) & 3) << 4);
+        sum += (q - 32) * xq[c];
     }
     return sum;
 }
 
-static uint16_t tile_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
+static float tile_f32(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
     return v;
+}
+
+/* Output (row g * 16 + i, token t): qmatmul.h's operations in its order. */
+static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
+    const cpu_qweight *W = a->w;
+    const uint8_t *gp = W->data + (size_t)g * W->group_bytes;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < W->nb; b++) {
+        const size_t xb = (size_t)t * W->nb + b;
+        const int8_t *xq = a->a.q + (size_t)t * W->cols + b * QT_COLS;
+        const float xd = a->a.d[xb];
+        if (W->kind == CPU_Q4 || W->kind == CPU_Q8) {
+            const uint8_t *tile = gp + (size_t)b * W->tile_bytes;
+            const float wd = specd_fp16_to_f32(rd_u16(tile + 2 * i));
+            if (W->kind == CPU_Q4) {
+                acc = fmaf((float)isum_q4(tile + 64, i, xq), wd * xd, acc);
+                acc = fmaf(specd_fp16_to_f32(rd_u16(tile + 32 + 2 * i)), a->a.s[xb], acc);
+            } else {
+                int32_t isum = 0;
+                for (int v = 0; v < 8; v++)
+                    for (int j = 0; j < 4; j++)
+                        isum += (int32_t)(int8_t)tile[32 + 64 * v + 4 * i + j] * xq[4 * v + j];
+                acc = fmaf((float)isum, wd * xd, acc);
+            }
+        } else if (W->kind == CPU_Q4K) {
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q4K_SB;
+            const uint8_t *tile = hdr + QT_Q4K_HDR + (b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
+            const float wd = tile_f32(hdr + 4 * i) * (float)tile[i];
+            const float wm = tile_f32(hdr + 64 + 4 * i) * (float)tile[16 + i];
+            acc = fmaf((float)isum_q4(tile + 32, i, xq), wd * xd, acc);
+            acc = fmaf(wm, a->a.s[xb], acc);
+        } else { /* CPU_Q6K */
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;
+            const uint8_t *tile = hdr + QT_Q6K_HDR + (b % QT_SB_BLOCKS) * QT_Q6K_BYTES;
+            const float d = tile_f32(hdr + 4 * i);
+            for (int h = 0; h < 2; h++) {
+                const float wd = d * (float)(int8_t)tile[16 * h + i];
+                acc = fmaf((float)isum_q6k(tile, i, h, xq), wd * xd, acc);
+            }
+        }
+    }
+    return acc;
 }
 
 static void qrows_scalar(const cpu_qmm_args *a, int64_t g0, int64_t g1) {
     const cpu_qweight *W = a->w;
-    for (int64_t g = g0; g < g1; g++) {
-        for (int i = 0; i < QT_ROWS && g * QT_ROWS + i < W->rows; i++) {
-            for (int t = 0; t < a->a.n_tok; t++) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < W->nb; b++) {
-                    const uint8_t *tile = W->data + (size_t)(g * W->nb + b) * W->tile_bytes;
-                    const size_t xb = (size_t)t * W->nb + b;
-                    int32_t isum = tile_isum(W, tile, i, a->a.q + (size_t)t * W->cols + b * QT_COLS);
-                    float wd = specd_fp16_to_f32(tile_u16(tile + 2 * i));
-                    acc = fmaf((float)isum, wd * a->a.d[xb], acc);
-                    if (W->kind == CPU_Q4)
-                        acc = fmaf(specd_fp16_to_f32(tile_u16(tile + 32 + 2 * i)), a->a.s[xb], acc);
-                }
-                a->y[(size_t)t * a->ldy + g * QT_ROWS + i] = acc;
-            }
-        }
-    }
+    for (int64_t g = g0; g < g1; g++)
+        for (int i = 0; i < QT_ROWS && g * QT_ROWS + i < W->rows; i++)
+            for (int t = 0; t < a->a.n_tok; t++)
+                a->y[(size_t)t * a->ldy + g * QT_ROWS + i] = qdot_scalar(a, g, i, t);
 }
 
 void cpu_swiglu_scalar(float *out, const float *gate, const float *up, size_t n) {
@@ -185,8 +297,7 @@ int cpu_qkernels_scalar(cpu_kernel_set *ks) {
     ks->softmax_exp = cpu_softmax_exp_scalar;
     ks->kv_axpy = cpu_kv_axpy_scalar;
     ks->f32_to_f16_row = cpu_f32_to_f16_row_scalar;
-    ks->qrows[CPU_Q4] = qrows_scalar;
-    ks->qrows[CPU_Q8] = qrows_scalar;
+    for (int k = 0; k < CPU_QKINDS; k++) ks->qrows[k] = qrows_scalar;
     ks->quantize = cpu_quantize_act;
     ks->rmsnorm_row = cpu_rmsnorm_row_scalar;
     ks->rope_heads = cpu_rope_heads_scalar;
@@ -199,12 +310,13 @@ void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok) 
     size_t nq = (size_t)n_tok * (size_t)W->cols, nbt = (size_t)n_tok * (size_t)W->nb;
     int8_t *q = malloc(nq);
     float *d = malloc(sizeof(float) * nbt), *s = malloc(sizeof(float) * nbt);
-    int32_t *sq = malloc(sizeof(int32_t) * nbt);
-    if (!q || !d || !s || !sq) abort();
+    int32_t *sq = malloc(sizeof(int32_t) * nbt), *sh = malloc(sizeof(int32_t) * nbt);
+    if (!q || !d || !s || !sq || !sh) abort();
     cpu_quantize_act(x, n_tok, W->cols, q, d, s, sq);
+    cpu_act_half_sums(q, n_tok, W->cols, sh);
     cpu_qmm_args a = {.w = W,
                       .a = {.n_tok = n_tok, .cols = W->cols, .nb = W->nb, .q = q, .d = d, .s = s,
-                            .sq = sq},
+                            .sq = sq, .sh = sh},
                       .y = y,
                       .ldy = W->rows};
     qrows_scalar(&a, 0, W->n_groups);
@@ -212,4 +324,5 @@ void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok) 
     free(d);
     free(s);
     free(sq);
+    free(sh);
 }

@@ -26,9 +26,20 @@
  * fmaf, so every SIMD path must equal it bit for bit, and the tests check
  * that. Tasks split only the rows, never the columns.
  *
- * Supported weight types: Q4_0, Q4_1 (tile kind Q4) and Q8_0 (kind Q8).
- * Other types keep the fp32-activation kernels (matmul.h), which are also
- * the "exact" precision path for every type. */
+ * The K-quants follow the same order with their own scales per block:
+ * Q4_K's wd = d * sc and wm = -dmin * mn (both exact in fp32: an fp16
+ * times a 6-bit integer), and Q6_K's 16-column halves, each its own int32
+ * sum and scale:
+ *
+ *     Q6_K:  isum0 = sum_{j<16} (wq[j] - 32) * xq[j]
+ *            isum1 = sum_{j>=16} (wq[j] - 32) * xq[j]
+ *            acc = fma((float)isum0, wd0 * xd[b], acc)
+ *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
+ *
+ * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q8_0 (kind Q8), Q4_K
+ * (kind Q4K) and Q6_K (kind Q6K). Other types keep the fp32-activation
+ * kernels (matmul.h), which are also the "exact" precision path for every
+ * type. */
 #ifndef SPECD_CPU_QMATMUL_H
 #define SPECD_CPU_QMATMUL_H
 
@@ -42,8 +53,8 @@
 #define QT_ROWS 16 /* rows per tile */
 #define QT_COLS 32 /* columns per tile = one quantization block */
 
-/* Tile layouts, one tile per (row group g, block b), tiles of a row group
- * consecutive: tile (g, b) at data + (g * nb + b) * tile_bytes.
+/* Tile layouts. Q4 and Q8: one tile per (row group g, block b), tiles of a
+ * row group consecutive: tile (g, b) at data + (g * nb + b) * tile_bytes.
  *
  *   Q4: d[16] fp16 | m[16] fp16 | qs: 4 x 64 bytes
  *       weight(row i, col c) = d[i] * q + m[i], q a nibble of qs:
@@ -53,8 +64,27 @@
  *   Q8: d[16] fp16 | qs: 8 x 64 bytes of int8
  *       weight(row i, col 4v + j) = d[i] * qs[v][4i + j]
  *
+ * The K-quants keep GGML's super-blocks of 256 columns: per row group, per
+ * super-block, a header of fp32 per-row scales, then the super-block's 8
+ * tiles of 32 columns (a group takes group_bytes, nb / 8 super-blocks):
+ *
+ *   Q4K header: d[16] f32 | mneg[16] f32 (= -dmin)                 128 B
+ *       tile:   sc[16] u8 | mn[16] u8 | qs: 4 x 64 bytes (Q4's)    288 B
+ *       weight(row i, col c) = (d[i] * sc[i]) * q + mneg[i] * mn[i]
+ *   Q6K header: d[16] f32                                            64 B
+ *       tile:   sc[2][16] i8 (columns 0..15, 16..31) |
+ *               lo: 4 x 64 bytes, the low 4 bits in Q4's nibble order |
+ *               hi: 2 x 64 bytes, the top 2 bits: chunk c = 4k + e
+ *               (columns 4c..4c+3) at bits 2e, 2e+1 of hi[k][4i + j] 416 B
+ *       weight(row i, col c) = (d[i] * sc[c / 16][i]) * (q - 32), q 0..63
+ *
+ * That is 2432 and 3392 bytes per 16 rows x 256 columns, against GGML's
+ * 2304 and 3360: a decode step streams about as many bytes as the GGUF's.
+ * (Storing d * sc as fp32 in every tile would cost a third more bytes for
+ * Q4_K, and fp16 would round it.)
+ *
  * Rows past the tensor's last row (the last group's padding) are zero. */
-typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_QKINDS } cpu_qkind;
+typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_Q4K = 2, CPU_Q6K = 3, CPU_QKINDS } cpu_qkind;
 
 /* Decode reads a matrix once at a low demand rate (the dot products sit
  * between loads); the kernels keep reads in flight with a software prefetch
@@ -64,26 +94,36 @@ typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_QKINDS } cpu_qkind;
 
 #define QT_Q4_BYTES (32 + 32 + 256)
 #define QT_Q8_BYTES (32 + 512)
+#define QT_SB_BLOCKS 8 /* 32-column blocks per K-quant super-block */
+#define QT_Q4K_HDR 128
+#define QT_Q4K_BYTES (32 + 256)
+#define QT_Q4K_SB (QT_Q4K_HDR + QT_SB_BLOCKS * QT_Q4K_BYTES)
+#define QT_Q6K_HDR 64
+#define QT_Q6K_BYTES (32 + 256 + 128)
+#define QT_Q6K_SB (QT_Q6K_HDR + QT_SB_BLOCKS * QT_Q6K_BYTES)
 
 typedef struct cpu_qweight {
     cpu_qkind kind;
     int64_t rows, cols;
     int64_t n_groups; /* ceil(rows / 16) */
     int64_t nb;       /* cols / 32 */
-    size_t tile_bytes;
-    uint8_t *data; /* 64-byte aligned */
+    size_t tile_bytes;  /* one 32-column tile (K-quants: without the header) */
+    size_t group_bytes; /* one row group: group g at data + g * group_bytes */
+    uint8_t *data;      /* 64-byte aligned */
     int owned;     /* data is the qweight's own (malloc), not an arena's */
 } cpu_qweight;
 
 /* Activations as the kernels read them: token t's int8 values at
  * q + t * cols, its block scales at d[t * nb + b], the block's
- * d * sum(q) at s[...] and sum(q) itself at sq[...]. */
+ * d * sum(q) at s[...] and sum(q) itself at sq[...]; sh[...] is the sum of
+ * the block's first 16 values, which only Q6K tiles read (cpu_act_half_sums;
+ * NULL where no Q6K matrix takes the input). */
 typedef struct cpu_qact {
     int n_tok;
     int64_t cols, nb;
     const int8_t *q;
     const float *d, *s;
-    const int32_t *sq;
+    const int32_t *sq, *sh;
 } cpu_qact;
 
 /* 1: repacked into *out; 0: the type has no integer path (use the fp32
@@ -101,6 +141,11 @@ size_t cpu_qweight_bytes(const cpu_qweight *w);
  * entries to d, s, sq. */
 void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float *d, float *s,
                       int32_t *sq);
+
+/* sh[t * nb + b] = the sum of block b's first 16 int8 values of token t
+ * (Q6_K's halves have their own scales, so their "- 32" needs each half's
+ * sum; the second half's is sq - sh). */
+void cpu_act_half_sums(const int8_t *q, int n_tok, int64_t cols, int32_t *sh);
 
 /* The same, by the active SIMD path's quantizer (bit-identical to it). */
 void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q, float *d,

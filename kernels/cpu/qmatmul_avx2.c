@@ -68,7 +68,36 @@
         }                                                                   \
     } while (0)
 
-#define DEF_Q4(NAME, TARGET, ISUM)                                                             \
+/* Block b of the row group at gp, half h: its 8 rows' scales wd and mins
+ * wm, and where its nibbles start (qmatmul_avx512.c's tile_q4, tile_q4k). */
+static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
+tile_q4(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
+    const uint8_t *tile = gp + (size_t)b * QT_Q4_BYTES;
+    PREFETCH_TILE(tile, QT_Q4_BYTES);
+    *wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h)));
+    *wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));
+    return tile + 64;
+}
+/* 8 scales of bytes: unsigned (Q4_K) or signed (Q6_K), as fp32 */
+static inline __attribute__((always_inline, target(TAVX2))) __m256 u8_scales(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __attribute__((always_inline, target(TAVX2))) __m256 i8_scales(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
+tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
+    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q4K_SB;
+    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
+    PREFETCH_TILE(tile, QT_Q4K_BYTES);
+    PREFETCH_TILE(hdr, QT_Q4K_HDR);
+    *wd = _mm256_mul_ps(_mm256_loadu_ps((const float *)hdr + 8 * h), u8_scales(tile + 8 * h));
+    *wm = _mm256_mul_ps(_mm256_loadu_ps((const float *)(hdr + 64) + 8 * h),
+                        u8_scales(tile + 16 + 8 * h));
+    return tile + 32;
+}
+
+#define DEF_Q4(NAME, TARGET, ISUM, TILE)                                                       \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
         const cpu_qweight *W = a->w;                                                          \
@@ -77,15 +106,13 @@
         (void)ones;                                                                           \
         __m256 acc[NT];                                                                       \
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
-        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
-        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
-            PREFETCH_TILE(tile, QT_Q4_BYTES);                                                 \
-            const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h))); \
-            const __m256 wm =                                                                 \
-                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));       \
+        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
+        for (int64_t b = 0; b < W->nb; b++) {                                                 \
+            __m256 wd, wm;                                                                    \
+            const uint8_t *qs = TILE(gp, b, h, &wd, &wm);                                     \
             __m256i q[8];                                                                     \
             for (int v = 0; v < 4; v++) {                                                     \
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(tile + 64 + 64 * v + 32 * h)); \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * v + 32 * h));    \
                 q[v] = _mm256_and_si256(raw, lo4);                                            \
                 q[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);                  \
             }                                                                                 \
@@ -144,6 +171,75 @@
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),                              \
                                          _mm256_mul_ps(wd, _mm256_set1_ps(a->a.d[xb])),       \
                                          acc[t]);                                             \
+            }                                                                                 \
+        }                                                                                     \
+        const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
+        for (int t = 0; t < nt; t++)                                                          \
+            STORE8(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS + 8 * h, acc[t], n);        \
+    }                                                                                         \
+    DEF_DRIVER(NAME, TARGET)
+
+/* Q6_K (qmatmul_avx512.c's DEF_Q6K, 8 rows a half): the top two bits of
+ * chunk 4k + e shifted from bits 2e, 2e+1 of hi[k] to bits 4, 5. */
+#define Q6_HI(hv, e)                                                                  \
+    _mm256_and_si256((e) == 0   ? _mm256_slli_epi16((hv), 4)                          \
+                     : (e) == 1 ? _mm256_slli_epi16((hv), 2)                          \
+                     : (e) == 2 ? (hv)                                                \
+                                : _mm256_srli_epi16((hv), 2),                         \
+                     m30)
+/* A half's sums from chunk c0 for one token (see ISUM6_BW there: two
+ * chunks' pair sums, at most 2 * 16002, add in int16). */
+#define ISUM6_VNNI(s, q, c0, xq)                                                      \
+    for (int c_ = 0; c_ < 4; c_++)                                                    \
+    (s) = DOT_VNNI((s), (q)[(c0) + c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)))
+#define ISUM6_AVX2(s, q, c0, xq)                                                              \
+    for (int c_ = 0; c_ < 4; c_ += 2)                                                         \
+    (s) = _mm256_add_epi32(                                                                   \
+        (s), _mm256_madd_epi16(                                                               \
+                 _mm256_add_epi16(                                                            \
+                     _mm256_maddubs_epi16((q)[(c0) + c_], _mm256_set1_epi32(ld32((xq) + 4 * c_))), \
+                     _mm256_maddubs_epi16((q)[(c0) + c_ + 1],                                 \
+                                          _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))),      \
+                 ones))
+
+#define DEF_Q6K(NAME, TARGET, ISUM6)                                                           \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m256i lo4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);             \
+        const __m256i ones = _mm256_set1_epi16(1);                                            \
+        (void)ones;                                                                           \
+        __m256 acc[NT];                                                                       \
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
+        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
+        for (int64_t b = 0; b < W->nb; b++) {                                                 \
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;                 \
+            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q6K_BYTES; \
+            PREFETCH_TILE(tile, QT_Q6K_BYTES);                                                \
+            PREFETCH_TILE(hdr, QT_Q6K_HDR);                                                   \
+            const __m256 dv = _mm256_loadu_ps((const float *)hdr + 8 * h);                    \
+            const __m256 wd0 = _mm256_mul_ps(dv, i8_scales(tile + 8 * h));                    \
+            const __m256 wd1 = _mm256_mul_ps(dv, i8_scales(tile + 16 + 8 * h));               \
+            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(tile + 288 + 32 * h));    \
+            const __m256i h1 = _mm256_loadu_si256((const __m256i *)(tile + 352 + 32 * h));    \
+            __m256i q[8];                                                                     \
+            for (int v = 0; v < 4; v++) {                                                     \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(tile + 32 + 64 * v + 32 * h)); \
+                q[v] = _mm256_or_si256(_mm256_and_si256(raw, lo4), Q6_HI(h0, v));             \
+                q[v + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4),  \
+                                           Q6_HI(h1, v));                                     \
+            }                                                                                 \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                const int32_t sh = a->a.sh[xb];                                               \
+                __m256i s0 = _mm256_set1_epi32(-32 * sh);                                     \
+                __m256i s1 = _mm256_set1_epi32(-32 * (a->a.sq[xb] - sh));                     \
+                ISUM6(s0, q, 0, xq);                                                          \
+                ISUM6(s1, q, 4, xq + 16);                                                     \
+                const __m256 xd = _mm256_set1_ps(a->a.d[xb]);                                 \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(wd0, xd), acc[t]); \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(wd1, xd), acc[t]); \
             }                                                                                 \
         }                                                                                     \
         const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
@@ -223,14 +319,20 @@ static __attribute__((target(TAVX2))) void quantize_avx2(const float *x, int n_t
     }
 }
 
-DEF_Q4(q4_avx2, TAVX2, ISUM4_AVX2)
-DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI)
+DEF_Q4(q4_avx2, TAVX2, ISUM4_AVX2, tile_q4)
+DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4)
+DEF_Q4(q4k_avx2, TAVX2, ISUM4_AVX2, tile_q4k)
+DEF_Q4(q4k_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4k)
 DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
 DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
+DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2)
+DEF_Q6K(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI)
 
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;
     ks->qrows[CPU_Q8] = vnni ? q8_avxvnni : q8_avx2;
+    ks->qrows[CPU_Q4K] = vnni ? q4k_avxvnni : q4k_avx2;
+    ks->qrows[CPU_Q6K] = vnni ? q6k_avxvnni : q6k_avx2;
     ks->quantize = quantize_avx2;
     return 1;
 }

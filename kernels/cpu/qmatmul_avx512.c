@@ -123,9 +123,36 @@
     }
 #define UNROLL_TOKENS _Pragma("GCC unroll 16")
 
-/* ---- 4-bit tiles (Q4_0, Q4_1) -------------------------------------------- */
+/* ---- 4-bit tiles (Q4_0, Q4_1 and Q4_K) ------------------------------------ */
 
-#define DEF_Q4(NAME, TARGET, ISUM, NTP)                                                           \
+/* Block b of the row group at gp: its 16 rows' scales wd and mins wm, and
+ * where its nibbles start. Q4 tiles hold them as fp16; a Q4K tile as 6-bit
+ * integers beside the super-block header's fp32 d and -dmin, multiplied
+ * here (exact in fp32, as the scalar twin computes them). The header's two
+ * lines are prefetched with every tile, as they are not inside any. */
+static inline __attribute__((always_inline, target(TBW))) const uint8_t *
+tile_q4(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
+    const uint8_t *tile = gp + (size_t)b * QT_Q4_BYTES;
+    PREFETCH_TILE(tile, QT_Q4_BYTES);
+    *wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+    *wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+    return tile + 64;
+}
+static inline __attribute__((always_inline, target(TBW))) __m512 u8_scales(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline __attribute__((always_inline, target(TBW))) const uint8_t *
+tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
+    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q4K_SB;
+    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
+    PREFETCH_TILE(tile, QT_Q4K_BYTES);
+    PREFETCH_TILE(hdr, QT_Q4K_HDR);
+    *wd = _mm512_mul_ps(_mm512_loadu_ps((const float *)hdr), u8_scales(tile));
+    *wm = _mm512_mul_ps(_mm512_loadu_ps((const float *)(hdr + 64)), u8_scales(tile + 16));
+    return tile + 32;
+}
+
+#define DEF_Q4(NAME, TARGET, ISUM, NTP, TILE)                                                     \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -134,14 +161,13 @@
         (void)ones;                                                                           \
         __m512 acc[NT];                                                                       \
         UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
-        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q4_BYTES;                      \
-        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q4_BYTES) {                            \
-            PREFETCH_TILE(tile, QT_Q4_BYTES);                                                 \
-            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));     \
-            const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32))); \
+        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
+        for (int64_t b = 0; b < W->nb; b++) {                                                 \
+            __m512 wd, wm;                                                                    \
+            const uint8_t *qs = TILE(gp, b, &wd, &wm);                                        \
             __m512i q[8];                                                                     \
             for (int v = 0; v < 4; v++) {                                                     \
-                __m512i raw = _mm512_loadu_si512((const void *)(tile + 64 + 64 * v));         \
+                __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * v));                \
                 q[v] = _mm512_and_si512(raw, lo4);                                            \
                 q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);                  \
             }                                                                                 \
@@ -230,10 +256,92 @@
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
-DEF_Q4(q4_bw, TBW, ISUM4_BW, 16)
-DEF_Q4(q4_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16)
+/* ---- 6-bit tiles (Q6_K) --------------------------------------------------- */
+
+/* q = low nibble | top two bits << 4, a chunk's 64 bytes at once: chunk
+ * 4k + e's top bits sit at bits 2e, 2e+1 of hi[k] (qmatmul.h), shifted to
+ * bits 4, 5 here. The 16-bit shifts carry bits across bytes only into bits
+ * that the mask drops. */
+#define Q6_HI(h, e)                                                                   \
+    _mm512_and_si512((e) == 0   ? _mm512_slli_epi16((h), 4)                           \
+                     : (e) == 1 ? _mm512_slli_epi16((h), 2)                           \
+                     : (e) == 2 ? (h)                                                 \
+                                : _mm512_srli_epi16((h), 2),                          \
+                     m30)
+
+/* A half's int32 sums (4 chunks from c0) for one token, its chain started
+ * at -32 * (the half's activation sum). VNNI: one chain per half, the two
+ * halves interleaved. BW: vpmaddubsw's pair sums of 6-bit weights reach
+ * 2 * 63 * 127 = 16002, so two chunks add in int16 before each vpmaddwd. */
+#define ISUM6_VNNI(s, q, c0, xq)                                                      \
+    for (int c_ = 0; c_ < 4; c_++)                                                    \
+    (s) = _mm512_dpbusd_epi32((s), (q)[(c0) + c_], _mm512_set1_epi32(ld32((xq) + 4 * c_)))
+#define ISUM6_BW(s, q, c0, xq)                                                                \
+    for (int c_ = 0; c_ < 4; c_ += 2)                                                         \
+    (s) = _mm512_add_epi32(                                                                   \
+        (s), _mm512_madd_epi16(                                                               \
+                 _mm512_add_epi16(                                                            \
+                     _mm512_maddubs_epi16((q)[(c0) + c_], _mm512_set1_epi32(ld32((xq) + 4 * c_))), \
+                     _mm512_maddubs_epi16((q)[(c0) + c_ + 1],                                 \
+                                          _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))),      \
+                 ones))
+
+#define DEF_Q6K(NAME, TARGET, ISUM6, NTP)                                                         \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m512i lo4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);             \
+        const __m512i ones = _mm512_set1_epi16(1);                                            \
+        (void)ones;                                                                           \
+        __m512 acc[NT];                                                                       \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
+        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
+        for (int64_t b = 0; b < W->nb; b++) {                                                 \
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;                 \
+            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q6K_BYTES; \
+            PREFETCH_TILE(tile, QT_Q6K_BYTES);                                                \
+            PREFETCH_TILE(hdr, QT_Q6K_HDR);                                                   \
+            const __m512 dv = _mm512_loadu_ps((const float *)hdr);                            \
+            const __m512 wd0 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(     \
+                                                     _mm_loadu_si128((const __m128i *)tile)))); \
+            const __m512 wd1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(     \
+                                                     _mm_loadu_si128((const __m128i *)(tile + 16))))); \
+            const __m512i h0 = _mm512_loadu_si512((const void *)(tile + 288));               \
+            const __m512i h1 = _mm512_loadu_si512((const void *)(tile + 352));               \
+            __m512i q[8];                                                                     \
+            for (int v = 0; v < 4; v++) {                                                     \
+                __m512i raw = _mm512_loadu_si512((const void *)(tile + 32 + 64 * v));         \
+                q[v] = _mm512_or_si512(_mm512_and_si512(raw, lo4), Q6_HI(h0, v));             \
+                q[v + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4),  \
+                                           Q6_HI(h1, v));                                     \
+            }                                                                                 \
+            UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                const int32_t sh = a->a.sh[xb];                                               \
+                __m512i s0 = _mm512_set1_epi32(-32 * sh);                                     \
+                __m512i s1 = _mm512_set1_epi32(-32 * (a->a.sq[xb] - sh));                     \
+                ISUM6(s0, q, 0, xq);                                                          \
+                ISUM6(s1, q, 4, xq + 16);                                                     \
+                const __m512 xd = _mm512_set1_ps(a->a.d[xb]);                                 \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(wd0, xd), acc[t]); \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(wd1, xd), acc[t]); \
+            }                                                                                 \
+        }                                                                                     \
+        const int64_t n = W->rows - g * QT_ROWS;                                              \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++)                                            \
+            STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
+    }                                                                                         \
+    DEF_DRIVER(NAME, TARGET, NTP)
+
+DEF_Q4(q4_bw, TBW, ISUM4_BW, 16, tile_q4)
+DEF_Q4(q4_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4)
+DEF_Q4(q4k_bw, TBW, ISUM4_BW, 16, tile_q4k)
+DEF_Q4(q4k_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4k)
 DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8)
 DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16)
+DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8)
+DEF_Q6K(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16)
 
 /* The activation quantizer (qmatmul.c's cpu_quantize_act, read it first),
  * a block of 32 in two zmm: the same operations per element (|x|, max,
@@ -276,6 +384,8 @@ static __attribute__((target(TBW))) void quantize_avx512(const float *x, int n_t
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_vnni : q4_bw;
     ks->qrows[CPU_Q8] = vnni ? q8_vnni : q8_bw;
+    ks->qrows[CPU_Q4K] = vnni ? q4k_vnni : q4k_bw;
+    ks->qrows[CPU_Q6K] = vnni ? q6k_vnni : q6k_bw;
     ks->quantize = quantize_avx512;
     return 1;
 }

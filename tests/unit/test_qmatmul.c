@@ -32,8 +32,14 @@
 
 static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
 #define N_PATHS (sizeof k_paths / sizeof k_paths[0])
-static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q8_0};
+static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q8_0, SPECD_Q4_K,
+                                      SPECD_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+/* A test's width for a type: the K-quants come in super-blocks of 256. */
+static int64_t type_cols(specd_dtype type, int64_t cols) {
+    return type == SPECD_Q4_K || type == SPECD_Q6_K ? (cols + 255) / 256 * 256 : cols;
+}
 
 typedef struct qfixture {
     specd_tensor t;
@@ -42,18 +48,23 @@ typedef struct qfixture {
     cpu_qweight w;
 } qfixture;
 
-/* fill_nibbles: every 4-bit weight of a Q4 type set to 15, the largest */
+/* fill_nibbles: every 4-bit weight of a Q4 type set to 15, every 6-bit
+ * one of Q6_K to 63: the largest */
 static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
                          int fill_nibbles) {
     memset(f, 0, sizeof *f);
     f->raw = test_random_weights(type, rows, cols, seed, &f->row_bytes);
     if (fill_nibbles) {
-        /* GGUF blocks of 32: Q4_0 = fp16 d + 16 nibble bytes, Q4_1 = fp16 d,
-         * fp16 m + 16 nibble bytes */
-        size_t head = type == SPECD_Q4_1 ? 4 : 2, blk = head + 16;
-        assert_true(type == SPECD_Q4_0 || type == SPECD_Q4_1);
+        /* GGUF blocks: Q4_0 = fp16 d + 16 nibble bytes, Q4_1 = fp16 d,
+         * fp16 m + 16 nibble bytes; Q4_K = 16 bytes of scales + 128 of
+         * nibbles; Q6_K = 128 bytes of low bits, 64 of top bits, then
+         * scales and d */
+        size_t head = type == SPECD_Q4_1 ? 4 : type == SPECD_Q4_K ? 16 : type == SPECD_Q6_K ? 0 : 2;
+        size_t quants = type == SPECD_Q4_K ? 128 : type == SPECD_Q6_K ? 192 : 16;
+        size_t blk = specd_dtype_get(type)->block_bytes;
+        assert_true(type != SPECD_Q8_0);
         for (size_t o = 0; o + blk <= f->row_bytes * (size_t)rows; o += blk)
-            memset(f->raw + o + head, 0xFF, 16);
+            memset(f->raw + o + head, 0xFF, quants);
     }
     snprintf(f->t.name, sizeof f->t.name, "test.weight");
     f->t.type = type;
@@ -113,7 +124,8 @@ static void test_paths_equal_scalar_twin(void **state) {
         for (size_t ti = 0; ti < N_TYPES; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 qfixture f;
-                qfix_make(&f, k_types[ti], shapes[si][0], shapes[si][1], 100 + si + 10 * ti);
+                qfix_make(&f, k_types[ti], shapes[si][0], type_cols(k_types[ti], shapes[si][1]),
+                          100 + si + 10 * ti);
                 for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
                     int n = toks[k];
                     size_t ny = (size_t)n * (size_t)f.w.rows;
@@ -139,15 +151,15 @@ static void test_paths_equal_scalar_twin(void **state) {
     for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
 }
 
-/* The largest products the Q4 kernels meet: every weight 15 and every
- * activation +-127 (a block of equal values quantizes to 127), where an
- * int16 intermediate (vpmaddubsw's pairs, 3,810 here) or a too-narrow
- * partial sum would show. Every path against the scalar twin, bit for
- * bit. */
+/* The largest products the 4- and 6-bit kernels meet: every weight 15
+ * (63) and every activation +-127 (a block of equal values quantizes to
+ * 127), where an int16 intermediate (vpmaddubsw's pairs, 3,810 here; two
+ * Q6_K chunks' pairs, 32,004) or a too-narrow partial sum would show.
+ * Every path against the scalar twin, bit for bit. */
 static void test_q4_extremes(void **state) {
     (void)state;
-    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1};
-    enum { ROWS = 48, COLS = 128, NTOK = 5 };
+    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q4_K, SPECD_Q6_K};
+    enum { ROWS = 48, COLS = 256, NTOK = 5 };
     float x[NTOK * COLS];
     for (int t = 0; t < NTOK; t++)
         for (int c = 0; c < COLS; c++) {
@@ -179,7 +191,7 @@ static void test_q4_extremes(void **state) {
 static void test_batch_invariance(void **state) {
     (void)state;
     specd_pool *pool = specd_pool_create(2);
-    const int64_t rows = 75, cols = 576;
+    const int64_t rows = 75, cols = 768;
     const int max_n = 64;
     float *rowsx = malloc(sizeof(float) * (size_t)max_n * cols);
     test_fill_random(rowsx, (size_t)max_n * cols, 99, 2.0f);
@@ -230,8 +242,8 @@ static void test_batch_invariance(void **state) {
  * path. Matrices of different widths are refused. */
 static void test_qmatmuls_equal_one_by_one(void **state) {
     (void)state;
-    const int64_t cols = 96;
-    const specd_dtype types[] = {SPECD_Q4_1, SPECD_Q8_0, SPECD_Q4_0, SPECD_Q4_1};
+    const int64_t cols = 256;
+    const specd_dtype types[] = {SPECD_Q4_1, SPECD_Q6_K, SPECD_Q4_K, SPECD_Q8_0};
     const int64_t rows[] = {37, 16, 5, 203};
     const int toks[] = {1, 2, 3, 5, 17, 70};
     specd_pool *pools[3] = {specd_pool_create(1), specd_pool_create(2), specd_pool_create(3)};
@@ -383,7 +395,7 @@ static void test_quantizers_equal(void **state) {
 /* Types without a tile kind keep the fp32 path; so do bad shapes. */
 static void test_which_types(void **state) {
     (void)state;
-    const specd_dtype no[] = {SPECD_F32, SPECD_F16, SPECD_BF16, SPECD_Q4_K, SPECD_Q6_K};
+    const specd_dtype no[] = {SPECD_F32, SPECD_F16, SPECD_BF16};
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
         size_t rb;
         uint8_t *raw = test_random_weights(no[i], 4, 256, 1, &rb);
@@ -411,6 +423,24 @@ static void test_which_types(void **state) {
     t.data = blk;
     cpu_qweight w;
     assert_int_equal(cpu_qweight_make(&t, &w, NULL), 0);
+    /* the K-quants take their super-blocks of 256 whole, and repack into
+     * about the GGUF's bytes (qmatmul.h: 2432 and 3392 per 16 x 256) */
+    const specd_dtype k[] = {SPECD_Q4_K, SPECD_Q6_K};
+    const size_t sb_bytes[] = {2432, 3392};
+    for (int i = 0; i < 2; i++) {
+        size_t rb;
+        uint8_t *raw = test_random_weights(k[i], 20, 512, 2, &rb);
+        t.type = k[i];
+        t.ne[0] = 512;
+        t.ne[1] = 20;
+        t.data = raw;
+        assert_int_equal(cpu_qweight_make(&t, &w, NULL), 1);
+        assert_int_equal(cpu_qweight_bytes(&w), 2 * 2 * sb_bytes[i]);
+        cpu_qweight_free(&w);
+        t.ne[0] = 128; /* half a super-block: not a K-quant row */
+        assert_int_equal(cpu_qweight_make(&t, &w, NULL), -1);
+        free(raw);
+    }
 }
 
 /* The weight arena (weight_arena.h): 64-byte aligned, zeroed, disjoint
