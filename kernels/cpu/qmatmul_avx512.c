@@ -11,8 +11,10 @@
  *              4-bit weights: the int16 pair sums of a block's 8 chunks
  *              added first, one vpmaddwd a block, ISUM4_BW)
  *
- * vpdpbusd and vpmaddubsw take unsigned weights. 4-bit weights are unsigned
- * already. Signed Q8_0 weights: VNNI adds 128 (xor 0x80) and subtracts
+ * vpdpbusd and vpmaddubsw take unsigned weights. 4-bit weights (Q4_0,
+ * Q4_1, Q4_K) are unsigned already, and so are Q6_K's 6-bit ones, whose
+ * "- 32" starts each half's chain at -32 * (the half's activation sum).
+ * Signed Q8_0 weights: VNNI adds 128 (xor 0x80) and subtracts
  * 128 * sum(x) afterwards, exactly; without VNNI the sign moves onto the
  * activation (|w| times x negated where w < 0), whose pair sums stay within
  * int16 (2 * 128 * 127). 4-bit pairs reach at most 2 * 15 * 127.

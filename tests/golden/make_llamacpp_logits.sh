@@ -8,17 +8,22 @@
 #   tests/golden/make_llamacpp_logits.sh q8_0       # llamacpp-logits-kvq8.json: K and V
 #                                                   # cached as Q8_0 (kv_cache_dtype q8_0)
 #
+#   SPECD_LLAMACPP_MODEL=M SPECD_LLAMACPP_FIXTURE=F tests/golden/make_llamacpp_logits.sh
+#                                                   # another GGUF's logits into F
+#                                                   # (tests/golden/check_kquants.sh)
+#
 # llama.cpp is built natively from the PyPI sdist (bench/llamacpp_build.sh);
 # the dumper tests/golden/llamacpp_logits.c is compiled against it here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL=${SPECD_LLAMACPP_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 KV=${1:-f32}
 case "$KV" in
   f32) OUT=tests/golden/data/smollm2/llamacpp-logits.json ;;
   q8_0) OUT=tests/golden/data/smollm2/llamacpp-logits-kvq8.json ;;
   *) echo "make_llamacpp_logits: KV is f32 or q8_0, got '$KV'" >&2; exit 2 ;;
 esac
+OUT=${SPECD_LLAMACPP_FIXTURE:-$OUT}
 [ -f "$MODEL" ] || ./scripts/fetch_model.sh
 build=$(bench/llamacpp_build.sh)
 src=$(dirname "$build")/src

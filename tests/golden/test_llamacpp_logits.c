@@ -20,7 +20,16 @@
  * tolerances (TOL_KVQ8 and the two after it).
  *
  * On every SIMD path this CPU has. Skipped visibly without the default
- * model. */
+ * model.
+ *
+ * SPECD_LLAMACPP_MODEL and SPECD_LLAMACPP_FIXTURE (both set) check another
+ * GGUF against a fixture made from it the same way; the Q8_0-cache fixture
+ * is the default model's and is skipped then. With them,
+ * SPECD_LLAMACPP_TOL="TOL,MEAN_TOL,NEAR_TIE" sets that model's tolerances
+ * and SPECD_LLAMACPP_PRECISION=exact runs the fp32 path instead (the
+ * yardstick for a tolerance: how far our exact arithmetic is from
+ * llama.cpp's on that file). check_kquants.sh uses these for the K-quant
+ * tiles, on models llama-quantize makes, which CI cannot. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -77,6 +86,13 @@ typedef struct tolerances {
 
 static const tolerances *g_tol;
 
+/* The model and fixture of test_fast_path_matches_llamacpp: the default
+ * ones, or another pair named by the environment (file header). */
+static const char *other_model(void) {
+    const char *m = getenv("SPECD_LLAMACPP_MODEL"), *f = getenv("SPECD_LLAMACPP_FIXTURE");
+    return m && *m && f && *f ? m : NULL;
+}
+
 static float g_worst;
 static double g_sum;
 static long g_n;
@@ -111,6 +127,9 @@ static void run_fixture(const cJSON *root, const specd_model_file *m, specd_kv_d
     specd_error err = {0};
     specd_transformer_opts o = {.backend = {.name = "cpu", .n_threads = 2, .kv_dtype = kv},
                                 .n_slots = 1, .max_ctx = 256, .max_batch = 256};
+    const char *prec = getenv("SPECD_LLAMACPP_PRECISION");
+    if (other_model() && prec && !strcmp(prec, "exact"))
+        o.backend.precision = SPECD_PRECISION_EXACT;
     specd_transformer *t = specd_transformer_create(m, &o, &err);
     if (!t) fail_msg("transformer: %s", err.msg);
     const cJSON *pr;
@@ -182,16 +201,18 @@ static void run_fixture(const cJSON *root, const specd_model_file *m, specd_kv_d
 
 static void check_fixture(const char *fixture, specd_kv_dtype kv, const tolerances *tol) {
     g_tol = tol;
-    const char *mp = test_path(MODEL);
+    const char *mp = other_model() ? other_model() : test_path(MODEL);
+    if (other_model()) fixture = getenv("SPECD_LLAMACPP_FIXTURE");
+    else fixture = test_path(fixture);
     if (!test_file_exists(mp)) {
-        print_message("SKIPPED: %s is not here (scripts/fetch_model.sh)\n", MODEL);
+        print_message("SKIPPED: %s is not here (scripts/fetch_model.sh)\n", mp);
         skip();
     }
     specd_error err = {0};
     specd_model_file *m = specd_model_open(mp, &err);
     if (!m) fail_msg("%s", err.msg);
     size_t len;
-    char *json = test_read_file(test_path(fixture), &len);
+    char *json = test_read_file(fixture, &len);
     assert_non_null(json);
     cJSON *root = cJSON_Parse(json);
     assert_non_null(root);
@@ -227,13 +248,20 @@ static void check_fixture(const char *fixture, specd_kv_dtype kv, const toleranc
 
 static void test_fast_path_matches_llamacpp(void **state) {
     (void)state;
-    static const tolerances t = {TOL, MEAN_TOL, NEAR_TIE};
+    static tolerances t = {TOL, MEAN_TOL, NEAR_TIE};
+    const char *tol = getenv("SPECD_LLAMACPP_TOL");
+    if (other_model() && tol && sscanf(tol, "%f,%f,%f", &t.tol, &t.mean_tol, &t.near_tie) != 3)
+        fail_msg("SPECD_LLAMACPP_TOL: TOL,MEAN_TOL,NEAR_TIE, not '%s'", tol);
     check_fixture(FIXTURE, SPECD_KV_AUTO, &t);
 }
 
 static void test_q8_0_cache_matches_llamacpp(void **state) {
     (void)state;
     static const tolerances t = {TOL_KVQ8, MEAN_TOL_KVQ8, NEAR_TIE_KVQ8};
+    if (other_model()) {
+        print_message("SKIPPED: the Q8_0-cache fixture is the default model's\n");
+        skip();
+    }
     check_fixture(FIXTURE_KVQ8, SPECD_KV_Q8_0, &t);
 }
 
