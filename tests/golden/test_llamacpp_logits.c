@@ -201,9 +201,12 @@ static void run_fixture(const cJSON *root, const specd_model_file *m, specd_kv_d
 
 static void check_fixture(const char *fixture, specd_kv_dtype kv, const tolerances *tol) {
     g_tol = tol;
-    const char *mp = other_model() ? other_model() : test_path(MODEL);
-    if (other_model()) fixture = getenv("SPECD_LLAMACPP_FIXTURE");
-    else fixture = test_path(fixture);
+    /* test_path answers in one static buffer: keep each answer */
+    char mp[4096], fp[4096];
+    snprintf(mp, sizeof mp, "%s", other_model() ? other_model() : test_path(MODEL));
+    snprintf(fp, sizeof fp, "%s",
+             other_model() ? getenv("SPECD_LLAMACPP_FIXTURE") : test_path(fixture));
+    fixture = fp;
     if (!test_file_exists(mp)) {
         print_message("SKIPPED: %s is not here (scripts/fetch_model.sh)\n", mp);
         skip();
