@@ -25,6 +25,25 @@ static void tile_put_q4(uint8_t *tile, int i, uint16_t d, uint16_t m, const uint
     for (int v = 0; v < 4; v++) memcpy(tile + 64 + 64 * v + 4 * i, qs16 + 4 * v, 4);
 }
 
+/* A Q5 tile: Q4's part, then element c's fifth bit (bit c of the block's
+ * little-endian qh) at bit c / 4 of hi byte 4i + c % 4. */
+static void tile_put_q5(uint8_t *tile, int i, uint16_t d, uint16_t m, const uint8_t *qh4,
+                        const uint8_t *qs16) {
+    tile_put_q4(tile, i, d, m, qs16);
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    for (int c = 0; c < QT_COLS; c++)
+        tile[QT_Q4_BYTES + 4 * i + c % 4] |= (uint8_t)(((qh >> c) & 1) << (c / 4));
+}
+
+/* m = -k d for Q4_0 (k 8) and Q5_0 (k 16) as fp16, or 0 where that is not
+ * exact (d so large that it overflows): such a matrix keeps the fp32 path. */
+static int offset_fp16(uint16_t d, float k, uint16_t *mh) {
+    const float m = -k * specd_fp16_to_f32(d);
+    *mh = specd_f32_to_fp16(m);
+    return specd_fp16_to_f32(*mh) == m;
+}
+
 static void tile_put_q8(uint8_t *tile, int i, uint16_t d, const uint8_t *qs32) {
     memcpy(tile + 2 * i, &d, 2);
     for (int v = 0; v < 8; v++) memcpy(tile + 32 + 64 * v + 4 * i, qs32 + 4 * v, 4);
@@ -83,6 +102,8 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q4_0:
     case SPECD_Q4_1: kind = CPU_Q4; break;
     case SPECD_Q8_0: kind = CPU_Q8; break;
+    case SPECD_Q5_0:
+    case SPECD_Q5_1: kind = CPU_Q5; break;
     case SPECD_Q4_K: kind = CPU_Q4K; break;
     case SPECD_Q6_K: kind = CPU_Q6K; break;
     default: return 0;
@@ -99,7 +120,7 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     out->nb = cols / QT_COLS;
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
     static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES, QT_Q8_BYTES, QT_Q4K_BYTES,
-                                                  QT_Q6K_BYTES};
+                                                  QT_Q6K_BYTES, QT_Q5_BYTES};
     out->tile_bytes = tile_bytes[kind];
     const int64_t n_sb = out->nb / QT_SB_BLOCKS;
     out->group_bytes = kind == CPU_Q4K   ? (size_t)n_sb * QT_Q4K_SB
@@ -136,15 +157,17 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
                 tile_put_q8(tile, i, rd_u16(blk), blk + 2);
             } else if (t->type == SPECD_Q4_1) {
                 tile_put_q4(tile, i, rd_u16(blk), rd_u16(blk + 2), blk + 4);
-            } else { /* Q4_0: w = d * (q - 8) = d * q + (-8 d) */
-                uint16_t d = rd_u16(blk);
-                float m = -8.0f * specd_fp16_to_f32(d);
-                uint16_t mh = specd_f32_to_fp16(m);
-                if (specd_fp16_to_f32(mh) != m) { /* overflow: keep the fp32 path */
+            } else if (t->type == SPECD_Q5_1) {
+                tile_put_q5(tile, i, rd_u16(blk), rd_u16(blk + 2), blk + 4, blk + 8);
+            } else { /* Q4_0, Q5_0: w = d * (q - k) = d * q + (-k d) */
+                const int q5 = t->type == SPECD_Q5_0;
+                uint16_t mh;
+                if (!offset_fp16(rd_u16(blk), q5 ? 16.0f : 8.0f, &mh)) {
                     cpu_qweight_free(out);
                     return 0;
                 }
-                tile_put_q4(tile, i, d, mh, blk + 2);
+                if (q5) tile_put_q5(tile, i, rd_u16(blk), mh, blk + 2, blk + 6);
+                else tile_put_q4(tile, i, rd_u16(blk), mh, blk + 2);
             }
         }
     }
@@ -203,16 +226,16 @@ void cpu_act_half_sums(const int8_t *q, int n_tok, int64_t cols, int32_t *sh) {
 
 /* ---- the scalar twin -------------------------------------------------------- */
 
-/* sum over a block's columns [c0, c1) of w * x for row i of a 4-bit
- * tile's nibbles (Q4, Q4K): byte 4i + j of chunk v holds column 4v + j in
- * its low nibble and 16 + 4v + j in its high nibble. */
-static int32_t isum_q4(const uint8_t *qs, int i, const int8_t *xq) {
+/* sum of w * x over a block for row i of a 4-bit tile's nibbles (Q4, Q4K,
+ * and with hi, Q5's fifth bits): byte 4i + j of chunk v holds column 4v + j
+ * in its low nibble and 16 + 4v + j in its high nibble. */
+static int32_t isum_q4(const uint8_t *qs, const uint8_t *hi, int i, const int8_t *xq) {
     int32_t sum = 0;
     for (int v = 0; v < 4; v++)
         for (int j = 0; j < 4; j++) {
-            uint8_t byte = qs[64 * v + 4 * i + j];
-            sum += (int32_t)(byte & 15) * xq[4 * v + j];
-            sum += (int32_t)(byte >> 4) * xq[16 + 4 * v + j];
+            const uint8_t byte = qs[64 * v + 4 * i + j], h = hi ? hi[4 * i + j] : 0;
+            sum += (int32_t)((byte & 15) | ((h >> v) & 1) << 4) * xq[4 * v + j];
+            sum += (int32_t)((byte >> 4) | ((h >> (v + 4)) & 1) << 4) * xq[16 + 4 * v + j];
         }
     return sum;
 }
@@ -245,11 +268,12 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
         const size_t xb = (size_t)t * W->nb + b;
         const int8_t *xq = a->a.q + (size_t)t * W->cols + b * QT_COLS;
         const float xd = a->a.d[xb];
-        if (W->kind == CPU_Q4 || W->kind == CPU_Q8) {
+        if (W->kind == CPU_Q4 || W->kind == CPU_Q5 || W->kind == CPU_Q8) {
             const uint8_t *tile = gp + (size_t)b * W->tile_bytes;
             const float wd = specd_fp16_to_f32(rd_u16(tile + 2 * i));
-            if (W->kind == CPU_Q4) {
-                acc = fmaf((float)isum_q4(tile + 64, i, xq), wd * xd, acc);
+            if (W->kind != CPU_Q8) {
+                const uint8_t *hi = W->kind == CPU_Q5 ? tile + QT_Q4_BYTES : NULL;
+                acc = fmaf((float)isum_q4(tile + 64, hi, i, xq), wd * xd, acc);
                 acc = fmaf(specd_fp16_to_f32(rd_u16(tile + 32 + 2 * i)), a->a.s[xb], acc);
             } else {
                 int32_t isum = 0;
@@ -263,7 +287,7 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
             const uint8_t *tile = hdr + QT_Q4K_HDR + (b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
             const float wd = tile_f32(hdr + 4 * i) * (float)tile[i];
             const float wm = tile_f32(hdr + 64 + 4 * i) * (float)tile[16 + i];
-            acc = fmaf((float)isum_q4(tile + 32, i, xq), wd * xd, acc);
+            acc = fmaf((float)isum_q4(tile + 32, NULL, i, xq), wd * xd, acc);
             acc = fmaf(wm, a->a.s[xb], acc);
         } else { /* CPU_Q6K */
             const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;

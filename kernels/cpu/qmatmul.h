@@ -36,8 +36,8 @@
  *            acc = fma((float)isum0, wd0 * xd[b], acc)
  *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
  *
- * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q8_0 (kind Q8), Q4_K
- * (kind Q4K) and Q6_K (kind Q6K). Other types keep the fp32-activation
+ * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind Q5),
+ * Q8_0 (kind Q8), Q4_K (kind Q4K) and Q6_K (kind Q6K). Other types keep the fp32-activation
  * kernels (matmul.h), which are also the "exact" precision path for every
  * type. */
 #ifndef SPECD_CPU_QMATMUL_H
@@ -63,6 +63,9 @@
  *       (Q4_0's "q - 8" becomes m = -8 d, exact in fp16.)
  *   Q8: d[16] fp16 | qs: 8 x 64 bytes of int8
  *       weight(row i, col 4v + j) = d[i] * qs[v][4i + j]
+ *   Q5: Q4's tile | hi: 64 bytes, bit c of hi[4i + j] the fifth bit of
+ *       (row i, col 4c + j): q = nibble + 16 * bit, weight = d[i] * q + m[i]
+ *       (Q5_0's "q - 16" becomes m = -16 d, exact in fp16.)
  *
  * The K-quants keep GGML's super-blocks of 256 columns: per row group, per
  * super-block, a header of fp32 per-row scales, then the super-block's 8
@@ -84,7 +87,14 @@
  * Q4_K, and fp16 would round it.)
  *
  * Rows past the tensor's last row (the last group's padding) are zero. */
-typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_Q4K = 2, CPU_Q6K = 3, CPU_QKINDS } cpu_qkind;
+typedef enum cpu_qkind {
+    CPU_Q4 = 0,
+    CPU_Q8 = 1,
+    CPU_Q4K = 2,
+    CPU_Q6K = 3,
+    CPU_Q5 = 4,
+    CPU_QKINDS
+} cpu_qkind;
 
 /* Decode reads a matrix once at a low demand rate (the dot products sit
  * between loads); the kernels keep reads in flight with a software prefetch
@@ -94,6 +104,7 @@ typedef enum cpu_qkind { CPU_Q4 = 0, CPU_Q8 = 1, CPU_Q4K = 2, CPU_Q6K = 3, CPU_Q
 
 #define QT_Q4_BYTES (32 + 32 + 256)
 #define QT_Q8_BYTES (32 + 512)
+#define QT_Q5_BYTES (QT_Q4_BYTES + 64)
 #define QT_SB_BLOCKS 8 /* 32-column blocks per K-quant super-block */
 #define QT_Q4K_HDR 128
 #define QT_Q4K_BYTES (32 + 256)

@@ -56,6 +56,21 @@
         (is) = _mm256_madd_epi16(_mm256_add_epi16(p0_, p1_), ones);                 \
     } while (0)
 
+/* 5-bit weights without VNNI: two vpmaddwd (qmatmul_avx512.c's ISUM5_BW). */
+#define ISUM5_AVX2(is, q, xq)                                                       \
+    do {                                                                            \
+        __m256i p0_ = _mm256_maddubs_epi16((q)[0], _mm256_set1_epi32(ld32(xq)));    \
+        __m256i p1_ = _mm256_maddubs_epi16((q)[1], _mm256_set1_epi32(ld32((xq) + 4))); \
+        for (int c_ = 2; c_ < 8; c_ += 2) {                                         \
+            p0_ = _mm256_add_epi16(                                                 \
+                p0_, _mm256_maddubs_epi16((q)[c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
+            p1_ = _mm256_add_epi16(p1_, _mm256_maddubs_epi16(                        \
+                                            (q)[c_ + 1],                            \
+                                            _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
+        }                                                                           \
+        (is) = _mm256_add_epi32(_mm256_madd_epi16(p0_, ones), _mm256_madd_epi16(p1_, ones)); \
+    } while (0)
+
 /* Stores 8 outputs, or the first n of them. */
 #define STORE8(p, v, n)                                                     \
     do {                                                                    \
@@ -78,6 +93,31 @@ tile_q4(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
     *wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));
     return tile + 64;
 }
+static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
+tile_q5(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
+    const uint8_t *tile = gp + (size_t)b * QT_Q5_BYTES;
+    PREFETCH_TILE(tile, QT_Q5_BYTES);
+    *wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h)));
+    *wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));
+    return tile + 64;
+}
+
+/* Q5's fifth bits (qmatmul_avx512.c's HI_Q5), half h's 32 bytes. */
+#define HI_NONE(q, qs, h) ((void)0)
+#define HI_Q5(q, qs, h)                                                                       \
+    do {                                                                                      \
+        const __m256i hp_ = _mm256_loadu_si256((const __m256i *)((qs) + 256 + 32 * (h)));     \
+        const __m256i b4_ = _mm256_set1_epi8(0x10);                                           \
+        (q)[0] = _mm256_or_si256((q)[0], _mm256_and_si256(_mm256_slli_epi16(hp_, 4), b4_));   \
+        (q)[1] = _mm256_or_si256((q)[1], _mm256_and_si256(_mm256_slli_epi16(hp_, 3), b4_));   \
+        (q)[2] = _mm256_or_si256((q)[2], _mm256_and_si256(_mm256_slli_epi16(hp_, 2), b4_));   \
+        (q)[3] = _mm256_or_si256((q)[3], _mm256_and_si256(_mm256_slli_epi16(hp_, 1), b4_));   \
+        (q)[4] = _mm256_or_si256((q)[4], _mm256_and_si256(hp_, b4_));                         \
+        (q)[5] = _mm256_or_si256((q)[5], _mm256_and_si256(_mm256_srli_epi16(hp_, 1), b4_));   \
+        (q)[6] = _mm256_or_si256((q)[6], _mm256_and_si256(_mm256_srli_epi16(hp_, 2), b4_));   \
+        (q)[7] = _mm256_or_si256((q)[7], _mm256_and_si256(_mm256_srli_epi16(hp_, 3), b4_));   \
+    } while (0)
+
 /* 8 scales of bytes: unsigned (Q4_K) or signed (Q6_K), as fp32 */
 static inline __attribute__((always_inline, target(TAVX2))) __m256 u8_scales(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -97,7 +137,7 @@ tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
     return tile + 32;
 }
 
-#define DEF_Q4(NAME, TARGET, ISUM, TILE)                                                       \
+#define DEF_Q4(NAME, TARGET, ISUM, TILE, HI)                                                   \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
         const cpu_qweight *W = a->w;                                                          \
@@ -116,6 +156,7 @@ tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                 q[v] = _mm256_and_si256(raw, lo4);                                            \
                 q[v + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4);                  \
             }                                                                                 \
+            HI(q, qs, h);                                                                     \
             for (int t = 0; t < nt; t++) {                                                    \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
@@ -319,10 +360,12 @@ static __attribute__((target(TAVX2))) void quantize_avx2(const float *x, int n_t
     }
 }
 
-DEF_Q4(q4_avx2, TAVX2, ISUM4_AVX2, tile_q4)
-DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4)
-DEF_Q4(q4k_avx2, TAVX2, ISUM4_AVX2, tile_q4k)
-DEF_Q4(q4k_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4k)
+DEF_Q4(q4_avx2, TAVX2, ISUM4_AVX2, tile_q4, HI_NONE)
+DEF_Q4(q4_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4, HI_NONE)
+DEF_Q4(q4k_avx2, TAVX2, ISUM4_AVX2, tile_q4k, HI_NONE)
+DEF_Q4(q4k_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4k, HI_NONE)
+DEF_Q4(q5_avx2, TAVX2, ISUM5_AVX2, tile_q5, HI_Q5)
+DEF_Q4(q5_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q5, HI_Q5)
 DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
 DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
 DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2)
@@ -332,6 +375,7 @@ int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;
     ks->qrows[CPU_Q8] = vnni ? q8_avxvnni : q8_avx2;
     ks->qrows[CPU_Q4K] = vnni ? q4k_avxvnni : q4k_avx2;
+    ks->qrows[CPU_Q5] = vnni ? q5_avxvnni : q5_avx2;
     ks->qrows[CPU_Q6K] = vnni ? q6k_avxvnni : q6k_avx2;
     ks->quantize = quantize_avx2;
     return 1;

@@ -76,6 +76,21 @@
         (is) = _mm512_madd_epi16(_mm512_add_epi16(p0_, p1_), ones);                           \
     } while (0)
 
+/* 5-bit weights without VNNI: pair sums reach 2 * 31 * 127 = 7874, so only
+ * four chunks add in int16 (31,496) before each of two vpmaddwd. */
+#define ISUM5_BW(is, q, xq)                                                                   \
+    do {                                                                                      \
+        __m512i p0_ = _mm512_maddubs_epi16((q)[0], _mm512_set1_epi32(ld32(xq)));              \
+        __m512i p1_ = _mm512_maddubs_epi16((q)[1], _mm512_set1_epi32(ld32((xq) + 4)));        \
+        for (int c_ = 2; c_ < 8; c_ += 2) {                                                   \
+            p0_ = _mm512_add_epi16(                                                           \
+                p0_, _mm512_maddubs_epi16((q)[c_], _mm512_set1_epi32(ld32((xq) + 4 * c_))));  \
+            p1_ = _mm512_add_epi16(                                                           \
+                p1_, _mm512_maddubs_epi16((q)[c_ + 1], _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
+        }                                                                                     \
+        (is) = _mm512_add_epi32(_mm512_madd_epi16(p0_, ones), _mm512_madd_epi16(p1_, ones));  \
+    } while (0)
+
 /* Stores 16 outputs, or the first n of them (the last, partial row group). */
 #define STORE_ROWS(p, v, n)                                                   \
     do {                                                                      \
@@ -140,6 +155,33 @@ tile_q4(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
     *wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
     return tile + 64;
 }
+static inline __attribute__((always_inline, target(TBW))) const uint8_t *
+tile_q5(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
+    const uint8_t *tile = gp + (size_t)b * QT_Q5_BYTES;
+    PREFETCH_TILE(tile, QT_Q5_BYTES);
+    *wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+    *wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+    return tile + 64;
+}
+
+/* Q5's fifth bits, 256 bytes after the nibbles: chunk c's at bit c of each
+ * byte, moved to bit 4 and or-ed into the chunk (the 16-bit shifts carry
+ * bits across bytes only into bits the mask drops). Q4 tiles have none. */
+#define HI_NONE(q, qs) ((void)0)
+#define HI_Q5(q, qs)                                                                          \
+    do {                                                                                      \
+        const __m512i hp_ = _mm512_loadu_si512((const void *)((qs) + 256));                  \
+        const __m512i b4_ = _mm512_set1_epi8(0x10);                                           \
+        (q)[0] = _mm512_or_si512((q)[0], _mm512_and_si512(_mm512_slli_epi16(hp_, 4), b4_));   \
+        (q)[1] = _mm512_or_si512((q)[1], _mm512_and_si512(_mm512_slli_epi16(hp_, 3), b4_));   \
+        (q)[2] = _mm512_or_si512((q)[2], _mm512_and_si512(_mm512_slli_epi16(hp_, 2), b4_));   \
+        (q)[3] = _mm512_or_si512((q)[3], _mm512_and_si512(_mm512_slli_epi16(hp_, 1), b4_));   \
+        (q)[4] = _mm512_or_si512((q)[4], _mm512_and_si512(hp_, b4_));                         \
+        (q)[5] = _mm512_or_si512((q)[5], _mm512_and_si512(_mm512_srli_epi16(hp_, 1), b4_));   \
+        (q)[6] = _mm512_or_si512((q)[6], _mm512_and_si512(_mm512_srli_epi16(hp_, 2), b4_));   \
+        (q)[7] = _mm512_or_si512((q)[7], _mm512_and_si512(_mm512_srli_epi16(hp_, 3), b4_));   \
+    } while (0)
+
 static inline __attribute__((always_inline, target(TBW))) __m512 u8_scales(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
@@ -154,7 +196,7 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
     return tile + 32;
 }
 
-#define DEF_Q4(NAME, TARGET, ISUM, NTP, TILE)                                                     \
+#define DEF_Q4(NAME, TARGET, ISUM, NTP, TILE, HI)                                                 \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -173,6 +215,7 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                 q[v] = _mm512_and_si512(raw, lo4);                                            \
                 q[v + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4);                  \
             }                                                                                 \
+            HI(q, qs);                                                                        \
             UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
@@ -336,10 +379,12 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
-DEF_Q4(q4_bw, TBW, ISUM4_BW, 16, tile_q4)
-DEF_Q4(q4_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4)
-DEF_Q4(q4k_bw, TBW, ISUM4_BW, 16, tile_q4k)
-DEF_Q4(q4k_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4k)
+DEF_Q4(q4_bw, TBW, ISUM4_BW, 16, tile_q4, HI_NONE)
+DEF_Q4(q4_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4, HI_NONE)
+DEF_Q4(q4k_bw, TBW, ISUM4_BW, 16, tile_q4k, HI_NONE)
+DEF_Q4(q4k_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4k, HI_NONE)
+DEF_Q4(q5_bw, TBW, ISUM5_BW, 16, tile_q5, HI_Q5)
+DEF_Q4(q5_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q5, HI_Q5)
 DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8)
 DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16)
 DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8)
@@ -387,6 +432,7 @@ int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_vnni : q4_bw;
     ks->qrows[CPU_Q8] = vnni ? q8_vnni : q8_bw;
     ks->qrows[CPU_Q4K] = vnni ? q4k_vnni : q4k_bw;
+    ks->qrows[CPU_Q5] = vnni ? q5_vnni : q5_bw;
     ks->qrows[CPU_Q6K] = vnni ? q6k_vnni : q6k_bw;
     ks->quantize = quantize_avx512;
     return 1;

@@ -64,6 +64,13 @@ INL void prep_q4_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
 INL void prep_q4_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     prep_blocks(row, 20, g0, n, sd, sm);
 }
+INL void prep_q5_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 22, g0, n, sd, NULL);
+}
+INL void prep_q5_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_blocks(row, 24, g0, n, sd, sm);
+}
 
 INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     for (int s = 0; s < n / 8; s++) {
@@ -154,6 +161,42 @@ INL void ex_q4_1(EX_ARGS) {
     const __m256 d = _mm256_set1_ps(sd[i]), m = _mm256_set1_ps(sm[i]);
     __m256i q[4];
     nibbles(row + 20 * g + 4, q);
+    for (int k = 0; k < 4; k++) {
+        __m256 f = _mm256_cvtepi32_ps(q[k]);
+        w[k] = exact ? _mm256_add_ps(_mm256_mul_ps(f, d), m) : _mm256_fmadd_ps(f, d, m);
+    }
+}
+
+/* A 5-bit block's 32 q values as int32 in element order: the nibbles, with
+ * element e's fifth bit (bit e of the 32-bit qh) shifted to bit 4. */
+INL void q5_values(const uint8_t *qh, const uint8_t *qs, __m256i q[4]) {
+    nibbles(qs, q);
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i hv = _mm256_set1_epi32((int)h), one = _mm256_set1_epi32(1);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int k = 0; k < 4; k++) {
+        __m256i bit = _mm256_and_si256(
+            _mm256_srlv_epi32(hv, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * k))), one);
+        q[k] = _mm256_or_si256(q[k], _mm256_slli_epi32(bit, 4));
+    }
+}
+
+INL void ex_q5_0(EX_ARGS) {
+    (void)sm, (void)exact;
+    /* fma(q, d, -16d) == round((q-16)*d), the reference value (ex_q4_0) */
+    const __m256 d = _mm256_set1_ps(sd[i]), off = _mm256_set1_ps(-16.0f * sd[i]);
+    const uint8_t *b = row + 22 * g;
+    __m256i q[4];
+    q5_values(b + 2, b + 6, q);
+    for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, off);
+}
+
+INL void ex_q5_1(EX_ARGS) {
+    const __m256 d = _mm256_set1_ps(sd[i]), m = _mm256_set1_ps(sm[i]);
+    const uint8_t *b = row + 24 * g;
+    __m256i q[4];
+    q5_values(b + 4, b + 8, q);
     for (int k = 0; k < 4; k++) {
         __m256 f = _mm256_cvtepi32_ps(q[k]);
         w[k] = exact ? _mm256_add_ps(_mm256_mul_ps(f, d), m) : _mm256_fmadd_ps(f, d, m);
@@ -385,6 +428,8 @@ DEF_ROWS(bf16, SPECD_BF16, 1, 64)
 DEF_ROWS(q8_0, SPECD_Q8_0, 1, 34)
 DEF_ROWS(q4_0, SPECD_Q4_0, 1, 18)
 DEF_ROWS(q4_1, SPECD_Q4_1, 1, 20)
+DEF_ROWS(q5_0, SPECD_Q5_0, 1, 22)
+DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
 DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 
@@ -401,6 +446,8 @@ int cpu_kernels_avx2(cpu_kernel_set *ks) {
     SET(q8_0, SPECD_Q8_0)
     SET(q4_0, SPECD_Q4_0)
     SET(q4_1, SPECD_Q4_1)
+    SET(q5_0, SPECD_Q5_0)
+    SET(q5_1, SPECD_Q5_1)
     SET(q4_k, SPECD_Q4_K)
     SET(q6_k, SPECD_Q6_K)
 #undef SET

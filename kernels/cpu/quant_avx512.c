@@ -104,6 +104,13 @@ INL void prep_q4_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
 INL void prep_q4_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     prep_blocks(row, 20, g0, n, sd, sm, 1.0f);
 }
+INL void prep_q5_0(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 22, g0, n, sd, NULL, 1.0f);
+}
+INL void prep_q5_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_blocks(row, 24, g0, n, sd, sm, 1.0f);
+}
 
 /* Q4_K: sd/sm = d*scale and dmin*min of each 32-weight sub-block, computed
  * exactly as the reference does. g0 and n are multiples of 8. */
@@ -218,6 +225,40 @@ INL void ex_q4_1(EX_ARGS) {
     __m512 tab = exact ? _mm512_add_ps(_mm512_mul_ps(iota16(), d), m)
                        : _mm512_fmadd_ps(iota16(), d, m);
     lut_nibbles(row + 20 * g + 4, tab, w0, w1);
+}
+
+/* 5-bit quants: the 32 possible weights in two tables (q = 0..15 and
+ * 16..31), each element's q as its nibble with the fifth bit (bit e of qh,
+ * set through a mask register) at bit 4, and vpermt2ps looks q up in both
+ * tables at once (it reads the low 5 bits of each index). */
+INL void lut5(const uint8_t *qh, const uint8_t *qs, __m512 tab0, __m512 tab1, __m512 *w0,
+              __m512 *w1) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m512i lo4 = _mm512_set1_epi32(0x0F), b4 = _mm512_set1_epi32(0x10);
+    __m512i raw = bytes_to_dwords(qs, 0);
+    __m512i i0 = _mm512_and_si512(raw, lo4), i1 = _mm512_and_si512(_mm512_srli_epi32(raw, 4), lo4);
+    i0 = _mm512_mask_or_epi32(i0, (__mmask16)(h & 0xFFFF), i0, b4);
+    i1 = _mm512_mask_or_epi32(i1, (__mmask16)(h >> 16), i1, b4);
+    *w0 = _mm512_permutex2var_ps(tab0, i0, tab1);
+    *w1 = _mm512_permutex2var_ps(tab0, i1, tab1);
+}
+
+INL void ex_q5_0(EX_ARGS) {
+    (void)sm, (void)exact;
+    /* (q-16)*d for q = 0..31, as the reference computes it */
+    const __m512 d = _mm512_set1_ps(sd[i]);
+    const __m512 t0 = _mm512_mul_ps(_mm512_sub_ps(iota16(), _mm512_set1_ps(16.0f)), d);
+    const __m512 t1 = _mm512_mul_ps(iota16(), d);
+    lut5(row + 22 * g + 2, row + 22 * g + 6, t0, t1, w0, w1);
+}
+
+INL void ex_q5_1(EX_ARGS) {
+    const __m512 d = _mm512_set1_ps(sd[i]), m = _mm512_set1_ps(sm[i]);
+    const __m512 q0 = iota16(), q1 = _mm512_add_ps(iota16(), _mm512_set1_ps(16.0f));
+    __m512 t0 = exact ? _mm512_add_ps(_mm512_mul_ps(q0, d), m) : _mm512_fmadd_ps(q0, d, m);
+    __m512 t1 = exact ? _mm512_add_ps(_mm512_mul_ps(q1, d), m) : _mm512_fmadd_ps(q1, d, m);
+    lut5(row + 24 * g + 4, row + 24 * g + 8, t0, t1, w0, w1);
 }
 
 INL void ex_q4_k(EX_ARGS) {
@@ -528,6 +569,8 @@ DEF_ROWS(bf16, SPECD_BF16, 1, 64)
 DEF_ROWS(q8_0, SPECD_Q8_0, 1, 34)
 DEF_ROWS(q4_0, SPECD_Q4_0, 1, 18)
 DEF_ROWS(q4_1, SPECD_Q4_1, 1, 20)
+DEF_ROWS(q5_0, SPECD_Q5_0, 1, 22)
+DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
 DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 
@@ -544,6 +587,8 @@ int cpu_kernels_avx512(cpu_kernel_set *ks) {
     SET(q8_0, SPECD_Q8_0)
     SET(q4_0, SPECD_Q4_0)
     SET(q4_1, SPECD_Q4_1)
+    SET(q5_0, SPECD_Q5_0)
+    SET(q5_1, SPECD_Q5_1)
     SET(q4_k, SPECD_Q4_K)
     SET(q6_k, SPECD_Q6_K)
 #undef SET

@@ -37,6 +37,23 @@ typedef struct blk_q4_1 {
     uint8_t qs[16];
 } blk_q4_1;
 
+/* 5-bit quants: a block's low 4 bits as Q4_0's nibbles, the fifth bit of
+ * element j at bit j of qh (little-endian). Q5_0: w = d * (q - 16); Q5_1:
+ * w = d * q + m. llama.cpp's Q4_K_M falls back to Q5_0 for matrices whose
+ * rows are not whole 256-weight super-blocks. */
+typedef struct blk_q5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[16];
+} blk_q5_0;
+
+typedef struct blk_q5_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qh[4];
+    uint8_t qs[16];
+} blk_q5_1;
+
 /* 256 weights in 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit
  * min packed into `scales` (see q4k_scale_min). */
 typedef struct blk_q4_k {
@@ -72,6 +89,8 @@ enum {
 _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block size");
 _Static_assert(sizeof(blk_q4_0) == 18, "Q4_0 block size");
 _Static_assert(sizeof(blk_q4_1) == 20, "Q4_1 block size");
+_Static_assert(sizeof(blk_q5_0) == 22, "Q5_0 block size");
+_Static_assert(sizeof(blk_q5_1) == 24, "Q5_1 block size");
 _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block size");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block size");
 

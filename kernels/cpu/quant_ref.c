@@ -7,6 +7,9 @@
  *   Q4_0  32 weights: fp16 d, 16 bytes of nibbles    w = (q - 8) * d
  *   Q4_1  32 weights: fp16 d, fp16 m, 16 bytes       w = q * d + m
  *         (byte j holds element j in its low nibble, element j+16 in its high)
+ *   Q5_0  32 weights: fp16 d, 4 bytes qh, 16 bytes    w = (q - 16) * d
+ *   Q5_1  32 weights: fp16 d, fp16 m, qh, 16 bytes    w = q * d + m
+ *         (Q4's nibbles, and element j's fifth bit at bit j of qh)
  *   Q4_K  256 weights: fp16 d, fp16 dmin, 12 bytes of 6-bit sub-block scales
  *         and mins, 128 bytes of nibbles; sub-block s (32 weights) has
  *         w = d*sc[s] * q - dmin*mn[s]; bytes 32*i..32*i+31 hold sub-block 2i
@@ -135,6 +138,36 @@ void cpu_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* A 5-bit block's q of element j: Q4's nibble, the fifth bit from qh. */
+static int q5_value(const uint8_t *qs, uint32_t qh, int j) {
+    const int nib = j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4;
+    return nib | (int)((qh >> j) & 1) << 4;
+}
+
+static void deq_q5_0(const void *src, float *dst, int64_t n) {
+    const blk_q5_0 *b = src;
+    for (int64_t i = 0; i < n / 32; i++, dst += 32) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        uint32_t qh;
+        memcpy(&qh, b[i].qh, 4);
+        for (int j = 0; j < 32; j++) dst[j] = (float)(q5_value(b[i].qs, qh, j) - 16) * d;
+    }
+}
+
+static void deq_q5_1(const void *src, float *dst, int64_t n) {
+    const blk_q5_1 *b = src;
+    for (int64_t i = 0; i < n / 32; i++, dst += 32) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        const float m = specd_fp16_to_f32(b[i].m);
+        uint32_t qh;
+        memcpy(&qh, b[i].qh, 4);
+        for (int j = 0; j < 32; j++) {
+            float v = (float)q5_value(b[i].qs, qh, j) * d; /* then + m: no FMA (deq_q4_1) */
+            dst[j] = v + m;
+        }
+    }
+}
+
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
     switch (type) {
     case SPECD_F32: return deq_f32;
@@ -143,6 +176,8 @@ cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
     case SPECD_Q8_0: return deq_q8_0;
     case SPECD_Q4_0: return deq_q4_0;
     case SPECD_Q4_1: return deq_q4_1;
+    case SPECD_Q5_0: return deq_q5_0;
+    case SPECD_Q5_1: return deq_q5_1;
     case SPECD_Q4_K: return deq_q4_k;
     case SPECD_Q6_K: return deq_q6_k;
     default: return NULL;

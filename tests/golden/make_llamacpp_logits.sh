@@ -10,7 +10,7 @@
 #
 #   SPECD_LLAMACPP_MODEL=M SPECD_LLAMACPP_FIXTURE=F tests/golden/make_llamacpp_logits.sh
 #                                                   # another GGUF's logits into F
-#                                                   # (tests/golden/check_kquants.sh)
+#                                                   # (tests/golden/check_quant_types.sh)
 #
 # llama.cpp is built natively from the PyPI sdist (bench/llamacpp_build.sh);
 # the dumper tests/golden/llamacpp_logits.c is compiled against it here.

@@ -28,7 +28,7 @@
  * SPECD_LLAMACPP_TOL="TOL,MEAN_TOL,NEAR_TIE" sets that model's tolerances
  * and SPECD_LLAMACPP_PRECISION=exact runs the fp32 path instead (the
  * yardstick for a tolerance: how far our exact arithmetic is from
- * llama.cpp's on that file). check_kquants.sh uses these for the K-quant
+ * llama.cpp's on that file). check_quant_types.sh uses these for the K-quant
  * tiles, on models llama-quantize makes, which CI cannot. */
 #include <setjmp.h>
 #include <stdarg.h>

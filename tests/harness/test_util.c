@@ -196,7 +196,12 @@ uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint6
             uint8_t *p = w + b * in->block_bytes;
             switch (type) {
             case SPECD_Q8_0:
-            case SPECD_Q4_0: put_u16(p, rand_scale(&s)); break;
+            case SPECD_Q4_0:
+            case SPECD_Q5_0: put_u16(p, rand_scale(&s)); break;
+            case SPECD_Q5_1:
+                put_u16(p, rand_scale(&s));
+                put_u16(p + 2, specd_f32_to_fp16(-0.4f * (rng_unit(&s) + 1.0f)));
+                break;
             case SPECD_Q4_1:
                 put_u16(p, rand_scale(&s));
                 put_u16(p + 2, specd_f32_to_fp16(-0.4f * (rng_unit(&s) + 1.0f)));

@@ -46,7 +46,8 @@ static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static const char *const k_paths[] = {"scalar", "avx2", "avx512"};
 
 static const specd_dtype k_types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
-                                      SPECD_Q4_0, SPECD_Q4_1, SPECD_Q4_K, SPECD_Q6_K};
+                                      SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
+                                      SPECD_Q4_K, SPECD_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* ---- dequantization ----------------------------------------------------- */
@@ -109,6 +110,29 @@ static void test_dequant_known_values(void **state) {
     for (int j = 0; j < 16; j++) q40[2 + j] = (uint8_t)(0xF0 | (j == 0 ? 8 : 0));
     cpu_dequant_row_ref(SPECD_Q4_0, q40, out, 32);
     assert_true(out[0] == 0.0f && out[1] == -16.0f && out[16] == 14.0f);
+    /* Q5_0 (GGML's block_q5_0): d = 1; byte j holds j (element j) and 15-j
+     * (element j+16); qh = 0xAAAA5555, bit e the fifth bit of element e:
+     * the even elements below 16 and the odd ones above get 16 */
+    uint8_t q50[22];
+    put_u16(q50, specd_f32_to_fp16(1.0f));
+    const uint32_t qh = 0xAAAA5555u;
+    memcpy(q50 + 2, &qh, 4);
+    for (int j = 0; j < 16; j++) q50[6 + j] = (uint8_t)(j | ((15 - j) << 4));
+    cpu_dequant_row_ref(SPECD_Q5_0, q50, out, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == (float)(j + (j % 2 == 0 ? 16 : 0) - 16));
+        assert_true(out[16 + j] == (float)(15 - j + (j % 2 ? 16 : 0) - 16));
+    }
+    /* Q5_1: the same quants with d = 0.5, m = -2: w = q * 0.5 - 2 */
+    uint8_t q51[24];
+    put_u16(q51, specd_f32_to_fp16(0.5f));
+    put_u16(q51 + 2, specd_f32_to_fp16(-2.0f));
+    memcpy(q51 + 4, q50 + 2, 20);
+    cpu_dequant_row_ref(SPECD_Q5_1, q51, out, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == (float)(j + (j % 2 == 0 ? 16 : 0)) * 0.5f - 2.0f);
+        assert_true(out[16 + j] == (float)(15 - j + (j % 2 ? 16 : 0)) * 0.5f - 2.0f);
+    }
     /* Q8_0: d = 0.25, q = -128..-97 */
     uint8_t q80[34];
     put_u16(q80, specd_f32_to_fp16(0.25f));

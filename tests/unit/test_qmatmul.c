@@ -32,8 +32,8 @@
 
 static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
 #define N_PATHS (sizeof k_paths / sizeof k_paths[0])
-static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q8_0, SPECD_Q4_K,
-                                      SPECD_Q6_K};
+static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
+                                      SPECD_Q8_0, SPECD_Q4_K, SPECD_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* A test's width for a type: the K-quants come in super-blocks of 256. */
@@ -48,19 +48,26 @@ typedef struct qfixture {
     cpu_qweight w;
 } qfixture;
 
-/* fill_nibbles: every 4-bit weight of a Q4 type set to 15, every 6-bit
- * one of Q6_K to 63: the largest */
+/* fill_nibbles: every 4-bit weight of a Q4 type set to 15, every 5-bit
+ * one to 31, every 6-bit one of Q6_K to 63: the largest */
 static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
                          int fill_nibbles) {
     memset(f, 0, sizeof *f);
     f->raw = test_random_weights(type, rows, cols, seed, &f->row_bytes);
     if (fill_nibbles) {
         /* GGUF blocks: Q4_0 = fp16 d + 16 nibble bytes, Q4_1 = fp16 d,
-         * fp16 m + 16 nibble bytes; Q4_K = 16 bytes of scales + 128 of
-         * nibbles; Q6_K = 128 bytes of low bits, 64 of top bits, then
+         * fp16 m + 16 nibble bytes; Q5_0 / Q5_1 = the same with 4 bytes of
+         * fifth bits before the nibbles; Q4_K = 16 bytes of scales + 128
+         * of nibbles; Q6_K = 128 bytes of low bits, 64 of top bits, then
          * scales and d */
-        size_t head = type == SPECD_Q4_1 ? 4 : type == SPECD_Q4_K ? 16 : type == SPECD_Q6_K ? 0 : 2;
-        size_t quants = type == SPECD_Q4_K ? 128 : type == SPECD_Q6_K ? 192 : 16;
+        size_t head = type == SPECD_Q4_1 || type == SPECD_Q5_1 ? 4
+                      : type == SPECD_Q4_K                     ? 16
+                      : type == SPECD_Q6_K                     ? 0
+                                                               : 2;
+        size_t quants = type == SPECD_Q4_K   ? 128
+                        : type == SPECD_Q6_K ? 192
+                        : type == SPECD_Q5_0 || type == SPECD_Q5_1 ? 20
+                                                                   : 16;
         size_t blk = specd_dtype_get(type)->block_bytes;
         assert_true(type != SPECD_Q8_0);
         for (size_t o = 0; o + blk <= f->row_bytes * (size_t)rows; o += blk)
@@ -151,14 +158,16 @@ static void test_paths_equal_scalar_twin(void **state) {
     for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
 }
 
-/* The largest products the 4- and 6-bit kernels meet: every weight 15
- * (63) and every activation +-127 (a block of equal values quantizes to
- * 127), where an int16 intermediate (vpmaddubsw's pairs, 3,810 here; two
- * Q6_K chunks' pairs, 32,004) or a too-narrow partial sum would show.
+/* The largest products the 4-, 5- and 6-bit kernels meet: every weight 15
+ * (31, 63) and every activation +-127 (a block of equal values quantizes
+ * to 127), where an int16 intermediate (vpmaddubsw's pairs, 3,810 here;
+ * four Q5 chunks' pairs, 31,496; two Q6_K chunks', 32,004) or a
+ * too-narrow partial sum would show.
  * Every path against the scalar twin, bit for bit. */
 static void test_q4_extremes(void **state) {
     (void)state;
-    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q4_K, SPECD_Q6_K};
+    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1, SPECD_Q4_K,
+                                 SPECD_Q6_K};
     enum { ROWS = 48, COLS = 256, NTOK = 5 };
     float x[NTOK * COLS];
     for (int t = 0; t < NTOK; t++)
