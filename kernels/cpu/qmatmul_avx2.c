@@ -42,33 +42,36 @@
         }                                                                           \
         (is) = _mm256_add_epi32(s0_, s1_);                                          \
     } while (0)
+/* Without VNNI: the even and the odd chunks' int16 pair sums, then
+ * widened, once for 4-bit weights, each alone for 5-bit ones (Q5: p0 and
+ * p1 reach 31,496 each; qmatmul_avx512.c's PAIRS_BW). */
+#define PAIRS_AVX2(p0, p1, q, xq)                                                   \
+    __m256i p0 = _mm256_maddubs_epi16((q)[0], _mm256_set1_epi32(ld32(xq)));        \
+    __m256i p1 = _mm256_maddubs_epi16((q)[1], _mm256_set1_epi32(ld32((xq) + 4)));  \
+    for (int c_ = 2; c_ < 8; c_ += 2) {                                             \
+        p0 = _mm256_add_epi16(                                                      \
+            p0, _mm256_maddubs_epi16((q)[c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
+        p1 = _mm256_add_epi16(                                                      \
+            p1, _mm256_maddubs_epi16((q)[c_ + 1], _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
+    }
 #define ISUM4_AVX2(is, q, xq)                                                       \
     do {                                                                            \
-        __m256i p0_ = _mm256_maddubs_epi16((q)[0], _mm256_set1_epi32(ld32(xq)));    \
-        __m256i p1_ = _mm256_maddubs_epi16((q)[1], _mm256_set1_epi32(ld32((xq) + 4))); \
-        for (int c_ = 2; c_ < 8; c_ += 2) {                                         \
-            p0_ = _mm256_add_epi16(                                                 \
-                p0_, _mm256_maddubs_epi16((q)[c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
-            p1_ = _mm256_add_epi16(p1_, _mm256_maddubs_epi16(                        \
-                                            (q)[c_ + 1],                            \
-                                            _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
-        }                                                                           \
+        PAIRS_AVX2(p0_, p1_, q, xq)                                                 \
         (is) = _mm256_madd_epi16(_mm256_add_epi16(p0_, p1_), ones);                 \
     } while (0)
-
-/* 5-bit weights without VNNI: two vpmaddwd (qmatmul_avx512.c's ISUM5_BW). */
 #define ISUM5_AVX2(is, q, xq)                                                       \
     do {                                                                            \
-        __m256i p0_ = _mm256_maddubs_epi16((q)[0], _mm256_set1_epi32(ld32(xq)));    \
-        __m256i p1_ = _mm256_maddubs_epi16((q)[1], _mm256_set1_epi32(ld32((xq) + 4))); \
-        for (int c_ = 2; c_ < 8; c_ += 2) {                                         \
-            p0_ = _mm256_add_epi16(                                                 \
-                p0_, _mm256_maddubs_epi16((q)[c_], _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
-            p1_ = _mm256_add_epi16(p1_, _mm256_maddubs_epi16(                        \
-                                            (q)[c_ + 1],                            \
-                                            _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
-        }                                                                           \
+        PAIRS_AVX2(p0_, p1_, q, xq)                                                 \
         (is) = _mm256_add_epi32(_mm256_madd_epi16(p0_, ones), _mm256_madd_epi16(p1_, ones)); \
+    } while (0)
+
+/* A pass's nt tokens' 8 outputs of half h of row group g (fewer where the
+ * matrix ends). */
+#define STORE_PASS(a, g, h, t0, nt, acc)                                                      \
+    do {                                                                                      \
+        const int64_t n_ = (a)->w->rows - (g) * QT_ROWS - 8 * (h);                            \
+        for (int t_ = 0; t_ < (nt); t_++)                                                     \
+            STORE8((a)->y + (size_t)((t0) + t_) * (a)->ldy + (g) * QT_ROWS + 8 * (h), (acc)[t_], n_); \
     } while (0)
 
 /* Stores 8 outputs, or the first n of them. */
@@ -168,9 +171,7 @@ tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                 acc[t] = _mm256_fmadd_ps(wm, _mm256_set1_ps(a->a.s[xb]), acc[t]);             \
             }                                                                                 \
         }                                                                                     \
-        const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
-        for (int t = 0; t < nt; t++)                                                          \
-            STORE8(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS + 8 * h, acc[t], n);        \
+        STORE_PASS(a, g, h, t0, nt, acc);                                                     \
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET)
 
@@ -214,9 +215,7 @@ tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                                          acc[t]);                                             \
             }                                                                                 \
         }                                                                                     \
-        const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
-        for (int t = 0; t < nt; t++)                                                          \
-            STORE8(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS + 8 * h, acc[t], n);        \
+        STORE_PASS(a, g, h, t0, nt, acc);                                                     \
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET)
 
@@ -283,9 +282,7 @@ tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(wd1, xd), acc[t]); \
             }                                                                                 \
         }                                                                                     \
-        const int64_t n = W->rows - g * QT_ROWS - 8 * h;                                      \
-        for (int t = 0; t < nt; t++)                                                          \
-            STORE8(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS + 8 * h, acc[t], n);        \
+        STORE_PASS(a, g, h, t0, nt, acc);                                                     \
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET)
 

@@ -63,31 +63,27 @@
         }                                                                                     \
         (is) = _mm512_add_epi32(s0_, s1_);                                                    \
     } while (0)
+/* Without VNNI: p0, p1 the int16 pair sums of the even and of the odd
+ * chunks (4 each), then widened. 4-bit weights: at most 30,480, so one
+ * vpmaddwd widens p0 + p1. 5-bit weights (Q5): pair sums reach
+ * 2 * 31 * 127 = 7874, p0 and p1 each 31,496, so each is widened alone. */
+#define PAIRS_BW(p0, p1, q, xq)                                                               \
+    __m512i p0 = _mm512_maddubs_epi16((q)[0], _mm512_set1_epi32(ld32(xq)));                  \
+    __m512i p1 = _mm512_maddubs_epi16((q)[1], _mm512_set1_epi32(ld32((xq) + 4)));            \
+    for (int c_ = 2; c_ < 8; c_ += 2) {                                                       \
+        p0 = _mm512_add_epi16(p0,                                                             \
+                              _mm512_maddubs_epi16((q)[c_], _mm512_set1_epi32(ld32((xq) + 4 * c_)))); \
+        p1 = _mm512_add_epi16(                                                                \
+            p1, _mm512_maddubs_epi16((q)[c_ + 1], _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
+    }
 #define ISUM4_BW(is, q, xq)                                                                   \
     do {                                                                                      \
-        __m512i p0_ = _mm512_maddubs_epi16((q)[0], _mm512_set1_epi32(ld32(xq)));              \
-        __m512i p1_ = _mm512_maddubs_epi16((q)[1], _mm512_set1_epi32(ld32((xq) + 4)));        \
-        for (int c_ = 2; c_ < 8; c_ += 2) {                                                   \
-            p0_ = _mm512_add_epi16(                                                           \
-                p0_, _mm512_maddubs_epi16((q)[c_], _mm512_set1_epi32(ld32((xq) + 4 * c_))));  \
-            p1_ = _mm512_add_epi16(                                                           \
-                p1_, _mm512_maddubs_epi16((q)[c_ + 1], _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
-        }                                                                                     \
+        PAIRS_BW(p0_, p1_, q, xq)                                                             \
         (is) = _mm512_madd_epi16(_mm512_add_epi16(p0_, p1_), ones);                           \
     } while (0)
-
-/* 5-bit weights without VNNI: pair sums reach 2 * 31 * 127 = 7874, so only
- * four chunks add in int16 (31,496) before each of two vpmaddwd. */
 #define ISUM5_BW(is, q, xq)                                                                   \
     do {                                                                                      \
-        __m512i p0_ = _mm512_maddubs_epi16((q)[0], _mm512_set1_epi32(ld32(xq)));              \
-        __m512i p1_ = _mm512_maddubs_epi16((q)[1], _mm512_set1_epi32(ld32((xq) + 4)));        \
-        for (int c_ = 2; c_ < 8; c_ += 2) {                                                   \
-            p0_ = _mm512_add_epi16(                                                           \
-                p0_, _mm512_maddubs_epi16((q)[c_], _mm512_set1_epi32(ld32((xq) + 4 * c_))));  \
-            p1_ = _mm512_add_epi16(                                                           \
-                p1_, _mm512_maddubs_epi16((q)[c_ + 1], _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))); \
-        }                                                                                     \
+        PAIRS_BW(p0_, p1_, q, xq)                                                             \
         (is) = _mm512_add_epi32(_mm512_madd_epi16(p0_, ones), _mm512_madd_epi16(p1_, ones));  \
     } while (0)
 
@@ -96,6 +92,15 @@
     do {                                                                      \
         if ((n) >= 16) _mm512_storeu_ps((p), (v));                            \
         else _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (v));   \
+    } while (0)
+
+/* A pass's nt tokens' 16 outputs of row group g (fewer where the matrix
+ * ends). */
+#define STORE_PASS(a, g, t0, nt, acc)                                                         \
+    do {                                                                                      \
+        const int64_t n_ = (a)->w->rows - (g) * QT_ROWS;                                      \
+        UNROLL_TOKENS for (int t_ = 0; t_ < (nt); t_++)                                       \
+            STORE_ROWS((a)->y + (size_t)((t0) + t_) * (a)->ldy + (g) * QT_ROWS, (acc)[t_], n_); \
     } while (0)
 
 /* Row groups [g0, g1) for all tokens, in passes of at most NTP tokens, as
@@ -227,9 +232,7 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                 acc[t] = _mm512_fmadd_ps(wm, _mm512_set1_ps(a->a.s[xb]), acc[t]);             \
             }                                                                                 \
         }                                                                                     \
-        const int64_t n = W->rows - g * QT_ROWS;                                              \
-        UNROLL_TOKENS for (int t = 0; t < nt; t++)                                            \
-            STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
+        STORE_PASS(a, g, t0, nt, acc);                                                        \
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
@@ -295,9 +298,7 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                                          acc[t]);                                             \
             }                                                                                 \
         }                                                                                     \
-        const int64_t n = W->rows - g * QT_ROWS;                                              \
-        UNROLL_TOKENS for (int t = 0; t < nt; t++)                                            \
-            STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
+        STORE_PASS(a, g, t0, nt, acc);                                                        \
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
@@ -373,9 +374,7 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(wd1, xd), acc[t]); \
             }                                                                                 \
         }                                                                                     \
-        const int64_t n = W->rows - g * QT_ROWS;                                              \
-        UNROLL_TOKENS for (int t = 0; t < nt; t++)                                            \
-            STORE_ROWS(a->y + (size_t)(t0 + t) * a->ldy + g * QT_ROWS, acc[t], n);            \
+        STORE_PASS(a, g, t0, nt, acc);                                                        \
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
