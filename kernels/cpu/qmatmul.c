@@ -51,24 +51,30 @@ static void tile_put_q8(uint8_t *tile, int i, uint16_t d, const uint8_t *qs32) {
 
 static void put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
 
-/* Row i of a Q4_K super-block into its row group's header and 8 tiles
- * (qmatmul.h): sub-block s's nibbles sit in bytes 32 * (s / 2) .. + 31,
- * low nibbles for even s, high for odd; a Q4 tile wants byte k to hold
- * weights k and k + 16 of the block. */
-static void sb_put_q4k(uint8_t *sb, int i, const uint8_t *blk) {
+/* Row i of a Q4_K (or, with qh, Q5_K) super-block into its row group's
+ * header and 8 tiles (qmatmul.h): sub-block s's nibbles sit in bytes
+ * 32 * (s / 2) .. + 31, low nibbles for even s, high for odd; a Q4 tile
+ * wants byte k to hold weights k and k + 16 of the block. Q5_K's fifth bit
+ * of element l of sub-block s is bit s of qh[l]. */
+static void sb_put_q4k(uint8_t *sb, int i, const uint8_t *blk, const uint8_t *qs,
+                       const uint8_t *qh) {
+    const size_t tile_bytes = qh ? QT_Q5K_BYTES : QT_Q4K_BYTES;
     put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q4K_D)));
     put_f32(sb + 64 + 4 * i, -specd_fp16_to_f32(rd_u16(blk + Q4K_DMIN)));
     for (int s = 0; s < QT_SB_BLOCKS; s++) {
-        uint8_t *tile = sb + QT_Q4K_HDR + s * QT_Q4K_BYTES;
+        uint8_t *tile = sb + QT_Q4K_HDR + s * tile_bytes;
         uint8_t sc, mn, qs16[16];
         q4k_scale_min(s, blk + Q4K_SCALES, &sc, &mn);
         tile[i] = sc;
         tile[16 + i] = mn;
-        const uint8_t *src = blk + Q4K_QS + 32 * (s / 2);
+        const uint8_t *src = qs + 32 * (s / 2);
         const int shift = (s & 1) ? 4 : 0;
         for (int k = 0; k < 16; k++)
             qs16[k] = (uint8_t)(((src[k] >> shift) & 15) | (((src[k + 16] >> shift) & 15) << 4));
         for (int v = 0; v < 4; v++) memcpy(tile + 32 + 64 * v + 4 * i, qs16 + 4 * v, 4);
+        if (qh) /* as tile_put_q5: column c's bit at bit c / 4 of hi byte 4i + c % 4 */
+            for (int c = 0; c < QT_COLS; c++)
+                tile[QT_Q4K_BYTES + 4 * i + c % 4] |= (uint8_t)(((qh[c] >> s) & 1) << (c / 4));
     }
 }
 
@@ -105,10 +111,12 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q5_0:
     case SPECD_Q5_1: kind = CPU_Q5; break;
     case SPECD_Q4_K: kind = CPU_Q4K; break;
+    case SPECD_Q5_K: kind = CPU_Q5K; break;
     case SPECD_Q6_K: kind = CPU_Q6K; break;
     default: return 0;
     }
-    const int ksb = kind == CPU_Q4K || kind == CPU_Q6K; /* super-blocks of 256 */
+    /* super-blocks of 256 */
+    const int ksb = kind == CPU_Q4K || kind == CPU_Q5K || kind == CPU_Q6K;
     const int64_t cols = (int64_t)t->ne[0], rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
     if (cols <= 0 || cols % (ksb ? QT_COLS * QT_SB_BLOCKS : QT_COLS) != 0 || rows <= 0 || !t->data)
         return -1;
@@ -119,13 +127,12 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     out->cols = cols;
     out->nb = cols / QT_COLS;
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
-    static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES, QT_Q8_BYTES, QT_Q4K_BYTES,
-                                                  QT_Q6K_BYTES, QT_Q5_BYTES};
+    static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES,  QT_Q8_BYTES, QT_Q4K_BYTES,
+                                                  QT_Q6K_BYTES, QT_Q5_BYTES, QT_Q5K_BYTES};
+    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB, 0, QT_Q5K_SB};
     out->tile_bytes = tile_bytes[kind];
     const int64_t n_sb = out->nb / QT_SB_BLOCKS;
-    out->group_bytes = kind == CPU_Q4K   ? (size_t)n_sb * QT_Q4K_SB
-                       : kind == CPU_Q6K ? (size_t)n_sb * QT_Q6K_SB
-                                         : (size_t)out->nb * out->tile_bytes;
+    out->group_bytes = ksb ? (size_t)n_sb * sb_bytes[kind] : (size_t)out->nb * out->tile_bytes;
     size_t bytes = cpu_qweight_bytes(out);
     /* zeroed: padding rows must be zero (an arena's memory is fresh) */
     if (arena) {
@@ -142,11 +149,12 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
         const int64_t g = r / QT_ROWS;
         const int i = (int)(r % QT_ROWS);
         if (ksb) {
-            const size_t sb_bytes = kind == CPU_Q4K ? QT_Q4K_SB : QT_Q6K_SB;
             for (int64_t k = 0; k < n_sb; k++) {
-                uint8_t *sb = out->data + (size_t)g * out->group_bytes + (size_t)k * sb_bytes;
-                if (kind == CPU_Q4K) sb_put_q4k(sb, i, src + (size_t)k * in->block_bytes);
-                else sb_put_q6k(sb, i, src + (size_t)k * in->block_bytes);
+                uint8_t *sb = out->data + (size_t)g * out->group_bytes + (size_t)k * sb_bytes[kind];
+                const uint8_t *blk = src + (size_t)k * in->block_bytes;
+                if (kind == CPU_Q4K) sb_put_q4k(sb, i, blk, blk + Q4K_QS, NULL);
+                else if (kind == CPU_Q5K) sb_put_q4k(sb, i, blk, blk + Q5K_QS, blk + Q5K_QH);
+                else sb_put_q6k(sb, i, blk);
             }
             continue;
         }
@@ -282,12 +290,14 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
                         isum += (int32_t)(int8_t)tile[32 + 64 * v + 4 * i + j] * xq[4 * v + j];
                 acc = fmaf((float)isum, wd * xd, acc);
             }
-        } else if (W->kind == CPU_Q4K) {
-            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q4K_SB;
-            const uint8_t *tile = hdr + QT_Q4K_HDR + (b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
+        } else if (W->kind == CPU_Q4K || W->kind == CPU_Q5K) {
+            const int q5 = W->kind == CPU_Q5K;
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (q5 ? QT_Q5K_SB : QT_Q4K_SB);
+            const uint8_t *tile = hdr + QT_Q4K_HDR + (b % QT_SB_BLOCKS) * W->tile_bytes;
             const float wd = tile_f32(hdr + 4 * i) * (float)tile[i];
             const float wm = tile_f32(hdr + 64 + 4 * i) * (float)tile[16 + i];
-            acc = fmaf((float)isum_q4(tile + 32, NULL, i, xq), wd * xd, acc);
+            const uint8_t *hi = q5 ? tile + QT_Q4K_BYTES : NULL;
+            acc = fmaf((float)isum_q4(tile + 32, hi, i, xq), wd * xd, acc);
             acc = fmaf(wm, a->a.s[xb], acc);
         } else { /* CPU_Q6K */
             const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;

@@ -37,7 +37,7 @@
  *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
  *
  * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind Q5),
- * Q8_0 (kind Q8), Q4_K (kind Q4K) and Q6_K (kind Q6K). Other types keep the fp32-activation
+ * Q8_0 (kind Q8), Q4_K (kind Q4K), Q5_K (kind Q5K) and Q6_K (kind Q6K). Other types keep the fp32-activation
  * kernels (matmul.h), which are also the "exact" precision path for every
  * type. */
 #ifndef SPECD_CPU_QMATMUL_H
@@ -74,6 +74,9 @@
  *   Q4K header: d[16] f32 | mneg[16] f32 (= -dmin)                 128 B
  *       tile:   sc[16] u8 | mn[16] u8 | qs: 4 x 64 bytes (Q4's)    288 B
  *       weight(row i, col c) = (d[i] * sc[i]) * q + mneg[i] * mn[i]
+ *   Q5K header: Q4K's
+ *       tile:   Q4K's | hi: 64 bytes as Q5's                       352 B
+ *       weight(row i, col c) = (d[i] * sc[i]) * q + mneg[i] * mn[i], q 0..31
  *   Q6K header: d[16] f32                                            64 B
  *       tile:   sc[2][16] i8 (columns 0..15, 16..31) |
  *               lo: 4 x 64 bytes, the low 4 bits in Q4's nibble order |
@@ -81,8 +84,8 @@
  *               (columns 4c..4c+3) at bits 2e, 2e+1 of hi[k][4i + j] 416 B
  *       weight(row i, col c) = (d[i] * sc[c / 16][i]) * (q - 32), q 0..63
  *
- * That is 2432 and 3392 bytes per 16 rows x 256 columns, against GGML's
- * 2304 and 3360: a decode step streams about as many bytes as the GGUF's.
+ * That is 2432, 2944 and 3392 bytes per 16 rows x 256 columns, against
+ * GGML's 2304, 2816 and 3360: a decode step streams about as many bytes as the GGUF's.
  * (Storing d * sc as fp32 in every tile would cost a third more bytes for
  * Q4_K, and fp16 would round it.)
  *
@@ -93,6 +96,7 @@ typedef enum cpu_qkind {
     CPU_Q4K = 2,
     CPU_Q6K = 3,
     CPU_Q5 = 4,
+    CPU_Q5K = 5,
     CPU_QKINDS
 } cpu_qkind;
 
@@ -109,6 +113,8 @@ typedef enum cpu_qkind {
 #define QT_Q4K_HDR 128
 #define QT_Q4K_BYTES (32 + 256)
 #define QT_Q4K_SB (QT_Q4K_HDR + QT_SB_BLOCKS * QT_Q4K_BYTES)
+#define QT_Q5K_BYTES (QT_Q4K_BYTES + 64)
+#define QT_Q5K_SB (QT_Q4K_HDR + QT_SB_BLOCKS * QT_Q5K_BYTES)
 #define QT_Q6K_HDR 64
 #define QT_Q6K_BYTES (32 + 256 + 128)
 #define QT_Q6K_SB (QT_Q6K_HDR + QT_SB_BLOCKS * QT_Q6K_BYTES)

@@ -140,6 +140,19 @@ tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
     return tile + 32;
 }
 
+/* Q5K: Q4K's header and scales; the tile 64 bytes longer (the fifth bits) */
+static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
+tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
+    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q5K_SB;
+    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q5K_BYTES;
+    PREFETCH_TILE(tile, QT_Q5K_BYTES);
+    PREFETCH_TILE(hdr, QT_Q4K_HDR);
+    *wd = _mm256_mul_ps(_mm256_loadu_ps((const float *)hdr + 8 * h), u8_scales(tile + 8 * h));
+    *wm = _mm256_mul_ps(_mm256_loadu_ps((const float *)(hdr + 64) + 8 * h),
+                        u8_scales(tile + 16 + 8 * h));
+    return tile + 32;
+}
+
 #define DEF_Q4(NAME, TARGET, ISUM, TILE, HI)                                                   \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
@@ -363,6 +376,8 @@ DEF_Q4(q4k_avx2, TAVX2, ISUM4_AVX2, tile_q4k, HI_NONE)
 DEF_Q4(q4k_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q4k, HI_NONE)
 DEF_Q4(q5_avx2, TAVX2, ISUM5_AVX2, tile_q5, HI_Q5)
 DEF_Q4(q5_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q5, HI_Q5)
+DEF_Q4(q5k_avx2, TAVX2, ISUM5_AVX2, tile_q5k, HI_Q5)
+DEF_Q4(q5k_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q5k, HI_Q5)
 DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
 DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
 DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2)
@@ -373,6 +388,7 @@ int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q8] = vnni ? q8_avxvnni : q8_avx2;
     ks->qrows[CPU_Q4K] = vnni ? q4k_avxvnni : q4k_avx2;
     ks->qrows[CPU_Q5] = vnni ? q5_avxvnni : q5_avx2;
+    ks->qrows[CPU_Q5K] = vnni ? q5k_avxvnni : q5k_avx2;
     ks->qrows[CPU_Q6K] = vnni ? q6k_avxvnni : q6k_avx2;
     ks->quantize = quantize_avx2;
     return 1;

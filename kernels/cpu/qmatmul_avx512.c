@@ -201,6 +201,18 @@ tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
     return tile + 32;
 }
 
+/* Q5K: Q4K's header and scales; the tile 64 bytes longer (the fifth bits) */
+static inline __attribute__((always_inline, target(TBW))) const uint8_t *
+tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
+    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q5K_SB;
+    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q5K_BYTES;
+    PREFETCH_TILE(tile, QT_Q5K_BYTES);
+    PREFETCH_TILE(hdr, QT_Q4K_HDR);
+    *wd = _mm512_mul_ps(_mm512_loadu_ps((const float *)hdr), u8_scales(tile));
+    *wm = _mm512_mul_ps(_mm512_loadu_ps((const float *)(hdr + 64)), u8_scales(tile + 16));
+    return tile + 32;
+}
+
 #define DEF_Q4(NAME, TARGET, ISUM, NTP, TILE, HI)                                                 \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
@@ -384,6 +396,8 @@ DEF_Q4(q4k_bw, TBW, ISUM4_BW, 16, tile_q4k, HI_NONE)
 DEF_Q4(q4k_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4k, HI_NONE)
 DEF_Q4(q5_bw, TBW, ISUM5_BW, 16, tile_q5, HI_Q5)
 DEF_Q4(q5_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q5, HI_Q5)
+DEF_Q4(q5k_bw, TBW, ISUM5_BW, 16, tile_q5k, HI_Q5)
+DEF_Q4(q5k_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q5k, HI_Q5)
 DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8)
 DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16)
 DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8)
@@ -432,6 +446,7 @@ int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q8] = vnni ? q8_vnni : q8_bw;
     ks->qrows[CPU_Q4K] = vnni ? q4k_vnni : q4k_bw;
     ks->qrows[CPU_Q5] = vnni ? q5_vnni : q5_bw;
+    ks->qrows[CPU_Q5K] = vnni ? q5k_vnni : q5k_bw;
     ks->qrows[CPU_Q6K] = vnni ? q6k_vnni : q6k_bw;
     ks->quantize = quantize_avx512;
     return 1;

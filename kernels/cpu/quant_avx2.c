@@ -72,9 +72,10 @@ INL void prep_q5_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     prep_blocks(row, 24, g0, n, sd, sm);
 }
 
-INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+/* Q4_K and Q5_K (blocks of `stride` bytes, the same scale fields) */
+INL void prep_kmin(const uint8_t *row, int stride, int64_t g0, int n, float *sd, float *sm) {
     for (int s = 0; s < n / 8; s++) {
-        const uint8_t *b = row + 144 * (g0 / 8 + s);
+        const uint8_t *b = row + stride * (g0 / 8 + s);
         const float d = h2f(rd_u16(b + Q4K_D)), dmin = h2f(rd_u16(b + Q4K_DMIN));
         for (int j = 0; j < 8; j++) {
             uint8_t sc, mn;
@@ -83,6 +84,13 @@ INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
             sm[8 * s + j] = dmin * (float)mn;
         }
     }
+}
+
+INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_kmin(row, 144, g0, n, sd, sm);
+}
+INL void prep_q5_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_kmin(row, 176, g0, n, sd, sm);
 }
 
 INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
@@ -223,6 +231,22 @@ INL __m128i q6k_bytes(const uint8_t *ql, const uint8_t *qh, __m128i sl, __m128i 
     __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), sh);
     h = _mm_and_si128(_mm_slli_epi16(h, 4), m2);
     return _mm_sub_epi8(_mm_or_si128(l, h), _mm_set1_epi8(32));
+}
+
+/* ex_q4_k with each weight's fifth bit, bit j of qh[l] for element l */
+INL void ex_q5_k(EX_ARGS) {
+    const __m256 ds = _mm256_set1_ps(sd[i]), ms = _mm256_set1_ps(sm[i]);
+    const int j = (int)(g & 7);
+    const uint8_t *b = row + 176 * (g >> 3);
+    const uint8_t *q = b + Q5K_QS + 32 * (j >> 1);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1)), hshift = _mm_cvtsi32_si128(j);
+    const __m256i mask = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1);
+    for (int k = 0; k < 4; k++) {
+        __m256i v = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * k), shift), mask);
+        __m256i h = _mm256_and_si256(_mm256_srl_epi32(u8x8(b + Q5K_QH + 8 * k), hshift), one);
+        __m256 f = _mm256_cvtepi32_ps(_mm256_or_si256(v, _mm256_slli_epi32(h, 4)));
+        w[k] = exact ? _mm256_sub_ps(_mm256_mul_ps(ds, f), ms) : _mm256_fmsub_ps(ds, f, ms);
+    }
 }
 
 INL void ex_q6_k(EX_ARGS) {
@@ -431,6 +455,7 @@ DEF_ROWS(q4_1, SPECD_Q4_1, 1, 20)
 DEF_ROWS(q5_0, SPECD_Q5_0, 1, 22)
 DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
 DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
+DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 
 int cpu_kernels_avx2(cpu_kernel_set *ks) {
@@ -449,6 +474,7 @@ int cpu_kernels_avx2(cpu_kernel_set *ks) {
     SET(q5_0, SPECD_Q5_0)
     SET(q5_1, SPECD_Q5_1)
     SET(q4_k, SPECD_Q4_K)
+    SET(q5_k, SPECD_Q5_K)
     SET(q6_k, SPECD_Q6_K)
 #undef SET
     return 1;

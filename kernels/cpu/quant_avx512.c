@@ -114,9 +114,10 @@ INL void prep_q5_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
 
 /* Q4_K: sd/sm = d*scale and dmin*min of each 32-weight sub-block, computed
  * exactly as the reference does. g0 and n are multiples of 8. */
-INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+/* Q4_K and Q5_K (blocks of `stride` bytes, the same scale fields) */
+INL void prep_kmin(const uint8_t *row, int stride, int64_t g0, int n, float *sd, float *sm) {
     for (int s = 0; s < n / 8; s++) {
-        const uint8_t *b = row + 144 * (g0 / 8 + s);
+        const uint8_t *b = row + stride * (g0 / 8 + s);
         const float d = _cvtsh_ss(rd_u16(b + Q4K_D)), dmin = _cvtsh_ss(rd_u16(b + Q4K_DMIN));
         for (int j = 0; j < 8; j++) {
             uint8_t sc, mn;
@@ -129,6 +130,13 @@ INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
 
 /* Q6_K: sd[2i + h] = d*scale of the h-th 16-weight half of group i. The 16
  * scales of a super-block are in exactly that order. */
+INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_kmin(row, 144, g0, n, sd, sm);
+}
+INL void prep_q5_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_kmin(row, 176, g0, n, sd, sm);
+}
+
 INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     (void)sm;
     for (int s = 0; s < n / 8; s++) {
@@ -290,6 +298,30 @@ INL __m256i q6k_bytes(const uint8_t *b, int j) {
     l = _mm256_and_si256(l, _mm256_set1_epi8(0x0F));
     hb = _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30));
     return _mm256_sub_epi8(_mm256_or_si256(l, hb), _mm256_set1_epi8(32));
+}
+
+/* ex_q4_k with each weight's fifth bit (bit j of qh[l] for element l,
+ * tested into a mask register) at bit 4 of its index, looked up in two
+ * tables at once as lut5 does. */
+INL void ex_q5_k(EX_ARGS) {
+    const __m512 ds = _mm512_set1_ps(sd[i]), ms = _mm512_set1_ps(sm[i]);
+    const __m512 q0 = iota16(), q1 = _mm512_add_ps(iota16(), _mm512_set1_ps(16.0f));
+    __m512 t0 = exact ? _mm512_sub_ps(_mm512_mul_ps(ds, q0), ms) : _mm512_fmsub_ps(q0, ds, ms);
+    __m512 t1 = exact ? _mm512_sub_ps(_mm512_mul_ps(ds, q1), ms) : _mm512_fmsub_ps(q1, ds, ms);
+    const int j = (int)(g & 7);
+    const uint8_t *b = row + 176 * (g >> 3);
+    const uint8_t *q = b + Q5K_QS + 32 * (j >> 1);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j & 1));
+    const __m512i lo4 = _mm512_set1_epi32(0x0F), b4 = _mm512_set1_epi32(0x10);
+    const __m512i bit = _mm512_set1_epi32(1 << j);
+    __m512i i0 = _mm512_and_si512(_mm512_srl_epi32(bytes_to_dwords(q, 0), shift), lo4);
+    __m512i i1 = _mm512_and_si512(_mm512_srl_epi32(bytes_to_dwords(q + 16, 0), shift), lo4);
+    i0 = _mm512_mask_or_epi32(i0, _mm512_test_epi32_mask(bytes_to_dwords(b + Q5K_QH, 0), bit),
+                              i0, b4);
+    i1 = _mm512_mask_or_epi32(
+        i1, _mm512_test_epi32_mask(bytes_to_dwords(b + Q5K_QH + 16, 0), bit), i1, b4);
+    *w0 = _mm512_permutex2var_ps(t0, i0, t1);
+    *w1 = _mm512_permutex2var_ps(t0, i1, t1);
 }
 
 INL void ex_q6_k(EX_ARGS) {
@@ -572,6 +604,7 @@ DEF_ROWS(q4_1, SPECD_Q4_1, 1, 20)
 DEF_ROWS(q5_0, SPECD_Q5_0, 1, 22)
 DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
 DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
+DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 
 int cpu_kernels_avx512(cpu_kernel_set *ks) {
@@ -590,6 +623,7 @@ int cpu_kernels_avx512(cpu_kernel_set *ks) {
     SET(q5_0, SPECD_Q5_0)
     SET(q5_1, SPECD_Q5_1)
     SET(q4_k, SPECD_Q4_K)
+    SET(q5_k, SPECD_Q5_K)
     SET(q6_k, SPECD_Q6_K)
 #undef SET
     return 1;

@@ -63,6 +63,16 @@ typedef struct blk_q4_k {
     uint8_t qs[128];
 } blk_q4_k;
 
+/* Q4_K with a fifth bit per weight: element l of sub-block s takes bit s
+ * of qh[l]; w = d*sc[s] * q - dmin*mn[s], q = 0..31. */
+typedef struct blk_q5_k {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} blk_q5_k;
+
 /* 256 weights in 16 sub-blocks of 16, each with an int8 scale; 6-bit quants
  * split into 4 low bits (ql) and 2 high bits (qh). */
 typedef struct blk_q6_k {
@@ -80,6 +90,8 @@ enum {
     Q4K_DMIN = offsetof(blk_q4_k, dmin),
     Q4K_SCALES = offsetof(blk_q4_k, scales),
     Q4K_QS = offsetof(blk_q4_k, qs),
+    Q5K_QH = offsetof(blk_q5_k, qh), /* d, dmin and scales where Q4_K has them */
+    Q5K_QS = offsetof(blk_q5_k, qs),
     Q6K_QL = offsetof(blk_q6_k, ql),
     Q6K_QH = offsetof(blk_q6_k, qh),
     Q6K_SCALES = offsetof(blk_q6_k, scales),
@@ -92,6 +104,8 @@ _Static_assert(sizeof(blk_q4_1) == 20, "Q4_1 block size");
 _Static_assert(sizeof(blk_q5_0) == 22, "Q5_0 block size");
 _Static_assert(sizeof(blk_q5_1) == 24, "Q5_1 block size");
 _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block size");
+_Static_assert(sizeof(blk_q5_k) == 176, "Q5_K block size");
+_Static_assert(offsetof(blk_q5_k, scales) == Q4K_SCALES, "Q5_K scales where Q4_K's are");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block size");
 
 /* Scale and min of sub-block j (0..7) of a Q4_K super-block: the first four

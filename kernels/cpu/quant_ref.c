@@ -14,6 +14,8 @@
  *         and mins, 128 bytes of nibbles; sub-block s (32 weights) has
  *         w = d*sc[s] * q - dmin*mn[s]; bytes 32*i..32*i+31 hold sub-block 2i
  *         in low nibbles and 2i+1 in high nibbles
+ *   Q5_K  256 weights: Q4_K's fields and 32 bytes qh between scales and qs:
+ *         element l of sub-block s gets bit s of qh[l] as its fifth bit
  *   Q6_K  256 weights: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits),
  *         16 int8 sub-block scales (16 weights each), fp16 d;
  *         w = d*sc[s] * (q - 32)
@@ -92,6 +94,27 @@ static void deq_q4_k(const void *src, float *dst, int64_t n) {
             for (int j = 0; j < 32; j++) {
                 float v = ds * (float)((q[j] >> shift) & 0x0F);
                 *dst++ = v - ms;
+            }
+        }
+    }
+}
+
+static void deq_q5_k(const void *src, float *dst, int64_t n) {
+    const blk_q5_k *b = src;
+    for (int64_t i = 0; i < n / 256; i++) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        const float dmin = specd_fp16_to_f32(b[i].dmin);
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, mn;
+            q4k_scale_min(s, b[i].scales, &sc, &mn);
+            const float ds = d * (float)sc;
+            const float ms = dmin * (float)mn;
+            const uint8_t *q = b[i].qs + 32 * (s / 2);
+            const int shift = (s & 1) ? 4 : 0;
+            for (int l = 0; l < 32; l++) {
+                const int v = ((q[l] >> shift) & 0x0F) | ((b[i].qh[l] >> s) & 1) << 4;
+                float w = ds * (float)v;
+                *dst++ = w - ms;
             }
         }
     }
@@ -179,6 +202,7 @@ cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
     case SPECD_Q5_0: return deq_q5_0;
     case SPECD_Q5_1: return deq_q5_1;
     case SPECD_Q4_K: return deq_q4_k;
+    case SPECD_Q5_K: return deq_q5_k;
     case SPECD_Q6_K: return deq_q6_k;
     default: return NULL;
     }

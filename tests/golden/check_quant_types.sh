@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # check_quant_types.sh - the fast path's tiles for the types CI has no model
-# in (Q5_0, Q5_1, Q4_K, Q6_K; kernels/cpu/qmatmul.h) against llama.cpp's
-# logits on real GGUFs of those types.
+# in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; kernels/cpu/qmatmul.h) against
+# llama.cpp's logits on real GGUFs of those types.
 #
 # No package ships such a model, and the default model's dimension (576)
-# is not a multiple of 256. This script makes four from the default model
+# is not a multiple of 256. This script makes six from the default model
 # with llama.cpp's own llama-quantize (built from source,
 # bench/llamacpp_build.sh), the rest of each requantized as Q4_1:
 #   ffn_down-q4_k  every ffn_down (576 x 1536, the only matrices whose rows
 #                  are whole super-blocks) in Q4_K
+#   ffn_down-q5_k  the same in Q5_K
 #   ffn_down-q6_k  the same in Q6_K
 #   q4_k_m         llama.cpp's Q4_K_M recipe as it comes out for this
 #                  model: Q5_0 where rows are not whole super-blocks,
 #                  Q4_K and Q6_K in the ffn_down matrices, Q8_0 for the
 #                  embeddings
+#   q5_k_m         llama.cpp's Q5_K_M recipe: Q5_1 where rows are not
+#                  whole super-blocks, Q5_K and Q6_K in ffn_down
 #   q5_1           Q5_1 everywhere
 # For each it dumps llama.cpp's logits (make_llamacpp_logits.sh) and runs
 # test_llamacpp_logits on that pair, on every SIMD path this CPU has: first
@@ -29,8 +32,10 @@
 # (2026-12-03), |ours - llama.cpp| over 4,872 logits, worst / mean, argmax
 # equal at N of 203 positions:
 #   ffn_down-q4_k  exact 1.99 / 0.281, 198;  fast 1.80 / 0.280, 202
+#   ffn_down-q5_k  exact 2.37 / 0.286, 192;  fast 2.01 / 0.272, 194
 #   ffn_down-q6_k  exact 2.99 / 0.294, 193;  fast 2.92 / 0.311, 194
 #   q4_k_m         exact 2.80 / 0.266, 191;  fast 2.36 / 0.275, 192
+#   q5_k_m         exact 2.65 / 0.312, 199;  fast 2.49 / 0.323, 194
 #   q5_1           exact 2.29 / 0.244, 197;  fast 1.61 / 0.214, 195
 # so the fast path is as close to llama.cpp as exact fp32 arithmetic is.
 #
@@ -46,11 +51,13 @@ build=$(bench/llamacpp_build.sh)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 declare -A args=([ffn_down-q4_k]="--tensor-type ffn_down=q4_k Q4_1"
+                 [ffn_down-q5_k]="--tensor-type ffn_down=q5_k Q4_1"
                  [ffn_down-q6_k]="--tensor-type ffn_down=q6_k Q4_1"
-                 [q4_k_m]="Q4_K_M" [q5_1]="Q5_1")
-declare -A tol=([ffn_down-q4_k]=2.0,0.3,0.5 [ffn_down-q6_k]=3.5,0.35,1.5
-                [q4_k_m]=3.0,0.35,1.0 [q5_1]=2.0,0.3,0.5)
-for name in ffn_down-q4_k ffn_down-q6_k q4_k_m q5_1; do
+                 [q4_k_m]="Q4_K_M" [q5_k_m]="Q5_K_M" [q5_1]="Q5_1")
+declare -A tol=([ffn_down-q4_k]=2.0,0.3,0.5 [ffn_down-q5_k]=3.0,0.35,1.0
+                [ffn_down-q6_k]=3.5,0.35,1.5 [q4_k_m]=3.0,0.35,1.0
+                [q5_k_m]=3.0,0.35,1.0 [q5_1]=2.0,0.3,0.5)
+for name in ffn_down-q4_k ffn_down-q5_k ffn_down-q6_k q4_k_m q5_k_m q5_1; do
   gguf="$work/smollm2-$name.gguf"
   read -r -a a <<< "${args[$name]}"
   n=${#a[@]}

@@ -207,6 +207,7 @@ uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint6
                 put_u16(p + 2, specd_f32_to_fp16(-0.4f * (rng_unit(&s) + 1.0f)));
                 break;
             case SPECD_Q4_K:
+            case SPECD_Q5_K:
                 put_u16(p, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
                 put_u16(p + 2, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
                 break;

@@ -47,7 +47,7 @@ static const char *const k_paths[] = {"scalar", "avx2", "avx512"};
 
 static const specd_dtype k_types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
                                       SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
-                                      SPECD_Q4_K, SPECD_Q6_K};
+                                      SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* ---- dequantization ----------------------------------------------------- */
@@ -157,6 +157,21 @@ static void test_dequant_known_values(void **state) {
         float mn = s < 4 ? (float)(2 * s) : (float)(20 + s);
         float q = (s & 1) ? 5.0f : 3.0f;
         for (int j = 0; j < 32; j++) assert_true(out[32 * s + j] == sc * q - mn);
+    }
+    /* Q5_K (GGML's block_q5_K): Q4_K's scales and nibbles above, and qh[l]
+     * = l: element l of sub-block s gets 16 when bit s of l is set */
+    uint8_t q5k[176];
+    memcpy(q5k, q4k, 16);
+    for (int l = 0; l < 32; l++) q5k[16 + l] = (uint8_t)l;
+    memset(q5k + 48, 0x53, 128);
+    cpu_dequant_row_ref(SPECD_Q5_K, q5k, out, 256);
+    for (int s = 0; s < 8; s++) {
+        float sc = s < 4 ? (float)(s + 1) : (float)(40 + s);
+        float mn = s < 4 ? (float)(2 * s) : (float)(20 + s);
+        for (int l = 0; l < 32; l++) {
+            float q = ((s & 1) ? 5.0f : 3.0f) + (float)(((l >> s) & 1) * 16);
+            assert_true(out[32 * s + l] == sc * q - mn);
+        }
     }
     /* Q6_K: d = 1, scales = index+1; ql = 0x21 (lo 1, hi 2), qh = 0b11100100
      * (quarters get high bits 0,1,2,3) -> quarter k: q = lo|hi<<4 - 32 */

@@ -33,12 +33,13 @@
 static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
 #define N_PATHS (sizeof k_paths / sizeof k_paths[0])
 static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
-                                      SPECD_Q8_0, SPECD_Q4_K, SPECD_Q6_K};
+                                      SPECD_Q8_0, SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* A test's width for a type: the K-quants come in super-blocks of 256. */
 static int64_t type_cols(specd_dtype type, int64_t cols) {
-    return type == SPECD_Q4_K || type == SPECD_Q6_K ? (cols + 255) / 256 * 256 : cols;
+    const int k = type == SPECD_Q4_K || type == SPECD_Q5_K || type == SPECD_Q6_K;
+    return k ? (cols + 255) / 256 * 256 : cols;
 }
 
 typedef struct qfixture {
@@ -58,13 +59,14 @@ static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t co
         /* GGUF blocks: Q4_0 = fp16 d + 16 nibble bytes, Q4_1 = fp16 d,
          * fp16 m + 16 nibble bytes; Q5_0 / Q5_1 = the same with 4 bytes of
          * fifth bits before the nibbles; Q4_K = 16 bytes of scales + 128
-         * of nibbles; Q6_K = 128 bytes of low bits, 64 of top bits, then
-         * scales and d */
-        size_t head = type == SPECD_Q4_1 || type == SPECD_Q5_1 ? 4
-                      : type == SPECD_Q4_K                     ? 16
-                      : type == SPECD_Q6_K                     ? 0
-                                                               : 2;
+         * of nibbles (Q5_K: + 32 of fifth bits first); Q6_K = 128 bytes of
+         * low bits, 64 of top bits, then scales and d */
+        size_t head = type == SPECD_Q4_1 || type == SPECD_Q5_1   ? 4
+                      : type == SPECD_Q4_K || type == SPECD_Q5_K ? 16
+                      : type == SPECD_Q6_K                       ? 0
+                                                                 : 2;
         size_t quants = type == SPECD_Q4_K   ? 128
+                        : type == SPECD_Q5_K ? 160
                         : type == SPECD_Q6_K ? 192
                         : type == SPECD_Q5_0 || type == SPECD_Q5_1 ? 20
                                                                    : 16;
@@ -166,8 +168,8 @@ static void test_paths_equal_scalar_twin(void **state) {
  * Every path against the scalar twin, bit for bit. */
 static void test_q4_extremes(void **state) {
     (void)state;
-    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1, SPECD_Q4_K,
-                                 SPECD_Q6_K};
+    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
+                                 SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K};
     enum { ROWS = 48, COLS = 256, NTOK = 5 };
     float x[NTOK * COLS];
     for (int t = 0; t < NTOK; t++)
@@ -433,10 +435,10 @@ static void test_which_types(void **state) {
     cpu_qweight w;
     assert_int_equal(cpu_qweight_make(&t, &w, NULL), 0);
     /* the K-quants take their super-blocks of 256 whole, and repack into
-     * about the GGUF's bytes (qmatmul.h: 2432 and 3392 per 16 x 256) */
-    const specd_dtype k[] = {SPECD_Q4_K, SPECD_Q6_K};
-    const size_t sb_bytes[] = {2432, 3392};
-    for (int i = 0; i < 2; i++) {
+     * about the GGUF's bytes (qmatmul.h: 2432, 2944 and 3392 per 16 x 256) */
+    const specd_dtype k[] = {SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K};
+    const size_t sb_bytes[] = {2432, 2944, 3392};
+    for (int i = 0; i < 3; i++) {
         size_t rb;
         uint8_t *raw = test_random_weights(k[i], 20, 512, 2, &rb);
         t.type = k[i];
