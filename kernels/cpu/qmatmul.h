@@ -27,19 +27,19 @@
  * that. Tasks split only the rows, never the columns.
  *
  * The K-quants follow the same order with their own scales per block:
- * Q4_K's wd = d * sc and wm = -dmin * mn (both exact in fp32: an fp16
- * times a 6-bit integer), and Q6_K's 16-column halves, each its own int32
- * sum and scale:
+ * Q4_K's and Q5_K's wd = d * sc and wm = -dmin * mn (both exact in fp32:
+ * an fp16 times a 6-bit integer), and Q6_K's 16-column halves, each its
+ * own int32 sum and scale:
  *
  *     Q6_K:  isum0 = sum_{j<16} (wq[j] - 32) * xq[j]
  *            isum1 = sum_{j>=16} (wq[j] - 32) * xq[j]
  *            acc = fma((float)isum0, wd0 * xd[b], acc)
  *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
  *
- * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind Q5),
- * Q8_0 (kind Q8), Q4_K (kind Q4K), Q5_K (kind Q5K) and Q6_K (kind Q6K). Other types keep the fp32-activation
- * kernels (matmul.h), which are also the "exact" precision path for every
- * type. */
+ * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind
+ * Q5), Q8_0 (kind Q8), Q4_K (kind Q4K), Q5_K (kind Q5K) and Q6_K (kind
+ * Q6K). Other types keep the fp32-activation kernels (matmul.h), which are
+ * also the "exact" precision path for every type. */
 #ifndef SPECD_CPU_QMATMUL_H
 #define SPECD_CPU_QMATMUL_H
 
@@ -85,7 +85,8 @@
  *       weight(row i, col c) = (d[i] * sc[c / 16][i]) * (q - 32), q 0..63
  *
  * That is 2432, 2944 and 3392 bytes per 16 rows x 256 columns, against
- * GGML's 2304, 2816 and 3360: a decode step streams about as many bytes as the GGUF's.
+ * GGML's 2304, 2816 and 3360: a decode step streams about as many bytes
+ * as the GGUF's.
  * (Storing d * sc as fp32 in every tile would cost a third more bytes for
  * Q4_K, and fp16 would round it.)
  *
