@@ -87,22 +87,23 @@
     } while (0)
 
 /* Block b of the row group at gp, half h: its 8 rows' scales wd and mins
- * wm, and where its nibbles start (qmatmul_avx512.c's tile_q4, tile_q4k). */
+ * wm, and where its nibbles start (qmatmul_avx512.c's tile_fp16, tile_kmin;
+ * `bytes` a constant in every call). */
 static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
-tile_q4(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
-    const uint8_t *tile = gp + (size_t)b * QT_Q4_BYTES;
-    PREFETCH_TILE(tile, QT_Q4_BYTES);
+tile_fp16(const uint8_t *gp, int64_t b, int h, int bytes, __m256 *wd, __m256 *wm) {
+    const uint8_t *tile = gp + (size_t)b * bytes;
+    PREFETCH_TILE(tile, bytes);
     *wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h)));
     *wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));
     return tile + 64;
 }
 static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
+tile_q4(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
+    return tile_fp16(gp, b, h, QT_Q4_BYTES, wd, wm);
+}
+static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
 tile_q5(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
-    const uint8_t *tile = gp + (size_t)b * QT_Q5_BYTES;
-    PREFETCH_TILE(tile, QT_Q5_BYTES);
-    *wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h)));
-    *wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 32 + 16 * h)));
-    return tile + 64;
+    return tile_fp16(gp, b, h, QT_Q5_BYTES, wd, wm);
 }
 
 /* Q5's fifth bits (qmatmul_avx512.c's HI_Q5), half h's 32 bytes. */
@@ -129,28 +130,24 @@ static inline __attribute__((always_inline, target(TAVX2))) __m256 i8_scales(con
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
-tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
-    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q4K_SB;
-    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
-    PREFETCH_TILE(tile, QT_Q4K_BYTES);
+tile_kmin(const uint8_t *gp, int64_t b, int h, int bytes, __m256 *wd, __m256 *wm) {
+    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (size_t)(QT_Q4K_HDR + QT_SB_BLOCKS * bytes);
+    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * bytes;
+    PREFETCH_TILE(tile, bytes);
     PREFETCH_TILE(hdr, QT_Q4K_HDR);
     *wd = _mm256_mul_ps(_mm256_loadu_ps((const float *)hdr + 8 * h), u8_scales(tile + 8 * h));
     *wm = _mm256_mul_ps(_mm256_loadu_ps((const float *)(hdr + 64) + 8 * h),
                         u8_scales(tile + 16 + 8 * h));
     return tile + 32;
 }
-
+static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
+tile_q4k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
+    return tile_kmin(gp, b, h, QT_Q4K_BYTES, wd, wm);
+}
 /* Q5K: Q4K's header and scales; the tile 64 bytes longer (the fifth bits) */
 static inline __attribute__((always_inline, target(TAVX2))) const uint8_t *
 tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
-    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q5K_SB;
-    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q5K_BYTES;
-    PREFETCH_TILE(tile, QT_Q5K_BYTES);
-    PREFETCH_TILE(hdr, QT_Q4K_HDR);
-    *wd = _mm256_mul_ps(_mm256_loadu_ps((const float *)hdr + 8 * h), u8_scales(tile + 8 * h));
-    *wm = _mm256_mul_ps(_mm256_loadu_ps((const float *)(hdr + 64) + 8 * h),
-                        u8_scales(tile + 16 + 8 * h));
-    return tile + 32;
+    return tile_kmin(gp, b, h, QT_Q5K_BYTES, wd, wm);
 }
 
 #define DEF_Q4(NAME, TARGET, ISUM, TILE, HI)                                                   \

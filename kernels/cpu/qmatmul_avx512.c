@@ -148,25 +148,26 @@
 /* ---- 4-bit tiles (Q4_0, Q4_1 and Q4_K) ------------------------------------ */
 
 /* Block b of the row group at gp: its 16 rows' scales wd and mins wm, and
- * where its nibbles start. Q4 tiles hold them as fp16; a Q4K tile as 6-bit
- * integers beside the super-block header's fp32 d and -dmin, multiplied
- * here (exact in fp32, as the scalar twin computes them). The header's two
- * lines are prefetched with every tile, as they are not inside any. */
+ * where its nibbles start. Q4 and Q5 tiles (`bytes` long) hold them as
+ * fp16; a Q4K or Q5K tile as 6-bit integers beside the super-block header's
+ * fp32 d and -dmin, multiplied here (exact in fp32, as the scalar twin
+ * computes them). The header's two lines are prefetched with every tile,
+ * as they are not inside any. `bytes` is a constant in every call. */
 static inline __attribute__((always_inline, target(TBW))) const uint8_t *
-tile_q4(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
-    const uint8_t *tile = gp + (size_t)b * QT_Q4_BYTES;
-    PREFETCH_TILE(tile, QT_Q4_BYTES);
+tile_fp16(const uint8_t *gp, int64_t b, int bytes, __m512 *wd, __m512 *wm) {
+    const uint8_t *tile = gp + (size_t)b * bytes;
+    PREFETCH_TILE(tile, bytes);
     *wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
     *wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
     return tile + 64;
 }
 static inline __attribute__((always_inline, target(TBW))) const uint8_t *
+tile_q4(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
+    return tile_fp16(gp, b, QT_Q4_BYTES, wd, wm);
+}
+static inline __attribute__((always_inline, target(TBW))) const uint8_t *
 tile_q5(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
-    const uint8_t *tile = gp + (size_t)b * QT_Q5_BYTES;
-    PREFETCH_TILE(tile, QT_Q5_BYTES);
-    *wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
-    *wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
-    return tile + 64;
+    return tile_fp16(gp, b, QT_Q5_BYTES, wd, wm);
 }
 
 /* Q5's fifth bits, 256 bytes after the nibbles: chunk c's at bit c of each
@@ -191,26 +192,23 @@ static inline __attribute__((always_inline, target(TBW))) __m512 u8_scales(const
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 static inline __attribute__((always_inline, target(TBW))) const uint8_t *
-tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
-    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q4K_SB;
-    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q4K_BYTES;
-    PREFETCH_TILE(tile, QT_Q4K_BYTES);
+tile_kmin(const uint8_t *gp, int64_t b, int bytes, __m512 *wd, __m512 *wm) {
+    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (size_t)(QT_Q4K_HDR + QT_SB_BLOCKS * bytes);
+    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * bytes;
+    PREFETCH_TILE(tile, bytes);
     PREFETCH_TILE(hdr, QT_Q4K_HDR);
     *wd = _mm512_mul_ps(_mm512_loadu_ps((const float *)hdr), u8_scales(tile));
     *wm = _mm512_mul_ps(_mm512_loadu_ps((const float *)(hdr + 64)), u8_scales(tile + 16));
     return tile + 32;
 }
-
+static inline __attribute__((always_inline, target(TBW))) const uint8_t *
+tile_q4k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
+    return tile_kmin(gp, b, QT_Q4K_BYTES, wd, wm);
+}
 /* Q5K: Q4K's header and scales; the tile 64 bytes longer (the fifth bits) */
 static inline __attribute__((always_inline, target(TBW))) const uint8_t *
 tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
-    const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q5K_SB;
-    const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q5K_BYTES;
-    PREFETCH_TILE(tile, QT_Q5K_BYTES);
-    PREFETCH_TILE(hdr, QT_Q4K_HDR);
-    *wd = _mm512_mul_ps(_mm512_loadu_ps((const float *)hdr), u8_scales(tile));
-    *wm = _mm512_mul_ps(_mm512_loadu_ps((const float *)(hdr + 64)), u8_scales(tile + 16));
-    return tile + 32;
+    return tile_kmin(gp, b, QT_Q5K_BYTES, wd, wm);
 }
 
 #define DEF_Q4(NAME, TARGET, ISUM, NTP, TILE, HI)                                                 \

@@ -79,45 +79,38 @@ static void deq_q4_1(const void *src, float *dst, int64_t n) {
     }
 }
 
-static void deq_q4_k(const void *src, float *dst, int64_t n) {
-    const blk_q4_k *b = src;
-    for (int64_t i = 0; i < n / 256; i++) {
-        const float d = specd_fp16_to_f32(b[i].d);
-        const float dmin = specd_fp16_to_f32(b[i].dmin);
-        for (int s = 0; s < 8; s++) {
-            uint8_t sc, mn;
-            q4k_scale_min(s, b[i].scales, &sc, &mn);
-            const float ds = d * (float)sc;
-            const float ms = dmin * (float)mn;
-            const uint8_t *q = b[i].qs + 32 * (s / 2);
-            const int shift = (s & 1) ? 4 : 0;
-            for (int j = 0; j < 32; j++) {
-                float v = ds * (float)((q[j] >> shift) & 0x0F);
-                *dst++ = v - ms;
-            }
+/* One Q4_K or Q5_K super-block (qh NULL for Q4_K): sub-block s takes
+ * nibbles from bytes 32 * (s / 2) .. + 31 (low for even s, high for odd)
+ * and, for Q5_K, element l's fifth bit from bit s of qh[l]. */
+static void deq_kmin_block(uint16_t dh, uint16_t dminh, const uint8_t *scales,
+                           const uint8_t *qs, const uint8_t *qh, float *dst) {
+    const float d = specd_fp16_to_f32(dh);
+    const float dmin = specd_fp16_to_f32(dminh);
+    for (int s = 0; s < 8; s++) {
+        uint8_t sc, mn;
+        q4k_scale_min(s, scales, &sc, &mn);
+        const float ds = d * (float)sc;
+        const float ms = dmin * (float)mn;
+        const uint8_t *q = qs + 32 * (s / 2);
+        const int shift = (s & 1) ? 4 : 0;
+        for (int l = 0; l < 32; l++) {
+            const int v = ((q[l] >> shift) & 0x0F) | (qh ? ((qh[l] >> s) & 1) << 4 : 0);
+            float w = ds * (float)v; /* then - ms: no FMA */
+            *dst++ = w - ms;
         }
     }
 }
 
+static void deq_q4_k(const void *src, float *dst, int64_t n) {
+    const blk_q4_k *b = src;
+    for (int64_t i = 0; i < n / 256; i++, dst += 256)
+        deq_kmin_block(b[i].d, b[i].dmin, b[i].scales, b[i].qs, NULL, dst);
+}
+
 static void deq_q5_k(const void *src, float *dst, int64_t n) {
     const blk_q5_k *b = src;
-    for (int64_t i = 0; i < n / 256; i++) {
-        const float d = specd_fp16_to_f32(b[i].d);
-        const float dmin = specd_fp16_to_f32(b[i].dmin);
-        for (int s = 0; s < 8; s++) {
-            uint8_t sc, mn;
-            q4k_scale_min(s, b[i].scales, &sc, &mn);
-            const float ds = d * (float)sc;
-            const float ms = dmin * (float)mn;
-            const uint8_t *q = b[i].qs + 32 * (s / 2);
-            const int shift = (s & 1) ? 4 : 0;
-            for (int l = 0; l < 32; l++) {
-                const int v = ((q[l] >> shift) & 0x0F) | ((b[i].qh[l] >> s) & 1) << 4;
-                float w = ds * (float)v;
-                *dst++ = w - ms;
-            }
-        }
-    }
+    for (int64_t i = 0; i < n / 256; i++, dst += 256)
+        deq_kmin_block(b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh, dst);
 }
 
 static void deq_q6_k(const void *src, float *dst, int64_t n) {
