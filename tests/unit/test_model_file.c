@@ -112,6 +112,7 @@ typedef struct gguf_opts {
     int with_output;      /* write output.weight (untied) */
     int bad_q_rows;       /* blk.1.attn_q.weight gets this many rows instead */
     int rope_freqs;       /* add rope_freqs.weight [HEAD_DIM/2] */
+    const char *q8_0;     /* this tensor in Q8_0 (zero blocks) instead of F32 */
 } gguf_opts;
 
 static void kv_u32(buf *b, int *n, const gguf_opts *o, const char *key, uint32_t v) {
@@ -168,12 +169,18 @@ static buf make_gguf(const gguf_opts *o) {
         put_str(&b, t[i].gguf);
         put_le(&b, (uint64_t)t[i].n_dims, 4);
         for (int d = t[i].n_dims - 1; d >= 0; d--) put_le(&b, t[i].shape[d], 8);
-        put_le(&b, SPECD_F32, 4);
+        const int q8 = o->q8_0 && strcmp(t[i].gguf, o->q8_0) == 0;
+        put_le(&b, q8 ? SPECD_Q8_0 : SPECD_F32, 4);
         put_le(&b, off, 8);
-        off += (numel(&t[i]) * 4 + 31) / 32 * 32;
+        off += ((q8 ? numel(&t[i]) / 32 * 34 : numel(&t[i]) * 4) + 31) / 32 * 32;
     }
     while (b.n % 32) put_le(&b, 0, 1);
     for (int i = 0; i < n; i++) {
+        if (o->q8_0 && strcmp(t[i].gguf, o->q8_0) == 0) {
+            const uint64_t bytes = numel(&t[i]) / 32 * 34;
+            for (uint64_t j = 0; j < (bytes + 31) / 32 * 32; j++) put_le(&b, 0, 1);
+            continue;
+        }
         uint64_t j;
         for (j = 0; j < numel(&t[i]); j++) put_f32(&b, tensor_value(i, j));
         for (; j % 8; j++) put_f32(&b, 0);
@@ -254,6 +261,11 @@ static void test_gguf_errors(void **state) {
     expect_gguf_fail(&(gguf_opts){.bad_q_rows = 7},
                      "model: tensor 'blk.1.attn_q.weight' has shape [8, 7], config implies "
                      "[8, 8]");
+    /* 8 x 8 weights are two whole Q8_0 blocks, but a row of 8 ends inside
+     * one: the kernels (and the K-quant tiles) walk rows block by block */
+    expect_gguf_fail(&(gguf_opts){.q8_0 = "blk.1.attn_q.weight"},
+                     "tensor 'blk.1.attn_q.weight': row length 8 is not a multiple of the Q8_0 "
+                     "block size 32");
     specd_error err = {{0}};
     const char *path = test_write_temp("not a model", 11, ".bin");
     assert_null(specd_model_open(path, &err));
