@@ -103,6 +103,17 @@ INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     }
 }
 
+/* Q2_K and Q3_K: the sub-block factors as the reference computes them
+ * (quant_impl.h); SDG 4 and 2 in their DEF_ROWS below. */
+INL void prep_q2_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    q2k_prep(row, g0, n, sd);
+}
+INL void prep_q3_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    q3k_prep(row, g0, n, sd);
+}
+
 #define prep_f32 prep_none
 #define prep_f16 prep_none
 #define prep_bf16 prep_none
@@ -264,6 +275,41 @@ INL void ex_q6_k(EX_ARGS) {
         __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
         w[2 * half] = _mm256_mul_ps(s, lo);
         w[2 * half + 1] = _mm256_mul_ps(s, hi);
+    }
+}
+
+/* Q2_K and Q3_K (quant_avx512.c's ex_q2_k, ex_q3_k): 8 weights per
+ * register, k-th 8 from byte 8k of the group's run; sub-block k / 2. */
+INL __m256i q2_bits8(const uint8_t *q, __m128i shift) {
+    return _mm256_and_si256(_mm256_srl_epi32(u8x8(q), shift), _mm256_set1_epi32(3));
+}
+
+INL void ex_q2_k(EX_ARGS) {
+    (void)sm;
+    const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g >> 3);
+    const int j = (int)(g & 7);
+    const uint8_t *q = b + Q2K_QS + 32 * (j >> 2);
+    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    for (int k = 0; k < 4; k++) {
+        const __m256 f = _mm256_cvtepi32_ps(q2_bits8(q + 8 * k, shift));
+        const __m256 d = _mm256_set1_ps(sd[4 * i + (k >> 1)]);
+        const __m256 m = _mm256_set1_ps(sd[4 * i + 2 + (k >> 1)]);
+        w[k] = exact ? _mm256_sub_ps(_mm256_mul_ps(d, f), m) : _mm256_fmsub_ps(f, d, m);
+    }
+}
+
+INL void ex_q3_k(EX_ARGS) {
+    (void)sm, (void)exact;
+    const uint8_t *b = row + sizeof(blk_q3_k) * (size_t)(g >> 3);
+    const int j = (int)(g & 7);
+    const uint8_t *q = b + Q3K_QS + 32 * (j >> 2);
+    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    const __m256i four = _mm256_set1_epi32(4), bit = _mm256_set1_epi32(1 << j);
+    for (int k = 0; k < 4; k++) {
+        const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(u8x8(b + Q3K_HMASK + 8 * k), bit), bit);
+        /* minus 4 where the third bit is clear */
+        const __m256i v = _mm256_sub_epi32(q2_bits8(q + 8 * k, shift), _mm256_andnot_si256(set, four));
+        w[k] = _mm256_mul_ps(_mm256_set1_ps(sd[2 * i + (k >> 1)]), _mm256_cvtepi32_ps(v));
     }
 }
 
@@ -457,6 +503,8 @@ DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
 DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
 DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
+DEF_ROWS(q2_k, SPECD_Q2_K, 4, 84 / 8)
+DEF_ROWS(q3_k, SPECD_Q3_K, 2, 110 / 8)
 
 int cpu_kernels_avx2(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
@@ -476,6 +524,8 @@ int cpu_kernels_avx2(cpu_kernel_set *ks) {
     SET(q4_k, SPECD_Q4_K)
     SET(q5_k, SPECD_Q5_K)
     SET(q6_k, SPECD_Q6_K)
+    SET(q2_k, SPECD_Q2_K)
+    SET(q3_k, SPECD_Q3_K)
 #undef SET
     return 1;
 }

@@ -147,6 +147,17 @@ INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     }
 }
 
+/* Q2_K and Q3_K: the sub-block factors as the reference computes them
+ * (quant_impl.h); SDG 4 and 2 in their DEF_ROWS below. */
+INL void prep_q2_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    q2k_prep(row, g0, n, sd);
+}
+INL void prep_q3_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    q3k_prep(row, g0, n, sd);
+}
+
 /* ---- expanders: group g (weights 32g..32g+31) of a row ----------------- */
 /* i is g's index within the current segment (for sd/sm). `exact` (constant
  * after inlining) selects the reference's operation order over FMA. */
@@ -332,6 +343,45 @@ INL void ex_q6_k(EX_ARGS) {
     /* (d*sc) * q, the reference's order */
     *w0 = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i]), f0);
     *w1 = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i + 1]), f1);
+}
+
+/* Q2_K and Q3_K: group g's 2-bit quants are bits 2(g % 4) of the 32 bytes
+ * at qs + 32 (g / 4), byte l for element l; Q3_K's third bit is bit g % 8
+ * of hmask[l] (clear: minus 4). (d*sc) * q [- dmin*mn], the reference's
+ * order. */
+INL __m512i q2_bits(const uint8_t *q, __m128i shift) {
+    return _mm512_and_si512(_mm512_srl_epi32(bytes_to_dwords(q, 0), shift), _mm512_set1_epi32(3));
+}
+
+INL void ex_q2_k(EX_ARGS) {
+    (void)sm;
+    const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g >> 3);
+    const int j = (int)(g & 7);
+    const uint8_t *q = b + Q2K_QS + 32 * (j >> 2);
+    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    const __m512 f0 = _mm512_cvtepi32_ps(q2_bits(q, shift));
+    const __m512 f1 = _mm512_cvtepi32_ps(q2_bits(q + 16, shift));
+    const __m512 d0 = _mm512_set1_ps(sd[4 * i]), d1 = _mm512_set1_ps(sd[4 * i + 1]);
+    const __m512 m0 = _mm512_set1_ps(sd[4 * i + 2]), m1 = _mm512_set1_ps(sd[4 * i + 3]);
+    *w0 = exact ? _mm512_sub_ps(_mm512_mul_ps(d0, f0), m0) : _mm512_fmsub_ps(f0, d0, m0);
+    *w1 = exact ? _mm512_sub_ps(_mm512_mul_ps(d1, f1), m1) : _mm512_fmsub_ps(f1, d1, m1);
+}
+
+INL void ex_q3_k(EX_ARGS) {
+    (void)sm, (void)exact;
+    const uint8_t *b = row + sizeof(blk_q3_k) * (size_t)(g >> 3);
+    const int j = (int)(g & 7);
+    const uint8_t *q = b + Q3K_QS + 32 * (j >> 2);
+    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    const __m512i four = _mm512_set1_epi32(4), bit = _mm512_set1_epi32(1 << j);
+    __m512 *w[2] = {w0, w1};
+    for (int h = 0; h < 2; h++) {
+        __m512i v = _mm512_sub_epi32(q2_bits(q + 16 * h, shift), four);
+        const __mmask16 set =
+            _mm512_test_epi32_mask(bytes_to_dwords(b + Q3K_HMASK + 16 * h, 0), bit);
+        v = _mm512_mask_add_epi32(v, set, v, four);
+        *w[h] = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i + h]), _mm512_cvtepi32_ps(v));
+    }
 }
 
 /* ---- kernels generated per type ----------------------------------------- */
@@ -606,6 +656,8 @@ DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
 DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
 DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
+DEF_ROWS(q2_k, SPECD_Q2_K, 4, 84 / 8)
+DEF_ROWS(q3_k, SPECD_Q3_K, 2, 110 / 8)
 
 int cpu_kernels_avx512(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
@@ -625,6 +677,8 @@ int cpu_kernels_avx512(cpu_kernel_set *ks) {
     SET(q4_k, SPECD_Q4_K)
     SET(q5_k, SPECD_Q5_K)
     SET(q6_k, SPECD_Q6_K)
+    SET(q2_k, SPECD_Q2_K)
+    SET(q3_k, SPECD_Q3_K)
 #undef SET
     return 1;
 }

@@ -82,6 +82,28 @@ typedef struct blk_q6_k {
     uint16_t d;
 } blk_q6_k;
 
+/* 256 weights in 16 sub-blocks of 16 with 2-bit quants q = 0..3; sub-block
+ * s keeps a 4-bit scale in the low nibble of scales[s] and a 4-bit min in
+ * the high one: w = (d * sc) * q - dmin * mn. The quants of 32-weight group
+ * g (0..7) are bits 2(g % 4), 2(g % 4) + 1 of the 32 bytes
+ * qs[32 (g / 4) ..]: element 32g + l in byte l. */
+typedef struct blk_q2_k {
+    uint8_t scales[16];
+    uint8_t qs[64];
+    uint16_t d;
+    uint16_t dmin;
+} blk_q2_k;
+
+/* 256 weights in 16 sub-blocks of 16 with 3-bit quants q = -4..3: two low
+ * bits as Q2_K's, and element 32g + l subtracts 4 unless bit g of hmask[l]
+ * is set; sub-block s has a 6-bit scale (q3k_scale): w = (d * sc) * q. */
+typedef struct blk_q3_k {
+    uint8_t hmask[32];
+    uint8_t qs[64];
+    uint8_t scales[12];
+    uint16_t d;
+} blk_q3_k;
+
 /* Field offsets for kernels, which address blocks by byte offset: blocks of
  * 18 or 34 bytes can sit at any even address and a caller may pass any
  * address, so the kernels never form possibly misaligned struct pointers. */
@@ -96,6 +118,14 @@ enum {
     Q6K_QH = offsetof(blk_q6_k, qh),
     Q6K_SCALES = offsetof(blk_q6_k, scales),
     Q6K_D = offsetof(blk_q6_k, d),
+    Q2K_SCALES = offsetof(blk_q2_k, scales),
+    Q2K_QS = offsetof(blk_q2_k, qs),
+    Q2K_D = offsetof(blk_q2_k, d),
+    Q2K_DMIN = offsetof(blk_q2_k, dmin),
+    Q3K_HMASK = offsetof(blk_q3_k, hmask),
+    Q3K_QS = offsetof(blk_q3_k, qs),
+    Q3K_SCALES = offsetof(blk_q3_k, scales),
+    Q3K_D = offsetof(blk_q3_k, d),
 };
 
 _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block size");
@@ -107,6 +137,8 @@ _Static_assert(sizeof(blk_q4_k) == 144, "Q4_K block size");
 _Static_assert(sizeof(blk_q5_k) == 176, "Q5_K block size");
 _Static_assert(offsetof(blk_q5_k, scales) == Q4K_SCALES, "Q5_K scales where Q4_K's are");
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block size");
+_Static_assert(sizeof(blk_q2_k) == 84, "Q2_K block size");
+_Static_assert(sizeof(blk_q3_k) == 110, "Q3_K block size");
 
 /* Scale and min of sub-block j (0..7) of a Q4_K super-block: the first four
  * sub-blocks keep 6 bits in bytes 0..3 (scale) and 4..7 (min); the last four
@@ -122,12 +154,48 @@ static inline void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *
     }
 }
 
+/* Scale of sub-block s (0..15) of a Q3_K super-block, minus its offset 32:
+ * the low 4 bits are the low nibbles of bytes 0..7 (s < 8) or their high
+ * nibbles (s >= 8), the top 2 bits come from bytes 8..11 (byte 8 + s % 4,
+ * bits 2 (s / 4) and 2 (s / 4) + 1). GGML unpacks the same 12 bytes with
+ * 32-bit masks. */
+static inline int q3k_scale(const uint8_t *sc, int s) {
+    const int lo = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4;
+    const int hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* Reads a little-endian uint16 without alignment assumptions (blocks of
  * 18/34/210 bytes leave fields at odd addresses). */
 static inline uint16_t rd_u16(const void *p) {
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
+}
+
+/* The per-sub-block factors of super-blocks g0 / 8 .. (g0 + n) / 8 of a
+ * Q2_K or Q3_K row (g0 and n multiples of 8, in 32-weight groups), as the
+ * reference computes them, for the SIMD expanders: group i's sub-block h
+ * (0, 1) at sd[2i + h] (Q3_K: d * sc) or sd[4i + h] and, its min,
+ * sd[4i + 2 + h] (Q2_K: d * sc and dmin * mn). */
+static inline void q2k_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g0 / 8 + s);
+        const float d = specd_fp16_to_f32(rd_u16(b + Q2K_D));
+        const float dmin = specd_fp16_to_f32(rd_u16(b + Q2K_DMIN));
+        for (int j = 0; j < 16; j++) {
+            const uint8_t sc = b[Q2K_SCALES + j];
+            sd[32 * s + 4 * (j >> 1) + (j & 1)] = d * (float)(sc & 0x0F);
+            sd[32 * s + 4 * (j >> 1) + 2 + (j & 1)] = dmin * (float)(sc >> 4);
+        }
+    }
+}
+static inline void q3k_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + sizeof(blk_q3_k) * (size_t)(g0 / 8 + s);
+        const float d = specd_fp16_to_f32(rd_u16(b + Q3K_D));
+        for (int j = 0; j < 16; j++) sd[16 * s + j] = d * (float)q3k_scale(b + Q3K_SCALES, j);
+    }
 }
 
 /* Dequantizes n elements (a whole number of blocks) of `src` into dst. */

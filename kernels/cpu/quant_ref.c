@@ -19,6 +19,12 @@
  *   Q6_K  256 weights: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits),
  *         16 int8 sub-block scales (16 weights each), fp16 d;
  *         w = d*sc[s] * (q - 32)
+ *   Q2_K  256 weights: 16 bytes of 4-bit sub-block scales and mins (16
+ *         weights each), 64 bytes of 2-bit quants, fp16 d, fp16 dmin;
+ *         w = d*sc[s] * q - dmin*mn[s]
+ *   Q3_K  256 weights: 32 bytes hmask (the third bit), 64 bytes of 2-bit
+ *         quants (Q2_K's order), 12 bytes of 6-bit scales, fp16 d;
+ *         w = d*(sc[s] - 32) * q, q = low bits - (high bit ? 0 : 4)
  *
  * The order of float operations (e.g. (d*sc)*q, q*d + m as a multiply then an
  * add) is part of the definition: the SIMD dequantizers reproduce it exactly,
@@ -138,6 +144,43 @@ static void deq_q6_k(const void *src, float *dst, int64_t n) {
     }
 }
 
+/* Q2_K and Q3_K: group g (32 weights) takes bits 2(g % 4).. of the 32
+ * bytes at qs + 32 (g / 4), sub-blocks 2g and 2g + 1 (quant_impl.h). */
+static void deq_q2_k(const void *src, float *dst, int64_t n) {
+    const blk_q2_k *b = src;
+    for (int64_t i = 0; i < n / 256; i++) {
+        const float d = specd_fp16_to_f32(b[i].d), dmin = specd_fp16_to_f32(b[i].dmin);
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = b[i].qs + 32 * (g >> 2);
+            const int shift = 2 * (g & 3);
+            for (int l = 0; l < 32; l++) {
+                const uint8_t sc = b[i].scales[2 * g + l / 16];
+                const float dl = d * (float)(sc & 0x0F), ml = dmin * (float)(sc >> 4);
+                const float v = dl * (float)((q[l] >> shift) & 3); /* then - ml: no FMA */
+                dst[32 * g + l] = v - ml;
+            }
+        }
+        dst += 256;
+    }
+}
+
+static void deq_q3_k(const void *src, float *dst, int64_t n) {
+    const blk_q3_k *b = src;
+    for (int64_t i = 0; i < n / 256; i++) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = b[i].qs + 32 * (g >> 2);
+            const int shift = 2 * (g & 3);
+            for (int l = 0; l < 32; l++) {
+                const float dl = d * (float)q3k_scale(b[i].scales, 2 * g + l / 16);
+                const int v = ((q[l] >> shift) & 3) - ((b[i].hmask[l] >> g) & 1 ? 0 : 4);
+                dst[32 * g + l] = dl * (float)v;
+            }
+        }
+        dst += 256;
+    }
+}
+
 void cpu_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
     uint8_t *out = dst; /* blocks by byte offset: dst may sit at any even address */
     for (int64_t b = 0; b < n / 32; b++, x += 32, out += sizeof(blk_q8_0)) {
@@ -197,6 +240,8 @@ cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
     case SPECD_Q4_K: return deq_q4_k;
     case SPECD_Q5_K: return deq_q5_k;
     case SPECD_Q6_K: return deq_q6_k;
+    case SPECD_Q2_K: return deq_q2_k;
+    case SPECD_Q3_K: return deq_q3_k;
     default: return NULL;
     }
 }

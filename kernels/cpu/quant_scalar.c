@@ -54,13 +54,16 @@ SCALAR_ROWS(rows_q5_1, SPECD_Q5_1)
 SCALAR_ROWS(rows_q4_k, SPECD_Q4_K)
 SCALAR_ROWS(rows_q5_k, SPECD_Q5_K)
 SCALAR_ROWS(rows_q6_k, SPECD_Q6_K)
+SCALAR_ROWS(rows_q2_k, SPECD_Q2_K)
+SCALAR_ROWS(rows_q3_k, SPECD_Q3_K)
 
 int cpu_kernels_scalar(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
     ks->name = "scalar";
     static const specd_dtype types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
                                         SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
-                                        SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K};
+                                        SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K,
+                                        SPECD_Q3_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         ks->dequant[types[i]] = cpu_dequant_ref_fn(types[i]);
     ks->rows[SPECD_F32] = rows_f32;
@@ -74,5 +77,7 @@ int cpu_kernels_scalar(cpu_kernel_set *ks) {
     ks->rows[SPECD_Q4_K] = rows_q4_k;
     ks->rows[SPECD_Q5_K] = rows_q5_k;
     ks->rows[SPECD_Q6_K] = rows_q6_k;
+    ks->rows[SPECD_Q2_K] = rows_q2_k;
+    ks->rows[SPECD_Q3_K] = rows_q3_k;
     return 1;
 }

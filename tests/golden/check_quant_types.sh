@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # check_quant_types.sh - the fast path's tiles for the types CI has no model
-# in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; kernels/cpu/qmatmul.h) against
+# in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; kernels/cpu/qmatmul.h), and the fp32
+# kernels of Q2_K and Q3_K, against
 # llama.cpp's logits on real GGUFs of those types.
 #
 # No package ships such a model, and the default model's dimension (576)
@@ -18,6 +19,13 @@
 #   q5_k_m         llama.cpp's Q5_K_M recipe: Q5_1 where rows are not
 #                  whole super-blocks, Q5_K and Q6_K in ffn_down
 #   q5_1           Q5_1 everywhere
+#   ffn_down-q2_k  every ffn_down in Q2_K, and ffn_down-q3_k in Q3_K (these
+#                  two types have no integer tiles: both precisions run
+#                  them on the fp32-activation kernels)
+#   q3_k_m         llama.cpp's Q3_K_M recipe for this model: Q4_0 and Q5_0
+#                  where rows are not whole super-blocks, Q4_K, Q5_K
+#   q2_k           llama.cpp's Q2_K recipe for this model: Q3_K in ffn_down,
+#                  Q4_0 elsewhere
 # For each it dumps llama.cpp's logits (make_llamacpp_logits.sh) and runs
 # test_llamacpp_logits on that pair, on every SIMD path this CPU has: first
 # our fp32 path (precision exact), whose distance from llama.cpp is
@@ -37,9 +45,17 @@
 #   q4_k_m         exact 2.80 / 0.266, 191;  fast 2.36 / 0.275, 192
 #   q5_k_m         exact 2.65 / 0.312, 199;  fast 2.49 / 0.323, 194
 #   q5_1           exact 2.29 / 0.244, 197;  fast 1.61 / 0.214, 195
+# and on the Sapphire Rapids VM (2026-12-03; avx512vnni path):
+#   ffn_down-q2_k  exact 6.37 / 0.412, 185;  fast 7.02 / 0.437, 185
+#   ffn_down-q3_k  exact 1.90 / 0.283, 193;  fast 3.16 / 0.276, 192
+#   q3_k_m         exact 2.57 / 0.264, 198;  fast 1.97 / 0.285, 194
+#   q2_k           exact 2.76 / 0.270, 196;  fast 3.16 / 0.283, 195
+# (2-bit ffn_down weights leave the model noisier, and llama.cpp's Q8_K
+# activations move it farther; the dequantized Q2_K and Q3_K weights
+# themselves equal gguf-py's numpy dequantizer bit for bit on every path.)
 # so the fast path is as close to llama.cpp as exact fp32 arithmetic is.
 #
-#   tests/golden/check_quant_types.sh      # needs build/ (cmake --build build)
+#   tests/golden/check_quant_types.sh [NAME...]   # needs build/ (cmake --build build)
 #
 # Takes a few minutes after llama.cpp is built (5-15 minutes the first time).
 set -euo pipefail
@@ -51,13 +67,22 @@ build=$(bench/llamacpp_build.sh)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 declare -A args=([ffn_down-q4_k]="--tensor-type ffn_down=q4_k Q4_1"
+                 [ffn_down-q2_k]="--tensor-type ffn_down=q2_k Q4_1"
+                 [ffn_down-q3_k]="--tensor-type ffn_down=q3_k Q4_1"
+                 [q2_k]="Q2_K" [q3_k_m]="Q3_K_M"
                  [ffn_down-q5_k]="--tensor-type ffn_down=q5_k Q4_1"
                  [ffn_down-q6_k]="--tensor-type ffn_down=q6_k Q4_1"
                  [q4_k_m]="Q4_K_M" [q5_k_m]="Q5_K_M" [q5_1]="Q5_1")
 declare -A tol=([ffn_down-q4_k]=2.0,0.3,0.5 [ffn_down-q5_k]=3.0,0.35,1.0
                 [ffn_down-q6_k]=3.5,0.35,1.5 [q4_k_m]=3.0,0.35,1.0
-                [q5_k_m]=3.0,0.35,1.0 [q5_1]=2.0,0.3,0.5)
-for name in ffn_down-q4_k ffn_down-q5_k ffn_down-q6_k q4_k_m q5_k_m q5_1; do
+                [q5_k_m]=3.0,0.35,1.0 [q5_1]=2.0,0.3,0.5
+                [ffn_down-q2_k]=8.0,0.5,2.0 [ffn_down-q3_k]=4.0,0.35,1.5
+                [q2_k]=4.0,0.35,1.5 [q3_k_m]=3.0,0.35,1.0)
+names=(ffn_down-q4_k ffn_down-q5_k ffn_down-q6_k q4_k_m q5_k_m q5_1
+       ffn_down-q2_k ffn_down-q3_k q2_k q3_k_m)
+[ $# -gt 0 ] && names=("$@")
+for name in "${names[@]}"; do
+  [ -n "${args[$name]:-}" ] || { echo "check_quant_types: no file named $name" >&2; exit 2; }
   gguf="$work/smollm2-$name.gguf"
   read -r -a a <<< "${args[$name]}"
   n=${#a[@]}

@@ -212,6 +212,11 @@ uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint6
                 put_u16(p + 2, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
                 break;
             case SPECD_Q6_K: put_u16(p + 208, rand_scale(&s)); break;
+            case SPECD_Q2_K:
+                put_u16(p + 80, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
+                put_u16(p + 82, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
+                break;
+            case SPECD_Q3_K: put_u16(p + 108, rand_scale(&s)); break;
             default: abort(); /* no generator for this type */
             }
         }

@@ -47,7 +47,8 @@ static const char *const k_paths[] = {"scalar", "avx2", "avx512"};
 
 static const specd_dtype k_types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
                                       SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
-                                      SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K};
+                                      SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K,
+                                      SPECD_Q3_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* ---- dequantization ----------------------------------------------------- */
@@ -187,6 +188,34 @@ static void test_dequant_known_values(void **state) {
         int q = (lo | (k << 4)) - 32;
         float sc = (float)(8 * h + 2 * k + l / 16 + 1);
         assert_true(out[i] == sc * (float)q);
+    }
+    /* Q2_K (GGML's block_q2_K): d = 1, dmin = 0.5; sub-block s has scale s
+     * and min 15 - s; every qs byte 0xE4, so group g's 2-bit quants are
+     * g % 4 (bits 2(g % 4) of each byte). */
+    uint8_t q2k[84];
+    for (int s = 0; s < 16; s++) q2k[s] = (uint8_t)(s | (15 - s) << 4);
+    memset(q2k + 16, 0xE4, 64);
+    put_u16(q2k + 80, specd_f32_to_fp16(1.0f));
+    put_u16(q2k + 82, specd_f32_to_fp16(0.5f));
+    cpu_dequant_row_ref(SPECD_Q2_K, q2k, out, 256);
+    for (int i = 0; i < 256; i++) {
+        const int g = i / 32, s = i / 16;
+        assert_true(out[i] == (float)s * (float)(g % 4) - 0.5f * (float)(15 - s));
+    }
+    /* Q3_K (block_q3_K): d = 1; scale bytes 0..7 = k | k << 4 and 8..11 =
+     * 0xE4, so sub-block s's 6-bit scale is (s % 8) | (s / 4) << 4; hmask
+     * 0x55 sets the third bit of even groups only (odd ones subtract 4). */
+    uint8_t q3k[110];
+    memset(q3k, 0x55, 32);
+    memset(q3k + 32, 0xE4, 64);
+    for (int k = 0; k < 8; k++) q3k[96 + k] = (uint8_t)(k | k << 4);
+    memset(q3k + 104, 0xE4, 4);
+    put_u16(q3k + 108, specd_f32_to_fp16(1.0f));
+    cpu_dequant_row_ref(SPECD_Q3_K, q3k, out, 256);
+    for (int i = 0; i < 256; i++) {
+        const int g = i / 32, s = i / 16;
+        const int sc = ((s % 8) | (s / 4) << 4) - 32, q = g % 4 - (g % 2 ? 4 : 0);
+        assert_true(out[i] == (float)sc * (float)q);
     }
 }
 
