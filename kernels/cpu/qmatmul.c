@@ -101,6 +101,30 @@ static void sb_put_q6k(uint8_t *sb, int i, const uint8_t *blk) {
     }
 }
 
+/* Row i of a Q3_K super-block into Q6K tiles: w = (d * sc) * v with v =
+ * -4..3 is Q6_K's (d * sc) * (q - 32) with q = v + 32 (28..35, six bits)
+ * and sc = q3k_scale (-32..31, an int8), so the Q6K kernels take it as it
+ * is, every operation the same. The tiles hold 6 bits a weight where the
+ * GGUF has 3.4: a decode step streams 1.9x the file's bytes for these
+ * matrices, against the fp32 kernels' arithmetic at every verify size. */
+static void sb_put_q3k(uint8_t *sb, int i, const uint8_t *blk) {
+    put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q3K_D)));
+    for (int s = 0; s < QT_SB_BLOCKS; s++) {
+        uint8_t *tile = sb + QT_Q6K_HDR + s * QT_Q6K_BYTES;
+        tile[i] = (uint8_t)(int8_t)q3k_scale(blk + Q3K_SCALES, 2 * s);
+        tile[16 + i] = (uint8_t)(int8_t)q3k_scale(blk + Q3K_SCALES, 2 * s + 1);
+        for (int c = 0; c < 32; c++) {
+            /* quant_ref.c's deq_q3_k: group s, element c */
+            const int v = ((blk[Q3K_QS + 32 * (s / 4) + c] >> (2 * (s % 4))) & 3) -
+                          ((blk[Q3K_HMASK + c] >> s) & 1 ? 0 : 4);
+            const int q = v + 32, chunk = c / 4, j = c % 4;
+            uint8_t *lop = tile + 32 + 64 * (chunk % 4) + 4 * i + j;
+            *lop |= (uint8_t)(chunk < 4 ? q & 15 : (q & 15) << 4);
+            tile[288 + 64 * (chunk / 4) + 4 * i + j] |= (uint8_t)((q >> 4) << (2 * (chunk % 4)));
+        }
+    }
+}
+
 int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) {
     memset(out, 0, sizeof *out);
     cpu_qkind kind;
@@ -112,7 +136,8 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q5_1: kind = CPU_Q5; break;
     case SPECD_Q4_K: kind = CPU_Q4K; break;
     case SPECD_Q5_K: kind = CPU_Q5K; break;
-    case SPECD_Q6_K: kind = CPU_Q6K; break;
+    case SPECD_Q6_K:
+    case SPECD_Q3_K: kind = CPU_Q6K; break;
     default: return 0;
     }
     /* super-blocks of 256 */
@@ -154,6 +179,7 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
                 const uint8_t *blk = src + (size_t)k * in->block_bytes;
                 if (kind == CPU_Q4K) sb_put_q4k(sb, i, blk, blk + Q4K_QS, NULL);
                 else if (kind == CPU_Q5K) sb_put_q4k(sb, i, blk, blk + Q5K_QS, blk + Q5K_QH);
+                else if (t->type == SPECD_Q3_K) sb_put_q3k(sb, i, blk);
                 else sb_put_q6k(sb, i, blk);
             }
             continue;

@@ -37,8 +37,9 @@
  *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
  *
  * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind
- * Q5), Q8_0 (kind Q8), Q4_K (kind Q4K), Q5_K (kind Q5K) and Q6_K (kind
- * Q6K). Other types keep the fp32-activation kernels (matmul.h), which are
+ * Q5), Q8_0 (kind Q8), Q4_K (kind Q4K), Q5_K (kind Q5K), Q6_K and Q3_K
+ * (kind Q6K: Q3_K's -4..3 times its 6-bit scale is Q6_K's form exactly).
+ * Other types keep the fp32-activation kernels (matmul.h), which are
  * also the "exact" precision path for every type. */
 #ifndef SPECD_CPU_QMATMUL_H
 #define SPECD_CPU_QMATMUL_H

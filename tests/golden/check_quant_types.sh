@@ -19,9 +19,9 @@
 #   q5_k_m         llama.cpp's Q5_K_M recipe: Q5_1 where rows are not
 #                  whole super-blocks, Q5_K and Q6_K in ffn_down
 #   q5_1           Q5_1 everywhere
-#   ffn_down-q2_k  every ffn_down in Q2_K, and ffn_down-q3_k in Q3_K (these
-#                  two types have no integer tiles: both precisions run
-#                  them on the fp32-activation kernels)
+#   ffn_down-q2_k  every ffn_down in Q2_K (no integer tiles: both
+#                  precisions run it on the fp32-activation kernels)
+#   ffn_down-q3_k  every ffn_down in Q3_K (the fast path as Q6_K tiles)
 #   q3_k_m         llama.cpp's Q3_K_M recipe for this model: Q4_0 and Q5_0
 #                  where rows are not whole super-blocks, Q4_K, Q5_K
 #   q2_k           llama.cpp's Q2_K recipe for this model: Q3_K in ffn_down,
@@ -47,9 +47,9 @@
 #   q5_1           exact 2.29 / 0.244, 197;  fast 1.61 / 0.214, 195
 # and on the Sapphire Rapids VM (2026-12-03; avx512vnni path):
 #   ffn_down-q2_k  exact 6.37 / 0.412, 185;  fast 7.02 / 0.437, 185
-#   ffn_down-q3_k  exact 1.90 / 0.283, 193;  fast 3.16 / 0.276, 192
+#   ffn_down-q3_k  exact 1.90 / 0.283, 193;  fast 3.29 / 0.286, 191
 #   q3_k_m         exact 2.57 / 0.264, 198;  fast 1.97 / 0.285, 194
-#   q2_k           exact 2.76 / 0.270, 196;  fast 3.16 / 0.283, 195
+#   q2_k           exact 2.76 / 0.270, 196;  fast 2.18 / 0.281, 190
 # (2-bit ffn_down weights leave the model noisier, and llama.cpp's Q8_K
 # activations move it farther; the dequantized Q2_K and Q3_K weights
 # themselves equal gguf-py's numpy dequantizer bit for bit on every path.)
