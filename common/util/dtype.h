@@ -25,6 +25,8 @@ typedef enum specd_dtype {
     SPECD_Q5_K = 13,
     SPECD_Q6_K = 14,
     SPECD_Q8_K = 15,
+    SPECD_IQ4_NL = 20,
+    SPECD_IQ4_XS = 23,
     SPECD_I8 = 24,
     SPECD_I16 = 25,
     SPECD_I32 = 26,

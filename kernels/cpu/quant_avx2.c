@@ -113,6 +113,15 @@ INL void prep_q3_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     (void)sm;
     q3k_prep(row, g0, n, sd);
 }
+/* IQ4_NL: d, as Q4_0's; IQ4_XS: d * (sc - 32) of each 32-weight block */
+INL void prep_iq4_nl(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 18, g0, n, sd, NULL);
+}
+INL void prep_iq4_xs(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    iq4xs_prep(row, g0, n, sd);
+}
 
 #define prep_f32 prep_none
 #define prep_f16 prep_none
@@ -276,6 +285,28 @@ INL void ex_q6_k(EX_ARGS) {
         w[2 * half] = _mm256_mul_ps(s, lo);
         w[2 * half + 1] = _mm256_mul_ps(s, hi);
     }
+}
+
+/* IQ4_NL and IQ4_XS: each nibble's level by vpshufb from the 16 bytes of
+ * k_iq4nl, then (d*sc) * level as the reference computes it. */
+INL void iq4_expand(const uint8_t *qs, float d, __m256 w[4]) {
+    const __m128i lv = _mm_loadu_si128((const __m128i *)k_iq4nl), lo4 = _mm_set1_epi8(0x0F);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i v0 = _mm_shuffle_epi8(lv, _mm_and_si128(raw, lo4));
+    const __m128i v1 = _mm_shuffle_epi8(lv, _mm_and_si128(_mm_srli_epi16(raw, 4), lo4));
+    const __m256 dv = _mm256_set1_ps(d);
+    const __m128i v[4] = {v0, _mm_unpackhi_epi64(v0, v0), v1, _mm_unpackhi_epi64(v1, v1)};
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v[k])));
+}
+INL void ex_iq4_nl(EX_ARGS) {
+    (void)sm, (void)exact;
+    iq4_expand(row + 18 * g + 2, sd[i], w);
+}
+INL void ex_iq4_xs(EX_ARGS) {
+    (void)sm, (void)exact;
+    const uint8_t *b = row + sizeof(blk_iq4_xs) * (size_t)(g >> 3);
+    iq4_expand(b + IQ4XS_QS + 16 * (g & 7), sd[i], w);
 }
 
 /* Q2_K and Q3_K (quant_avx512.c's ex_q2_k, ex_q3_k): 8 weights per
@@ -505,6 +536,8 @@ DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 DEF_ROWS(q2_k, SPECD_Q2_K, 4, 84 / 8)
 DEF_ROWS(q3_k, SPECD_Q3_K, 2, 110 / 8)
+DEF_ROWS(iq4_nl, SPECD_IQ4_NL, 1, 18)
+DEF_ROWS(iq4_xs, SPECD_IQ4_XS, 1, 136 / 8)
 
 int cpu_kernels_avx2(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
@@ -526,6 +559,8 @@ int cpu_kernels_avx2(cpu_kernel_set *ks) {
     SET(q6_k, SPECD_Q6_K)
     SET(q2_k, SPECD_Q2_K)
     SET(q3_k, SPECD_Q3_K)
+    SET(iq4_nl, SPECD_IQ4_NL)
+    SET(iq4_xs, SPECD_IQ4_XS)
 #undef SET
     return 1;
 }

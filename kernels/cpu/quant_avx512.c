@@ -157,6 +157,15 @@ INL void prep_q3_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     (void)sm;
     q3k_prep(row, g0, n, sd);
 }
+/* IQ4_NL: d, as Q4_0's; IQ4_XS: d * (sc - 32) of each 32-weight block */
+INL void prep_iq4_nl(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    prep_blocks(row, 18, g0, n, sd, NULL, 1.0f);
+}
+INL void prep_iq4_xs(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
+    iq4xs_prep(row, g0, n, sd);
+}
 
 /* ---- expanders: group g (weights 32g..32g+31) of a row ----------------- */
 /* i is g's index within the current segment (for sd/sm). `exact` (constant
@@ -343,6 +352,22 @@ INL void ex_q6_k(EX_ARGS) {
     /* (d*sc) * q, the reference's order */
     *w0 = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i]), f0);
     *w1 = _mm512_mul_ps(_mm512_set1_ps(sd[2 * i + 1]), f1);
+}
+
+/* IQ4_NL and IQ4_XS: the 16 levels times the block's scale, (d*sc) * level
+ * as the reference computes it, looked up by Q4_0's nibbles. */
+INL __m512 iq4_table(float d) {
+    const __m512 lv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)k_iq4nl)));
+    return _mm512_mul_ps(_mm512_set1_ps(d), lv);
+}
+INL void ex_iq4_nl(EX_ARGS) {
+    (void)sm, (void)exact;
+    lut_nibbles(row + 18 * g + 2, iq4_table(sd[i]), w0, w1);
+}
+INL void ex_iq4_xs(EX_ARGS) {
+    (void)sm, (void)exact;
+    const uint8_t *b = row + sizeof(blk_iq4_xs) * (size_t)(g >> 3);
+    lut_nibbles(b + IQ4XS_QS + 16 * (g & 7), iq4_table(sd[i]), w0, w1);
 }
 
 /* Q2_K and Q3_K: group g's 2-bit quants are bits 2(g % 4) of the 32 bytes
@@ -658,6 +683,8 @@ DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
 DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
 DEF_ROWS(q2_k, SPECD_Q2_K, 4, 84 / 8)
 DEF_ROWS(q3_k, SPECD_Q3_K, 2, 110 / 8)
+DEF_ROWS(iq4_nl, SPECD_IQ4_NL, 1, 18)
+DEF_ROWS(iq4_xs, SPECD_IQ4_XS, 1, 136 / 8)
 
 int cpu_kernels_avx512(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
@@ -679,6 +706,8 @@ int cpu_kernels_avx512(cpu_kernel_set *ks) {
     SET(q6_k, SPECD_Q6_K)
     SET(q2_k, SPECD_Q2_K)
     SET(q3_k, SPECD_Q3_K)
+    SET(iq4_nl, SPECD_IQ4_NL)
+    SET(iq4_xs, SPECD_IQ4_XS)
 #undef SET
     return 1;
 }

@@ -104,6 +104,26 @@ typedef struct blk_q3_k {
     uint16_t d;
 } blk_q3_k;
 
+/* Non-linear 4-bit quants: a nibble indexes k_iq4nl, GGML's 16 int8
+ * levels. IQ4_NL: 32 weights, w = d * k_iq4nl[q] (Q4_0's nibble order).
+ * IQ4_XS: 256 weights in 8 blocks of 32, block j with a 6-bit scale
+ * (iq4xs_scale, minus 32): w = (d * sc) * k_iq4nl[q]; block j's nibbles
+ * in qs[16 j ..], Q4_0's order. */
+typedef struct blk_iq4_nl {
+    uint16_t d;
+    uint8_t qs[16];
+} blk_iq4_nl;
+
+typedef struct blk_iq4_xs {
+    uint16_t d;
+    uint16_t scales_h; /* bits 2j, 2j+1: the top two bits of block j's scale */
+    uint8_t scales_l[4]; /* block j's low four bits: nibble j % 2 of byte j / 2 */
+    uint8_t qs[128];
+} blk_iq4_xs;
+
+static const int8_t k_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+
 /* Field offsets for kernels, which address blocks by byte offset: blocks of
  * 18 or 34 bytes can sit at any even address and a caller may pass any
  * address, so the kernels never form possibly misaligned struct pointers. */
@@ -126,6 +146,9 @@ enum {
     Q3K_QS = offsetof(blk_q3_k, qs),
     Q3K_SCALES = offsetof(blk_q3_k, scales),
     Q3K_D = offsetof(blk_q3_k, d),
+    IQ4XS_SCALES_H = offsetof(blk_iq4_xs, scales_h),
+    IQ4XS_SCALES_L = offsetof(blk_iq4_xs, scales_l),
+    IQ4XS_QS = offsetof(blk_iq4_xs, qs),
 };
 
 _Static_assert(sizeof(blk_q8_0) == 34, "Q8_0 block size");
@@ -139,6 +162,8 @@ _Static_assert(offsetof(blk_q5_k, scales) == Q4K_SCALES, "Q5_K scales where Q4_K
 _Static_assert(sizeof(blk_q6_k) == 210, "Q6_K block size");
 _Static_assert(sizeof(blk_q2_k) == 84, "Q2_K block size");
 _Static_assert(sizeof(blk_q3_k) == 110, "Q3_K block size");
+_Static_assert(sizeof(blk_iq4_nl) == 18, "IQ4_NL block size");
+_Static_assert(sizeof(blk_iq4_xs) == 136, "IQ4_XS block size");
 
 /* Scale and min of sub-block j (0..7) of a Q4_K super-block: the first four
  * sub-blocks keep 6 bits in bytes 0..3 (scale) and 4..7 (min); the last four
@@ -178,6 +203,22 @@ static inline uint16_t rd_u16(const void *p) {
  * reference computes them, for the SIMD expanders: group i's sub-block h
  * (0, 1) at sd[2i + h] (Q3_K: d * sc) or sd[4i + h] and, its min,
  * sd[4i + 2 + h] (Q2_K: d * sc and dmin * mn). */
+/* Block j's (0..7) scale of an IQ4_XS super-block b, minus its offset 32. */
+static inline int iq4xs_scale(const uint8_t *b, int j) {
+    const uint16_t h = rd_u16(b + IQ4XS_SCALES_H);
+    return (((b[IQ4XS_SCALES_L + j / 2] >> (4 * (j % 2))) & 0x0F) | ((h >> (2 * j)) & 3) << 4) - 32;
+}
+
+/* d * (sc - 32) of 32-weight blocks g0 .. g0 + n - 1 of an IQ4_XS row
+ * (g0 and n multiples of 8), as the reference computes them. */
+static inline void iq4xs_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + sizeof(blk_iq4_xs) * (size_t)(g0 / 8 + s);
+        const float d = specd_fp16_to_f32(rd_u16(b));
+        for (int j = 0; j < 8; j++) sd[8 * s + j] = d * (float)iq4xs_scale(b, j);
+    }
+}
+
 static inline void q2k_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
     for (int s = 0; s < n / 8; s++) {
         const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g0 / 8 + s);

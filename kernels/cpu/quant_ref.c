@@ -22,6 +22,11 @@
  *   Q2_K  256 weights: 16 bytes of 4-bit sub-block scales and mins (16
  *         weights each), 64 bytes of 2-bit quants, fp16 d, fp16 dmin;
  *         w = d*sc[s] * q - dmin*mn[s]
+ *   IQ4_NL 32 weights: fp16 d, 16 bytes of nibbles (Q4_0's order)
+ *         w = d * k_iq4nl[q] (GGML's 16 non-linear int8 levels)
+ *   IQ4_XS 256 weights: fp16 d, 6-bit block scales (2 high bits each in a
+ *         uint16, 4 low bits in 4 bytes), 128 bytes of nibbles;
+ *         block j: w = d*(sc[j] - 32) * k_iq4nl[q]
  *   Q3_K  256 weights: 32 bytes hmask (the third bit), 64 bytes of 2-bit
  *         quants (Q2_K's order), 12 bytes of 6-bit scales, fp16 d;
  *         w = d*(sc[s] - 32) * q, q = low bits - (high bit ? 0 : 4)
@@ -181,6 +186,32 @@ static void deq_q3_k(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void deq_iq4_nl(const void *src, float *dst, int64_t n) {
+    const blk_iq4_nl *b = src;
+    for (int64_t i = 0; i < n / 32; i++, dst += 32) {
+        const float d = specd_fp16_to_f32(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            dst[j] = d * (float)k_iq4nl[b[i].qs[j] & 0x0F];
+            dst[j + 16] = d * (float)k_iq4nl[b[i].qs[j] >> 4];
+        }
+    }
+}
+
+static void deq_iq4_xs(const void *src, float *dst, int64_t n) {
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n / 256; i++, p += sizeof(blk_iq4_xs)) {
+        const float d = specd_fp16_to_f32(rd_u16(p));
+        for (int j = 0; j < 8; j++, dst += 32) {
+            const float dl = d * (float)iq4xs_scale(p, j);
+            const uint8_t *qs = p + IQ4XS_QS + 16 * j;
+            for (int k = 0; k < 16; k++) {
+                dst[k] = dl * (float)k_iq4nl[qs[k] & 0x0F];
+                dst[k + 16] = dl * (float)k_iq4nl[qs[k] >> 4];
+            }
+        }
+    }
+}
+
 void cpu_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
     uint8_t *out = dst; /* blocks by byte offset: dst may sit at any even address */
     for (int64_t b = 0; b < n / 32; b++, x += 32, out += sizeof(blk_q8_0)) {
@@ -242,6 +273,8 @@ cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type) {
     case SPECD_Q6_K: return deq_q6_k;
     case SPECD_Q2_K: return deq_q2_k;
     case SPECD_Q3_K: return deq_q3_k;
+    case SPECD_IQ4_NL: return deq_iq4_nl;
+    case SPECD_IQ4_XS: return deq_iq4_xs;
     default: return NULL;
     }
 }

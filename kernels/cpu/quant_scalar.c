@@ -56,6 +56,8 @@ SCALAR_ROWS(rows_q5_k, SPECD_Q5_K)
 SCALAR_ROWS(rows_q6_k, SPECD_Q6_K)
 SCALAR_ROWS(rows_q2_k, SPECD_Q2_K)
 SCALAR_ROWS(rows_q3_k, SPECD_Q3_K)
+SCALAR_ROWS(rows_iq4_nl, SPECD_IQ4_NL)
+SCALAR_ROWS(rows_iq4_xs, SPECD_IQ4_XS)
 
 int cpu_kernels_scalar(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
@@ -63,7 +65,7 @@ int cpu_kernels_scalar(cpu_kernel_set *ks) {
     static const specd_dtype types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
                                         SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
                                         SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K,
-                                        SPECD_Q3_K};
+                                        SPECD_Q3_K, SPECD_IQ4_NL, SPECD_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         ks->dequant[types[i]] = cpu_dequant_ref_fn(types[i]);
     ks->rows[SPECD_F32] = rows_f32;
@@ -79,5 +81,7 @@ int cpu_kernels_scalar(cpu_kernel_set *ks) {
     ks->rows[SPECD_Q6_K] = rows_q6_k;
     ks->rows[SPECD_Q2_K] = rows_q2_k;
     ks->rows[SPECD_Q3_K] = rows_q3_k;
+    ks->rows[SPECD_IQ4_NL] = rows_iq4_nl;
+    ks->rows[SPECD_IQ4_XS] = rows_iq4_xs;
     return 1;
 }

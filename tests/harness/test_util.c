@@ -217,6 +217,8 @@ uint8_t *test_random_weights(specd_dtype type, int64_t rows, int64_t cols, uint6
                 put_u16(p + 82, specd_f32_to_fp16(0.1f * rng_unit(&s) + 0.11f));
                 break;
             case SPECD_Q3_K: put_u16(p + 108, rand_scale(&s)); break;
+            case SPECD_IQ4_NL:
+            case SPECD_IQ4_XS: put_u16(p, rand_scale(&s)); break;
             default: abort(); /* no generator for this type */
             }
         }

@@ -48,7 +48,7 @@ static const char *const k_paths[] = {"scalar", "avx2", "avx512"};
 static const specd_dtype k_types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
                                       SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
                                       SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K,
-                                      SPECD_Q3_K};
+                                      SPECD_Q3_K, SPECD_IQ4_NL, SPECD_IQ4_XS};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* ---- dequantization ----------------------------------------------------- */
@@ -202,6 +202,33 @@ static void test_dequant_known_values(void **state) {
         const int g = i / 32, s = i / 16;
         assert_true(out[i] == (float)s * (float)(g % 4) - 0.5f * (float)(15 - s));
     }
+    /* IQ4_NL: d = 0.5, qs[j] = j | (15 - j) << 4: element j is level j,
+     * element j + 16 level 15 - j; GGML's levels written out here. */
+    static const int levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+    uint8_t nl[18];
+    put_u16(nl, specd_f32_to_fp16(0.5f));
+    for (int j = 0; j < 16; j++) nl[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    cpu_dequant_row_ref(SPECD_IQ4_NL, nl, out, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == 0.5f * (float)levels[j]);
+        assert_true(out[j + 16] == 0.5f * (float)levels[15 - j]);
+    }
+    /* IQ4_XS: d = 1; block j's 6-bit scale 4j + 3 (low nibbles 4j + 3 & 15
+     * in scales_l, top bits (4j + 3) >> 4 in scales_h); every nibble 9 */
+    uint8_t xs[136] = {0};
+    put_u16(xs, specd_f32_to_fp16(1.0f));
+    uint16_t sh = 0;
+    for (int j = 0; j < 8; j++) {
+        const int sc = 4 * j + 3;
+        xs[4 + j / 2] |= (uint8_t)((sc & 15) << (4 * (j % 2)));
+        sh |= (uint16_t)((sc >> 4) << (2 * j));
+    }
+    put_u16(xs + 2, sh);
+    memset(xs + 8, 0x99, 128);
+    cpu_dequant_row_ref(SPECD_IQ4_XS, xs, out, 256);
+    for (int i = 0; i < 256; i++)
+        assert_true(out[i] == (float)(4 * (i / 32) + 3 - 32) * (float)levels[9]);
     /* Q3_K (block_q3_K): d = 1; scale bytes 0..7 = k | k << 4 and 8..11 =
      * 0xE4, so sub-block s's 6-bit scale is (s % 8) | (s / 4) << 4; hmask
      * 0x55 sets the third bit of even groups only (odd ones subtract 4). */
