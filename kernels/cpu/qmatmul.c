@@ -49,6 +49,13 @@ static void tile_put_q8(uint8_t *tile, int i, uint16_t d, const uint8_t *qs32) {
     for (int v = 0; v < 8; v++) memcpy(tile + 32 + 64 * v + 4 * i, qs32 + 4 * v, 4);
 }
 
+/* An IQ4 tile: fp32 scales, then the nibbles as a Q4 tile holds them
+ * (IQ4_NL's and IQ4_XS's blocks have Q4_0's nibble order). */
+static void tile_put_iq4(uint8_t *tile, int i, float d, const uint8_t *qs16) {
+    memcpy(tile + 4 * i, &d, 4);
+    for (int v = 0; v < 4; v++) memcpy(tile + 64 + 64 * v + 4 * i, qs16 + 4 * v, 4);
+}
+
 static void put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
 
 /* Row i of a Q4_K (or, with qh, Q5_K) super-block into its row group's
@@ -132,6 +139,8 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q4_0:
     case SPECD_Q4_1: kind = CPU_Q4; break;
     case SPECD_Q8_0: kind = CPU_Q8; break;
+    case SPECD_IQ4_NL:
+    case SPECD_IQ4_XS: kind = CPU_IQ4; break;
     case SPECD_Q5_0:
     case SPECD_Q5_1: kind = CPU_Q5; break;
     case SPECD_Q4_K: kind = CPU_Q4K; break;
@@ -142,8 +151,10 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     }
     /* super-blocks of 256 */
     const int ksb = kind == CPU_Q4K || kind == CPU_Q5K || kind == CPU_Q6K;
+    const int sb_rows = ksb || t->type == SPECD_IQ4_XS; /* rows of whole 256-blocks */
     const int64_t cols = (int64_t)t->ne[0], rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
-    if (cols <= 0 || cols % (ksb ? QT_COLS * QT_SB_BLOCKS : QT_COLS) != 0 || rows <= 0 || !t->data)
+    if (cols <= 0 || cols % (sb_rows ? QT_COLS * QT_SB_BLOCKS : QT_COLS) != 0 || rows <= 0 ||
+        !t->data)
         return -1;
     const specd_dtype_info *in = specd_dtype_get(t->type);
     const size_t row_bytes = (size_t)(cols / in->block_elems) * in->block_bytes;
@@ -152,9 +163,10 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     out->cols = cols;
     out->nb = cols / QT_COLS;
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
-    static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES,  QT_Q8_BYTES, QT_Q4K_BYTES,
-                                                  QT_Q6K_BYTES, QT_Q5_BYTES, QT_Q5K_BYTES};
-    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB, 0, QT_Q5K_SB};
+    static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES,  QT_Q8_BYTES,  QT_Q4K_BYTES,
+                                                  QT_Q6K_BYTES, QT_Q5_BYTES,  QT_Q5K_BYTES,
+                                                  QT_IQ4_BYTES};
+    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB, 0, QT_Q5K_SB, 0};
     out->tile_bytes = tile_bytes[kind];
     const int64_t n_sb = out->nb / QT_SB_BLOCKS;
     out->group_bytes = ksb ? (size_t)n_sb * sb_bytes[kind] : (size_t)out->nb * out->tile_bytes;
@@ -189,6 +201,14 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
             const uint8_t *blk = src + (size_t)b * in->block_bytes;
             if (t->type == SPECD_Q8_0) {
                 tile_put_q8(tile, i, rd_u16(blk), blk + 2);
+            } else if (t->type == SPECD_IQ4_NL) {
+                tile_put_iq4(tile, i, specd_fp16_to_f32(rd_u16(blk)), blk + 2);
+            } else if (t->type == SPECD_IQ4_XS) { /* block b % 8 of super-block b / 8 */
+                const uint8_t *sb = src + (size_t)(b / QT_SB_BLOCKS) * in->block_bytes;
+                const int j = (int)(b % QT_SB_BLOCKS);
+                /* d * (sc - 32) as the reference computes it */
+                tile_put_iq4(tile, i, specd_fp16_to_f32(rd_u16(sb)) * (float)iq4xs_scale(sb, j),
+                             sb + IQ4XS_QS + 16 * j);
             } else if (t->type == SPECD_Q4_1) {
                 tile_put_q4(tile, i, rd_u16(blk), rd_u16(blk + 2), blk + 4);
             } else if (t->type == SPECD_Q5_1) {
@@ -302,7 +322,17 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
         const size_t xb = (size_t)t * W->nb + b;
         const int8_t *xq = a->a.q + (size_t)t * W->cols + b * QT_COLS;
         const float xd = a->a.d[xb];
-        if (W->kind == CPU_Q4 || W->kind == CPU_Q5 || W->kind == CPU_Q8) {
+        if (W->kind == CPU_IQ4) {
+            const uint8_t *tile = gp + (size_t)b * W->tile_bytes;
+            int32_t isum = 0;
+            for (int v = 0; v < 4; v++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t byte = tile[64 + 64 * v + 4 * i + j];
+                    isum += (int32_t)k_iq4nl[byte & 15] * xq[4 * v + j];
+                    isum += (int32_t)k_iq4nl[byte >> 4] * xq[16 + 4 * v + j];
+                }
+            acc = fmaf((float)isum, tile_f32(tile + 4 * i) * xd, acc);
+        } else if (W->kind == CPU_Q4 || W->kind == CPU_Q5 || W->kind == CPU_Q8) {
             const uint8_t *tile = gp + (size_t)b * W->tile_bytes;
             const float wd = specd_fp16_to_f32(rd_u16(tile + 2 * i));
             if (W->kind != CPU_Q8) {

@@ -37,8 +37,9 @@
  *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
  *
  * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind
- * Q5), Q8_0 (kind Q8), Q4_K (kind Q4K), Q5_K (kind Q5K), Q6_K and Q3_K
- * (kind Q6K: Q3_K's -4..3 times its 6-bit scale is Q6_K's form exactly).
+ * Q5), Q8_0 (kind Q8), IQ4_NL and IQ4_XS (kind IQ4), Q4_K (kind Q4K),
+ * Q5_K (kind Q5K), Q6_K and Q3_K (kind Q6K: Q3_K's -4..3 times its 6-bit
+ * scale is Q6_K's form exactly).
  * Other types keep the fp32-activation kernels (matmul.h), which are
  * also the "exact" precision path for every type. */
 #ifndef SPECD_CPU_QMATMUL_H
@@ -64,6 +65,10 @@
  *       (Q4_0's "q - 8" becomes m = -8 d, exact in fp16.)
  *   Q8: d[16] fp16 | qs: 8 x 64 bytes of int8
  *       weight(row i, col 4v + j) = d[i] * qs[v][4i + j]
+ *   IQ4: d[16] fp32 | qs: 4 x 64 bytes of nibbles in Q4's order
+ *       weight(row i, col c) = d[i] * k_iq4nl[nibble] (quant_impl.h's
+ *       16 int8 levels, looked up in the kernels with vpshufb; fp32 d:
+ *       IQ4_XS's d * (sc - 32) is exact in fp32, not in fp16)
  *   Q5: Q4's tile | hi: 64 bytes, bit c of hi[4i + j] the fifth bit of
  *       (row i, col 4c + j): q = nibble + 16 * bit, weight = d[i] * q + m[i]
  *       (Q5_0's "q - 16" becomes m = -16 d, exact in fp16.)
@@ -99,6 +104,7 @@ typedef enum cpu_qkind {
     CPU_Q6K = 3,
     CPU_Q5 = 4,
     CPU_Q5K = 5,
+    CPU_IQ4 = 6,
     CPU_QKINDS
 } cpu_qkind;
 
@@ -110,6 +116,7 @@ typedef enum cpu_qkind {
 
 #define QT_Q4_BYTES (32 + 32 + 256)
 #define QT_Q8_BYTES (32 + 512)
+#define QT_IQ4_BYTES (64 + 256)
 #define QT_Q5_BYTES (QT_Q4_BYTES + 64)
 #define QT_SB_BLOCKS 8 /* 32-column blocks per K-quant super-block */
 #define QT_Q4K_HDR 128

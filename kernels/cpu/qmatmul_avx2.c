@@ -185,7 +185,26 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET)
 
-#define DEF_Q8(NAME, TARGET, DOT, VNNI)                                                        \
+/* Half h (8 rows) of a Q8 tile's scales (fp16) and int8 weights, or of an
+ * IQ4 tile's scales (fp32) and its nibbles' levels (vpshufb from
+ * k_iq4nl, qmatmul_avx512.c's LOADW_IQ4). */
+#define WD_F16(t, h) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((t) + 16 * (h))))
+#define WD_F32(t, h) _mm256_loadu_ps((const float *)(const void *)((t) + 32 * (h)))
+#define LOADW_Q8(w, t, h)                                                                     \
+    for (int c_ = 0; c_ < 8; c_++)                                                            \
+    (w)[c_] = _mm256_loadu_si256((const __m256i *)((t) + 32 + 64 * c_ + 32 * (h)))
+#define LOADW_IQ4(w, t, h)                                                                    \
+    do {                                                                                      \
+        const __m256i lut_ = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)k_iq4nl)); \
+        const __m256i lo4_ = _mm256_set1_epi8(0x0F);                                          \
+        for (int v_ = 0; v_ < 4; v_++) {                                                      \
+            const __m256i raw_ = _mm256_loadu_si256((const __m256i *)((t) + 64 + 64 * v_ + 32 * (h))); \
+            (w)[v_] = _mm256_shuffle_epi8(lut_, _mm256_and_si256(raw_, lo4_));                \
+            (w)[v_ + 4] = _mm256_shuffle_epi8(lut_, _mm256_and_si256(_mm256_srli_epi16(raw_, 4), lo4_)); \
+        }                                                                                     \
+    } while (0)
+
+#define DEF_Q8(NAME, TARGET, DOT, VNNI, BYTES, WD, LOADW)                                      \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
         const cpu_qweight *W = a->w;                                                          \
@@ -194,16 +213,15 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
         (void)ones, (void)sign80;                                                             \
         __m256 acc[NT];                                                                       \
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
-        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
-        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
-            PREFETCH_TILE(tile, QT_Q8_BYTES);                                                 \
-            const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16 * h))); \
+        const uint8_t *tile = W->data + (size_t)g * W->nb * (BYTES);                          \
+        for (int64_t b = 0; b < W->nb; b++, tile += (BYTES)) {                                \
+            PREFETCH_TILE(tile, (BYTES));                                                     \
+            const __m256 wd = WD(tile, h);                                                    \
             /* raw signed weights (for vpsignb) and the dot's unsigned operand */             \
             __m256i wr[8], wu[8];                                                             \
-            for (int c = 0; c < 8; c++) {                                                     \
-                wr[c] = _mm256_loadu_si256((const __m256i *)(tile + 32 + 64 * c + 32 * h));   \
+            LOADW(wr, tile, h);                                                               \
+            for (int c = 0; c < 8; c++)                                                       \
                 wu[c] = VNNI ? _mm256_xor_si256(wr[c], sign80) : _mm256_abs_epi8(wr[c]);      \
-            }                                                                                 \
             for (int t = 0; t < nt; t++) {                                                    \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
@@ -375,14 +393,17 @@ DEF_Q4(q5_avx2, TAVX2, ISUM5_AVX2, tile_q5, HI_Q5)
 DEF_Q4(q5_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q5, HI_Q5)
 DEF_Q4(q5k_avx2, TAVX2, ISUM5_AVX2, tile_q5k, HI_Q5)
 DEF_Q4(q5k_avxvnni, TAVX2 ",avxvnni", ISUM4_VNNI, tile_q5k, HI_Q5)
-DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0)
-DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1)
+DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0, QT_Q8_BYTES, WD_F16, LOADW_Q8)
+DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_Q8_BYTES, WD_F16, LOADW_Q8)
+DEF_Q8(iq4_avx2, TAVX2, DOT_AVX2, 0, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
+DEF_Q8(iq4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2)
 DEF_Q6K(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI)
 
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;
     ks->qrows[CPU_Q8] = vnni ? q8_avxvnni : q8_avx2;
+    ks->qrows[CPU_IQ4] = vnni ? iq4_avxvnni : iq4_avx2;
     ks->qrows[CPU_Q4K] = vnni ? q4k_avxvnni : q4k_avx2;
     ks->qrows[CPU_Q5] = vnni ? q5_avxvnni : q5_avx2;
     ks->qrows[CPU_Q5K] = vnni ? q5k_avxvnni : q5k_avx2;

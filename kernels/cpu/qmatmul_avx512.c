@@ -274,7 +274,26 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                               ones))
 #define Q8_INIT_BW(sq) ((void)(sq), _mm512_setzero_si512())
 
-#define DEF_Q8(NAME, TARGET, PREP, DOT, INIT, NTP)                                                 \
+/* A Q8 tile's 16 scales (fp16) and int8 weights (8 chunks), or an IQ4
+ * tile's scales (fp32) and its nibbles' levels: vpshufb looks each nibble
+ * up in k_iq4nl's 16 bytes (in every 128-bit lane), giving exactly the
+ * int8 weights a Q8 tile would hold. */
+#define WD_F16(t) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t)))
+#define WD_F32(t) _mm512_loadu_ps((const float *)(const void *)(t))
+#define LOADW_Q8(w, t)                                                                        \
+    for (int c_ = 0; c_ < 8; c_++) (w)[c_] = _mm512_loadu_si512((const void *)((t) + 32 + 64 * c_))
+#define LOADW_IQ4(w, t)                                                                       \
+    do {                                                                                      \
+        const __m512i lut_ = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)k_iq4nl)); \
+        const __m512i lo4_ = _mm512_set1_epi8(0x0F);                                          \
+        for (int v_ = 0; v_ < 4; v_++) {                                                      \
+            const __m512i raw_ = _mm512_loadu_si512((const void *)((t) + 64 + 64 * v_));      \
+            (w)[v_] = _mm512_shuffle_epi8(lut_, _mm512_and_si512(raw_, lo4_));                \
+            (w)[v_ + 4] = _mm512_shuffle_epi8(lut_, _mm512_and_si512(_mm512_srli_epi16(raw_, 4), lo4_)); \
+        }                                                                                     \
+    } while (0)
+
+#define DEF_Q8(NAME, TARGET, PREP, DOT, INIT, NTP, BYTES, WD, LOADW)                               \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -283,17 +302,15 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
         (void)sign80, (void)ones;                                                             \
         __m512 acc[NT];                                                                       \
         UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
-        const uint8_t *tile = W->data + (size_t)g * W->nb * QT_Q8_BYTES;                      \
-        for (int64_t b = 0; b < W->nb; b++, tile += QT_Q8_BYTES) {                            \
-            PREFETCH_TILE(tile, QT_Q8_BYTES);                                                 \
-            const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));     \
+        const uint8_t *tile = W->data + (size_t)g * W->nb * (BYTES);                          \
+        for (int64_t b = 0; b < W->nb; b++, tile += (BYTES)) {                                \
+            PREFETCH_TILE(tile, (BYTES));                                                     \
+            const __m512 wd = WD(tile);                                                       \
             __m512i w[8];                                                                     \
             __mmask64 neg[8];                                                                 \
             (void)neg;                                                                        \
-            for (int c = 0; c < 8; c++) {                                                     \
-                w[c] = _mm512_loadu_si512((const void *)(tile + 32 + 64 * c));                \
-                PREP(w, c);                                                                   \
-            }                                                                                 \
+            LOADW(w, tile);                                                                   \
+            for (int c = 0; c < 8; c++) PREP(w, c);                                           \
             UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
@@ -396,8 +413,12 @@ DEF_Q4(q5_bw, TBW, ISUM5_BW, 16, tile_q5, HI_Q5)
 DEF_Q4(q5_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q5, HI_Q5)
 DEF_Q4(q5k_bw, TBW, ISUM5_BW, 16, tile_q5k, HI_Q5)
 DEF_Q4(q5k_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q5k, HI_Q5)
-DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8)
-DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16)
+DEF_Q8(q8_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8, QT_Q8_BYTES, WD_F16, LOADW_Q8)
+DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16, QT_Q8_BYTES, WD_F16,
+       LOADW_Q8)
+DEF_Q8(iq4_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
+DEF_Q8(iq4_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16, QT_IQ4_BYTES,
+       WD_F32, LOADW_IQ4)
 DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8)
 DEF_Q6K(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16)
 
@@ -442,6 +463,7 @@ static __attribute__((target(TBW))) void quantize_avx512(const float *x, int n_t
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_vnni : q4_bw;
     ks->qrows[CPU_Q8] = vnni ? q8_vnni : q8_bw;
+    ks->qrows[CPU_IQ4] = vnni ? iq4_vnni : iq4_bw;
     ks->qrows[CPU_Q4K] = vnni ? q4k_vnni : q4k_bw;
     ks->qrows[CPU_Q5] = vnni ? q5_vnni : q5_bw;
     ks->qrows[CPU_Q5K] = vnni ? q5k_vnni : q5k_bw;

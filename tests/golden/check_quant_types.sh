@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check_quant_types.sh - the fast path's tiles for the types CI has no model
-# in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; kernels/cpu/qmatmul.h), and the fp32
-# kernels of Q2_K and Q3_K, against
+# in (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL, IQ4_XS;
+# kernels/cpu/qmatmul.h), and the fp32 kernels of Q2_K, against
 # llama.cpp's logits on real GGUFs of those types.
 #
 # No package ships such a model, and the default model's dimension (576)
@@ -26,6 +26,9 @@
 #                  where rows are not whole super-blocks, Q4_K, Q5_K
 #   q2_k           llama.cpp's Q2_K recipe for this model: Q3_K in ffn_down,
 #                  Q4_0 elsewhere
+#   ffn_down-iq4_nl, ffn_down-iq4_xs  every ffn_down in IQ4_NL, in IQ4_XS
+#   iq4_xs         llama.cpp's IQ4_XS recipe: IQ4_NL where rows are not
+#                  whole super-blocks, IQ4_XS in ffn_down, Q5_K in 3
 # For each it dumps llama.cpp's logits (make_llamacpp_logits.sh) and runs
 # test_llamacpp_logits on that pair, on every SIMD path this CPU has: first
 # our fp32 path (precision exact), whose distance from llama.cpp is
@@ -50,9 +53,13 @@
 #   ffn_down-q3_k  exact 1.90 / 0.283, 193;  fast 3.29 / 0.286, 191
 #   q3_k_m         exact 2.57 / 0.264, 198;  fast 1.97 / 0.285, 194
 #   q2_k           exact 2.76 / 0.270, 196;  fast 2.18 / 0.281, 190
+#   ffn_down-iq4_nl exact 2.56 / 0.187, 195; fast 1.17 / 0.190, 195
+#   ffn_down-iq4_xs exact 2.28 / 0.255, 194; fast 2.07 / 0.295, 193
+#   iq4_xs         exact 4.15 / 0.251, 197;  fast 3.07 / 0.265, 197
 # (2-bit ffn_down weights leave the model noisier, and llama.cpp's Q8_K
 # activations move it farther; the dequantized Q2_K and Q3_K weights
-# themselves equal gguf-py's numpy dequantizer bit for bit on every path.)
+# themselves equal gguf-py's numpy dequantizer bit for bit on every path,
+# as do IQ4_NL's and IQ4_XS's.)
 # so the fast path is as close to llama.cpp as exact fp32 arithmetic is.
 #
 #   tests/golden/check_quant_types.sh [NAME...]   # needs build/ (cmake --build build)
@@ -70,6 +77,8 @@ declare -A args=([ffn_down-q4_k]="--tensor-type ffn_down=q4_k Q4_1"
                  [ffn_down-q2_k]="--tensor-type ffn_down=q2_k Q4_1"
                  [ffn_down-q3_k]="--tensor-type ffn_down=q3_k Q4_1"
                  [q2_k]="Q2_K" [q3_k_m]="Q3_K_M"
+                 [ffn_down-iq4_nl]="--tensor-type ffn_down=iq4_nl Q4_1"
+                 [ffn_down-iq4_xs]="--tensor-type ffn_down=iq4_xs Q4_1" [iq4_xs]="IQ4_XS"
                  [ffn_down-q5_k]="--tensor-type ffn_down=q5_k Q4_1"
                  [ffn_down-q6_k]="--tensor-type ffn_down=q6_k Q4_1"
                  [q4_k_m]="Q4_K_M" [q5_k_m]="Q5_K_M" [q5_1]="Q5_1")
@@ -77,9 +86,10 @@ declare -A tol=([ffn_down-q4_k]=2.0,0.3,0.5 [ffn_down-q5_k]=3.0,0.35,1.0
                 [ffn_down-q6_k]=3.5,0.35,1.5 [q4_k_m]=3.0,0.35,1.0
                 [q5_k_m]=3.0,0.35,1.0 [q5_1]=2.0,0.3,0.5
                 [ffn_down-q2_k]=8.0,0.5,2.0 [ffn_down-q3_k]=4.0,0.35,1.5
-                [q2_k]=4.0,0.35,1.5 [q3_k_m]=3.0,0.35,1.0)
+                [q2_k]=4.0,0.35,1.5 [q3_k_m]=3.0,0.35,1.0
+                [ffn_down-iq4_nl]=2.0,0.3,1.0 [ffn_down-iq4_xs]=3.0,0.35,1.0 [iq4_xs]=4.0,0.35,1.5)
 names=(ffn_down-q4_k ffn_down-q5_k ffn_down-q6_k q4_k_m q5_k_m q5_1
-       ffn_down-q2_k ffn_down-q3_k q2_k q3_k_m)
+       ffn_down-q2_k ffn_down-q3_k q2_k q3_k_m ffn_down-iq4_nl ffn_down-iq4_xs iq4_xs)
 [ $# -gt 0 ] && names=("$@")
 for name in "${names[@]}"; do
   [ -n "${args[$name]:-}" ] || { echo "check_quant_types: no file named $name" >&2; exit 2; }

@@ -34,13 +34,13 @@ static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "av
 #define N_PATHS (sizeof k_paths / sizeof k_paths[0])
 static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
                                       SPECD_Q8_0, SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K,
-                                      SPECD_Q3_K};
+                                      SPECD_Q3_K, SPECD_IQ4_NL, SPECD_IQ4_XS};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* A test's width for a type: the K-quants come in super-blocks of 256. */
 static int64_t type_cols(specd_dtype type, int64_t cols) {
     const int k = type == SPECD_Q4_K || type == SPECD_Q5_K || type == SPECD_Q6_K ||
-                  type == SPECD_Q3_K;
+                  type == SPECD_Q3_K || type == SPECD_IQ4_XS;
     return k ? (cols + 255) / 256 * 256 : cols;
 }
 
