@@ -103,24 +103,13 @@ INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     }
 }
 
-/* Q2_K and Q3_K: the sub-block factors as the reference computes them
- * (quant_impl.h); SDG 4 and 2 in their DEF_ROWS below. */
-INL void prep_q2_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
-    (void)sm;
-    q2k_prep(row, g0, n, sd);
-}
-INL void prep_q3_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
-    (void)sm;
-    q3k_prep(row, g0, n, sd);
-}
-/* IQ4_NL: d, as Q4_0's; IQ4_XS: d * (sc - 32) of each 32-weight block */
+/* Q2_K, Q3_K and IQ4_XS: prep_q2_k, prep_q3_k and prep_iq4_xs are
+ * quant_impl.h's (scalar, shared by every path); SDG 4, 2 and 1 in their
+ * DEF_ROWS below. */
+/* IQ4_NL: d, as Q4_0's */
 INL void prep_iq4_nl(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     (void)sm;
     prep_blocks(row, 18, g0, n, sd, NULL);
-}
-INL void prep_iq4_xs(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
-    (void)sm;
-    iq4xs_prep(row, g0, n, sd);
 }
 
 #define prep_f32 prep_none

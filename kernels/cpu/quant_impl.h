@@ -200,7 +200,8 @@ static inline uint16_t rd_u16(const void *p) {
 
 /* The per-sub-block factors of super-blocks g0 / 8 .. (g0 + n) / 8 of a
  * Q2_K or Q3_K row (g0 and n multiples of 8, in 32-weight groups), as the
- * reference computes them, for the SIMD expanders: group i's sub-block h
+ * reference computes them, for the SIMD expanders (quant_avx2.c,
+ * quant_avx512.c; sm unused): group i's sub-block h
  * (0, 1) at sd[2i + h] (Q3_K: d * sc) or sd[4i + h] and, its min,
  * sd[4i + 2 + h] (Q2_K: d * sc and dmin * mn). */
 /* Block j's (0..7) scale of an IQ4_XS super-block b, minus its offset 32. */
@@ -211,7 +212,8 @@ static inline int iq4xs_scale(const uint8_t *b, int j) {
 
 /* d * (sc - 32) of 32-weight blocks g0 .. g0 + n - 1 of an IQ4_XS row
  * (g0 and n multiples of 8), as the reference computes them. */
-static inline void iq4xs_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
+static inline void prep_iq4_xs(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
     for (int s = 0; s < n / 8; s++) {
         const uint8_t *b = row + sizeof(blk_iq4_xs) * (size_t)(g0 / 8 + s);
         const float d = specd_fp16_to_f32(rd_u16(b));
@@ -219,7 +221,8 @@ static inline void iq4xs_prep(const uint8_t *row, int64_t g0, int n, float *sd) 
     }
 }
 
-static inline void q2k_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
+static inline void prep_q2_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
     for (int s = 0; s < n / 8; s++) {
         const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g0 / 8 + s);
         const float d = specd_fp16_to_f32(rd_u16(b + Q2K_D));
@@ -231,7 +234,8 @@ static inline void q2k_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
         }
     }
 }
-static inline void q3k_prep(const uint8_t *row, int64_t g0, int n, float *sd) {
+static inline void prep_q3_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    (void)sm;
     for (int s = 0; s < n / 8; s++) {
         const uint8_t *b = row + sizeof(blk_q3_k) * (size_t)(g0 / 8 + s);
         const float d = specd_fp16_to_f32(rd_u16(b + Q3K_D));
