@@ -89,6 +89,14 @@ static void sb_put_q4k(uint8_t *sb, int i, const uint8_t *blk, const uint8_t *qs
  * half h = e / 128, quarter k = e % 128 / 32, l = e % 32: its low 4 bits
  * in ql[64h + l + 32(k & 1)] (nibble k >> 1), its top 2 in qh[32h + l]
  * (bits 2k, 2k+1), its scale scales[e / 16] (quant_ref.c's deq_q6_k). */
+/* Column c (0..31) of row i of a Q6K tile holds q (0..63): its low 4 bits
+ * in Q4's nibble order, its top 2 at bits 2(chunk % 4) of hi[chunk / 4]. */
+static void q6k_tile_put(uint8_t *tile, int i, int c, int q) {
+    const int chunk = c / 4, j = c % 4;
+    tile[32 + 64 * (chunk % 4) + 4 * i + j] |= (uint8_t)(chunk < 4 ? q & 15 : (q & 15) << 4);
+    tile[288 + 64 * (chunk / 4) + 4 * i + j] |= (uint8_t)((q >> 4) << (2 * (chunk % 4)));
+}
+
 static void sb_put_q6k(uint8_t *sb, int i, const uint8_t *blk) {
     put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q6K_D)));
     for (int s = 0; s < QT_SB_BLOCKS; s++) {
@@ -99,11 +107,7 @@ static void sb_put_q6k(uint8_t *sb, int i, const uint8_t *blk) {
             const int e = 32 * s + c, h = e / 128, k = e % 128 / 32, l = e % 32;
             const int lo = (blk[Q6K_QL + 64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
             const int hi = (blk[Q6K_QH + 32 * h + l] >> (2 * k)) & 3;
-            /* column c: chunk c / 4, byte 4i + c % 4 of the chunk */
-            const int chunk = c / 4, j = c % 4;
-            uint8_t *lop = tile + 32 + 64 * (chunk % 4) + 4 * i + j;
-            *lop |= (uint8_t)(chunk < 4 ? lo : lo << 4);
-            tile[288 + 64 * (chunk / 4) + 4 * i + j] |= (uint8_t)(hi << (2 * (chunk % 4)));
+            q6k_tile_put(tile, i, c, lo | hi << 4);
         }
     }
 }
@@ -120,15 +124,7 @@ static void sb_put_q3k(uint8_t *sb, int i, const uint8_t *blk) {
         uint8_t *tile = sb + QT_Q6K_HDR + s * QT_Q6K_BYTES;
         tile[i] = (uint8_t)(int8_t)q3k_scale(blk + Q3K_SCALES, 2 * s);
         tile[16 + i] = (uint8_t)(int8_t)q3k_scale(blk + Q3K_SCALES, 2 * s + 1);
-        for (int c = 0; c < 32; c++) {
-            /* quant_ref.c's deq_q3_k: group s, element c */
-            const int v = ((blk[Q3K_QS + 32 * (s / 4) + c] >> (2 * (s % 4))) & 3) -
-                          ((blk[Q3K_HMASK + c] >> s) & 1 ? 0 : 4);
-            const int q = v + 32, chunk = c / 4, j = c % 4;
-            uint8_t *lop = tile + 32 + 64 * (chunk % 4) + 4 * i + j;
-            *lop |= (uint8_t)(chunk < 4 ? q & 15 : (q & 15) << 4);
-            tile[288 + 64 * (chunk / 4) + 4 * i + j] |= (uint8_t)((q >> 4) << (2 * (chunk % 4)));
-        }
+        for (int c = 0; c < 32; c++) q6k_tile_put(tile, i, c, q3k_quant(blk, s, c) + 32);
     }
 }
 
@@ -281,15 +277,19 @@ void cpu_act_half_sums(const int8_t *q, int n_tok, int64_t cols, int32_t *sh) {
 /* ---- the scalar twin -------------------------------------------------------- */
 
 /* sum of w * x over a block for row i of a 4-bit tile's nibbles (Q4, Q4K,
- * and with hi, Q5's fifth bits): byte 4i + j of chunk v holds column 4v + j
- * in its low nibble and 16 + 4v + j in its high nibble. */
-static int32_t isum_q4(const uint8_t *qs, const uint8_t *hi, int i, const int8_t *xq) {
+ * and with hi, Q5's fifth bits; with lv, IQ4's levels lv[nibble]): byte
+ * 4i + j of chunk v holds column 4v + j in its low nibble and 16 + 4v + j in
+ * its high nibble. */
+static int32_t isum_q4(const uint8_t *qs, const uint8_t *hi, const int8_t *lv, int i,
+                       const int8_t *xq) {
     int32_t sum = 0;
     for (int v = 0; v < 4; v++)
         for (int j = 0; j < 4; j++) {
             const uint8_t byte = qs[64 * v + 4 * i + j], h = hi ? hi[4 * i + j] : 0;
-            sum += (int32_t)((byte & 15) | ((h >> v) & 1) << 4) * xq[4 * v + j];
-            sum += (int32_t)((byte >> 4) | ((h >> (v + 4)) & 1) << 4) * xq[16 + 4 * v + j];
+            const int q0 = (byte & 15) | ((h >> v) & 1) << 4;
+            const int q1 = (byte >> 4) | ((h >> (v + 4)) & 1) << 4;
+            sum += (int32_t)(lv ? lv[q0] : q0) * xq[4 * v + j];
+            sum += (int32_t)(lv ? lv[q1] : q1) * xq[16 + 4 * v + j];
         }
     return sum;
 }
@@ -324,20 +324,14 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
         const float xd = a->a.d[xb];
         if (W->kind == CPU_IQ4) {
             const uint8_t *tile = gp + (size_t)b * W->tile_bytes;
-            int32_t isum = 0;
-            for (int v = 0; v < 4; v++)
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t byte = tile[64 + 64 * v + 4 * i + j];
-                    isum += (int32_t)k_iq4nl[byte & 15] * xq[4 * v + j];
-                    isum += (int32_t)k_iq4nl[byte >> 4] * xq[16 + 4 * v + j];
-                }
+            const int32_t isum = isum_q4(tile + 64, NULL, k_iq4nl, i, xq);
             acc = fmaf((float)isum, tile_f32(tile + 4 * i) * xd, acc);
         } else if (W->kind == CPU_Q4 || W->kind == CPU_Q5 || W->kind == CPU_Q8) {
             const uint8_t *tile = gp + (size_t)b * W->tile_bytes;
             const float wd = specd_fp16_to_f32(rd_u16(tile + 2 * i));
             if (W->kind != CPU_Q8) {
                 const uint8_t *hi = W->kind == CPU_Q5 ? tile + QT_Q4_BYTES : NULL;
-                acc = fmaf((float)isum_q4(tile + 64, hi, i, xq), wd * xd, acc);
+                acc = fmaf((float)isum_q4(tile + 64, hi, NULL, i, xq), wd * xd, acc);
                 acc = fmaf(specd_fp16_to_f32(rd_u16(tile + 32 + 2 * i)), a->a.s[xb], acc);
             } else {
                 int32_t isum = 0;
@@ -353,7 +347,7 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
             const float wd = tile_f32(hdr + 4 * i) * (float)tile[i];
             const float wm = tile_f32(hdr + 64 + 4 * i) * (float)tile[16 + i];
             const uint8_t *hi = q5 ? tile + QT_Q4K_BYTES : NULL;
-            acc = fmaf((float)isum_q4(tile + 32, hi, i, xq), wd * xd, acc);
+            acc = fmaf((float)isum_q4(tile + 32, hi, NULL, i, xq), wd * xd, acc);
             acc = fmaf(wm, a->a.s[xb], acc);
         } else { /* CPU_Q6K */
             const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;

@@ -308,8 +308,9 @@ INL void ex_q2_k(EX_ARGS) {
     (void)sm;
     const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g >> 3);
     const int j = (int)(g & 7);
-    const uint8_t *q = b + Q2K_QS + 32 * (j >> 2);
-    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    int sh;
+    const uint8_t *q = k2_group(b + Q2K_QS, j, &sh);
+    const __m128i shift = _mm_cvtsi32_si128(sh);
     for (int k = 0; k < 4; k++) {
         const __m256 f = _mm256_cvtepi32_ps(q2_bits8(q + 8 * k, shift));
         const __m256 d = _mm256_set1_ps(sd[4 * i + (k >> 1)]);
@@ -322,8 +323,9 @@ INL void ex_q3_k(EX_ARGS) {
     (void)sm, (void)exact;
     const uint8_t *b = row + sizeof(blk_q3_k) * (size_t)(g >> 3);
     const int j = (int)(g & 7);
-    const uint8_t *q = b + Q3K_QS + 32 * (j >> 2);
-    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    int sh;
+    const uint8_t *q = k2_group(b + Q3K_QS, j, &sh);
+    const __m128i shift = _mm_cvtsi32_si128(sh);
     const __m256i four = _mm256_set1_epi32(4), bit = _mm256_set1_epi32(1 << j);
     for (int k = 0; k < 4; k++) {
         const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(u8x8(b + Q3K_HMASK + 8 * k), bit), bit);

@@ -371,8 +371,9 @@ INL void ex_q2_k(EX_ARGS) {
     (void)sm;
     const uint8_t *b = row + sizeof(blk_q2_k) * (size_t)(g >> 3);
     const int j = (int)(g & 7);
-    const uint8_t *q = b + Q2K_QS + 32 * (j >> 2);
-    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    int sh;
+    const uint8_t *q = k2_group(b + Q2K_QS, j, &sh);
+    const __m128i shift = _mm_cvtsi32_si128(sh);
     const __m512 f0 = _mm512_cvtepi32_ps(q2_bits(q, shift));
     const __m512 f1 = _mm512_cvtepi32_ps(q2_bits(q + 16, shift));
     const __m512 d0 = _mm512_set1_ps(sd[4 * i]), d1 = _mm512_set1_ps(sd[4 * i + 1]);
@@ -385,8 +386,9 @@ INL void ex_q3_k(EX_ARGS) {
     (void)sm, (void)exact;
     const uint8_t *b = row + sizeof(blk_q3_k) * (size_t)(g >> 3);
     const int j = (int)(g & 7);
-    const uint8_t *q = b + Q3K_QS + 32 * (j >> 2);
-    const __m128i shift = _mm_cvtsi32_si128(2 * (j & 3));
+    int sh;
+    const uint8_t *q = k2_group(b + Q3K_QS, j, &sh);
+    const __m128i shift = _mm_cvtsi32_si128(sh);
     const __m512i four = _mm512_set1_epi32(4), bit = _mm512_set1_epi32(1 << j);
     __m512 *w[2] = {w0, w1};
     for (int h = 0; h < 2; h++) {

@@ -198,12 +198,21 @@ static inline uint16_t rd_u16(const void *p) {
     return v;
 }
 
-/* The per-sub-block factors of super-blocks g0 / 8 .. (g0 + n) / 8 of a
- * Q2_K or Q3_K row (g0 and n multiples of 8, in 32-weight groups), as the
- * reference computes them, for the SIMD expanders (quant_avx2.c,
- * quant_avx512.c; sm unused): group i's sub-block h
- * (0, 1) at sd[2i + h] (Q3_K: d * sc) or sd[4i + h] and, its min,
- * sd[4i + 2 + h] (Q2_K: d * sc and dmin * mn). */
+/* Group g (0..7, 32 weights) of a Q2_K or Q3_K super-block: the 32 bytes
+ * of 2-bit quants it reads (element l in byte l) and the shift that picks
+ * its two bits. */
+static inline const uint8_t *k2_group(const uint8_t *qs, int g, int *shift) {
+    *shift = 2 * (g & 3);
+    return qs + 32 * (g >> 2);
+}
+
+/* Element l (0..31) of group g of a Q3_K super-block: -4..3. */
+static inline int q3k_quant(const uint8_t *blk, int g, int l) {
+    int shift;
+    const uint8_t *q = k2_group(blk + Q3K_QS, g, &shift);
+    return ((q[l] >> shift) & 3) - ((blk[Q3K_HMASK + l] >> g) & 1 ? 0 : 4);
+}
+
 /* Block j's (0..7) scale of an IQ4_XS super-block b, minus its offset 32. */
 static inline int iq4xs_scale(const uint8_t *b, int j) {
     const uint16_t h = rd_u16(b + IQ4XS_SCALES_H);
@@ -221,6 +230,12 @@ static inline void prep_iq4_xs(const uint8_t *row, int64_t g0, int n, float *sd,
     }
 }
 
+/* The per-sub-block factors of super-blocks g0 / 8 .. (g0 + n) / 8 of a
+ * Q2_K or Q3_K row (g0 and n multiples of 8, in 32-weight groups), as the
+ * reference computes them, for the SIMD expanders (quant_avx2.c,
+ * quant_avx512.c; sm unused): group i's sub-block h
+ * (0, 1) at sd[2i + h] (Q3_K: d * sc) or sd[4i + h] and, its min,
+ * sd[4i + 2 + h] (Q2_K: d * sc and dmin * mn). */
 static inline void prep_q2_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     (void)sm;
     for (int s = 0; s < n / 8; s++) {

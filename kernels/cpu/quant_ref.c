@@ -156,8 +156,8 @@ static void deq_q2_k(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n / 256; i++) {
         const float d = specd_fp16_to_f32(b[i].d), dmin = specd_fp16_to_f32(b[i].dmin);
         for (int g = 0; g < 8; g++) {
-            const uint8_t *q = b[i].qs + 32 * (g >> 2);
-            const int shift = 2 * (g & 3);
+            int shift;
+            const uint8_t *q = k2_group(b[i].qs, g, &shift);
             for (int l = 0; l < 32; l++) {
                 const uint8_t sc = b[i].scales[2 * g + l / 16];
                 const float dl = d * (float)(sc & 0x0F), ml = dmin * (float)(sc >> 4);
@@ -173,15 +173,11 @@ static void deq_q3_k(const void *src, float *dst, int64_t n) {
     const blk_q3_k *b = src;
     for (int64_t i = 0; i < n / 256; i++) {
         const float d = specd_fp16_to_f32(b[i].d);
-        for (int g = 0; g < 8; g++) {
-            const uint8_t *q = b[i].qs + 32 * (g >> 2);
-            const int shift = 2 * (g & 3);
+        for (int g = 0; g < 8; g++)
             for (int l = 0; l < 32; l++) {
                 const float dl = d * (float)q3k_scale(b[i].scales, 2 * g + l / 16);
-                const int v = ((q[l] >> shift) & 3) - ((b[i].hmask[l] >> g) & 1 ? 0 : 4);
-                dst[32 * g + l] = dl * (float)v;
+                dst[32 * g + l] = dl * (float)q3k_quant((const uint8_t *)&b[i], g, l);
             }
-        }
         dst += 256;
     }
 }
