@@ -358,8 +358,8 @@ static void quant_task(void *ctx, int task, int thread) {
 }
 
 /* The activation buffer of one quantized input, from the caller's thread
- * buffer: per-block scales, scaled sums, sums and (for a Q6K matrix,
- * `half`) first halves' sums, then the int8 values (n_tok * cols bytes).
+ * buffer: per-block scales, scaled sums, sums and (for a Q6K or Q2K
+ * matrix, `half`) first halves' sums, then the int8 values (n_tok * cols bytes).
  * The quantization is a pass over x, small next to rows * cols * n_tok
  * multiply-adds, and done once for all tasks. */
 static cpu_qact quantize_input(specd_pool *pool, const float *x, int n_tok, int64_t cols,
@@ -422,7 +422,7 @@ int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweigh
         if (W[i]->cols != W[0]->cols) return -1;
     if (n_tok <= 0) return 0;
     int half = 0;
-    for (int i = 0; i < n_mats; i++) half |= W[i]->kind == CPU_Q6K;
+    for (int i = 0; i < n_mats; i++) half |= cpu_qkind_half_sums(W[i]->kind);
     cpu_qact a = quantize_input(pool, x, n_tok, W[0]->cols, W[0]->nb, half);
     qmms_job j;
     int tasks = 0;

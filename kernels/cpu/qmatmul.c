@@ -128,6 +128,26 @@ static void sb_put_q3k(uint8_t *sb, int i, const uint8_t *blk) {
     }
 }
 
+/* Row i of a Q2_K super-block: Q4K's header (d, -dmin), and per group s
+ * (32 columns, sub-blocks 2s and 2s + 1) the two scale bytes as they are
+ * and each column's 2-bit q where Q6K tiles keep their top bits. */
+static void sb_put_q2k(uint8_t *sb, int i, const uint8_t *blk) {
+    put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q2K_D)));
+    put_f32(sb + 64 + 4 * i, -specd_fp16_to_f32(rd_u16(blk + Q2K_DMIN)));
+    for (int s = 0; s < QT_SB_BLOCKS; s++) {
+        uint8_t *tile = sb + QT_Q4K_HDR + s * QT_Q2K_BYTES;
+        tile[i] = blk[Q2K_SCALES + 2 * s];
+        tile[16 + i] = blk[Q2K_SCALES + 2 * s + 1];
+        int shift;
+        const uint8_t *q = k2_group(blk + Q2K_QS, s, &shift);
+        for (int c = 0; c < 32; c++) {
+            const int chunk = c / 4, j = c % 4;
+            tile[32 + 64 * (chunk / 4) + 4 * i + j] |=
+                (uint8_t)(((q[c] >> shift) & 3) << (2 * (chunk % 4)));
+        }
+    }
+}
+
 int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) {
     memset(out, 0, sizeof *out);
     cpu_qkind kind;
@@ -143,10 +163,11 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q5_K: kind = CPU_Q5K; break;
     case SPECD_Q6_K:
     case SPECD_Q3_K: kind = CPU_Q6K; break;
+    case SPECD_Q2_K: kind = CPU_Q2K; break;
     default: return 0;
     }
     /* super-blocks of 256 */
-    const int ksb = kind == CPU_Q4K || kind == CPU_Q5K || kind == CPU_Q6K;
+    const int ksb = kind == CPU_Q4K || kind == CPU_Q5K || kind == CPU_Q6K || kind == CPU_Q2K;
     const int sb_rows = ksb || t->type == SPECD_IQ4_XS; /* rows of whole 256-blocks */
     const int64_t cols = (int64_t)t->ne[0], rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
     if (cols <= 0 || cols % (sb_rows ? QT_COLS * QT_SB_BLOCKS : QT_COLS) != 0 || rows <= 0 ||
@@ -161,8 +182,9 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
     static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES,  QT_Q8_BYTES,  QT_Q4K_BYTES,
                                                   QT_Q6K_BYTES, QT_Q5_BYTES,  QT_Q5K_BYTES,
-                                                  QT_IQ4_BYTES};
-    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB, 0, QT_Q5K_SB, 0};
+                                                  QT_IQ4_BYTES, QT_Q2K_BYTES};
+    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB,
+                                                0, QT_Q5K_SB, 0, QT_Q2K_SB};
     out->tile_bytes = tile_bytes[kind];
     const int64_t n_sb = out->nb / QT_SB_BLOCKS;
     out->group_bytes = ksb ? (size_t)n_sb * sb_bytes[kind] : (size_t)out->nb * out->tile_bytes;
@@ -187,6 +209,7 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
                 const uint8_t *blk = src + (size_t)k * in->block_bytes;
                 if (kind == CPU_Q4K) sb_put_q4k(sb, i, blk, blk + Q4K_QS, NULL);
                 else if (kind == CPU_Q5K) sb_put_q4k(sb, i, blk, blk + Q5K_QS, blk + Q5K_QH);
+                else if (kind == CPU_Q2K) sb_put_q2k(sb, i, blk);
                 else if (t->type == SPECD_Q3_K) sb_put_q3k(sb, i, blk);
                 else sb_put_q6k(sb, i, blk);
             }
@@ -307,6 +330,17 @@ static int32_t isum_q6k(const uint8_t *tile, int i, int h, const int8_t *xq) {
     return sum;
 }
 
+/* Q2K: sum over half h of q * x, q the 2-bit value of column c. */
+static int32_t isum_q2k(const uint8_t *tile, int i, int h, const int8_t *xq) {
+    int32_t sum = 0;
+    for (int c = 16 * h; c < 16 * h + 16; c++) {
+        const int chunk = c / 4, j = c % 4;
+        const int q = (tile[32 + 64 * (chunk / 4) + 4 * i + j] >> (2 * (chunk % 4))) & 3;
+        sum += q * xq[c];
+    }
+    return sum;
+}
+
 static float tile_f32(const uint8_t *p) {
     float v;
     memcpy(&v, p, 4);
@@ -349,6 +383,16 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
             const uint8_t *hi = q5 ? tile + QT_Q4K_BYTES : NULL;
             acc = fmaf((float)isum_q4(tile + 32, hi, NULL, i, xq), wd * xd, acc);
             acc = fmaf(wm, a->a.s[xb], acc);
+        } else if (W->kind == CPU_Q2K) {
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q2K_SB;
+            const uint8_t *tile = hdr + QT_Q4K_HDR + (b % QT_SB_BLOCKS) * QT_Q2K_BYTES;
+            const float d = tile_f32(hdr + 4 * i), mneg = tile_f32(hdr + 64 + 4 * i);
+            for (int h = 0; h < 2; h++)
+                acc = fmaf((float)isum_q2k(tile, i, h, xq),
+                           d * (float)(tile[16 * h + i] & 15) * xd, acc);
+            const int32_t sh = a->a.sh[xb];
+            acc = fmaf(mneg * (float)(tile[i] >> 4), xd * (float)sh, acc);
+            acc = fmaf(mneg * (float)(tile[16 + i] >> 4), xd * (float)(a->a.sq[xb] - sh), acc);
         } else { /* CPU_Q6K */
             const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;
             const uint8_t *tile = hdr + QT_Q6K_HDR + (b % QT_SB_BLOCKS) * QT_Q6K_BYTES;

@@ -36,10 +36,20 @@
  *            acc = fma((float)isum0, wd0 * xd[b], acc)
  *            acc = fma((float)isum1, wd1 * xd[b], acc)   (wd_h = d * sc_h)
  *
+ * Q2_K's 16-column halves have a min each as well, taken with the
+ * activation half sums (sh, and sq - sh for the second half):
+ *
+ *     Q2_K:  isum_h = sum_{j in half h} wq[j] * xq[j]             (wq 0..3)
+ *            acc = fma((float)isum0, wd0 * xd[b], acc)
+ *            acc = fma((float)isum1, wd1 * xd[b], acc)
+ *            acc = fma(wm0, xd[b] * sh, acc)
+ *            acc = fma(wm1, xd[b] * (sq - sh), acc)
+ *            (wd_h = d * sc_h, wm_h = -dmin * mn_h)
+ *
  * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind
  * Q5), Q8_0 (kind Q8), IQ4_NL and IQ4_XS (kind IQ4), Q4_K (kind Q4K),
  * Q5_K (kind Q5K), Q6_K and Q3_K (kind Q6K: Q3_K's -4..3 times its 6-bit
- * scale is Q6_K's form exactly).
+ * scale is Q6_K's form exactly), Q2_K (kind Q2K).
  * Other types keep the fp32-activation kernels (matmul.h), which are
  * also the "exact" precision path for every type. */
 #ifndef SPECD_CPU_QMATMUL_H
@@ -89,10 +99,17 @@
  *               hi: 2 x 64 bytes, the top 2 bits: chunk c = 4k + e
  *               (columns 4c..4c+3) at bits 2e, 2e+1 of hi[k][4i + j] 416 B
  *       weight(row i, col c) = (d[i] * sc[c / 16][i]) * (q - 32), q 0..63
+ *   Q2K header: Q4K's
+ *       tile:   sm[2][16] u8 (columns 0..15, 16..31), GGML's scale bytes:
+ *               sc in the low nibble, mn in the high one |
+ *               q: 2 x 64 bytes, chunk c = 4k + e at bits 2e, 2e+1 of
+ *               q[k][4i + j] (Q6K's hi layout)                     160 B
+ *       weight(row i, col c) = (d[i] * sc) * q + mneg[i] * mn, q 0..3,
+ *               sc and mn from sm[c / 16][i]
  *
- * That is 2432, 2944 and 3392 bytes per 16 rows x 256 columns, against
- * GGML's 2304, 2816 and 3360: a decode step streams about as many bytes
- * as the GGUF's.
+ * That is 2432, 2944, 3392 and 1408 bytes per 16 rows x 256 columns,
+ * against GGML's 2304, 2816, 3360 and 1344: a decode step streams about as
+ * many bytes as the GGUF's.
  * (Storing d * sc as fp32 in every tile would cost a third more bytes for
  * Q4_K, and fp16 would round it.)
  *
@@ -105,6 +122,7 @@ typedef enum cpu_qkind {
     CPU_Q5 = 4,
     CPU_Q5K = 5,
     CPU_IQ4 = 6,
+    CPU_Q2K = 7,
     CPU_QKINDS
 } cpu_qkind;
 
@@ -127,6 +145,8 @@ typedef enum cpu_qkind {
 #define QT_Q6K_HDR 64
 #define QT_Q6K_BYTES (32 + 256 + 128)
 #define QT_Q6K_SB (QT_Q6K_HDR + QT_SB_BLOCKS * QT_Q6K_BYTES)
+#define QT_Q2K_BYTES (32 + 128)
+#define QT_Q2K_SB (QT_Q4K_HDR + QT_SB_BLOCKS * QT_Q2K_BYTES)
 
 typedef struct cpu_qweight {
     cpu_qkind kind;
@@ -142,8 +162,8 @@ typedef struct cpu_qweight {
 /* Activations as the kernels read them: token t's int8 values at
  * q + t * cols, its block scales at d[t * nb + b], the block's
  * d * sum(q) at s[...] and sum(q) itself at sq[...]; sh[...] is the sum of
- * the block's first 16 values, which only Q6K tiles read (cpu_act_half_sums;
- * NULL where no Q6K matrix takes the input). */
+ * the block's first 16 values, which only Q6K and Q2K tiles read
+ * (cpu_act_half_sums; NULL where no such matrix takes the input). */
 typedef struct cpu_qact {
     int n_tok;
     int64_t cols, nb;
@@ -170,8 +190,10 @@ void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float 
 
 /* sh[t * nb + b] = the sum of block b's first 16 int8 values of token t
  * (Q6_K's halves have their own scales, so their "- 32" needs each half's
- * sum; the second half's is sq - sh). */
+ * sum, and Q2_K's halves their own mins; the second half's is sq - sh). */
 void cpu_act_half_sums(const int8_t *q, int n_tok, int64_t cols, int32_t *sh);
+/* 1 if a matrix of this kind reads sh. */
+static inline int cpu_qkind_half_sums(cpu_qkind k) { return k == CPU_Q6K || k == CPU_Q2K; }
 
 /* The same, by the active SIMD path's quantizer (bit-identical to it). */
 void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q, float *d,

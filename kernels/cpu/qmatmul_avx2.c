@@ -314,6 +314,71 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET)
 
+/* Q2_K (qmatmul_avx512.c's DEF_Q2K, 8 rows a half h): chunk 4k + e's
+ * quants at bits 2e, 2e+1 of q[k]; a column half's four chunks add in
+ * int16 (at most 3,048) before one vpmaddwd without VNNI. */
+#define Q2_CHUNK(hv, e) _mm256_and_si256(_mm256_srli_epi16((hv), 2 * (e)), m3)
+#define ISUM2_VNNI(s, q, c0, xq) ISUM6_VNNI(s, q, c0, xq)
+#define ISUM2_AVX2(s, q, c0, xq)                                                              \
+    do {                                                                                      \
+        __m256i p_ = _mm256_maddubs_epi16((q)[c0], _mm256_set1_epi32(ld32(xq)));              \
+        for (int c_ = 1; c_ < 4; c_++)                                                        \
+            p_ = _mm256_add_epi16(p_, _mm256_maddubs_epi16((q)[(c0) + c_],                    \
+                                                           _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
+        (s) = _mm256_add_epi32((s), _mm256_madd_epi16(p_, ones));                             \
+    } while (0)
+
+#define DEF_Q2K(NAME, TARGET, ISUM2)                                                           \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m256i m3 = _mm256_set1_epi8(3), lo4 = _mm256_set1_epi32(15);                  \
+        const __m256i ones = _mm256_set1_epi16(1);                                            \
+        (void)ones;                                                                           \
+        __m256 acc[NT];                                                                       \
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
+        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
+        for (int64_t b = 0; b < W->nb; b++) {                                                 \
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q2K_SB;                 \
+            const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q2K_BYTES; \
+            PREFETCH_TILE(tile, QT_Q2K_BYTES);                                                \
+            PREFETCH_TILE(hdr, QT_Q4K_HDR);                                                   \
+            const __m256 dv = _mm256_loadu_ps((const float *)hdr + 8 * h);                    \
+            const __m256 mv = _mm256_loadu_ps((const float *)(hdr + 64) + 8 * h);             \
+            const __m256i sm0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(tile + 8 * h))); \
+            const __m256i sm1 =                                                               \
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(tile + 16 + 8 * h)));  \
+            const __m256 wd0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(sm0, lo4))); \
+            const __m256 wd1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(sm1, lo4))); \
+            const __m256 wm0 = _mm256_mul_ps(mv, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm0, 4))); \
+            const __m256 wm1 = _mm256_mul_ps(mv, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm1, 4))); \
+            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(tile + 32 + 32 * h));     \
+            const __m256i h1 = _mm256_loadu_si256((const __m256i *)(tile + 96 + 32 * h));     \
+            __m256i q[8];                                                                     \
+            for (int e = 0; e < 4; e++) {                                                     \
+                q[e] = Q2_CHUNK(h0, e);                                                       \
+                q[e + 4] = Q2_CHUNK(h1, e);                                                   \
+            }                                                                                 \
+            for (int t = 0; t < nt; t++) {                                                    \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                const int32_t sh = a->a.sh[xb];                                               \
+                const float xdf = a->a.d[xb];                                                 \
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
+                ISUM2(s0, q, 0, xq);                                                          \
+                ISUM2(s1, q, 4, xq + 16);                                                     \
+                const __m256 xd = _mm256_set1_ps(xdf);                                        \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(wd0, xd), acc[t]); \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(wd1, xd), acc[t]); \
+                acc[t] = _mm256_fmadd_ps(wm0, _mm256_set1_ps(xdf * (float)sh), acc[t]);       \
+                acc[t] = _mm256_fmadd_ps(wm1, _mm256_set1_ps(xdf * (float)(a->a.sq[xb] - sh)), \
+                                         acc[t]);                                             \
+            }                                                                                 \
+        }                                                                                     \
+        STORE_PASS(a, g, h, t0, nt, acc);                                                     \
+    }                                                                                         \
+    DEF_DRIVER(NAME, TARGET)
+
 /* Row groups [g0, g1): each half of each group, tokens NT at a time. A half
  * past the last row (rows <= 8 in the last group) is skipped. */
 #define DEF_DRIVER(NAME, TARGET)                                                               \
@@ -399,6 +464,8 @@ DEF_Q8(iq4_avx2, TAVX2, DOT_AVX2, 0, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q8(iq4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2)
 DEF_Q6K(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI)
+DEF_Q2K(q2k_avx2, TAVX2, ISUM2_AVX2)
+DEF_Q2K(q2k_avxvnni, TAVX2 ",avxvnni", ISUM2_VNNI)
 
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;
@@ -408,6 +475,7 @@ int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q5] = vnni ? q5_avxvnni : q5_avx2;
     ks->qrows[CPU_Q5K] = vnni ? q5k_avxvnni : q5k_avx2;
     ks->qrows[CPU_Q6K] = vnni ? q6k_avxvnni : q6k_avx2;
+    ks->qrows[CPU_Q2K] = vnni ? q2k_avxvnni : q2k_avx2;
     ks->quantize = quantize_avx2;
     return 1;
 }

@@ -405,6 +405,79 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
+/* ---- 2-bit tiles (Q2_K) --------------------------------------------------- */
+
+/* Chunk 4k + e's quants sit at bits 2e, 2e+1 of q[k] (qmatmul.h), as Q6K's
+ * top bits: shifted down and masked (the 16-bit shifts carry bits across
+ * bytes only into bits the mask drops). */
+#define Q2_CHUNK(h, e) _mm512_and_si512(_mm512_srli_epi16((h), 2 * (e)), m3)
+
+/* A half's int32 sums (4 chunks from c0) for one token, from zero. BW:
+ * vpmaddubsw's pair sums of 2-bit weights are at most 2 * 3 * 127 = 762,
+ * so a half's four chunks add in int16 (3,048) before one vpmaddwd. */
+#define ISUM2_VNNI(s, q, c0, xq) ISUM6_VNNI(s, q, c0, xq)
+#define ISUM2_BW(s, q, c0, xq)                                                                \
+    do {                                                                                      \
+        __m512i p_ = _mm512_maddubs_epi16((q)[c0], _mm512_set1_epi32(ld32(xq)));              \
+        for (int c_ = 1; c_ < 4; c_++)                                                        \
+            p_ = _mm512_add_epi16(p_, _mm512_maddubs_epi16((q)[(c0) + c_],                    \
+                                                           _mm512_set1_epi32(ld32((xq) + 4 * c_)))); \
+        (s) = _mm512_add_epi32((s), _mm512_madd_epi16(p_, ones));                             \
+    } while (0)
+
+/* Q2_K: per half h a scale wd_h = d * sc and a min wm_h = -dmin * mn, both
+ * from the tile's scale bytes (low nibble sc, high nibble mn); the mins
+ * multiply the half's activation sum (qmatmul.h's operation order). */
+#define DEF_Q2K(NAME, TARGET, ISUM2, NTP)                                                         \
+    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
+        const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
+        const cpu_qweight *W = a->w;                                                          \
+        const __m512i m3 = _mm512_set1_epi8(3), lo4 = _mm512_set1_epi32(15);                  \
+        const __m512i ones = _mm512_set1_epi16(1);                                            \
+        (void)ones;                                                                           \
+        __m512 acc[NT];                                                                       \
+        UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
+        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
+        for (int64_t b = 0; b < W->nb; b++) {                                                 \
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q2K_SB;                 \
+            const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q2K_BYTES; \
+            PREFETCH_TILE(tile, QT_Q2K_BYTES);                                                \
+            PREFETCH_TILE(hdr, QT_Q4K_HDR);                                                   \
+            const __m512 dv = _mm512_loadu_ps((const float *)hdr);                            \
+            const __m512 mv = _mm512_loadu_ps((const float *)(hdr + 64));                     \
+            const __m512i sm0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)tile)); \
+            const __m512i sm1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tile + 16))); \
+            const __m512 wd0 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(sm0, lo4))); \
+            const __m512 wd1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(sm1, lo4))); \
+            const __m512 wm0 = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm0, 4))); \
+            const __m512 wm1 = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm1, 4))); \
+            const __m512i h0 = _mm512_loadu_si512((const void *)(tile + 32));                \
+            const __m512i h1 = _mm512_loadu_si512((const void *)(tile + 96));                \
+            __m512i q[8];                                                                     \
+            for (int e = 0; e < 4; e++) {                                                     \
+                q[e] = Q2_CHUNK(h0, e);                                                       \
+                q[e + 4] = Q2_CHUNK(h1, e);                                                   \
+            }                                                                                 \
+            UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
+                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
+                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
+                const int32_t sh = a->a.sh[xb];                                               \
+                const float xdf = a->a.d[xb];                                                 \
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
+                ISUM2(s0, q, 0, xq);                                                          \
+                ISUM2(s1, q, 4, xq + 16);                                                     \
+                const __m512 xd = _mm512_set1_ps(xdf);                                        \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(wd0, xd), acc[t]); \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(wd1, xd), acc[t]); \
+                acc[t] = _mm512_fmadd_ps(wm0, _mm512_set1_ps(xdf * (float)sh), acc[t]);       \
+                acc[t] = _mm512_fmadd_ps(wm1, _mm512_set1_ps(xdf * (float)(a->a.sq[xb] - sh)), \
+                                         acc[t]);                                             \
+            }                                                                                 \
+        }                                                                                     \
+        STORE_PASS(a, g, t0, nt, acc);                                                        \
+    }                                                                                         \
+    DEF_DRIVER(NAME, TARGET, NTP)
+
 DEF_Q4(q4_bw, TBW, ISUM4_BW, 16, tile_q4, HI_NONE)
 DEF_Q4(q4_vnni, TBW ",avx512vnni", ISUM4_VNNI, 16, tile_q4, HI_NONE)
 DEF_Q4(q4k_bw, TBW, ISUM4_BW, 16, tile_q4k, HI_NONE)
@@ -421,6 +494,8 @@ DEF_Q8(iq4_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16,
        WD_F32, LOADW_IQ4)
 DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8)
 DEF_Q6K(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16)
+DEF_Q2K(q2k_bw, TBW, ISUM2_BW, 16)
+DEF_Q2K(q2k_vnni, TBW ",avx512vnni", ISUM2_VNNI, 16)
 
 /* The activation quantizer (qmatmul.c's cpu_quantize_act, read it first),
  * a block of 32 in two zmm: the same operations per element (|x|, max,
@@ -468,6 +543,7 @@ int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q5] = vnni ? q5_vnni : q5_bw;
     ks->qrows[CPU_Q5K] = vnni ? q5k_vnni : q5k_bw;
     ks->qrows[CPU_Q6K] = vnni ? q6k_vnni : q6k_bw;
+    ks->qrows[CPU_Q2K] = vnni ? q2k_vnni : q2k_bw;
     ks->quantize = quantize_avx512;
     return 1;
 }
