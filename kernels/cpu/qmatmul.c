@@ -58,6 +58,15 @@ static void tile_put_iq4(uint8_t *tile, int i, float d, const uint8_t *qs16) {
 
 static void put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
 
+/* A 2-bit value of column c (0..31) of row i into the plane at p (two
+ * 64-byte registers: chunk c / 4 = 4k + e at bits 2e, 2e+1 of byte 4i + j
+ * of register k), the layout of Q6K's top bits and of Q2K's and Q3K's
+ * low bits. */
+static void put_2bit(uint8_t *p, int i, int c, int v) {
+    const int chunk = c / 4;
+    p[64 * (chunk / 4) + 4 * i + c % 4] |= (uint8_t)((v & 3) << (2 * (chunk % 4)));
+}
+
 /* Row i of a Q4_K (or, with qh, Q5_K) super-block into its row group's
  * header and 8 tiles (qmatmul.h): sub-block s's nibbles sit in bytes
  * 32 * (s / 2) .. + 31, low nibbles for even s, high for odd; a Q4 tile
@@ -94,7 +103,7 @@ static void sb_put_q4k(uint8_t *sb, int i, const uint8_t *blk, const uint8_t *qs
 static void q6k_tile_put(uint8_t *tile, int i, int c, int q) {
     const int chunk = c / 4, j = c % 4;
     tile[32 + 64 * (chunk % 4) + 4 * i + j] |= (uint8_t)(chunk < 4 ? q & 15 : (q & 15) << 4);
-    tile[288 + 64 * (chunk / 4) + 4 * i + j] |= (uint8_t)((q >> 4) << (2 * (chunk % 4)));
+    put_2bit(tile + 288, i, c, q >> 4);
 }
 
 static void sb_put_q6k(uint8_t *sb, int i, const uint8_t *blk) {
@@ -112,25 +121,27 @@ static void sb_put_q6k(uint8_t *sb, int i, const uint8_t *blk) {
     }
 }
 
-/* Row i of a Q3_K super-block into Q6K tiles: w = (d * sc) * v with v =
- * -4..3 is Q6_K's (d * sc) * (q - 32) with q = v + 32 (28..35, six bits)
- * and sc = q3k_scale (-32..31, an int8), so the Q6K kernels take it as it
- * is, every operation the same. The tiles hold 6 bits a weight where the
- * GGUF has 3.4: a decode step streams 1.9x the file's bytes for these
- * matrices, against the fp32 kernels' arithmetic at every verify size. */
+/* Row i of a Q3_K super-block into Q3K tiles: w = (d * sc) * v with v =
+ * -4..3 (q3k_quant) and sc = q3k_scale (-32..31, an int8) is (d * sc) *
+ * (q - 4) with q = v + 4: its low 2 bits in the 2-bit plane, its third
+ * bit where a Q5 tile keeps its fifth (bit c / 4 of hi byte 4i + c % 4). */
 static void sb_put_q3k(uint8_t *sb, int i, const uint8_t *blk) {
     put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q3K_D)));
     for (int s = 0; s < QT_SB_BLOCKS; s++) {
-        uint8_t *tile = sb + QT_Q6K_HDR + s * QT_Q6K_BYTES;
+        uint8_t *tile = sb + QT_Q6K_HDR + s * QT_Q3K_BYTES;
         tile[i] = (uint8_t)(int8_t)q3k_scale(blk + Q3K_SCALES, 2 * s);
         tile[16 + i] = (uint8_t)(int8_t)q3k_scale(blk + Q3K_SCALES, 2 * s + 1);
-        for (int c = 0; c < 32; c++) q6k_tile_put(tile, i, c, q3k_quant(blk, s, c) + 32);
+        for (int c = 0; c < 32; c++) {
+            const int q = q3k_quant(blk, s, c) + 4;
+            put_2bit(tile + 32, i, c, q);
+            tile[160 + 4 * i + c % 4] |= (uint8_t)((q >> 2) << (c / 4));
+        }
     }
 }
 
 /* Row i of a Q2_K super-block: Q4K's header (d, -dmin), and per group s
  * (32 columns, sub-blocks 2s and 2s + 1) the two scale bytes as they are
- * and each column's 2-bit q where Q6K tiles keep their top bits. */
+ * and each column's 2-bit q in the 2-bit plane. */
 static void sb_put_q2k(uint8_t *sb, int i, const uint8_t *blk) {
     put_f32(sb + 4 * i, specd_fp16_to_f32(rd_u16(blk + Q2K_D)));
     put_f32(sb + 64 + 4 * i, -specd_fp16_to_f32(rd_u16(blk + Q2K_DMIN)));
@@ -140,11 +151,7 @@ static void sb_put_q2k(uint8_t *sb, int i, const uint8_t *blk) {
         tile[16 + i] = blk[Q2K_SCALES + 2 * s + 1];
         int shift;
         const uint8_t *q = k2_group(blk + Q2K_QS, s, &shift);
-        for (int c = 0; c < 32; c++) {
-            const int chunk = c / 4, j = c % 4;
-            tile[32 + 64 * (chunk / 4) + 4 * i + j] |=
-                (uint8_t)(((q[c] >> shift) & 3) << (2 * (chunk % 4)));
-        }
+        for (int c = 0; c < 32; c++) put_2bit(tile + 32, i, c, q[c] >> shift);
     }
 }
 
@@ -161,13 +168,14 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     case SPECD_Q5_1: kind = CPU_Q5; break;
     case SPECD_Q4_K: kind = CPU_Q4K; break;
     case SPECD_Q5_K: kind = CPU_Q5K; break;
-    case SPECD_Q6_K:
-    case SPECD_Q3_K: kind = CPU_Q6K; break;
+    case SPECD_Q6_K: kind = CPU_Q6K; break;
+    case SPECD_Q3_K: kind = CPU_Q3K; break;
     case SPECD_Q2_K: kind = CPU_Q2K; break;
     default: return 0;
     }
     /* super-blocks of 256 */
-    const int ksb = kind == CPU_Q4K || kind == CPU_Q5K || kind == CPU_Q6K || kind == CPU_Q2K;
+    const int ksb = kind == CPU_Q4K || kind == CPU_Q5K || kind == CPU_Q6K || kind == CPU_Q3K ||
+                    kind == CPU_Q2K;
     const int sb_rows = ksb || t->type == SPECD_IQ4_XS; /* rows of whole 256-blocks */
     const int64_t cols = (int64_t)t->ne[0], rows = t->n_dims > 1 ? (int64_t)t->ne[1] : 1;
     if (cols <= 0 || cols % (sb_rows ? QT_COLS * QT_SB_BLOCKS : QT_COLS) != 0 || rows <= 0 ||
@@ -182,9 +190,9 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
     out->n_groups = (rows + QT_ROWS - 1) / QT_ROWS;
     static const size_t tile_bytes[CPU_QKINDS] = {QT_Q4_BYTES,  QT_Q8_BYTES,  QT_Q4K_BYTES,
                                                   QT_Q6K_BYTES, QT_Q5_BYTES,  QT_Q5K_BYTES,
-                                                  QT_IQ4_BYTES, QT_Q2K_BYTES};
-    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB,
-                                                0, QT_Q5K_SB, 0, QT_Q2K_SB};
+                                                  QT_IQ4_BYTES, QT_Q2K_BYTES, QT_Q3K_BYTES};
+    static const size_t sb_bytes[CPU_QKINDS] = {0, 0, QT_Q4K_SB, QT_Q6K_SB, 0,
+                                                QT_Q5K_SB, 0, QT_Q2K_SB, QT_Q3K_SB};
     out->tile_bytes = tile_bytes[kind];
     const int64_t n_sb = out->nb / QT_SB_BLOCKS;
     out->group_bytes = ksb ? (size_t)n_sb * sb_bytes[kind] : (size_t)out->nb * out->tile_bytes;
@@ -210,7 +218,7 @@ int cpu_qweight_make(const specd_tensor *t, cpu_qweight *out, cpu_arena *arena) 
                 if (kind == CPU_Q4K) sb_put_q4k(sb, i, blk, blk + Q4K_QS, NULL);
                 else if (kind == CPU_Q5K) sb_put_q4k(sb, i, blk, blk + Q5K_QS, blk + Q5K_QH);
                 else if (kind == CPU_Q2K) sb_put_q2k(sb, i, blk);
-                else if (t->type == SPECD_Q3_K) sb_put_q3k(sb, i, blk);
+                else if (kind == CPU_Q3K) sb_put_q3k(sb, i, blk);
                 else sb_put_q6k(sb, i, blk);
             }
             continue;
@@ -317,27 +325,26 @@ static int32_t isum_q4(const uint8_t *qs, const uint8_t *hi, const int8_t *lv, i
     return sum;
 }
 
-/* Q6K: sum over half h (columns 16h .. 16h + 15) of (q - 32) * x. */
-static int32_t isum_q6k(const uint8_t *tile, int i, int h, const int8_t *xq) {
-    int32_t sum = 0;
-    for (int c = 16 * h; c < 16 * h + 16; c++) {
-        const int chunk = c / 4, j = c % 4;
-        const uint8_t lo = tile[32 + 64 * (chunk % 4) + 4 * i + j];
-        const uint8_t hi = tile[288 + 64 * (chunk / 4) + 4 * i + j];
-        const int q = ((chunk < 4 ? lo : lo >> 4) & 15) | (((hi >> (2 * (chunk % 4))) & 3) << 4);
-        sum += (q - 32) * xq[c];
-    }
-    return sum;
+/* The 2-bit value of column c of row i in the plane at p (put_2bit). */
+static int get_2bit(const uint8_t *p, int i, int c) {
+    const int chunk = c / 4;
+    return (p[64 * (chunk / 4) + 4 * i + c % 4] >> (2 * (chunk % 4))) & 3;
 }
 
-/* Q2K: sum over half h of q * x, q the 2-bit value of column c. */
-static int32_t isum_q2k(const uint8_t *tile, int i, int h, const int8_t *xq) {
+/* Column c's quant of row i of a Q6K, Q3K or Q2K tile. */
+static int khalf_quant(cpu_qkind kind, const uint8_t *tile, int i, int c) {
+    const int chunk = c / 4, j = c % 4;
+    if (kind == CPU_Q2K) return get_2bit(tile + 32, i, c);
+    if (kind == CPU_Q3K) return get_2bit(tile + 32, i, c) | ((tile[160 + 4 * i + j] >> chunk) & 1) << 2;
+    const uint8_t lo = tile[32 + 64 * (chunk % 4) + 4 * i + j];
+    return ((chunk < 4 ? lo : lo >> 4) & 15) | get_2bit(tile + 288, i, c) << 4;
+}
+
+/* Sum over half h (columns 16h .. 16h + 15) of (q - off) * x. */
+static int32_t isum_khalf(cpu_qkind kind, const uint8_t *tile, int i, int h, int off,
+                          const int8_t *xq) {
     int32_t sum = 0;
-    for (int c = 16 * h; c < 16 * h + 16; c++) {
-        const int chunk = c / 4, j = c % 4;
-        const int q = (tile[32 + 64 * (chunk / 4) + 4 * i + j] >> (2 * (chunk % 4))) & 3;
-        sum += q * xq[c];
-    }
+    for (int c = 16 * h; c < 16 * h + 16; c++) sum += (khalf_quant(kind, tile, i, c) - off) * xq[c];
     return sum;
 }
 
@@ -388,18 +395,19 @@ static float qdot_scalar(const cpu_qmm_args *a, int64_t g, int i, int t) {
             const uint8_t *tile = hdr + QT_Q4K_HDR + (b % QT_SB_BLOCKS) * QT_Q2K_BYTES;
             const float d = tile_f32(hdr + 4 * i), mneg = tile_f32(hdr + 64 + 4 * i);
             for (int h = 0; h < 2; h++)
-                acc = fmaf((float)isum_q2k(tile, i, h, xq),
+                acc = fmaf((float)isum_khalf(CPU_Q2K, tile, i, h, 0, xq),
                            d * (float)(tile[16 * h + i] & 15) * xd, acc);
             const int32_t sh = a->a.sh[xb];
             acc = fmaf(mneg * (float)(tile[i] >> 4), xd * (float)sh, acc);
             acc = fmaf(mneg * (float)(tile[16 + i] >> 4), xd * (float)(a->a.sq[xb] - sh), acc);
-        } else { /* CPU_Q6K */
-            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;
-            const uint8_t *tile = hdr + QT_Q6K_HDR + (b % QT_SB_BLOCKS) * QT_Q6K_BYTES;
+        } else { /* CPU_Q6K, CPU_Q3K */
+            const int q3 = W->kind == CPU_Q3K;
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (q3 ? QT_Q3K_SB : QT_Q6K_SB);
+            const uint8_t *tile = hdr + QT_Q6K_HDR + (b % QT_SB_BLOCKS) * W->tile_bytes;
             const float d = tile_f32(hdr + 4 * i);
             for (int h = 0; h < 2; h++) {
                 const float wd = d * (float)(int8_t)tile[16 * h + i];
-                acc = fmaf((float)isum_q6k(tile, i, h, xq), wd * xd, acc);
+                acc = fmaf((float)isum_khalf(W->kind, tile, i, h, q3 ? 4 : 32, xq), wd * xd, acc);
             }
         }
     }

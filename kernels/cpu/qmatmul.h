@@ -46,10 +46,13 @@
  *            acc = fma(wm1, xd[b] * (sq - sh), acc)
  *            (wd_h = d * sc_h, wm_h = -dmin * mn_h)
  *
+ * Q3_K is Q6_K's form with 3-bit quants: wd_h = d * sc_h (sc an int8,
+ * -32..31) times (wq - 4), wq 0..7, the chain started at -4 * (the half's
+ * activation sum).
+ *
  * Supported weight types: Q4_0, Q4_1 (tile kind Q4), Q5_0, Q5_1 (kind
  * Q5), Q8_0 (kind Q8), IQ4_NL and IQ4_XS (kind IQ4), Q4_K (kind Q4K),
- * Q5_K (kind Q5K), Q6_K and Q3_K (kind Q6K: Q3_K's -4..3 times its 6-bit
- * scale is Q6_K's form exactly), Q2_K (kind Q2K).
+ * Q5_K (kind Q5K), Q6_K (kind Q6K), Q3_K (kind Q3K), Q2_K (kind Q2K).
  * Other types keep the fp32-activation kernels (matmul.h), which are
  * also the "exact" precision path for every type. */
 #ifndef SPECD_CPU_QMATMUL_H
@@ -99,6 +102,10 @@
  *               hi: 2 x 64 bytes, the top 2 bits: chunk c = 4k + e
  *               (columns 4c..4c+3) at bits 2e, 2e+1 of hi[k][4i + j] 416 B
  *       weight(row i, col c) = (d[i] * sc[c / 16][i]) * (q - 32), q 0..63
+ *   Q3K header: Q6K's
+ *       tile:   sc[2][16] i8 (Q6K's) | lo: 2 x 64 bytes, the low 2 bits
+ *               as Q2K's q | hi: 64 bytes, the third bit as Q5's     224 B
+ *       weight(row i, col c) = (d[i] * sc[c / 16][i]) * (q - 4), q 0..7
  *   Q2K header: Q4K's
  *       tile:   sm[2][16] u8 (columns 0..15, 16..31), GGML's scale bytes:
  *               sc in the low nibble, mn in the high one |
@@ -107,9 +114,9 @@
  *       weight(row i, col c) = (d[i] * sc) * q + mneg[i] * mn, q 0..3,
  *               sc and mn from sm[c / 16][i]
  *
- * That is 2432, 2944, 3392 and 1408 bytes per 16 rows x 256 columns,
- * against GGML's 2304, 2816, 3360 and 1344: a decode step streams about as
- * many bytes as the GGUF's.
+ * That is 2432, 2944, 3392, 1856 and 1408 bytes per 16 rows x 256
+ * columns (Q4K, Q5K, Q6K, Q3K, Q2K), against GGML's 2304, 2816, 3360, 1760
+ * and 1344: a decode step streams about as many bytes as the GGUF's.
  * (Storing d * sc as fp32 in every tile would cost a third more bytes for
  * Q4_K, and fp16 would round it.)
  *
@@ -123,6 +130,7 @@ typedef enum cpu_qkind {
     CPU_Q5K = 5,
     CPU_IQ4 = 6,
     CPU_Q2K = 7,
+    CPU_Q3K = 8,
     CPU_QKINDS
 } cpu_qkind;
 
@@ -145,6 +153,8 @@ typedef enum cpu_qkind {
 #define QT_Q6K_HDR 64
 #define QT_Q6K_BYTES (32 + 256 + 128)
 #define QT_Q6K_SB (QT_Q6K_HDR + QT_SB_BLOCKS * QT_Q6K_BYTES)
+#define QT_Q3K_BYTES (32 + 128 + 64)
+#define QT_Q3K_SB (QT_Q6K_HDR + QT_SB_BLOCKS * QT_Q3K_BYTES)
 #define QT_Q2K_BYTES (32 + 128)
 #define QT_Q2K_SB (QT_Q4K_HDR + QT_SB_BLOCKS * QT_Q2K_BYTES)
 
@@ -162,7 +172,7 @@ typedef struct cpu_qweight {
 /* Activations as the kernels read them: token t's int8 values at
  * q + t * cols, its block scales at d[t * nb + b], the block's
  * d * sum(q) at s[...] and sum(q) itself at sq[...]; sh[...] is the sum of
- * the block's first 16 values, which only Q6K and Q2K tiles read
+ * the block's first 16 values, which only Q6K, Q3K and Q2K tiles read
  * (cpu_act_half_sums; NULL where no such matrix takes the input). */
 typedef struct cpu_qact {
     int n_tok;
@@ -190,10 +200,12 @@ void cpu_quantize_act(const float *x, int n_tok, int64_t cols, int8_t *q, float 
 
 /* sh[t * nb + b] = the sum of block b's first 16 int8 values of token t
  * (Q6_K's halves have their own scales, so their "- 32" needs each half's
- * sum, and Q2_K's halves their own mins; the second half's is sq - sh). */
+ * sum, as do Q3_K's "- 4" and Q2_K's mins; the second half's is sq - sh). */
 void cpu_act_half_sums(const int8_t *q, int n_tok, int64_t cols, int32_t *sh);
 /* 1 if a matrix of this kind reads sh. */
-static inline int cpu_qkind_half_sums(cpu_qkind k) { return k == CPU_Q6K || k == CPU_Q2K; }
+static inline int cpu_qkind_half_sums(cpu_qkind k) {
+    return k == CPU_Q6K || k == CPU_Q3K || k == CPU_Q2K;
+}
 
 /* The same, by the active SIMD path's quantizer (bit-identical to it). */
 void cpu_quantize_act_active(const float *x, int n_tok, int64_t cols, int8_t *q, float *d,

@@ -270,39 +270,64 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                                           _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))),      \
                  ones))
 
-#define DEF_Q6K(NAME, TARGET, ISUM6)                                                           \
+/* Half h of a Q6K tile's 8 chunks of quants, 0..63. */
+#define UNPACK_Q6K(q, tile, h)                                                                \
+    do {                                                                                      \
+        const __m256i lo4_ = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);            \
+        const __m256i h0_ = _mm256_loadu_si256((const __m256i *)((tile) + 288 + 32 * (h)));   \
+        const __m256i h1_ = _mm256_loadu_si256((const __m256i *)((tile) + 352 + 32 * (h)));   \
+        for (int v_ = 0; v_ < 4; v_++) {                                                      \
+            const __m256i raw_ = _mm256_loadu_si256((const __m256i *)((tile) + 32 + 64 * v_ + 32 * (h))); \
+            (q)[v_] = _mm256_or_si256(_mm256_and_si256(raw_, lo4_), Q6_HI(h0_, v_));          \
+            (q)[v_ + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw_, 4), lo4_), \
+                                          Q6_HI(h1_, v_));                                    \
+        }                                                                                     \
+    } while (0)
+
+/* Half h of a Q3K tile's 8 chunks, 0..7 (qmatmul_avx512.c's UNPACK_Q3K). */
+#define Q3_HI(hm, c)                                                                          \
+    _mm256_and_si256((c) < 2    ? _mm256_slli_epi16((hm), 2 - (c))                            \
+                     : (c) == 2 ? (hm)                                                        \
+                                : _mm256_srli_epi16((hm), (c) - 2),                           \
+                     m4_)
+#define UNPACK_Q3K(q, tile, h)                                                                \
+    do {                                                                                      \
+        const __m256i m3 = _mm256_set1_epi8(3), m4_ = _mm256_set1_epi8(4);                    \
+        const __m256i l0_ = _mm256_loadu_si256((const __m256i *)((tile) + 32 + 32 * (h)));    \
+        const __m256i l1_ = _mm256_loadu_si256((const __m256i *)((tile) + 96 + 32 * (h)));    \
+        const __m256i hm_ = _mm256_loadu_si256((const __m256i *)((tile) + 160 + 32 * (h)));   \
+        for (int e_ = 0; e_ < 4; e_++) {                                                      \
+            (q)[e_] = _mm256_or_si256(Q2_CHUNK(l0_, e_), Q3_HI(hm_, e_));                     \
+            (q)[e_ + 4] = _mm256_or_si256(Q2_CHUNK(l1_, e_), Q3_HI(hm_, e_ + 4));             \
+        }                                                                                     \
+    } while (0)
+
+/* Q6_K (offset 32) and Q3_K (offset 4), as qmatmul_avx512.c's DEF_Q6K. */
+#define DEF_Q6K(NAME, TARGET, ISUM6, BYTES, SB, UNPACK, OFF)                                   \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
         const cpu_qweight *W = a->w;                                                          \
-        const __m256i lo4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);             \
         const __m256i ones = _mm256_set1_epi16(1);                                            \
         (void)ones;                                                                           \
         __m256 acc[NT];                                                                       \
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
         const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
         for (int64_t b = 0; b < W->nb; b++) {                                                 \
-            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;                 \
-            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q6K_BYTES; \
-            PREFETCH_TILE(tile, QT_Q6K_BYTES);                                                \
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (SB);                      \
+            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * (BYTES);    \
+            PREFETCH_TILE(tile, (BYTES));                                                     \
             PREFETCH_TILE(hdr, QT_Q6K_HDR);                                                   \
             const __m256 dv = _mm256_loadu_ps((const float *)hdr + 8 * h);                    \
             const __m256 wd0 = _mm256_mul_ps(dv, i8_scales(tile + 8 * h));                    \
             const __m256 wd1 = _mm256_mul_ps(dv, i8_scales(tile + 16 + 8 * h));               \
-            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(tile + 288 + 32 * h));    \
-            const __m256i h1 = _mm256_loadu_si256((const __m256i *)(tile + 352 + 32 * h));    \
             __m256i q[8];                                                                     \
-            for (int v = 0; v < 4; v++) {                                                     \
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(tile + 32 + 64 * v + 32 * h)); \
-                q[v] = _mm256_or_si256(_mm256_and_si256(raw, lo4), Q6_HI(h0, v));             \
-                q[v + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4),  \
-                                           Q6_HI(h1, v));                                     \
-            }                                                                                 \
+            UNPACK(q, tile, h);                                                               \
             for (int t = 0; t < nt; t++) {                                                    \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
                 const int32_t sh = a->a.sh[xb];                                               \
-                __m256i s0 = _mm256_set1_epi32(-32 * sh);                                     \
-                __m256i s1 = _mm256_set1_epi32(-32 * (a->a.sq[xb] - sh));                     \
+                __m256i s0 = _mm256_set1_epi32(-(OFF) * sh);                                  \
+                __m256i s1 = _mm256_set1_epi32(-(OFF) * (a->a.sq[xb] - sh));                  \
                 ISUM6(s0, q, 0, xq);                                                          \
                 ISUM6(s1, q, 4, xq + 16);                                                     \
                 const __m256 xd = _mm256_set1_ps(a->a.d[xb]);                                 \
@@ -462,8 +487,10 @@ DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0, QT_Q8_BYTES, WD_F16, LOADW_Q8)
 DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_Q8_BYTES, WD_F16, LOADW_Q8)
 DEF_Q8(iq4_avx2, TAVX2, DOT_AVX2, 0, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q8(iq4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
-DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2)
-DEF_Q6K(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI)
+DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
+DEF_Q6K(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
+DEF_Q6K(q3k_avx2, TAVX2, ISUM6_AVX2, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
+DEF_Q6K(q3k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
 DEF_Q2K(q2k_avx2, TAVX2, ISUM2_AVX2)
 DEF_Q2K(q2k_avxvnni, TAVX2 ",avxvnni", ISUM2_VNNI)
 
@@ -476,6 +503,7 @@ int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q5K] = vnni ? q5k_avxvnni : q5k_avx2;
     ks->qrows[CPU_Q6K] = vnni ? q6k_avxvnni : q6k_avx2;
     ks->qrows[CPU_Q2K] = vnni ? q2k_avxvnni : q2k_avx2;
+    ks->qrows[CPU_Q3K] = vnni ? q3k_avxvnni : q3k_avx2;
     ks->quantize = quantize_avx2;
     return 1;
 }

@@ -359,41 +359,69 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                                           _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))),      \
                  ones))
 
-#define DEF_Q6K(NAME, TARGET, ISUM6, NTP)                                                         \
+/* A Q6K tile's 8 chunks of quants, 0..63. */
+#define UNPACK_Q6K(q, tile)                                                                   \
+    do {                                                                                      \
+        const __m512i lo4_ = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);            \
+        const __m512i h0_ = _mm512_loadu_si512((const void *)((tile) + 288));                \
+        const __m512i h1_ = _mm512_loadu_si512((const void *)((tile) + 352));                \
+        for (int v_ = 0; v_ < 4; v_++) {                                                      \
+            const __m512i raw_ = _mm512_loadu_si512((const void *)((tile) + 32 + 64 * v_));  \
+            (q)[v_] = _mm512_or_si512(_mm512_and_si512(raw_, lo4_), Q6_HI(h0_, v_));          \
+            (q)[v_ + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw_, 4), lo4_), \
+                                          Q6_HI(h1_, v_));                                    \
+        }                                                                                     \
+    } while (0)
+
+/* A Q3K tile's 8 chunks, 0..7: the 2-bit plane's chunk (Q2_CHUNK, below)
+ * or-ed with its third bit, moved from bit c of the hi byte to bit 2 (the
+ * 16-bit shifts carry bits across bytes only into bits the mask drops). */
+#define Q3_HI(hm, c)                                                                          \
+    _mm512_and_si512((c) < 2    ? _mm512_slli_epi16((hm), 2 - (c))                            \
+                     : (c) == 2 ? (hm)                                                        \
+                                : _mm512_srli_epi16((hm), (c) - 2),                           \
+                     m4_)
+#define UNPACK_Q3K(q, tile)                                                                   \
+    do {                                                                                      \
+        const __m512i m3 = _mm512_set1_epi8(3), m4_ = _mm512_set1_epi8(4);                    \
+        const __m512i l0_ = _mm512_loadu_si512((const void *)((tile) + 32));                 \
+        const __m512i l1_ = _mm512_loadu_si512((const void *)((tile) + 96));                 \
+        const __m512i hm_ = _mm512_loadu_si512((const void *)((tile) + 160));                \
+        for (int e_ = 0; e_ < 4; e_++) {                                                      \
+            (q)[e_] = _mm512_or_si512(Q2_CHUNK(l0_, e_), Q3_HI(hm_, e_));                     \
+            (q)[e_ + 4] = _mm512_or_si512(Q2_CHUNK(l1_, e_), Q3_HI(hm_, e_ + 4));             \
+        }                                                                                     \
+    } while (0)
+
+/* Q6_K (quants 0..63, offset 32) and Q3_K (0..7, offset 4): tiles of BYTES
+ * in super-blocks of SB, the quants from UNPACK. */
+#define DEF_Q6K(NAME, TARGET, ISUM6, NTP, BYTES, SB, UNPACK, OFF)                                 \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
-        const __m512i lo4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);             \
         const __m512i ones = _mm512_set1_epi16(1);                                            \
         (void)ones;                                                                           \
         __m512 acc[NT];                                                                       \
         UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
         const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
         for (int64_t b = 0; b < W->nb; b++) {                                                 \
-            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q6K_SB;                 \
-            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q6K_BYTES; \
-            PREFETCH_TILE(tile, QT_Q6K_BYTES);                                                \
+            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (SB);                      \
+            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * (BYTES);    \
+            PREFETCH_TILE(tile, (BYTES));                                                     \
             PREFETCH_TILE(hdr, QT_Q6K_HDR);                                                   \
             const __m512 dv = _mm512_loadu_ps((const float *)hdr);                            \
             const __m512 wd0 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(     \
                                                      _mm_loadu_si128((const __m128i *)tile)))); \
             const __m512 wd1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(     \
                                                      _mm_loadu_si128((const __m128i *)(tile + 16))))); \
-            const __m512i h0 = _mm512_loadu_si512((const void *)(tile + 288));               \
-            const __m512i h1 = _mm512_loadu_si512((const void *)(tile + 352));               \
             __m512i q[8];                                                                     \
-            for (int v = 0; v < 4; v++) {                                                     \
-                __m512i raw = _mm512_loadu_si512((const void *)(tile + 32 + 64 * v));         \
-                q[v] = _mm512_or_si512(_mm512_and_si512(raw, lo4), Q6_HI(h0, v));             \
-                q[v + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), lo4),  \
-                                           Q6_HI(h1, v));                                     \
-            }                                                                                 \
+            UNPACK(q, tile);                                                                  \
             UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
                 const int32_t sh = a->a.sh[xb];                                               \
-                __m512i s0 = _mm512_set1_epi32(-32 * sh);                                     \
-                __m512i s1 = _mm512_set1_epi32(-32 * (a->a.sq[xb] - sh));                     \
+                __m512i s0 = _mm512_set1_epi32(-(OFF) * sh);                                  \
+                __m512i s1 = _mm512_set1_epi32(-(OFF) * (a->a.sq[xb] - sh));                  \
                 ISUM6(s0, q, 0, xq);                                                          \
                 ISUM6(s1, q, 4, xq + 16);                                                     \
                 const __m512 xd = _mm512_set1_ps(a->a.d[xb]);                                 \
@@ -492,8 +520,10 @@ DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16, 
 DEF_Q8(iq4_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q8(iq4_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16, QT_IQ4_BYTES,
        WD_F32, LOADW_IQ4)
-DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8)
-DEF_Q6K(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16)
+DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
+DEF_Q6K(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
+DEF_Q6K(q3k_bw, TBW, ISUM6_BW, 8, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
+DEF_Q6K(q3k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
 DEF_Q2K(q2k_bw, TBW, ISUM2_BW, 16)
 DEF_Q2K(q2k_vnni, TBW ",avx512vnni", ISUM2_VNNI, 16)
 
@@ -544,6 +574,7 @@ int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q5K] = vnni ? q5k_vnni : q5k_bw;
     ks->qrows[CPU_Q6K] = vnni ? q6k_vnni : q6k_bw;
     ks->qrows[CPU_Q2K] = vnni ? q2k_vnni : q2k_bw;
+    ks->qrows[CPU_Q3K] = vnni ? q3k_vnni : q3k_bw;
     ks->quantize = quantize_avx512;
     return 1;
 }

@@ -20,7 +20,7 @@
 #                  whole super-blocks, Q5_K and Q6_K in ffn_down
 #   q5_1           Q5_1 everywhere
 #   ffn_down-q2_k  every ffn_down in Q2_K (the fast path as Q2K tiles)
-#   ffn_down-q3_k  every ffn_down in Q3_K (the fast path as Q6_K tiles)
+#   ffn_down-q3_k  every ffn_down in Q3_K (the fast path as Q3K tiles)
 #   q3_k_m         llama.cpp's Q3_K_M recipe for this model: Q4_0 and Q5_0
 #                  where rows are not whole super-blocks, Q4_K, Q5_K
 #   q2_k           llama.cpp's Q2_K recipe for this model: Q3_K in ffn_down,

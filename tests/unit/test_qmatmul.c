@@ -52,8 +52,9 @@ typedef struct qfixture {
 } qfixture;
 
 /* fill_nibbles: every 4-bit weight of a Q4 type set to 15, every 5-bit
- * one to 31, every 6-bit one of Q6_K to 63, every 2-bit one of Q2_K to 3
- * with its scales and mins 15: the largest */
+ * one to 31, every 6-bit one of Q6_K to 63, every 3-bit one of Q3_K to 7
+ * (+3), every 2-bit one of Q2_K to 3 with its scales and mins 15: the
+ * largest */
 static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t cols, uint64_t seed,
                          int fill_nibbles) {
     memset(f, 0, sizeof *f);
@@ -63,16 +64,18 @@ static void qfix_make_ex(qfixture *f, specd_dtype type, int64_t rows, int64_t co
          * fp16 m + 16 nibble bytes; Q5_0 / Q5_1 = the same with 4 bytes of
          * fifth bits before the nibbles; Q4_K = 16 bytes of scales + 128
          * of nibbles (Q5_K: + 32 of fifth bits first); Q6_K = 128 bytes of
-         * low bits, 64 of top bits, then scales and d; Q2_K = 16 bytes of
-         * scales and mins, 64 of quants, then d and dmin */
+         * low bits, 64 of top bits, then scales and d; Q3_K = 32 bytes of
+         * third bits, 64 of low bits, then scales and d; Q2_K = 16 bytes
+         * of scales and mins, 64 of quants, then d and dmin */
         size_t head = type == SPECD_Q4_1 || type == SPECD_Q5_1   ? 4
                       : type == SPECD_Q4_K || type == SPECD_Q5_K ? 16
-                      : type == SPECD_Q6_K || type == SPECD_Q2_K ? 0
+                      : type == SPECD_Q6_K || type == SPECD_Q2_K || type == SPECD_Q3_K ? 0
                                                                  : 2;
         size_t quants = type == SPECD_Q4_K   ? 128
                         : type == SPECD_Q5_K ? 160
                         : type == SPECD_Q6_K ? 192
                         : type == SPECD_Q2_K ? 80
+                        : type == SPECD_Q3_K ? 96
                         : type == SPECD_Q5_0 || type == SPECD_Q5_1 ? 20
                                                                    : 16;
         size_t blk = specd_dtype_get(type)->block_bytes;
@@ -165,16 +168,16 @@ static void test_paths_equal_scalar_twin(void **state) {
     for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
 }
 
-/* The largest products the 2-, 4-, 5- and 6-bit kernels meet: every
- * weight 3 (15, 31, 63) and every activation +-127 (a block of equal values
- * quantizes to 127), where an int16 intermediate (vpmaddubsw's pairs,
- * 3,810 here; four Q5 chunks' pairs, 31,496; two Q6_K chunks', 32,004; four
- * Q2_K chunks', 3,048) or a too-narrow partial sum would show.
+/* The largest products the 2-, 3-, 4-, 5- and 6-bit kernels meet: every
+ * weight 3 (7, 15, 31, 63) and every activation +-127 (a block of equal
+ * values quantizes to 127), where an int16 intermediate (vpmaddubsw's
+ * pairs, 3,810 here; four Q5 chunks' pairs, 31,496; two Q6_K chunks',
+ * 32,004; four Q2_K chunks', 3,048) or a too-narrow partial sum would show.
  * Every path against the scalar twin, bit for bit. */
 static void test_q4_extremes(void **state) {
     (void)state;
     const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
-                                 SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K};
+                                 SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q3_K, SPECD_Q2_K};
     enum { ROWS = 48, COLS = 256, NTOK = 5 };
     float x[NTOK * COLS];
     for (int t = 0; t < NTOK; t++)
@@ -440,11 +443,11 @@ static void test_which_types(void **state) {
     cpu_qweight w;
     assert_int_equal(cpu_qweight_make(&t, &w, NULL), 0);
     /* the K-quants take their super-blocks of 256 whole, and repack into
-     * about the GGUF's bytes (qmatmul.h: 2432, 2944, 3392 and 1408 per
-     * 16 x 256) */
-    const specd_dtype k[] = {SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K};
-    const size_t sb_bytes[] = {2432, 2944, 3392, 1408};
-    for (int i = 0; i < 4; i++) {
+     * about the GGUF's bytes (qmatmul.h: 2432, 2944, 3392, 1856 and 1408
+     * per 16 x 256) */
+    const specd_dtype k[] = {SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q3_K, SPECD_Q2_K};
+    const size_t sb_bytes[] = {2432, 2944, 3392, 1856, 1408};
+    for (int i = 0; i < 5; i++) {
         size_t rb;
         uint8_t *raw = test_random_weights(k[i], 20, 512, 2, &rb);
         t.type = k[i];
