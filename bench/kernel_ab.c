@@ -6,9 +6,10 @@
  * (a git revision's as ks_A, the working tree's as ks_B) and links both
  * here; read that script first.
  *
- * For each token count: one Q4_1 (1536 x 576, the FFN gate) or Q8_0
- * (4096 x 576, a slice of the LM head) matrix, repacked into a huge-page
- * arena as the CPU backend keeps it, multiplied on one thread
+ * For each token count: one Q4_1 (1536 x 576, the FFN gate), Q8_0
+ * (4096 x 576, a slice of the LM head), or Q6_K, Q3_K or Q2_K (576 x 1536,
+ * the FFN down) matrix, repacked into a huge-page arena as the CPU backend
+ * keeps it, multiplied on one thread
  *   hot:  the same copy again and again (in L2: the kernel's arithmetic);
  *   cold: the next of copies spanning 96 MB (from DRAM, as in a forward
  *         pass);
@@ -33,15 +34,33 @@ int ks_B(cpu_kernel_set *ks, int vnni);
 #define HOT_CALLS 20
 
 int main(int argc, char **argv) {
-    if (argc != 3 || (strcmp(argv[1], "q4") && strcmp(argv[1], "q8"))) {
-        fprintf(stderr, "usage: kernel_ab q4|q8 VNNI(0|1)\n");
+    /* the matrices: name, type, its tile kind, shape, and where each block
+     * keeps its fp16 scale fields (-1: none) */
+    static const struct {
+        const char *name;
+        specd_dtype type;
+        cpu_qkind kind;
+        int64_t rows, cols;
+        int f16_at[2];
+    } mats[] = {
+        {"q4", SPECD_Q4_1, CPU_Q4, 1536, 576, {0, 2}},
+        {"q8", SPECD_Q8_0, CPU_Q8, 4096, 576, {0, -1}},
+        {"q6k", SPECD_Q6_K, CPU_Q6K, 576, 1536, {208, -1}},
+        {"q3k", SPECD_Q3_K, CPU_Q3K, 576, 1536, {108, -1}},
+        {"q2k", SPECD_Q2_K, CPU_Q2K, 576, 1536, {80, 82}},
+    };
+    int m = -1;
+    for (int i = 0; argc == 3 && i < (int)(sizeof mats / sizeof mats[0]); i++)
+        if (!strcmp(argv[1], mats[i].name)) m = i;
+    if (m < 0) {
+        fprintf(stderr, "usage: kernel_ab q4|q8|q6k|q3k|q2k VNNI(0|1)\n");
         return 2;
     }
-    const int q4 = !strcmp(argv[1], "q4"), vnni = atoi(argv[2]);
-    const int64_t rows = q4 ? 1536 : 4096, cols = 576;
-    const specd_dtype type = q4 ? SPECD_Q4_1 : SPECD_Q8_0;
+    const int vnni = atoi(argv[2]);
+    const int64_t rows = mats[m].rows, cols = mats[m].cols;
+    const specd_dtype type = mats[m].type;
     const specd_dtype_info *ti = specd_dtype_get(type);
-    const size_t nblk = (size_t)(rows * cols) / 32, bytes = nblk * ti->block_bytes;
+    const size_t nblk = (size_t)(rows * cols) / ti->block_elems, bytes = nblk * ti->block_bytes;
     uint8_t *raw = malloc(bytes);
     if (!raw) return 1;
     srand(1);
@@ -50,8 +69,8 @@ int main(int argc, char **argv) {
      * infinities, whose bits say nothing about the kernels */
     for (size_t b = 0; b < nblk; b++) {
         const uint16_t h = 0x2000;
-        memcpy(raw + b * ti->block_bytes, &h, 2);
-        if (q4) memcpy(raw + b * ti->block_bytes + 2, &h, 2);
+        for (int f = 0; f < 2; f++)
+            if (mats[m].f16_at[f] >= 0) memcpy(raw + b * ti->block_bytes + mats[m].f16_at[f], &h, 2);
     }
     specd_tensor t = {.type = type, .n_dims = 2, .ne = {(uint64_t)cols, (uint64_t)rows, 1, 1},
                       .data = raw, .nbytes = bytes};
@@ -68,7 +87,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kernel_ab: this CPU lacks the path\n");
         return 1;
     }
-    const cpu_qkind kind = q4 ? CPU_Q4 : CPU_Q8;
+    const cpu_qkind kind = mats[m].kind;
     const int max_tok = 64;
     float *x = malloc(sizeof(float) * (size_t)(max_tok * cols));
     float *y[2] = {malloc(sizeof(float) * (size_t)(max_tok * rows)),
@@ -76,10 +95,11 @@ int main(int argc, char **argv) {
     int8_t *q = malloc((size_t)(max_tok * cols));
     const size_t nb_all = (size_t)(max_tok * cols / 32);
     float *d = malloc(sizeof(float) * nb_all), *s = malloc(sizeof(float) * nb_all);
-    int32_t *sq = malloc(sizeof(int32_t) * nb_all);
-    if (!x || !y[0] || !y[1] || !q || !d || !s || !sq) return 1;
+    int32_t *sq = malloc(sizeof(int32_t) * nb_all), *sh = malloc(sizeof(int32_t) * nb_all);
+    if (!x || !y[0] || !y[1] || !q || !d || !s || !sq || !sh) return 1;
     for (int64_t i = 0; i < max_tok * cols; i++) x[i] = (float)(rand() % 1000) / 500.0f - 1.0f;
     cpu_quantize_act(x, max_tok, cols, q, d, s, sq);
+    cpu_act_half_sums(q, max_tok, cols, sh);
 
     printf("%s %lldx%lld, %s kernels, 1 thread, %d copies (cold); median us of %d turns\n",
            ti->name, (long long)rows, (long long)cols, vnni ? "VNNI" : "non-VNNI", n_copies, REPS);
@@ -101,7 +121,7 @@ int main(int argc, char **argv) {
                         const cpu_qweight *W = &w[cold ? i : 0];
                         cpu_qmm_args a = {.w = W,
                                           .a = {.n_tok = nt, .cols = cols, .nb = cols / 32,
-                                                .q = q, .d = d, .s = s, .sq = sq},
+                                                .q = q, .d = d, .s = s, .sq = sq, .sh = sh},
                                           .y = y[v],
                                           .ldy = rows};
                         ks->qrows[kind](&a, 0, W->n_groups);

@@ -3,10 +3,11 @@
 # tree's (B), both in one process, alternated (bench/kernel_ab.c for the
 # matmul files, bench/attn_ab.c for the attention ones).
 #
-#   bench/kernel_ab.sh REV [FILE] [q4|q8] [vnni|plain]
+#   bench/kernel_ab.sh REV [FILE] [q4|q8|q6k|q3k|q2k] [vnni|plain]
 #     REV   the revision for A (e.g. HEAD, or HEAD~1 once B is committed)
 #     FILE  kernels/cpu/qmatmul_avx512.c (default) or kernels/cpu/qmatmul_avx2.c
-#     q4|q8 the matrix: Q4_1 1536x576 or Q8_0 4096x576 (default q4)
+#     q4|q8|q6k|q3k|q2k  the matrix: Q4_1 1536x576, Q8_0 4096x576, or Q6_K,
+#           Q3_K, Q2_K 576x1536 (default q4)
 #     vnni|plain  the file's VNNI kernels or its other ones (default vnni)
 #   bench/kernel_ab.sh REV kernels/cpu/vec_avx512.c|vec_avx2.c [P,P,...] [T]
 #     a step's attention over P cached rows (default 1000,3000) for T new
@@ -16,7 +17,7 @@
 # libraries. Prints a markdown table; exits 1 if A and B differ in any bit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rev=${1:?usage: bench/kernel_ab.sh REV [FILE] [q4|q8|P,P,...] [vnni|plain]}
+rev=${1:?usage: bench/kernel_ab.sh REV [FILE] [q4|q8|q6k|q3k|q2k|P,P,...] [vnni|plain]}
 file=${2:-kernels/cpu/qmatmul_avx512.c}
 case $file in
 *qmatmul_avx512.c) sym=cpu_qkernels_avx512 main=kernel_ab A=ks_A B=ks_B ;;

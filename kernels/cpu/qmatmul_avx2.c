@@ -247,14 +247,22 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET)
 
-/* Q6_K (qmatmul_avx512.c's DEF_Q6K, 8 rows a half): the top two bits of
- * chunk 4k + e shifted from bits 2e, 2e+1 of hi[k] to bits 4, 5. */
+/* Tiles with 16-column halves: Q6_K, Q3_K, Q2_K (qmatmul_avx512.c's
+ * DEF_KHALF, 8 rows a half h). Q6K's top two bits of chunk 4k + e shifted
+ * from bits 2e, 2e+1 of hi[k] to bits 4, 5; a 2-bit plane's chunk shifted
+ * down; Q3K's third bit of chunk c moved from bit c to bit 2. */
 #define Q6_HI(hv, e)                                                                  \
     _mm256_and_si256((e) == 0   ? _mm256_slli_epi16((hv), 4)                          \
                      : (e) == 1 ? _mm256_slli_epi16((hv), 2)                          \
                      : (e) == 2 ? (hv)                                                \
                                 : _mm256_srli_epi16((hv), 2),                         \
                      m30)
+#define Q2_CHUNK(hv, e) _mm256_and_si256(_mm256_srli_epi16((hv), 2 * (e)), m3)
+#define Q3_HI(hm, c)                                                                          \
+    _mm256_and_si256((c) < 2    ? _mm256_slli_epi16((hm), 2 - (c))                            \
+                     : (c) == 2 ? (hm)                                                        \
+                                : _mm256_srli_epi16((hm), (c) - 2),                           \
+                     m4_)
 /* A half's sums from chunk c0 for one token (see ISUM6_BW there: two
  * chunks' pair sums, at most 2 * 16002, add in int16). */
 #define ISUM6_VNNI(s, q, c0, xq)                                                      \
@@ -270,7 +278,18 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                                           _mm256_set1_epi32(ld32((xq) + 4 * c_ + 4)))),      \
                  ones))
 
-/* Half h of a Q6K tile's 8 chunks of quants, 0..63. */
+/* Weights of at most 3 bits: a half's four chunks add in int16 (see
+ * ISUM3_BW there). */
+#define ISUM3_AVX2(s, q, c0, xq)                                                              \
+    do {                                                                                      \
+        __m256i p_ = _mm256_maddubs_epi16((q)[c0], _mm256_set1_epi32(ld32(xq)));              \
+        for (int c_ = 1; c_ < 4; c_++)                                                        \
+            p_ = _mm256_add_epi16(p_, _mm256_maddubs_epi16((q)[(c0) + c_],                    \
+                                                           _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
+        (s) = _mm256_add_epi32((s), _mm256_madd_epi16(p_, ones));                             \
+    } while (0)
+
+/* Half h of a tile's 8 chunks of quants: Q6K 0..63, Q3K 0..7, Q2K 0..3. */
 #define UNPACK_Q6K(q, tile, h)                                                                \
     do {                                                                                      \
         const __m256i lo4_ = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);            \
@@ -283,13 +302,6 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                                           Q6_HI(h1_, v_));                                    \
         }                                                                                     \
     } while (0)
-
-/* Half h of a Q3K tile's 8 chunks, 0..7 (qmatmul_avx512.c's UNPACK_Q3K). */
-#define Q3_HI(hm, c)                                                                          \
-    _mm256_and_si256((c) < 2    ? _mm256_slli_epi16((hm), 2 - (c))                            \
-                     : (c) == 2 ? (hm)                                                        \
-                                : _mm256_srli_epi16((hm), (c) - 2),                           \
-                     m4_)
 #define UNPACK_Q3K(q, tile, h)                                                                \
     do {                                                                                      \
         const __m256i m3 = _mm256_set1_epi8(3), m4_ = _mm256_set1_epi8(4);                    \
@@ -301,9 +313,39 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
             (q)[e_ + 4] = _mm256_or_si256(Q2_CHUNK(l1_, e_), Q3_HI(hm_, e_ + 4));             \
         }                                                                                     \
     } while (0)
+#define UNPACK_Q2K(q, tile, h)                                                                \
+    do {                                                                                      \
+        const __m256i m3 = _mm256_set1_epi8(3);                                               \
+        const __m256i l0_ = _mm256_loadu_si256((const __m256i *)((tile) + 32 + 32 * (h)));    \
+        const __m256i l1_ = _mm256_loadu_si256((const __m256i *)((tile) + 96 + 32 * (h)));    \
+        for (int e_ = 0; e_ < 4; e_++) {                                                      \
+            (q)[e_] = Q2_CHUNK(l0_, e_);                                                      \
+            (q)[e_ + 4] = Q2_CHUNK(l1_, e_);                                                  \
+        }                                                                                     \
+    } while (0)
 
-/* Q6_K (offset 32) and Q3_K (offset 4), as qmatmul_avx512.c's DEF_Q6K. */
-#define DEF_Q6K(NAME, TARGET, ISUM6, BYTES, SB, UNPACK, OFF)                                   \
+/* Half h's scales and mins (qmatmul_avx512.c's SCALES_I8, SCALES_Q2K). */
+#define SCALES_I8(hdr, tile, h, wd, wm)                                                       \
+    do {                                                                                      \
+        const __m256 dv_ = _mm256_loadu_ps((const float *)(hdr) + 8 * (h));                   \
+        (wd)[0] = _mm256_mul_ps(dv_, i8_scales((tile) + 8 * (h)));                            \
+        (wd)[1] = _mm256_mul_ps(dv_, i8_scales((tile) + 16 + 8 * (h)));                       \
+        (wm)[0] = (wm)[1] = _mm256_setzero_ps();                                              \
+    } while (0)
+#define SCALES_Q2K(hdr, tile, h, wd, wm)                                                      \
+    do {                                                                                      \
+        const __m256 dv_ = _mm256_loadu_ps((const float *)(hdr) + 8 * (h));                   \
+        const __m256 mv_ = _mm256_loadu_ps((const float *)((hdr) + 64) + 8 * (h));            \
+        for (int k_ = 0; k_ < 2; k_++) {                                                      \
+            const __m256i sm_ = _mm256_cvtepu8_epi32(                                         \
+                _mm_loadl_epi64((const __m128i *)((tile) + 16 * k_ + 8 * (h))));              \
+            (wd)[k_] = _mm256_mul_ps(                                                         \
+                dv_, _mm256_cvtepi32_ps(_mm256_and_si256(sm_, _mm256_set1_epi32(15))));       \
+            (wm)[k_] = _mm256_mul_ps(mv_, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm_, 4)));     \
+        }                                                                                     \
+    } while (0)
+
+#define DEF_KHALF(NAME, TARGET, ISUM6, BYTES, HDR, SB, SCALES, UNPACK, OFF, MINS)              \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
         const cpu_qweight *W = a->w;                                                          \
@@ -314,90 +356,29 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
         const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
         for (int64_t b = 0; b < W->nb; b++) {                                                 \
             const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (SB);                      \
-            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * (BYTES);    \
+            const uint8_t *tile = hdr + (HDR) + (size_t)(b % QT_SB_BLOCKS) * (BYTES);         \
             PREFETCH_TILE(tile, (BYTES));                                                     \
-            PREFETCH_TILE(hdr, QT_Q6K_HDR);                                                   \
-            const __m256 dv = _mm256_loadu_ps((const float *)hdr + 8 * h);                    \
-            const __m256 wd0 = _mm256_mul_ps(dv, i8_scales(tile + 8 * h));                    \
-            const __m256 wd1 = _mm256_mul_ps(dv, i8_scales(tile + 16 + 8 * h));               \
+            PREFETCH_TILE(hdr, (HDR));                                                        \
+            __m256 wd[2], wm[2];                                                              \
+            SCALES(hdr, tile, h, wd, wm);                                                     \
             __m256i q[8];                                                                     \
             UNPACK(q, tile, h);                                                               \
             for (int t = 0; t < nt; t++) {                                                    \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
-                const int32_t sh = a->a.sh[xb];                                               \
+                const int32_t sh = a->a.sh[xb], sh1 = a->a.sq[xb] - sh;                       \
+                const float xdf = a->a.d[xb];                                                 \
                 __m256i s0 = _mm256_set1_epi32(-(OFF) * sh);                                  \
-                __m256i s1 = _mm256_set1_epi32(-(OFF) * (a->a.sq[xb] - sh));                  \
+                __m256i s1 = _mm256_set1_epi32(-(OFF) * sh1);                                 \
                 ISUM6(s0, q, 0, xq);                                                          \
                 ISUM6(s1, q, 4, xq + 16);                                                     \
-                const __m256 xd = _mm256_set1_ps(a->a.d[xb]);                                 \
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(wd0, xd), acc[t]); \
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(wd1, xd), acc[t]); \
-            }                                                                                 \
-        }                                                                                     \
-        STORE_PASS(a, g, h, t0, nt, acc);                                                     \
-    }                                                                                         \
-    DEF_DRIVER(NAME, TARGET)
-
-/* Q2_K (qmatmul_avx512.c's DEF_Q2K, 8 rows a half h): chunk 4k + e's
- * quants at bits 2e, 2e+1 of q[k]; a column half's four chunks add in
- * int16 (at most 3,048) before one vpmaddwd without VNNI. */
-#define Q2_CHUNK(hv, e) _mm256_and_si256(_mm256_srli_epi16((hv), 2 * (e)), m3)
-#define ISUM2_VNNI(s, q, c0, xq) ISUM6_VNNI(s, q, c0, xq)
-#define ISUM2_AVX2(s, q, c0, xq)                                                              \
-    do {                                                                                      \
-        __m256i p_ = _mm256_maddubs_epi16((q)[c0], _mm256_set1_epi32(ld32(xq)));              \
-        for (int c_ = 1; c_ < 4; c_++)                                                        \
-            p_ = _mm256_add_epi16(p_, _mm256_maddubs_epi16((q)[(c0) + c_],                    \
-                                                           _mm256_set1_epi32(ld32((xq) + 4 * c_)))); \
-        (s) = _mm256_add_epi32((s), _mm256_madd_epi16(p_, ones));                             \
-    } while (0)
-
-#define DEF_Q2K(NAME, TARGET, ISUM2)                                                           \
-    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
-        const cpu_qmm_args *a, int64_t g, int h, int t0, const int nt) {                      \
-        const cpu_qweight *W = a->w;                                                          \
-        const __m256i m3 = _mm256_set1_epi8(3), lo4 = _mm256_set1_epi32(15);                  \
-        const __m256i ones = _mm256_set1_epi16(1);                                            \
-        (void)ones;                                                                           \
-        __m256 acc[NT];                                                                       \
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                            \
-        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
-        for (int64_t b = 0; b < W->nb; b++) {                                                 \
-            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q2K_SB;                 \
-            const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q2K_BYTES; \
-            PREFETCH_TILE(tile, QT_Q2K_BYTES);                                                \
-            PREFETCH_TILE(hdr, QT_Q4K_HDR);                                                   \
-            const __m256 dv = _mm256_loadu_ps((const float *)hdr + 8 * h);                    \
-            const __m256 mv = _mm256_loadu_ps((const float *)(hdr + 64) + 8 * h);             \
-            const __m256i sm0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(tile + 8 * h))); \
-            const __m256i sm1 =                                                               \
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(tile + 16 + 8 * h)));  \
-            const __m256 wd0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(sm0, lo4))); \
-            const __m256 wd1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(sm1, lo4))); \
-            const __m256 wm0 = _mm256_mul_ps(mv, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm0, 4))); \
-            const __m256 wm1 = _mm256_mul_ps(mv, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm1, 4))); \
-            const __m256i h0 = _mm256_loadu_si256((const __m256i *)(tile + 32 + 32 * h));     \
-            const __m256i h1 = _mm256_loadu_si256((const __m256i *)(tile + 96 + 32 * h));     \
-            __m256i q[8];                                                                     \
-            for (int e = 0; e < 4; e++) {                                                     \
-                q[e] = Q2_CHUNK(h0, e);                                                       \
-                q[e + 4] = Q2_CHUNK(h1, e);                                                   \
-            }                                                                                 \
-            for (int t = 0; t < nt; t++) {                                                    \
-                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
-                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
-                const int32_t sh = a->a.sh[xb];                                               \
-                const float xdf = a->a.d[xb];                                                 \
-                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();             \
-                ISUM2(s0, q, 0, xq);                                                          \
-                ISUM2(s1, q, 4, xq + 16);                                                     \
                 const __m256 xd = _mm256_set1_ps(xdf);                                        \
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(wd0, xd), acc[t]); \
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(wd1, xd), acc[t]); \
-                acc[t] = _mm256_fmadd_ps(wm0, _mm256_set1_ps(xdf * (float)sh), acc[t]);       \
-                acc[t] = _mm256_fmadd_ps(wm1, _mm256_set1_ps(xdf * (float)(a->a.sq[xb] - sh)), \
-                                         acc[t]);                                             \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(wd[0], xd), acc[t]); \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(wd[1], xd), acc[t]); \
+                if (MINS) {                                                                   \
+                    acc[t] = _mm256_fmadd_ps(wm[0], _mm256_set1_ps(xdf * (float)sh), acc[t]); \
+                    acc[t] = _mm256_fmadd_ps(wm[1], _mm256_set1_ps(xdf * (float)sh1), acc[t]); \
+                }                                                                             \
             }                                                                                 \
         }                                                                                     \
         STORE_PASS(a, g, h, t0, nt, acc);                                                     \
@@ -487,12 +468,12 @@ DEF_Q8(q8_avx2, TAVX2, DOT_AVX2, 0, QT_Q8_BYTES, WD_F16, LOADW_Q8)
 DEF_Q8(q8_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_Q8_BYTES, WD_F16, LOADW_Q8)
 DEF_Q8(iq4_avx2, TAVX2, DOT_AVX2, 0, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q8(iq4_avxvnni, TAVX2 ",avxvnni", DOT_VNNI, 1, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
-DEF_Q6K(q6k_avx2, TAVX2, ISUM6_AVX2, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
-DEF_Q6K(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
-DEF_Q6K(q3k_avx2, TAVX2, ISUM6_AVX2, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
-DEF_Q6K(q3k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
-DEF_Q2K(q2k_avx2, TAVX2, ISUM2_AVX2)
-DEF_Q2K(q2k_avxvnni, TAVX2 ",avxvnni", ISUM2_VNNI)
+DEF_KH(q6k_avx2, TAVX2, ISUM6_AVX2, KH_Q6K)
+DEF_KH(q6k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, KH_Q6K)
+DEF_KH(q3k_avx2, TAVX2, ISUM3_AVX2, KH_Q3K)
+DEF_KH(q3k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, KH_Q3K)
+DEF_KH(q2k_avx2, TAVX2, ISUM3_AVX2, KH_Q2K)
+DEF_KH(q2k_avxvnni, TAVX2 ",avxvnni", ISUM6_VNNI, KH_Q2K)
 
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni) {
     ks->qrows[CPU_Q4] = vnni ? q4_avxvnni : q4_avx2;

@@ -329,7 +329,7 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
     }                                                                                         \
     DEF_DRIVER(NAME, TARGET, NTP)
 
-/* ---- 6-bit tiles (Q6_K) --------------------------------------------------- */
+/* ---- tiles with 16-column halves (Q6_K, Q3_K, Q2_K) ----------------------- */
 
 /* q = low nibble | top two bits << 4, a chunk's 64 bytes at once: chunk
  * 4k + e's top bits sit at bits 2e, 2e+1 of hi[k] (qmatmul.h), shifted to
@@ -341,11 +341,21 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                      : (e) == 2 ? (h)                                                 \
                                 : _mm512_srli_epi16((h), 2),                          \
                      m30)
+/* Chunk 4k + e of a 2-bit plane (Q2K's quants, Q3K's low bits), shifted
+ * down and masked. */
+#define Q2_CHUNK(h, e) _mm512_and_si512(_mm512_srli_epi16((h), 2 * (e)), m3)
+/* Q3K's third bit of chunk c, moved from bit c of the hi byte to bit 2. */
+#define Q3_HI(hm, c)                                                                          \
+    _mm512_and_si512((c) < 2    ? _mm512_slli_epi16((hm), 2 - (c))                            \
+                     : (c) == 2 ? (hm)                                                        \
+                                : _mm512_srli_epi16((hm), (c) - 2),                           \
+                     m4_)
 
-/* A half's int32 sums (4 chunks from c0) for one token, its chain started
- * at -32 * (the half's activation sum). VNNI: one chain per half, the two
- * halves interleaved. BW: vpmaddubsw's pair sums of 6-bit weights reach
- * 2 * 63 * 127 = 16002, so two chunks add in int16 before each vpmaddwd. */
+/* A half's int32 sums (4 chunks from c0) for one token, onto the chain's
+ * start (-32 or -4 times the half's activation sum, or 0). VNNI: one chain
+ * per half, the two halves interleaved. BW: vpmaddubsw's pair sums of 6-bit
+ * weights reach 2 * 63 * 127 = 16002, so two chunks add in int16 before
+ * each vpmaddwd. */
 #define ISUM6_VNNI(s, q, c0, xq)                                                      \
     for (int c_ = 0; c_ < 4; c_++)                                                    \
     (s) = _mm512_dpbusd_epi32((s), (q)[(c0) + c_], _mm512_set1_epi32(ld32((xq) + 4 * c_)))
@@ -359,7 +369,20 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                                           _mm512_set1_epi32(ld32((xq) + 4 * c_ + 4)))),      \
                  ones))
 
-/* A Q6K tile's 8 chunks of quants, 0..63. */
+/* BW, weights of at most 3 bits (Q3K, Q2K): pair sums reach 2 * 7 * 127 =
+ * 1,778, so a half's four chunks add in int16 (7,112) before one
+ * vpmaddwd (two pairs widened apart measured 1.03-1.18x the time at 4-64
+ * tokens for Q2_K, bench/kernel_ab.sh). */
+#define ISUM3_BW(s, q, c0, xq)                                                                \
+    do {                                                                                      \
+        __m512i p_ = _mm512_maddubs_epi16((q)[c0], _mm512_set1_epi32(ld32(xq)));              \
+        for (int c_ = 1; c_ < 4; c_++)                                                        \
+            p_ = _mm512_add_epi16(p_, _mm512_maddubs_epi16((q)[(c0) + c_],                    \
+                                                           _mm512_set1_epi32(ld32((xq) + 4 * c_)))); \
+        (s) = _mm512_add_epi32((s), _mm512_madd_epi16(p_, ones));                             \
+    } while (0)
+
+/* A tile's 8 chunks of quants: Q6K 0..63, Q3K 0..7, Q2K 0..3. */
 #define UNPACK_Q6K(q, tile)                                                                   \
     do {                                                                                      \
         const __m512i lo4_ = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);            \
@@ -372,15 +395,6 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                                           Q6_HI(h1_, v_));                                    \
         }                                                                                     \
     } while (0)
-
-/* A Q3K tile's 8 chunks, 0..7: the 2-bit plane's chunk (Q2_CHUNK, below)
- * or-ed with its third bit, moved from bit c of the hi byte to bit 2 (the
- * 16-bit shifts carry bits across bytes only into bits the mask drops). */
-#define Q3_HI(hm, c)                                                                          \
-    _mm512_and_si512((c) < 2    ? _mm512_slli_epi16((hm), 2 - (c))                            \
-                     : (c) == 2 ? (hm)                                                        \
-                                : _mm512_srli_epi16((hm), (c) - 2),                           \
-                     m4_)
 #define UNPACK_Q3K(q, tile)                                                                   \
     do {                                                                                      \
         const __m512i m3 = _mm512_set1_epi8(3), m4_ = _mm512_set1_epi8(4);                    \
@@ -392,10 +406,47 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
             (q)[e_ + 4] = _mm512_or_si512(Q2_CHUNK(l1_, e_), Q3_HI(hm_, e_ + 4));             \
         }                                                                                     \
     } while (0)
+#define UNPACK_Q2K(q, tile)                                                                   \
+    do {                                                                                      \
+        const __m512i m3 = _mm512_set1_epi8(3);                                               \
+        const __m512i l0_ = _mm512_loadu_si512((const void *)((tile) + 32));                 \
+        const __m512i l1_ = _mm512_loadu_si512((const void *)((tile) + 96));                 \
+        for (int e_ = 0; e_ < 4; e_++) {                                                      \
+            (q)[e_] = Q2_CHUNK(l0_, e_);                                                      \
+            (q)[e_ + 4] = Q2_CHUNK(l1_, e_);                                                  \
+        }                                                                                     \
+    } while (0)
 
-/* Q6_K (quants 0..63, offset 32) and Q3_K (0..7, offset 4): tiles of BYTES
- * in super-blocks of SB, the quants from UNPACK. */
-#define DEF_Q6K(NAME, TARGET, ISUM6, NTP, BYTES, SB, UNPACK, OFF)                                 \
+/* The halves' scales wd[h] and mins wm[h]: Q6_K's and Q3_K's int8 scales
+ * times the header's d (no mins); Q2_K's scale bytes, the low nibble times
+ * d and the high one times -dmin. Exact in fp32, as the scalar twin
+ * computes them. */
+#define SCALES_I8(hdr, tile, wd, wm)                                                          \
+    do {                                                                                      \
+        const __m512 dv_ = _mm512_loadu_ps((const float *)(hdr));                             \
+        for (int h_ = 0; h_ < 2; h_++)                                                        \
+            (wd)[h_] = _mm512_mul_ps(dv_, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(            \
+                                              _mm_loadu_si128((const __m128i *)((tile) + 16 * h_))))); \
+        (wm)[0] = (wm)[1] = _mm512_setzero_ps();                                              \
+    } while (0)
+#define SCALES_Q2K(hdr, tile, wd, wm)                                                         \
+    do {                                                                                      \
+        const __m512 dv_ = _mm512_loadu_ps((const float *)(hdr));                             \
+        const __m512 mv_ = _mm512_loadu_ps((const float *)((hdr) + 64));                      \
+        for (int h_ = 0; h_ < 2; h_++) {                                                      \
+            const __m512i sm_ =                                                               \
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((tile) + 16 * h_)));   \
+            (wd)[h_] = _mm512_mul_ps(                                                         \
+                dv_, _mm512_cvtepi32_ps(_mm512_and_si512(sm_, _mm512_set1_epi32(15))));       \
+            (wm)[h_] = _mm512_mul_ps(mv_, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm_, 4)));     \
+        }                                                                                     \
+    } while (0)
+
+/* Tiles of BYTES behind a header of HDR bytes per super-block of SB: each
+ * half's sum starts at -OFF times its activation sum (Q6_K 32, Q3_K 4,
+ * Q2_K 0) and takes its own scale; with MINS (Q2_K) each half's min then
+ * multiplies the half's activation sum (qmatmul.h's operation order). */
+#define DEF_KHALF(NAME, TARGET, ISUM6, NTP, BYTES, HDR, SB, SCALES, UNPACK, OFF, MINS)            \
     static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
         const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
         const cpu_qweight *W = a->w;                                                          \
@@ -406,100 +457,29 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
         const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
         for (int64_t b = 0; b < W->nb; b++) {                                                 \
             const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * (SB);                      \
-            const uint8_t *tile = hdr + QT_Q6K_HDR + (size_t)(b % QT_SB_BLOCKS) * (BYTES);    \
+            const uint8_t *tile = hdr + (HDR) + (size_t)(b % QT_SB_BLOCKS) * (BYTES);         \
             PREFETCH_TILE(tile, (BYTES));                                                     \
-            PREFETCH_TILE(hdr, QT_Q6K_HDR);                                                   \
-            const __m512 dv = _mm512_loadu_ps((const float *)hdr);                            \
-            const __m512 wd0 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(     \
-                                                     _mm_loadu_si128((const __m128i *)tile)))); \
-            const __m512 wd1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(     \
-                                                     _mm_loadu_si128((const __m128i *)(tile + 16))))); \
+            PREFETCH_TILE(hdr, (HDR));                                                        \
+            __m512 wd[2], wm[2];                                                              \
+            SCALES(hdr, tile, wd, wm);                                                        \
             __m512i q[8];                                                                     \
             UNPACK(q, tile);                                                                  \
             UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
                 const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
                 const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
-                const int32_t sh = a->a.sh[xb];                                               \
+                const int32_t sh = a->a.sh[xb], sh1 = a->a.sq[xb] - sh;                       \
+                const float xdf = a->a.d[xb];                                                 \
                 __m512i s0 = _mm512_set1_epi32(-(OFF) * sh);                                  \
-                __m512i s1 = _mm512_set1_epi32(-(OFF) * (a->a.sq[xb] - sh));                  \
+                __m512i s1 = _mm512_set1_epi32(-(OFF) * sh1);                                 \
                 ISUM6(s0, q, 0, xq);                                                          \
                 ISUM6(s1, q, 4, xq + 16);                                                     \
-                const __m512 xd = _mm512_set1_ps(a->a.d[xb]);                                 \
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(wd0, xd), acc[t]); \
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(wd1, xd), acc[t]); \
-            }                                                                                 \
-        }                                                                                     \
-        STORE_PASS(a, g, t0, nt, acc);                                                        \
-    }                                                                                         \
-    DEF_DRIVER(NAME, TARGET, NTP)
-
-/* ---- 2-bit tiles (Q2_K) --------------------------------------------------- */
-
-/* Chunk 4k + e's quants sit at bits 2e, 2e+1 of q[k] (qmatmul.h), as Q6K's
- * top bits: shifted down and masked (the 16-bit shifts carry bits across
- * bytes only into bits the mask drops). */
-#define Q2_CHUNK(h, e) _mm512_and_si512(_mm512_srli_epi16((h), 2 * (e)), m3)
-
-/* A half's int32 sums (4 chunks from c0) for one token, from zero. BW:
- * vpmaddubsw's pair sums of 2-bit weights are at most 2 * 3 * 127 = 762,
- * so a half's four chunks add in int16 (3,048) before one vpmaddwd. */
-#define ISUM2_VNNI(s, q, c0, xq) ISUM6_VNNI(s, q, c0, xq)
-#define ISUM2_BW(s, q, c0, xq)                                                                \
-    do {                                                                                      \
-        __m512i p_ = _mm512_maddubs_epi16((q)[c0], _mm512_set1_epi32(ld32(xq)));              \
-        for (int c_ = 1; c_ < 4; c_++)                                                        \
-            p_ = _mm512_add_epi16(p_, _mm512_maddubs_epi16((q)[(c0) + c_],                    \
-                                                           _mm512_set1_epi32(ld32((xq) + 4 * c_)))); \
-        (s) = _mm512_add_epi32((s), _mm512_madd_epi16(p_, ones));                             \
-    } while (0)
-
-/* Q2_K: per half h a scale wd_h = d * sc and a min wm_h = -dmin * mn, both
- * from the tile's scale bytes (low nibble sc, high nibble mn); the mins
- * multiply the half's activation sum (qmatmul.h's operation order). */
-#define DEF_Q2K(NAME, TARGET, ISUM2, NTP)                                                         \
-    static inline __attribute__((always_inline, target(TARGET))) void NAME##_pass(           \
-        const cpu_qmm_args *a, int64_t g, int t0, const int nt) {                             \
-        const cpu_qweight *W = a->w;                                                          \
-        const __m512i m3 = _mm512_set1_epi8(3), lo4 = _mm512_set1_epi32(15);                  \
-        const __m512i ones = _mm512_set1_epi16(1);                                            \
-        (void)ones;                                                                           \
-        __m512 acc[NT];                                                                       \
-        UNROLL_TOKENS for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();              \
-        const uint8_t *gp = W->data + (size_t)g * W->group_bytes;                             \
-        for (int64_t b = 0; b < W->nb; b++) {                                                 \
-            const uint8_t *hdr = gp + (size_t)(b / QT_SB_BLOCKS) * QT_Q2K_SB;                 \
-            const uint8_t *tile = hdr + QT_Q4K_HDR + (size_t)(b % QT_SB_BLOCKS) * QT_Q2K_BYTES; \
-            PREFETCH_TILE(tile, QT_Q2K_BYTES);                                                \
-            PREFETCH_TILE(hdr, QT_Q4K_HDR);                                                   \
-            const __m512 dv = _mm512_loadu_ps((const float *)hdr);                            \
-            const __m512 mv = _mm512_loadu_ps((const float *)(hdr + 64));                     \
-            const __m512i sm0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)tile)); \
-            const __m512i sm1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(tile + 16))); \
-            const __m512 wd0 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(sm0, lo4))); \
-            const __m512 wd1 = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(sm1, lo4))); \
-            const __m512 wm0 = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm0, 4))); \
-            const __m512 wm1 = _mm512_mul_ps(mv, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm1, 4))); \
-            const __m512i h0 = _mm512_loadu_si512((const void *)(tile + 32));                \
-            const __m512i h1 = _mm512_loadu_si512((const void *)(tile + 96));                \
-            __m512i q[8];                                                                     \
-            for (int e = 0; e < 4; e++) {                                                     \
-                q[e] = Q2_CHUNK(h0, e);                                                       \
-                q[e + 4] = Q2_CHUNK(h1, e);                                                   \
-            }                                                                                 \
-            UNROLL_TOKENS for (int t = 0; t < nt; t++) {                                      \
-                const size_t xb = (size_t)(t0 + t) * W->nb + b;                               \
-                const int8_t *xq = a->a.q + (size_t)(t0 + t) * W->cols + b * QT_COLS;         \
-                const int32_t sh = a->a.sh[xb];                                               \
-                const float xdf = a->a.d[xb];                                                 \
-                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();             \
-                ISUM2(s0, q, 0, xq);                                                          \
-                ISUM2(s1, q, 4, xq + 16);                                                     \
                 const __m512 xd = _mm512_set1_ps(xdf);                                        \
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(wd0, xd), acc[t]); \
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(wd1, xd), acc[t]); \
-                acc[t] = _mm512_fmadd_ps(wm0, _mm512_set1_ps(xdf * (float)sh), acc[t]);       \
-                acc[t] = _mm512_fmadd_ps(wm1, _mm512_set1_ps(xdf * (float)(a->a.sq[xb] - sh)), \
-                                         acc[t]);                                             \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(wd[0], xd), acc[t]); \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(wd[1], xd), acc[t]); \
+                if (MINS) {                                                                   \
+                    acc[t] = _mm512_fmadd_ps(wm[0], _mm512_set1_ps(xdf * (float)sh), acc[t]); \
+                    acc[t] = _mm512_fmadd_ps(wm[1], _mm512_set1_ps(xdf * (float)sh1), acc[t]); \
+                }                                                                             \
             }                                                                                 \
         }                                                                                     \
         STORE_PASS(a, g, t0, nt, acc);                                                        \
@@ -520,12 +500,12 @@ DEF_Q8(q8_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16, 
 DEF_Q8(iq4_bw, TBW, Q8_PREP_BW, Q8_DOT_BW, Q8_INIT_BW, 8, QT_IQ4_BYTES, WD_F32, LOADW_IQ4)
 DEF_Q8(iq4_vnni, TBW ",avx512vnni", Q8_PREP_VNNI, Q8_DOT_VNNI, Q8_INIT_VNNI, 16, QT_IQ4_BYTES,
        WD_F32, LOADW_IQ4)
-DEF_Q6K(q6k_bw, TBW, ISUM6_BW, 8, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
-DEF_Q6K(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, QT_Q6K_BYTES, QT_Q6K_SB, UNPACK_Q6K, 32)
-DEF_Q6K(q3k_bw, TBW, ISUM6_BW, 8, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
-DEF_Q6K(q3k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, QT_Q3K_BYTES, QT_Q3K_SB, UNPACK_Q3K, 4)
-DEF_Q2K(q2k_bw, TBW, ISUM2_BW, 16)
-DEF_Q2K(q2k_vnni, TBW ",avx512vnni", ISUM2_VNNI, 16)
+DEF_KH(q6k_bw, TBW, ISUM6_BW, 8, KH_Q6K)
+DEF_KH(q6k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, KH_Q6K)
+DEF_KH(q3k_bw, TBW, ISUM3_BW, 16, KH_Q3K)
+DEF_KH(q3k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, KH_Q3K)
+DEF_KH(q2k_bw, TBW, ISUM3_BW, 16, KH_Q2K)
+DEF_KH(q2k_vnni, TBW ",avx512vnni", ISUM6_VNNI, 16, KH_Q2K)
 
 /* The activation quantizer (qmatmul.c's cpu_quantize_act, read it first),
  * a block of 32 in two zmm: the same operations per element (|x|, max,

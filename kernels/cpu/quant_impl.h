@@ -321,6 +321,16 @@ static inline int32_t ld32(const int8_t *p) {
     for (int l_ = 0; l_ < (bytes); l_ += 64)                                               \
     _mm_prefetch((const char *)((uintptr_t)(tile) + QT_PREFETCH_BYTES + l_), _MM_HINT_T0)
 
+/* The tile kinds with 16-column halves as the x86 kernel files' DEF_KHALF
+ * takes them: tile bytes, header bytes, super-block bytes, the scale and
+ * unpacking macros of the file, the chain's offset (q - OFF) and whether
+ * the halves have mins. DEF_KH expands a KH_ list into DEF_KHALF's
+ * arguments. */
+#define KH_Q6K QT_Q6K_BYTES, QT_Q6K_HDR, QT_Q6K_SB, SCALES_I8, UNPACK_Q6K, 32, 0
+#define KH_Q3K QT_Q3K_BYTES, QT_Q6K_HDR, QT_Q3K_SB, SCALES_I8, UNPACK_Q3K, 4, 0
+#define KH_Q2K QT_Q2K_BYTES, QT_Q4K_HDR, QT_Q2K_SB, SCALES_Q2K, UNPACK_Q2K, 0, 1
+#define DEF_KH(...) DEF_KHALF(__VA_ARGS__)
+
 /* The reference dequantizer of one type (quant_ref.c); NULL if unsupported. */
 cpu_dequant_fn cpu_dequant_ref_fn(specd_dtype type);
 
