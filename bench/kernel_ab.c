@@ -70,7 +70,8 @@ int main(int argc, char **argv) {
     for (size_t b = 0; b < nblk; b++) {
         const uint16_t h = 0x2000;
         for (int f = 0; f < 2; f++)
-            if (mats[m].f16_at[f] >= 0) memcpy(raw + b * ti->block_bytes + mats[m].f16_at[f], &h, 2);
+            if (mats[m].f16_at[f] >= 0)
+                memcpy(raw + b * ti->block_bytes + mats[m].f16_at[f], &h, 2);
     }
     specd_tensor t = {.type = type, .n_dims = 2, .ne = {(uint64_t)cols, (uint64_t)rows, 1, 1},
                       .data = raw, .nbytes = bytes};

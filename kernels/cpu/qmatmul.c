@@ -335,7 +335,8 @@ static int get_2bit(const uint8_t *p, int i, int c) {
 static int khalf_quant(cpu_qkind kind, const uint8_t *tile, int i, int c) {
     const int chunk = c / 4, j = c % 4;
     if (kind == CPU_Q2K) return get_2bit(tile + 32, i, c);
-    if (kind == CPU_Q3K) return get_2bit(tile + 32, i, c) | ((tile[160 + 4 * i + j] >> chunk) & 1) << 2;
+    if (kind == CPU_Q3K)
+        return get_2bit(tile + 32, i, c) | ((tile[160 + 4 * i + j] >> chunk) & 1) << 2;
     const uint8_t lo = tile[32 + 64 * (chunk % 4) + 4 * i + j];
     return ((chunk < 4 ? lo : lo >> 4) & 15) | get_2bit(tile + 288, i, c) << 4;
 }

@@ -338,7 +338,8 @@ static void test_prometheus_scrapes_both(void **state) {
         {"sum(specd_grpc_server_handled_total{grpc_method=\"/specd.v1.Target/Verify\","
          "grpc_code=\"OK\"})", 0.5},
     };
-    for (size_t i = 0; i < sizeof moved / sizeof moved[0]; i++) expect_above(moved[i].q, moved[i].floor);
+    for (size_t i = 0; i < sizeof moved / sizeof moved[0]; i++)
+        expect_above(moved[i].q, moved[i].floor);
     check_dashboard();
     /* and both expositions (now with labelled series and filled histograms)
      * pass Prometheus's own linter */
