@@ -13,7 +13,9 @@
  *
  * vpdpbusd and vpmaddubsw take unsigned weights. 4-bit weights (Q4_0,
  * Q4_1, Q4_K) are unsigned already, and so are Q6_K's 6-bit ones, whose
- * "- 32" starts each half's chain at -32 * (the half's activation sum).
+ * "- 32" starts each half's chain at -32 * (the half's activation sum), as
+ * Q3_K's "- 4" does; Q2_K's 2-bit ones need no offset (its mins multiply
+ * the half sums after the chain).
  * Signed Q8_0 weights: VNNI adds 128 (xor 0x80) and subtracts
  * 128 * sum(x) afterwards, exactly; without VNNI the sign moves onto the
  * activation (|w| times x negated where w < 0), whose pair sums stay within
@@ -34,9 +36,10 @@
 #define TBW "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 /* Tokens per pass: a pass holds one fp32 accumulator per token, the tile's
  * 8 decoded chunks and a few temporaries in the 32 zmm registers. VNNI
- * passes and AVX-512BW 4-bit ones take up to 16 tokens; AVX-512BW Q8_0
- * passes up to 8, as their dot needs two more temporaries and the sign
- * masks, and spilled at 16. (4-bit BW passes of 16 against 8: 9 tokens
+ * passes and AVX-512BW 2-, 3- and 4-bit ones take up to 16 tokens;
+ * AVX-512BW Q8_0 passes up to 8, as their dot needs two more temporaries
+ * and the sign masks, and spilled at 16 (AVX-512BW Q6_K passes take 8 as
+ * well). (4-bit BW passes of 16 against 8: 9 tokens
  * 0.91-0.93x the time, 12 tokens 0.95-0.99x, other counts even.) */
 #define NT 16 /* the most of any kernel: the accumulator array's size */
 
