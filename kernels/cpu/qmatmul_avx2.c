@@ -302,17 +302,6 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
                                           Q6_HI(h1_, v_));                                    \
         }                                                                                     \
     } while (0)
-#define UNPACK_Q3K(q, tile, h)                                                                \
-    do {                                                                                      \
-        const __m256i m3 = _mm256_set1_epi8(3), m4_ = _mm256_set1_epi8(4);                    \
-        const __m256i l0_ = _mm256_loadu_si256((const __m256i *)((tile) + 32 + 32 * (h)));    \
-        const __m256i l1_ = _mm256_loadu_si256((const __m256i *)((tile) + 96 + 32 * (h)));    \
-        const __m256i hm_ = _mm256_loadu_si256((const __m256i *)((tile) + 160 + 32 * (h)));   \
-        for (int e_ = 0; e_ < 4; e_++) {                                                      \
-            (q)[e_] = _mm256_or_si256(Q2_CHUNK(l0_, e_), Q3_HI(hm_, e_));                     \
-            (q)[e_ + 4] = _mm256_or_si256(Q2_CHUNK(l1_, e_), Q3_HI(hm_, e_ + 4));             \
-        }                                                                                     \
-    } while (0)
 #define UNPACK_Q2K(q, tile, h)                                                                \
     do {                                                                                      \
         const __m256i m3 = _mm256_set1_epi8(3);                                               \
@@ -322,6 +311,14 @@ tile_q5k(const uint8_t *gp, int64_t b, int h, __m256 *wd, __m256 *wm) {
             (q)[e_] = Q2_CHUNK(l0_, e_);                                                      \
             (q)[e_ + 4] = Q2_CHUNK(l1_, e_);                                                  \
         }                                                                                     \
+    } while (0)
+/* Q3K: Q2K's 2-bit plane with each chunk's third bit or-ed in. */
+#define UNPACK_Q3K(q, tile, h)                                                                \
+    do {                                                                                      \
+        UNPACK_Q2K(q, tile, h);                                                               \
+        const __m256i m4_ = _mm256_set1_epi8(4);                                              \
+        const __m256i hm_ = _mm256_loadu_si256((const __m256i *)((tile) + 160 + 32 * (h)));   \
+        for (int c_ = 0; c_ < 8; c_++) (q)[c_] = _mm256_or_si256((q)[c_], Q3_HI(hm_, c_));    \
     } while (0)
 
 /* Half h's scales and mins (qmatmul_avx512.c's SCALES_I8, SCALES_Q2K). */

@@ -398,17 +398,6 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
                                           Q6_HI(h1_, v_));                                    \
         }                                                                                     \
     } while (0)
-#define UNPACK_Q3K(q, tile)                                                                   \
-    do {                                                                                      \
-        const __m512i m3 = _mm512_set1_epi8(3), m4_ = _mm512_set1_epi8(4);                    \
-        const __m512i l0_ = _mm512_loadu_si512((const void *)((tile) + 32));                 \
-        const __m512i l1_ = _mm512_loadu_si512((const void *)((tile) + 96));                 \
-        const __m512i hm_ = _mm512_loadu_si512((const void *)((tile) + 160));                \
-        for (int e_ = 0; e_ < 4; e_++) {                                                      \
-            (q)[e_] = _mm512_or_si512(Q2_CHUNK(l0_, e_), Q3_HI(hm_, e_));                     \
-            (q)[e_ + 4] = _mm512_or_si512(Q2_CHUNK(l1_, e_), Q3_HI(hm_, e_ + 4));             \
-        }                                                                                     \
-    } while (0)
 #define UNPACK_Q2K(q, tile)                                                                   \
     do {                                                                                      \
         const __m512i m3 = _mm512_set1_epi8(3);                                               \
@@ -418,6 +407,14 @@ tile_q5k(const uint8_t *gp, int64_t b, __m512 *wd, __m512 *wm) {
             (q)[e_] = Q2_CHUNK(l0_, e_);                                                      \
             (q)[e_ + 4] = Q2_CHUNK(l1_, e_);                                                  \
         }                                                                                     \
+    } while (0)
+/* Q3K: Q2K's 2-bit plane with each chunk's third bit or-ed in. */
+#define UNPACK_Q3K(q, tile)                                                                   \
+    do {                                                                                      \
+        UNPACK_Q2K(q, tile);                                                                  \
+        const __m512i m4_ = _mm512_set1_epi8(4);                                              \
+        const __m512i hm_ = _mm512_loadu_si512((const void *)((tile) + 160));                 \
+        for (int c_ = 0; c_ < 8; c_++) (q)[c_] = _mm512_or_si512((q)[c_], Q3_HI(hm_, c_));    \
     } while (0)
 
 /* The halves' scales wd[h] and mins wm[h]: Q6_K's and Q3_K's int8 scales
