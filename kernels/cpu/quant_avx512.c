@@ -148,8 +148,8 @@ INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
 }
 
 /* Q2_K, Q3_K and IQ4_XS: prep_q2_k, prep_q3_k and prep_iq4_xs are
- * quant_impl.h's (scalar, shared by every path); SDG 4, 2 and 1 in their
- * DEF_ROWS below. */
+ * quant_impl.h's (scalar, shared by every path); SDG 4, 2 and 1 in
+ * CPU_WEIGHT_TYPES there. */
 /* IQ4_NL: d, as Q4_0's */
 INL void prep_iq4_nl(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     (void)sm;
@@ -658,47 +658,16 @@ static inline int64_t col_block(int64_t ng, int nt) {
 #define prep_f16 prep_none
 #define prep_bf16 prep_none
 
-/* The last arguments: fp32 scales per group that prep writes to sd (Q6_K
- * has one per 16 weights), and bytes per group of 32 weights (for the
- * prefetch position; rounded down for Q6_K's 26.25). */
-DEF_ROWS(f32, SPECD_F32, 1, 128)
-DEF_ROWS(f16, SPECD_F16, 1, 64)
-DEF_ROWS(bf16, SPECD_BF16, 1, 64)
-DEF_ROWS(q8_0, SPECD_Q8_0, 1, 34)
-DEF_ROWS(q4_0, SPECD_Q4_0, 1, 18)
-DEF_ROWS(q4_1, SPECD_Q4_1, 1, 20)
-DEF_ROWS(q5_0, SPECD_Q5_0, 1, 22)
-DEF_ROWS(q5_1, SPECD_Q5_1, 1, 24)
-DEF_ROWS(q4_k, SPECD_Q4_K, 1, 144 / 8)
-DEF_ROWS(q5_k, SPECD_Q5_K, 1, 176 / 8)
-DEF_ROWS(q6_k, SPECD_Q6_K, 2, 210 / 8)
-DEF_ROWS(q2_k, SPECD_Q2_K, 4, 84 / 8)
-DEF_ROWS(q3_k, SPECD_Q3_K, 2, 110 / 8)
-DEF_ROWS(iq4_nl, SPECD_IQ4_NL, 1, 18)
-DEF_ROWS(iq4_xs, SPECD_IQ4_XS, 1, 136 / 8)
+CPU_WEIGHT_TYPES(DEF_ROWS)
 
 int cpu_kernels_avx512(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
     ks->name = "avx512";
     ks->nt_max = NT_MAX;
-#define SET(TY, TYPE)             \
+#define SET(TY, TYPE, SDG, GB)   \
     ks->dequant[TYPE] = deq_##TY; \
     ks->rows[TYPE] = rows_##TY;
-    SET(f32, SPECD_F32)
-    SET(f16, SPECD_F16)
-    SET(bf16, SPECD_BF16)
-    SET(q8_0, SPECD_Q8_0)
-    SET(q4_0, SPECD_Q4_0)
-    SET(q4_1, SPECD_Q4_1)
-    SET(q5_0, SPECD_Q5_0)
-    SET(q5_1, SPECD_Q5_1)
-    SET(q4_k, SPECD_Q4_K)
-    SET(q5_k, SPECD_Q5_K)
-    SET(q6_k, SPECD_Q6_K)
-    SET(q2_k, SPECD_Q2_K)
-    SET(q3_k, SPECD_Q3_K)
-    SET(iq4_nl, SPECD_IQ4_NL)
-    SET(iq4_xs, SPECD_IQ4_XS)
+    CPU_WEIGHT_TYPES(SET)
 #undef SET
     return 1;
 }

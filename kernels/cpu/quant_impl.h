@@ -388,6 +388,31 @@ static inline void cpu_kv_prefetch_q8(const void *pool, const int32_t *pages, in
 #define CPU_ATTN_QB 16
 #define CPU_ATTN_MAXQ 64
 
+/* The weight types every kernel set covers with a dequant and an fp32-
+ * activation rows function, once for every path (quant_scalar.c,
+ * quant_avx2.c, quant_avx512.c each expand it to define and to install
+ * their functions): X(suffix, type, SDG, GB), where SDG is how many fp32
+ * scales per group of 32 weights a SIMD path's prep writes (Q6_K and Q3_K
+ * have one per 16 weights, Q2_K one per 16 plus its mins) and GB the bytes
+ * per group of 32 weights, for the prefetch position (rounded down for
+ * the K-quants' fractional sizes). */
+#define CPU_WEIGHT_TYPES(X)            \
+    X(f32, SPECD_F32, 1, 128)          \
+    X(f16, SPECD_F16, 1, 64)           \
+    X(bf16, SPECD_BF16, 1, 64)         \
+    X(q8_0, SPECD_Q8_0, 1, 34)         \
+    X(q4_0, SPECD_Q4_0, 1, 18)         \
+    X(q4_1, SPECD_Q4_1, 1, 20)         \
+    X(q5_0, SPECD_Q5_0, 1, 22)         \
+    X(q5_1, SPECD_Q5_1, 1, 24)         \
+    X(q4_k, SPECD_Q4_K, 1, 144 / 8)    \
+    X(q5_k, SPECD_Q5_K, 1, 176 / 8)    \
+    X(q6_k, SPECD_Q6_K, 2, 210 / 8)    \
+    X(q2_k, SPECD_Q2_K, 4, 84 / 8)     \
+    X(q3_k, SPECD_Q3_K, 2, 110 / 8)    \
+    X(iq4_nl, SPECD_IQ4_NL, 1, 18)     \
+    X(iq4_xs, SPECD_IQ4_XS, 1, 136 / 8)
+
 typedef struct cpu_kernel_set {
     const char *name;
     int nt_max; /* token group size of the packed x (0: rows use x only) */

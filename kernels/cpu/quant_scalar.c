@@ -36,52 +36,23 @@ static void rows_generic(cpu_dequant_fn deq, int64_t be, int64_t bb, const cpu_m
     }
 }
 
-#define SCALAR_ROWS(NAME, TYPE)                                                       \
-    static void NAME(const cpu_mm_args *a, int64_t r0, int64_t r1) {                  \
+/* rows_TY for every type of CPU_WEIGHT_TYPES (quant_impl.h) */
+#define SCALAR_ROWS(TY, TYPE, SDG, GB)                                                \
+    static void rows_##TY(const cpu_mm_args *a, int64_t r0, int64_t r1) {             \
         const specd_dtype_info *in = specd_dtype_get(TYPE);                           \
         rows_generic(cpu_dequant_ref_fn(TYPE), in->block_elems, in->block_bytes, a, r0, \
                      r1);                                                             \
     }
 
-SCALAR_ROWS(rows_f32, SPECD_F32)
-SCALAR_ROWS(rows_f16, SPECD_F16)
-SCALAR_ROWS(rows_bf16, SPECD_BF16)
-SCALAR_ROWS(rows_q8_0, SPECD_Q8_0)
-SCALAR_ROWS(rows_q4_0, SPECD_Q4_0)
-SCALAR_ROWS(rows_q4_1, SPECD_Q4_1)
-SCALAR_ROWS(rows_q5_0, SPECD_Q5_0)
-SCALAR_ROWS(rows_q5_1, SPECD_Q5_1)
-SCALAR_ROWS(rows_q4_k, SPECD_Q4_K)
-SCALAR_ROWS(rows_q5_k, SPECD_Q5_K)
-SCALAR_ROWS(rows_q6_k, SPECD_Q6_K)
-SCALAR_ROWS(rows_q2_k, SPECD_Q2_K)
-SCALAR_ROWS(rows_q3_k, SPECD_Q3_K)
-SCALAR_ROWS(rows_iq4_nl, SPECD_IQ4_NL)
-SCALAR_ROWS(rows_iq4_xs, SPECD_IQ4_XS)
+CPU_WEIGHT_TYPES(SCALAR_ROWS)
 
 int cpu_kernels_scalar(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
     ks->name = "scalar";
-    static const specd_dtype types[] = {SPECD_F32,  SPECD_F16,  SPECD_BF16, SPECD_Q8_0,
-                                        SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
-                                        SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K, SPECD_Q2_K,
-                                        SPECD_Q3_K, SPECD_IQ4_NL, SPECD_IQ4_XS};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        ks->dequant[types[i]] = cpu_dequant_ref_fn(types[i]);
-    ks->rows[SPECD_F32] = rows_f32;
-    ks->rows[SPECD_F16] = rows_f16;
-    ks->rows[SPECD_BF16] = rows_bf16;
-    ks->rows[SPECD_Q8_0] = rows_q8_0;
-    ks->rows[SPECD_Q4_0] = rows_q4_0;
-    ks->rows[SPECD_Q4_1] = rows_q4_1;
-    ks->rows[SPECD_Q5_0] = rows_q5_0;
-    ks->rows[SPECD_Q5_1] = rows_q5_1;
-    ks->rows[SPECD_Q4_K] = rows_q4_k;
-    ks->rows[SPECD_Q5_K] = rows_q5_k;
-    ks->rows[SPECD_Q6_K] = rows_q6_k;
-    ks->rows[SPECD_Q2_K] = rows_q2_k;
-    ks->rows[SPECD_Q3_K] = rows_q3_k;
-    ks->rows[SPECD_IQ4_NL] = rows_iq4_nl;
-    ks->rows[SPECD_IQ4_XS] = rows_iq4_xs;
+#define SET(TY, TYPE, SDG, GB)                     \
+    ks->dequant[TYPE] = cpu_dequant_ref_fn(TYPE); \
+    ks->rows[TYPE] = rows_##TY;
+    CPU_WEIGHT_TYPES(SET)
+#undef SET
     return 1;
 }
