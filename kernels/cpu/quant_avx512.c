@@ -664,11 +664,7 @@ int cpu_kernels_avx512(cpu_kernel_set *ks) {
     memset(ks, 0, sizeof *ks);
     ks->name = "avx512";
     ks->nt_max = NT_MAX;
-#define SET(TY, TYPE, SDG, GB)   \
-    ks->dequant[TYPE] = deq_##TY; \
-    ks->rows[TYPE] = rows_##TY;
-    CPU_WEIGHT_TYPES(SET)
-#undef SET
+    CPU_WEIGHT_TYPES(CPU_SET_TYPE_KERNELS)
     return 1;
 }
 

@@ -413,6 +413,14 @@ static inline void cpu_kv_prefetch_q8(const void *pool, const int32_t *pages, in
     X(iq4_nl, SPECD_IQ4_NL, 1, 18)     \
     X(iq4_xs, SPECD_IQ4_XS, 1, 136 / 8)
 
+/* Installs one type's deq_TY and rows_TY into the kernel set `ks` in
+ * scope: the SIMD paths expand CPU_WEIGHT_TYPES(CPU_SET_TYPE_KERNELS) after
+ * defining both for every type (the scalar path installs the reference
+ * dequant instead, so it writes its own). */
+#define CPU_SET_TYPE_KERNELS(TY, TYPE, SDG, GB) \
+    ks->dequant[TYPE] = deq_##TY;               \
+    ks->rows[TYPE] = rows_##TY;
+
 typedef struct cpu_kernel_set {
     const char *name;
     int nt_max; /* token group size of the packed x (0: rows use x only) */
