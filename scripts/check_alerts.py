@@ -2,10 +2,13 @@
 """check_alerts.py - the alerting rules in deploy/k8s-components/monitoring/
 alerts.yaml, checked three ways (ctest runs it as check_alerts):
 
-  1. every metric an expression reads is one the services export: its name
-     (less _bucket/_sum/_count) stands as a string literal in the C sources
-     of draft-svc/, target-svc/ or common/, so a renamed metric fails here
-     instead of leaving an alert that can never fire;
+  1. every metric an expression reads is one the services register (a
+     specd_metrics_counter/gauge/histogram call in the C sources of
+     draft-svc/, target-svc/ or common/; _bucket/_sum/_count only for a
+     histogram), and every label its selectors name is one of that
+     metric's labels (or one a scrape adds: namespace, pod, job, ...), so
+     a renamed metric or label fails here instead of leaving an alert that
+     can never fire;
   2. `promtool check rules` on the PrometheusRule's spec, written out as the
      plain rules file it is;
   3. `promtool test rules` with tests/alerts/specd-alerts.test.yaml: series
@@ -39,15 +42,47 @@ if not promtool:
     sys.exit(77)
 
 
+# A registration in the sources: specd_metrics_counter/gauge/histogram(r,
+# "name", "help" "help...", "label,label" or NULL, ...).
+REGISTER = re.compile(r'specd_metrics_(counter|gauge|histogram)\(\s*[^,]+,\s*"(specd_[a-z0-9_]+)",'
+                      r'\s*(?:"(?:[^"\\]|\\.)*"\s*)+,\s*(NULL|"[^"]*")')
+# Labels a scrape adds (Kubernetes service discovery, Prometheus itself).
+TARGET_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance", "service"}
+
+
 def exported_metrics():
-    names = set()
+    """{name: set of label names} for every metric the services register
+    (a histogram's _bucket series also carry `le`). The registry's own
+    counter (common/rpc/metrics.c) is registered the same way."""
+    metrics = {}
     for top in SOURCES:
         for d, _, files in os.walk(os.path.join(ROOT, top)):
             for f in files:
-                if f.endswith(".c"):
-                    with open(os.path.join(d, f), encoding="utf-8") as fh:
-                        names.update(re.findall(r'"(specd_[a-z0-9_]+)"', fh.read()))
-    return names
+                if not f.endswith(".c"):
+                    continue
+                with open(os.path.join(d, f), encoding="utf-8") as fh:
+                    for kind, name, labels in REGISTER.findall(fh.read()):
+                        names = set() if labels == "NULL" else set(labels.strip('"').split(","))
+                        names.discard("")
+                        metrics[name] = (kind, names)
+    return metrics
+
+
+def check_expr(alert, expr, exported):
+    """Messages for each metric the expression reads that is not exported,
+    and each label its selectors name that the metric does not carry."""
+    bad = []
+    for m, sel in re.findall(r"\b(specd_[a-z0-9_]+)(\{[^}]*\})?", expr):
+        base, suffix = re.match(r"(.*?)(_bucket|_sum|_count)?$", m).groups()
+        if base not in exported or (suffix and exported[base][0] != "histogram"):
+            bad.append(f"{alert}: {m} is not a metric the services export")
+            continue
+        allowed = exported[base][1] | TARGET_LABELS | ({"le"} if suffix == "_bucket" else set())
+        for label in re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", sel):
+            if label not in allowed:
+                bad.append(f"{alert}: {m} has no label '{label}' (it has: "
+                           f"{', '.join(sorted(exported[base][1])) or 'none'})")
+    return bad
 
 
 def main():
@@ -58,20 +93,20 @@ def main():
     groups = doc["spec"]["groups"]
 
     exported = exported_metrics()
-    failed = 0
+    if len(exported) < 20:  # the pattern above no longer finds the registrations
+        sys.exit(f"check_alerts: found only {len(exported)} metric registrations in the sources")
+    bad = []
     n_alerts = 0
     for g in groups:
         for r in g["rules"]:
             n_alerts += "alert" in r
-            for m in sorted(set(re.findall(r"\bspecd_[a-z0-9_]+", r["expr"]))):
-                base = re.sub(r"_(bucket|sum|count)$", "", m)
-                if base not in exported:
-                    print(f"FAIL {r.get('alert', r.get('record'))}: {m} is not a metric "
-                          f"the services export")
-                    failed += 1
-    if failed:
+            bad += check_expr(r.get("alert", r.get("record")), r["expr"], exported)
+    for b in bad:
+        print("FAIL " + b)
+    if bad:
         sys.exit(1)
-    print(f"check_alerts: {n_alerts} alerts read only exported metrics")
+    print(f"check_alerts: {n_alerts} alerts read only exported metrics and labels "
+          f"({len(exported)} metrics registered in the sources)")
 
     with tempfile.TemporaryDirectory() as tmp:
         rules = os.path.join(tmp, "specd-alerts.rules.yaml")
