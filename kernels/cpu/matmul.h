@@ -61,5 +61,8 @@ struct specd_backend;
 /* Decode steps that a CPU backend ran as a split decode (cpu_backend.c), so
  * that a test comparing that path with the one-run pass can see it ran. */
 long cpu_split_decodes(const struct specd_backend *be);
+/* Attention passes that ran one task per sequence (cpu_backend.c,
+ * cpu_attention), for the test comparing them with each sequence alone. */
+long cpu_attention_seq_tasks(const struct specd_backend *be);
 
 #endif

@@ -1236,6 +1236,113 @@ static void test_attention_split_decode(void **state) {
     two->ops->destroy(two);
 }
 
+/* Several sequences whose new tokens are one query block each (decode
+ * tokens, trees, a short prompt chunk) run as one attention task per
+ * sequence, its KV heads in turn (cpu_backend.c, cpu_attention), where
+ * the sequences share out evenly among the threads: 2 or 4 of them on 2
+ * threads, 4 on 4. Each sequence's output must be its bits alone (the
+ * same sequence as a step of its own on a 1-thread backend), and the cache
+ * after must hold exactly the step's rows, on every SIMD path, fp32 and
+ * fp16 KV, GQA (3 heads a KV head) and MHA; batches of 3, and ones with a
+ * sequence of two query blocks (20 tokens), keep a task per KV head (and
+ * must give the same bits too). */
+static void test_attention_seq_tasks(void **state) {
+    (void)state;
+    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const struct { int nh, nkv; } shapes[] = {{9, 3}, {4, 4}};
+    enum { HD = 64, PAGES = 300, PER_SEQ = 72 };
+    static const int chain3[3] = {-1, 0, 1};
+    int32_t pages[PAGES];
+    for (int i = 0; i < PAGES; i++) pages[i] = (i * 11 + 5) % PAGES; /* out of order */
+    /* sequence specs, each with pages of its own */
+    const seq_spec all[6] = {{1100, 1, NULL, pages},
+                             {37, 1, NULL, pages + PER_SEQ},
+                             {300, 4, k_tree4, pages + 2 * PER_SEQ},
+                             {0, 7, NULL, pages + 3 * PER_SEQ},
+                             {515, 3, chain3, pages + 3 * PER_SEQ},
+                             {60, 20, NULL, pages + 2 * PER_SEQ}};
+    static const struct { int idx[4], n; } batches[] = {
+        {{0, 1}, 2}, {{0, 1, 2}, 3}, {{0, 1, 2, 3}, 4}, {{1, 2, 4}, 3}, {{0, 2, 1, 4}, 4},
+        {{0, 1, 5}, 3}, {{0, 1, 5, 3}, 4}};
+    specd_error err = {{0}};
+    specd_backend_opts o1 = {.name = "cpu", .n_threads = 1}, o2 = {.name = "cpu", .n_threads = 2};
+    specd_backend_opts o4 = {.name = "cpu", .n_threads = 4};
+    specd_backend *one = specd_backend_create(&o1, &err), *two = specd_backend_create(&o2, &err);
+    specd_backend *four = specd_backend_create(&o4, &err);
+    assert_non_null(one);
+    assert_non_null(two);
+    assert_non_null(four);
+    tstep *st = malloc(sizeof *st), *alone = malloc(sizeof *alone);
+    int tested = 0, whole_runs = 0;
+    for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+        if (!cpu_simd_force(paths[pi])) continue;
+        tested++;
+        for (int run = 0; run < 4; run++) /* 2 threads, then 4; fp32 then fp16 KV */
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+                    const int threads = run < 2 ? 2 : 4, f16 = run % 2;
+                    const int nh = shapes[si].nh, nkv = shapes[si].nkv;
+                    const int kvd = nkv * HD, qw = nh * HD, n = batches[bi].n;
+                    const specd_dtype kvt = f16 ? SPECD_F16 : SPECD_F32;
+                    const uint64_t seed = 5000 + 100 * si + 10 * bi + (uint64_t)run;
+                    specd_backend *many = threads == 2 ? two : four;
+                    one->kv_type = many->kv_type = kvt;
+                    seq_spec spec[4];
+                    int one_block = 1;
+                    for (int q = 0; q < n; q++) {
+                        spec[q] = all[batches[bi].idx[q]];
+                        one_block &= spec[q].n_new <= 16;
+                    }
+                    kvcache c;
+                    kv_init(&c, kvt, ATT_LAYERS, kvd, (int64_t)PAGES * SPECD_KV_PAGE_ROWS, seed);
+                    tstep_init(st, n, spec, 16, 7, 100);
+                    const int nt = st->st.n_tokens;
+                    float *q = malloc(sizeof(float) * nt * qw), *k = malloc(sizeof(float) * nt * kvd);
+                    float *v = malloc(sizeof(float) * nt * kvd), *o = malloc(sizeof(float) * nt * qw);
+                    float *o1 = malloc(sizeof(float) * nt * qw);
+                    void *after = malloc(c.bytes), *want_cache = malloc(c.bytes);
+                    void *after1 = malloc(c.bytes);
+                    test_fill_random(q, (size_t)nt * qw, seed + 1, 2.0f);
+                    test_fill_random(k, (size_t)nt * kvd, seed + 2, 1.0f);
+                    test_fill_random(v, (size_t)nt * kvd, seed + 3, 1.0f);
+                    const long before = cpu_attention_seq_tasks(many);
+                    run_attention(many, st, &c, q, k, v, nh, nkv, HD, o, after);
+                    const int want = one_block && (n == threads || n >= 2 * threads);
+                    if (cpu_attention_seq_tasks(many) - before != want)
+                        fail_msg("%s %d threads, batch %zu of %d: %ld passes with a task per "
+                                 "sequence, want %d",
+                                 paths[pi], threads, bi, n, cpu_attention_seq_tasks(many) - before,
+                                 want);
+                    whole_runs += want;
+                    attention_expected_cache(st, &c, k, v, want_cache);
+                    assert_memory_equal(after, want_cache, c.bytes);
+                    /* each sequence alone, from the same cache, on one thread */
+                    for (int sq = 0; sq < n; sq++) {
+                        const int t0 = st->seqs[sq].tok_start, nn = st->seqs[sq].n_new;
+                        tstep_init(alone, 1, &spec[sq], 16, 7, 100);
+                        run_attention(one, alone, &c, q + (size_t)t0 * qw, k + (size_t)t0 * kvd,
+                                      v + (size_t)t0 * kvd, nh, nkv, HD, o1, after1);
+                        for (int e = 0; e < nn * qw; e++)
+                            if (memcmp(&o1[e], &o[(size_t)t0 * qw + e], sizeof(float)))
+                                fail_msg("%s %s %d threads nh %d nkv %d, batch %zu: sequence %d "
+                                         "element %d is %.9g in the batch, %.9g alone",
+                                         paths[pi], f16 ? "f16" : "f32", threads, nh, nkv, bi, sq,
+                                         e, (double)o[(size_t)t0 * qw + e], (double)o1[e]);
+                    }
+                    free(c.host), free(q), free(k), free(v), free(o), free(o1);
+                    free(after), free(want_cache), free(after1);
+                }
+    }
+    cpu_simd_force("auto");
+    assert_true(tested >= 1);
+    assert_true(whole_runs > 0);
+    free(st);
+    free(alone);
+    one->ops->destroy(one);
+    two->ops->destroy(two);
+    four->ops->destroy(four);
+}
+
 /* An fp16 cache stores each new K/V element exactly as specd_f32_to_fp16
  * rounds it (to nearest, ties to even, subnormals, overflow to inf) on
  * every SIMD path (the AVX2 set stores with F16C): the new row of a
@@ -2274,6 +2381,7 @@ int main(void) {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_blocks_bitwise),
         cmocka_unit_test(test_attention_split_decode),
+        cmocka_unit_test(test_attention_seq_tasks),
         cmocka_unit_test(test_kv_f16_store),
         cmocka_unit_test(test_attention_q8_cache),
         cmocka_unit_test(test_quantize_q8_0),

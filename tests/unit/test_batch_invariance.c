@@ -7,7 +7,8 @@
  * row must come out bit for bit
  *   - when P is prefilled one token at a time (any chunking of a prefill),
  *   - when a is decoded in a batch beside other sequences (a long prefill
- *     and a candidate tree of another session) at shifted slots,
+ *     and a candidate tree of another session) at shifted slots, and
+ *     beside a tree alone (attention's task per sequence),
  *   - when a is the root of a verified tree of candidates,
  *   - and a tree node behind a masked sibling equals its path decoded
  *     plainly, one token at a time,
@@ -120,6 +121,28 @@ static void check_model(const char *path, specd_precision prec, specd_kv_dtype k
                          .hidden = got.hidden};
         forward(t, &b);
         expect_equal(&got, &ref, vocab, dim, "decode row in a mixed batch", path);
+    }
+    specd_transformer_free(t);
+
+    /* a beside another session's 4-node tree alone: two sequences of one
+     * query block each on the 2 threads, so attention runs one task per
+     * sequence (cpu_backend.c, cpu_attention) */
+    t = make(m, prec, kv);
+    run_seq(t, 2, 0, p, NP, -1, NULL);
+    run_seq(t, 1, 0, other, 5, -1, NULL);
+    {
+        int32_t tok[1 + 4] = {a, other[3], other[4], other[5], other[6]};
+        static const uint8_t tree[16] = {1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 0, 1, 1, 0, 1};
+        const int32_t tree_pos[4] = {5, 6, 6, 7};
+        specd_seq_input s[2] = {
+            {.slot = 2, .n_past = NP, .n_new = 1},
+            {.slot = 1, .n_past = 5, .n_new = 4, .mask = tree, .pos = tree_pos},
+        };
+        int32_t row = 0;
+        specd_batch b = {.n_tokens = 5, .tokens = tok, .n_seqs = 2, .seqs = s, .n_out = 1,
+                         .out_rows = &row, .logits = got.logits, .hidden = got.hidden};
+        forward(t, &b);
+        expect_equal(&got, &ref, vocab, dim, "decode row beside a tree", path);
     }
     specd_transformer_free(t);
 
