@@ -322,7 +322,6 @@ typedef struct attn_job {
     int q8;                      /* pools hold Q8_0 (else fp32 unless f16) */
     int n_heads, n_kv_heads, head_dim;
     int qb; /* tokens per query block (cpu_attention) */
-    int whole_seq; /* a task is a sequence's block for every KV head */
 } attn_job;
 
 /* The physical row of a sequence's logical cache row (backend.h). */
@@ -568,12 +567,12 @@ static void task_values(const kv_view *w, float *const *os, const float *const *
  * or its blocks shared out among tasks. */
 static void attn_block(attn_job *j, int t0, int h0, int thread);
 
-/* One task = one block (task_tok, task_h0), or with whole_seq one
+/* One task = one block (task_tok, task_h0), or where task_h0 is -1 one
  * sequence's query block for every KV head in turn (cpu_attention). */
 static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
     const cpu_backend *c = j->c;
-    if (j->whole_seq) { /* one sequence's query block, every KV head in turn */
+    if (c->task_h0[task] < 0) { /* one sequence's query block, every KV head in turn */
         const int group = j->n_heads / j->n_kv_heads;
         for (int kvh = 0; kvh < j->n_kv_heads; kvh++)
             attn_block(j, c->task_tok[task], kvh * group, thread);
@@ -1058,34 +1057,43 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     if (st->n_seqs == 1 && st->seqs[0].mask && st->seqs[0].n_new > 1 &&
         st->seqs[0].n_new <= ATTN_QB && n_kv_heads < 2 * threads)
         qb = (st->seqs[0].n_new + 1) / 2;
-    /* Several sequences whose new tokens are one query block each (decode
-     * tokens, verify trees): one task per sequence, its KV heads in turn,
-     * so one thread reads whole cached rows and finds the next head's
-     * slice in its own L2 (8 sequences of 2,048 cached tokens, Sapphire
-     * Rapids VM, 2 threads: a plain step 29.9-30.7 ms against 33.5-35.2
-     * with a task per KV head in the order above; 4 sequences 15.6-15.8
-     * against 17.6-18.7). Only where the sequences share out evenly
-     * enough: as many as the threads, or at least twice as many (3
-     * sequences on 2 threads measured slower, one thread doing two). */
-    int whole_seq = st->n_seqs > 1 && (st->n_seqs == threads || st->n_seqs >= 2 * threads);
-    for (int s = 0; s < st->n_seqs && whole_seq; s++)
-        whole_seq = st->seqs[s].n_new <= qb && heads_per_task(st->seqs[s].n_new, group) == group;
-    if (whole_seq) {
-        for (int s = 0; s < st->n_seqs; s++) c->task_tok[n_tasks++] = st->seqs[s].tok_start;
-        c->seq_tasks++;
-    } else {
-        for (int s = 0; s < st->n_seqs; s++)
-            for (int kvh = 0; kvh < n_kv_heads; kvh++)
-                for (int i = 0; i < st->seqs[s].n_new; i += qb) {
-                    int n_tok = st->seqs[s].n_new - i < qb ? st->seqs[s].n_new - i : qb;
-                    int hg = heads_per_task(n_tok, group);
-                    for (int h = kvh * group; h < (kvh + 1) * group; h += hg) {
-                        c->task_tok[n_tasks] = st->seqs[s].tok_start + i;
-                        c->task_h0[n_tasks++] = h;
-                    }
-                }
+    /* A sequence whose new tokens are one query block (a decode token, a
+     * verify tree, a short prompt chunk) beside others: one task for the
+     * sequence, its KV heads in turn (task_h0 -1), so one thread reads its
+     * whole cached rows and finds the next head's slice in its own L2 (8
+     * sequences of 2,048 cached tokens, Sapphire Rapids VM, 2 threads: a
+     * plain step 29.9-30.7 ms against 33.5-35.2 with a task per KV head in
+     * the order above; 4 sequences 15.6-15.8 against 17.6-18.7). Only where
+     * the step's tasks still share out evenly enough: as many as the
+     * threads, or at least twice as many (3 decode tokens on 2 threads
+     * measured slower, one thread doing two sequences). */
+    int whole = 0, others = 0;
+    for (int s = 0; s < st->n_seqs; s++) {
+        const int n_new = st->seqs[s].n_new;
+        if (n_new <= qb && heads_per_task(n_new, group) == group) whole++;
+        else others += n_kv_heads * ((n_new + qb - 1) / qb); /* at least */
     }
-    attn_job j = {c, out, q, k_pool, v_pool, f16, q8, n_heads, n_kv_heads, head_dim, qb, whole_seq};
+    const int use_whole = st->n_seqs > 1 && whole > 0 &&
+                          (whole + others == threads || whole + others >= 2 * threads);
+    for (int s = 0; s < st->n_seqs; s++) {
+        const int n_new = st->seqs[s].n_new;
+        if (use_whole && n_new <= qb && heads_per_task(n_new, group) == group) {
+            c->task_tok[n_tasks] = st->seqs[s].tok_start;
+            c->task_h0[n_tasks++] = -1;
+            continue;
+        }
+        for (int kvh = 0; kvh < n_kv_heads; kvh++)
+            for (int i = 0; i < n_new; i += qb) {
+                int n_tok = n_new - i < qb ? n_new - i : qb;
+                int hg = heads_per_task(n_tok, group);
+                for (int h = kvh * group; h < (kvh + 1) * group; h += hg) {
+                    c->task_tok[n_tasks] = st->seqs[s].tok_start + i;
+                    c->task_h0[n_tasks++] = h;
+                }
+            }
+    }
+    if (use_whole) c->seq_tasks++;
+    attn_job j = {c, out, q, k_pool, v_pool, f16, q8, n_heads, n_kv_heads, head_dim, qb};
     specd_pool_run(c->pool, n_tasks, attn_task, &j);
 }
 
