@@ -1075,13 +1075,29 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     }
     const int use_whole = st->n_seqs > 1 && whole > 0 &&
                           (whole + others == threads || whole + others >= 2 * threads);
+    /* the whole-sequence tasks first, the longest first (each is the
+     * longest kind of task, so the small ones are left to even out the
+     * threads' ends: a decode step of sequences of unequal contexts, or
+     * decodes beside a prompt chunk) */
+    if (use_whole) {
+        for (int s = 0; s < st->n_seqs; s++) {
+            const int n_new = st->seqs[s].n_new;
+            if (n_new > qb || heads_per_task(n_new, group) != group) continue;
+            const int width = st->seqs[s].n_past + n_new;
+            int at = n_tasks++;
+            for (; at > 0; at--) { /* insertion by width, descending */
+                const specd_step_seq *o = &st->seqs[c->tok_seq[c->task_tok[at - 1]]];
+                if (o->n_past + o->n_new >= width) break;
+                c->task_tok[at] = c->task_tok[at - 1];
+                c->task_h0[at] = -1;
+            }
+            c->task_tok[at] = st->seqs[s].tok_start;
+            c->task_h0[at] = -1;
+        }
+    }
     for (int s = 0; s < st->n_seqs; s++) {
         const int n_new = st->seqs[s].n_new;
-        if (use_whole && n_new <= qb && heads_per_task(n_new, group) == group) {
-            c->task_tok[n_tasks] = st->seqs[s].tok_start;
-            c->task_h0[n_tasks++] = -1;
-            continue;
-        }
+        if (use_whole && n_new <= qb && heads_per_task(n_new, group) == group) continue;
         for (int kvh = 0; kvh < n_kv_heads; kvh++)
             for (int i = 0; i < n_new; i += qb) {
                 int n_tok = n_new - i < qb ? n_new - i : qb;
