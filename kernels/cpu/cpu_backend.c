@@ -398,6 +398,12 @@ static int heads_per_task(int n_tok, int group) {
     return hg;
 }
 
+/* 1 if a sequence's n_new new tokens are a single query block that takes
+ * all of its KV head's heads (cpu_attention may make it one task). */
+static int single_block(int n_new, int qb, int group) {
+    return n_new >= 1 && n_new <= qb && heads_per_task(n_new, group) == group;
+}
+
 /* Floats between two queries' score rows in a task's buffer: the width
  * rounded up to an odd number of cache lines, so that the 16 rows the
  * attention kernels walk side by side fall into 16 different L1 sets (an
@@ -1070,7 +1076,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     int whole = 0, others = 0;
     for (int s = 0; s < st->n_seqs; s++) {
         const int n_new = st->seqs[s].n_new;
-        if (n_new <= qb && heads_per_task(n_new, group) == group) whole++;
+        if (single_block(n_new, qb, group)) whole++;
         else others += n_kv_heads * ((n_new + qb - 1) / qb); /* at least */
     }
     const int use_whole = st->n_seqs > 1 && whole > 0 &&
@@ -1082,7 +1088,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     if (use_whole) {
         for (int s = 0; s < st->n_seqs; s++) {
             const int n_new = st->seqs[s].n_new;
-            if (n_new > qb || heads_per_task(n_new, group) != group) continue;
+            if (!single_block(n_new, qb, group)) continue;
             const int width = st->seqs[s].n_past + n_new;
             int at = n_tasks++;
             for (; at > 0; at--) { /* insertion by width, descending */
@@ -1097,7 +1103,7 @@ static void cpu_attention(specd_backend *be, float *out, const float *q, const f
     }
     for (int s = 0; s < st->n_seqs; s++) {
         const int n_new = st->seqs[s].n_new;
-        if (use_whole && n_new <= qb && heads_per_task(n_new, group) == group) continue;
+        if (use_whole && single_block(n_new, qb, group)) continue;
         for (int kvh = 0; kvh < n_kv_heads; kvh++)
             for (int i = 0; i < n_new; i += qb) {
                 int n_tok = n_new - i < qb ? n_new - i : qb;
