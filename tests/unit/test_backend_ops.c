@@ -1152,6 +1152,16 @@ static void test_attention_blocks_bitwise(void **state) {
     free(one);
 }
 
+/* A CPU backend of its own with n threads (the attention passes cut their
+ * tasks by the thread count), or the test fails with the reason. */
+static specd_backend *cpu_threads(int n) {
+    specd_error err = {{0}};
+    specd_backend_opts o = {.name = "cpu", .n_threads = n};
+    specd_backend *be = specd_backend_create(&o, &err);
+    if (!be) fail_msg("cpu backend with %d threads: %s", n, err.msg);
+    return be;
+}
+
 /* A decode step over a long context with more threads than KV heads runs
  * as a split decode (cpu_backend.c: row chunks, softmax per head, slices
  * of head elements); its output and cache must be the one-run pass's bits
@@ -1171,14 +1181,7 @@ static void test_attention_split_decode(void **state) {
     enum { PAGES = 126 };
     int32_t pages[PAGES];
     for (int i = 0; i < PAGES; i++) pages[i] = (i * 7 + 3) % PAGES; /* out of order */
-    specd_error err = {{0}};
-    specd_backend_opts o1 = {.name = "cpu", .n_threads = 1}, o4 = {.name = "cpu", .n_threads = 4};
-    specd_backend_opts o2 = {.name = "cpu", .n_threads = 2};
-    specd_backend *one = specd_backend_create(&o1, &err), *four = specd_backend_create(&o4, &err);
-    specd_backend *two = specd_backend_create(&o2, &err);
-    assert_non_null(one);
-    assert_non_null(four);
-    assert_non_null(two);
+    specd_backend *one = cpu_threads(1), *four = cpu_threads(4), *two = cpu_threads(2);
     tstep *st = malloc(sizeof *st);
     int tested = 0;
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
@@ -1265,14 +1268,7 @@ static void test_attention_seq_tasks(void **state) {
     static const struct { int idx[4], n; } batches[] = {
         {{0, 1}, 2}, {{0, 1, 2}, 3}, {{0, 1, 2, 3}, 4}, {{1, 2, 4}, 3}, {{0, 2, 1, 4}, 4},
         {{0, 1, 5}, 3}, {{0, 1, 5, 3}, 4}};
-    specd_error err = {{0}};
-    specd_backend_opts o1 = {.name = "cpu", .n_threads = 1}, o2 = {.name = "cpu", .n_threads = 2};
-    specd_backend_opts o4 = {.name = "cpu", .n_threads = 4};
-    specd_backend *one = specd_backend_create(&o1, &err), *two = specd_backend_create(&o2, &err);
-    specd_backend *four = specd_backend_create(&o4, &err);
-    assert_non_null(one);
-    assert_non_null(two);
-    assert_non_null(four);
+    specd_backend *one = cpu_threads(1), *two = cpu_threads(2), *four = cpu_threads(4);
     tstep *st = malloc(sizeof *st), *alone = malloc(sizeof *alone);
     int tested = 0, whole_runs = 0;
     for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
