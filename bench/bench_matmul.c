@@ -2,7 +2,8 @@
  * shapes, against this machine's memory bandwidth.
  *
  * Built by CMake as build/bench_matmul.
- * Run: build/bench_matmul [--quick] [--precision fast|exact] [--kquants] [path ...]
+ * Run: build/bench_matmul [--quick] [--precision fast|exact] [--kquants]
+ *                         [--tokens N,N,...] [path ...]
  *      (paths: scalar avx2 avx512; precision: fast, the default, is the
  *      server's integer-activation matmul (qmatmul.h), exact the fp32 one;
  *      --kquants: a Llama-3.2-1B-shaped model in Q4_K_M's types instead,
@@ -168,8 +169,12 @@ static int g_n_mats = (int)(sizeof k_smollm2 / sizeof k_smollm2[0]);
 static int g_n_layers = 30;
 #define WORKSET (96u << 20) /* the model's size */
 
-static const int k_toks[] = {1, 2, 4, 5, 8, 9, 16, 32}; /* 5, 9: verifying chains of 4, 8 */
-#define N_TOKS (int)(sizeof k_toks / sizeof k_toks[0])
+/* The token counts measured (--tokens replaces all but the first, which
+ * stays 1: decode, and the bandwidth column); 5, 9: verifying chains of 4,
+ * 8. At most 32 (the activations allocated below). */
+#define MAX_TOKS 12
+static int k_toks[MAX_TOKS] = {1, 2, 4, 5, 8, 9, 16, 32};
+static int N_TOKS = 8;
 
 typedef struct mat_set {
     specd_tensor *copies;
@@ -241,7 +246,7 @@ static double g_int8_peak;
 
 static void bench_peak(void) {
     printf("\n== arithmetic peak of one core (kernels/cpu/peak.h) ==\n");
-    const char *paths[] = {"avx2", "avxvnni", "avx512", "avx512vnni"};
+    const char *paths[] = {"avx2", "avxvnni", "avx512", "avx512vnni", "amx"};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         if (!cpu_simd_force(paths[i])) continue;
         double fp32 = cpu_peak_fp32_macs(NULL), int8 = cpu_peak_int8_macs(NULL);
@@ -266,6 +271,17 @@ int main(int argc, char **argv) {
                 return 2;
             }
             g_fast = !strcmp(p, "fast");
+        } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            /* 2..32 each, at most MAX_TOKS - 1 of them, after the 1 */
+            N_TOKS = 1;
+            for (char *p = argv[++i], *end; *p && N_TOKS < MAX_TOKS; p = *end ? end + 1 : end) {
+                long v = strtol(p, &end, 10);
+                if (end == p || v < 2 || v > 32 || (*end && *end != ',')) {
+                    fprintf(stderr, "--tokens: a list of 2..32, not %s\n", argv[i]);
+                    return 2;
+                }
+                k_toks[N_TOKS++] = (int)v;
+            }
         } else if (!strcmp(argv[i], "--kquants")) {
             k_mats = k_llama1b_q4km;
             g_n_mats = (int)(sizeof k_llama1b_q4km / sizeof k_llama1b_q4km[0]);
@@ -342,7 +358,7 @@ int main(int argc, char **argv) {
             printf("  %-24s %15s", "matrix", "n_tok=1");
             for (int k = 1; k < N_TOKS; k++) printf("  %7d", k_toks[k]);
             printf("\n");
-            double model_s[N_TOKS] = {0};
+            double model_s[MAX_TOKS] = {0};
             for (int m = 0; m < g_n_mats; m++) {
                 const specd_tensor *t = &g_sets[m].copies[0];
                 printf("  %-24s", k_mats[m].name);

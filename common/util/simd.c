@@ -43,7 +43,9 @@ static specd_simd_level detect_best(const specd_cpu_features *f) {
 static int level_named(const char *name) {
     if (!strcmp(name, "scalar")) return SPECD_SIMD_SCALAR;
     if (!strcmp(name, "avx2") || !strcmp(name, "avxvnni")) return SPECD_SIMD_AVX2;
-    if (!strcmp(name, "avx512") || !strcmp(name, "avx512vnni")) return SPECD_SIMD_AVX512;
+    if (!strcmp(name, "avx512") || !strcmp(name, "avx512vnni") ||
+        !strcmp(name, "amx"))
+        return SPECD_SIMD_AVX512;
     return -1;
 }
 

@@ -30,9 +30,8 @@
 
 /* The kernel sets, best last. A set with VNNI shares its fp32 kernels with
  * the plain set of its width and differs only in the integer kernels. */
-enum { SET_SCALAR, SET_AVX2, SET_AVXVNNI, SET_AVX512, SET_AVX512VNNI, N_SETS };
-static const char *const k_set_names[N_SETS] = {"scalar", "avx2", "avxvnni", "avx512",
-                                                "avx512vnni"};
+enum { SET_SCALAR, SET_AVX2, SET_AVXVNNI, SET_AVX512, SET_AVX512VNNI, SET_AMX, N_SETS };
+static const char *const k_set_names[N_SETS] = {CPU_SIMD_PATH_NAMES};
 static cpu_kernel_set g_sets[N_SETS];
 static int g_have[N_SETS];
 static _Atomic(const cpu_kernel_set *) g_active;
@@ -92,10 +91,16 @@ static void detect(void) {
         g_sets[SET_AVX512VNNI] = g_sets[SET_AVX512];
         g_have[SET_AVX512VNNI] = cpu_qkernels_avx512(&g_sets[SET_AVX512VNNI], 1);
     }
+    /* AMX: the VNNI set with AMX passes for many-token Q4 and Q8_0
+     * matmuls (qmatmul_amx.c); the kernel must grant the tile state */
+    if (g_have[SET_AVX512VNNI] && cpu_amx_usable()) {
+        g_sets[SET_AMX] = g_sets[SET_AVX512VNNI];
+        g_have[SET_AMX] = cpu_qkernels_amx(&g_sets[SET_AMX]);
+    }
 #endif
     static const cpu_kv_q8_level q8_level[N_SETS] = {CPU_KV_Q8_SCALAR, CPU_KV_Q8_AVX2,
                                                      CPU_KV_Q8_AVXVNNI, CPU_KV_Q8_AVX512,
-                                                     CPU_KV_Q8_AVX512VNNI};
+                                                     CPU_KV_Q8_AVX512VNNI, CPU_KV_Q8_AVX512VNNI};
     for (int i = 0; i < N_SETS; i++) {
         g_sets[i].name = k_set_names[i];
         if (g_have[i]) cpu_kv_q8_install(&g_sets[i], q8_level[i]);

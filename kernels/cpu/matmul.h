@@ -47,10 +47,16 @@ void cpu_swiglu(specd_pool *pool, float *out, const float *gate, const float *up
  * path (AVX2: two vector passes), rows over the pool. */
 void cpu_argmax_rows(specd_pool *pool, int32_t *ids, const float *x, int n_rows, int width);
 
-/* Name of the SIMD path chosen at run time: "avx512vnni", "avx512",
- * "avxvnni", "avx2" or "scalar" (the best the CPU has, unless SPECD_SIMD
- * names another). The VNNI paths differ from their plain twins only in the
- * integer-activation kernels (qmatmul.h). */
+/* Every SIMD path's name, worst first: the initializer of the kernel
+ * sets' name table (matmul.c), and the list that tests and benches walk
+ * ("static const char *const paths[] = {CPU_SIMD_PATH_NAMES};"). */
+#define CPU_SIMD_PATH_NAMES "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "amx"
+
+/* Name of the SIMD path chosen at run time, one of the above (the best
+ * the CPU has, unless SPECD_SIMD names another). The VNNI paths differ
+ * from their plain twins only in the integer-activation kernels
+ * (qmatmul.h), and "amx" from "avx512vnni" only in the Q4 and Q8_0
+ * kernels' passes of many tokens (qmatmul_amx.c). */
 const char *cpu_simd_name(void);
 /* Forces a path (for tests and benches); returns 0 if the CPU lacks it. */
 int cpu_simd_force(const char *name);

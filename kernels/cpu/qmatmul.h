@@ -222,6 +222,11 @@ void cpu_qmatmul(specd_pool *pool, float *y, const cpu_qweight *W, const float *
 #define CPU_QMATMULS_MAX 4
 int cpu_qmatmuls(specd_pool *pool, int n_mats, float *const *y, const cpu_qweight *const *W,
                  const float *x, int n_tok);
+/* The "amx" path's shortest pass of tokens that goes to the tiles
+ * (qmatmul_amx.c; shorter ones take the VNNI kernel). n > 0 sets it, for
+ * tests that run every pass length on the tiles; returns the previous
+ * value (n <= 0: only returns it). */
+int cpu_amx_min_pass(int n);
 /* The scalar twin: the same result, bit for bit, one element at a time. */
 void cpu_qmatmul_ref(float *y, const cpu_qweight *W, const float *x, int n_tok);
 

@@ -571,6 +571,12 @@ void cpu_kv_q8_install(cpu_kernel_set *ks, cpu_kv_q8_level level);
 const cpu_kernel_set *cpu_active_kernels(void);
 int cpu_qkernels_avx2(cpu_kernel_set *ks, int vnni);
 int cpu_qkernels_avx512(cpu_kernel_set *ks, int vnni);
+/* AMX int8 (qmatmul_amx.c): 1 if the CPU has AMX-TILE and AMX-INT8 and the
+ * kernel granted this process the tile state (asked here, once); then
+ * cpu_qkernels_amx replaces a VNNI set's Q4 and Q8_0 kernels with ones
+ * that take 2 or more tokens on the tiles (bitwise the same results). */
+int cpu_amx_usable(void);
+int cpu_qkernels_amx(cpu_kernel_set *ks);
 /* The AVX-512 set's attention kernels, K and V sides (vec_avx512.c): bitwise
  * the AVX2 set's, which they replace in ks. */
 void cpu_vec_avx512(cpu_kernel_set *ks);

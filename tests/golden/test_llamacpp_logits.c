@@ -220,7 +220,7 @@ static void check_fixture(const char *fixture, specd_kv_dtype kv, const toleranc
     cJSON *root = cJSON_Parse(json);
     assert_non_null(root);
     assert_int_equal(cJSON_GetObjectItem(root, "vocab")->valueint, m->hp.vocab_size);
-    static const char *const paths[] = {"avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {"avx2", "avxvnni", "avx512", "avx512vnni", "amx"};
     int ran = 0;
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         if (!cpu_simd_force(paths[i])) continue;

@@ -1029,7 +1029,7 @@ static void test_attention(void **state) {
  * whole model (test_batch_invariance) rests on this. */
 static void test_attention_blocks_bitwise(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     /* N = 90: 5 blocks of 16 tokens and one of 10, each block with its KV
      * head's 3 query heads in one task (cpu_backend.c's heads_per_task):
      * 48 queries, three sets of 16 lanes on the AVX-512 K side
@@ -1174,7 +1174,7 @@ static specd_backend *cpu_threads(int n) {
  * threads (one thread would read two heads' rows) must. */
 static void test_attention_split_decode(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     static const struct { int nh, nkv, hd, split; } shapes[] = {
         {9, 3, 64, 1}, {9, 1, 64, 1}, {3, 3, 64, 1}, {6, 3, 128, 1}, {8, 4, 64, 0}};
     static const int widths[] = {1024, 1039, 1501, 2000, 1023};
@@ -1252,7 +1252,7 @@ static void test_attention_split_decode(void **state) {
  * heads a KV head) and MHA, whichever way the tasks were cut. */
 static void test_attention_seq_tasks(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     static const struct { int nh, nkv; } shapes[] = {{9, 3}, {4, 4}};
     enum { HD = 64, PAGES = 300, PER_SEQ = 72 };
     static const int chain3[3] = {-1, 0, 1};
@@ -1349,7 +1349,7 @@ static void test_attention_seq_tasks(void **state) {
  * scalar rounding. */
 static void test_kv_f16_store(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     const float edge[] = {0.0f,          -0.0f,          1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
                           -(1.0f + 0x1p-11f), 0x1p-24f,  0x1p-25f,        0x1.8p-25f,
                           3 * 0x1p-25f,  6.1e-5f,        6.2e-5f,         65504.0f,
@@ -1407,7 +1407,7 @@ static void test_kv_f16_store(void **state) {
  *     rounds them, nothing else touched. */
 static void test_attention_q8_cache(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     static const struct { int nh, nkv, hd; } shapes[] = {{9, 3, 64}, {9, 9, 64}, {16, 2, 128}, {4, 2, 32}};
     int32_t pages[ATT_PAGES];
     for (int i = 0; i < ATT_PAGES; i++) pages[i] = (i * 5 + 2) % ATT_PAGES; /* out of order */

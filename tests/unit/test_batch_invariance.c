@@ -185,7 +185,7 @@ static void check_model(const char *path, specd_precision prec, specd_kv_dtype k
 }
 
 static void check_all_paths(const char *path) {
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         if (!cpu_simd_force(paths[i])) continue;
         /* the scalar twin is slow on the 135M model; it is checked against

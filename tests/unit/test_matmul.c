@@ -395,7 +395,7 @@ static void test_simd_force(void **state) {
  * loop at 1e8 MAC/s). One thread (a NULL pool). */
 static void test_peaks_every_path(void **state) {
     (void)state;
-    const char *paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         if (!cpu_simd_force(paths[i])) continue;
         double fp32 = cpu_peak_fp32_macs(NULL), int8 = cpu_peak_int8_macs(NULL);
@@ -634,7 +634,7 @@ static float urand_pm1(uint32_t *st) {
  * (a zero score in a chunk, nq not a multiple of 4) directly. */
 static void test_attention_block_kernels(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     enum { ROWS = 150, PAGES = (ROWS + SPECD_KV_PAGE_ROWS - 1) / SPECD_KV_PAGE_ROWS + 2 };
     const int hds[] = {64, 128, 48, 32}; /* 32: a half head (split decode) */
     int32_t pages[PAGES];
@@ -745,7 +745,7 @@ static void test_attention_block_kernels(void **state) {
  * kernels' 256-value flush and end in every tail size. */
 static void test_softmax_exp_paths(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     enum { N = 700 };
     float in[N], out[N], ref[N];
     uint32_t st = 99u;
@@ -862,7 +862,7 @@ static uint64_t random_q8_pool(uint8_t *pool, int rows, int kvd, uint64_t st) {
  * through a scattered page table, with a page's prefetch in range. */
 static void test_kv_rows_q8_paths(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     enum { KVD = 256, PAGES = 4, ROWS = PAGES * SPECD_KV_PAGE_ROWS, RB = KVD / 32 * 34 };
     static uint8_t pool[ROWS * RB];
     random_q8_pool(pool, ROWS, KVD, 77);
@@ -910,7 +910,7 @@ static void test_kv_rows_q8_paths(void **state) {
  * there. Nothing past the rows is written. */
 static void test_kv_dots_q8_paths(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     enum { KVD = 320, PAGES = 5, ROWS = PAGES * SPECD_KV_PAGE_ROWS, RB = KVD / 32 * 34, MAXQ = 64 };
     static uint8_t pool[ROWS * RB];
     uint64_t st = random_q8_pool(pool, ROWS, KVD, 91);
@@ -1021,7 +1021,7 @@ static void test_kv_dots_q8_paths(void **state) {
  * subnormal and overflowing scales. */
 static void test_quantize_q8_0_paths(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     enum { N = 32 * 40 };
     static float x[N];
     static uint8_t got[N / 32 * 34 + 4], want[N / 32 * 34];
@@ -1068,7 +1068,7 @@ static void test_quantize_q8_0_paths(void **state) {
  * are checked against a double-precision formula. */
 static void test_row_ops_paths(void **state) {
     (void)state;
-    static const char *const paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+    static const char *const paths[] = {CPU_SIMD_PATH_NAMES};
     enum { MAXD = 2100 };
     float *x = malloc(sizeof(float) * MAXD), *w = malloc(sizeof(float) * MAXD);
     float *want = malloc(sizeof(float) * MAXD), *got = malloc(sizeof(float) * MAXD);

@@ -30,7 +30,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "tests/harness/test_util.h"
 
-static const char *const k_paths[] = {"scalar", "avx2", "avxvnni", "avx512", "avx512vnni"};
+static const char *const k_paths[] = {CPU_SIMD_PATH_NAMES};
 #define N_PATHS (sizeof k_paths / sizeof k_paths[0])
 static const specd_dtype k_types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q5_0, SPECD_Q5_1,
                                       SPECD_Q8_0, SPECD_Q4_K, SPECD_Q5_K, SPECD_Q6_K,
@@ -166,6 +166,46 @@ static void test_paths_equal_scalar_twin(void **state) {
     assert_true(tested >= 1);
     cpu_simd_force("auto");
     for (int i = 0; i < 3; i++) specd_pool_destroy(pools[i]);
+}
+
+/* The "amx" path's tiles take only passes of AMX_MIN_PASS (14) tokens or
+ * more, so the twin test above reaches them only at 14-16 and 70 tokens.
+ * Here every pass length from 2 goes to the tiles, on matrices of 1, 3,
+ * 18 and 48 blocks (odd counts end on half a block pair; 48 wraps the
+ * unpacking ring several times) and a last row group of 5 rows: bit for
+ * bit the scalar twin, on one thread and on two. */
+static void test_amx_every_pass_length(void **state) {
+    (void)state;
+    if (!cpu_simd_force("amx")) {
+        print_message("  (no AMX here: the tiles' kernels were not run)\n");
+        skip();
+    }
+    const int old = cpu_amx_min_pass(2);
+    const specd_dtype types[] = {SPECD_Q4_0, SPECD_Q4_1, SPECD_Q8_0};
+    const int64_t shapes[][2] = {{16, 32}, {37, 96}, {192, 576}, {53, 1536}};
+    specd_pool *pool2 = specd_pool_create(2);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            qfixture f;
+            qfix_make(&f, types[ti], shapes[si][0], shapes[si][1], 900 + si + 10 * ti);
+            for (int n = 2; n <= 34; n += n < 17 ? 1 : 15) {
+                size_t ny = (size_t)n * (size_t)f.w.rows;
+                float *x = malloc(sizeof(float) * (size_t)n * (size_t)f.w.cols);
+                test_fill_random(x, (size_t)n * (size_t)f.w.cols, 31 + n, 2.0f);
+                float *ref = alloc_nan(ny), *y = alloc_nan(ny);
+                cpu_qmatmul_ref(ref, &f.w, x, n);
+                cpu_qmatmul(NULL, y, &f.w, x, n);
+                expect_same_bits(y, ref, n, f.w.rows, "amx", "amx", types[ti], 1);
+                for (size_t i = 0; i < ny; i++) y[i] = NAN;
+                cpu_qmatmul(pool2, y, &f.w, x, n);
+                expect_same_bits(y, ref, n, f.w.rows, "amx", "amx", types[ti], 2);
+                free(ref), free(y), free(x);
+            }
+            qfix_free(&f);
+        }
+    specd_pool_destroy(pool2);
+    cpu_amx_min_pass(old);
+    cpu_simd_force("auto");
 }
 
 /* The largest products the 2-, 3-, 4-, 5- and 6-bit kernels meet: every
@@ -509,6 +549,7 @@ int main(void) {
         cmocka_unit_test(test_which_types),
         cmocka_unit_test(test_quantizers_equal),
         cmocka_unit_test(test_paths_equal_scalar_twin),
+        cmocka_unit_test(test_amx_every_pass_length),
         cmocka_unit_test(test_q4_extremes),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_qmatmuls_equal_one_by_one),
