@@ -33,9 +33,6 @@
  * tile configuration (rows = the pass's tokens) and releases the tiles at
  * its end, so a thread that is switched out between tasks carries no tile
  * state. */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* syscall() */
-#endif
 #include "qmatmul.h"
 #include "quant_impl.h"
 
