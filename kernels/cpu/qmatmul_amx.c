@@ -206,10 +206,16 @@ typedef void (*amx_pass_fn)(const cpu_qmm_args *a, int64_t g, int t0, int nt);
 /* The fewest tokens a pass takes on the tiles. A tdpbsud costs the same
  * for 1 row of A as for 16, and a block's dot goes through memory twice
  * (unpacked weights in, sums out), so below this the VNNI kernel's 8
- * vpdpbusd a token are cheaper: the whole default model's matmuls on two
- * threads (bench_matmul --quick --tokens, SPR VM) took 1.12-1.15x the
- * VNNI time at 8 tokens, 1.03-1.04x at 12, 0.98-1.00x at 14, 0.91-0.94x
- * at 16 and 0.92-0.94x at 32. */
+ * vpdpbusd a token are cheaper. The whole default model's matmuls on two
+ * threads (bench_matmul --quick --tokens 8,12,14,16,24,28,32, SPR VM, two
+ * alternated runs), AMX against VNNI: 1.10-1.14x the time at 8 tokens,
+ * 0.98-1.03x at 12, 0.97-1.00x at 14, 0.92-0.95x at 16, 0.89-0.93x at 32;
+ * on one thread 0.78-0.81x at 16 and 0.75-0.78x at 32.
+ *
+ * Tried and slower: four C tiles sharing two A and two B (a step of four
+ * blocks; 1.15-1.2x this kernel's time at 16 tokens, one thread), all of a
+ * row group's blocks unpacked before its first dot (1.1-1.2x at 16-32;
+ * once for all passes: prefill 0.95-0.97x, but 32 tokens 1.05-1.15x). */
 #define AMX_MIN_PASS 14
 static _Atomic int g_min_pass = AMX_MIN_PASS;
 
