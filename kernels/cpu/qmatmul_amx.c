@@ -208,9 +208,10 @@ typedef void (*amx_pass_fn)(const cpu_qmm_args *a, int64_t g, int t0, int nt);
  * (unpacked weights in, sums out), so below this the VNNI kernel's 8
  * vpdpbusd a token are cheaper. The whole default model's matmuls on two
  * threads (bench_matmul --quick --tokens 8,12,14,16,24,28,32, SPR VM, two
- * alternated runs), AMX against VNNI: 1.10-1.14x the time at 8 tokens,
- * 0.98-1.03x at 12, 0.97-1.00x at 14, 0.92-0.95x at 16, 0.89-0.93x at 32;
- * on one thread 0.78-0.81x at 16 and 0.75-0.78x at 32.
+ * runs each), the tiles against VNNI: with every pass length on the tiles
+ * 1.10-1.14x the time at 8 tokens, 0.97-1.02x at 12, 0.96-1.00x at 14; as
+ * shipped 0.97-0.98x at 14, 0.91-0.98x at 16, 0.90-0.92x at 32 (one
+ * thread: 0.78-0.79x at 16, 0.75-0.79x at 32).
  *
  * Tried and slower: four C tiles sharing two A and two B (a step of four
  * blocks; 1.15-1.2x this kernel's time at 16 tokens, one thread), all of a
