@@ -20,12 +20,14 @@
  *
  * The integer sums are exact, so every output bit equals the VNNI
  * kernel's and the scalar twin's: AMX changes speed only. Blocks go in
- * pairs with two sets of tiles (A, B, C for an even and an odd block), so
- * one block's dot runs while the other's sums are scaled.
+ * pairs with two sets of tiles (A, B, C for an even and an odd block), and
+ * the epilogue runs a pair behind the dots.
  *
- * One token is a decode step, which reads the weights once: nothing to
- * gain there, and it goes to the VNNI kernel. The other kinds keep their
- * VNNI kernels too (cpu_qkernels_amx installs only these three).
+ * But a tdpbsud costs as much for one token as for 16, and each block's
+ * dot goes through memory twice, so the tiles pay only from about 14
+ * tokens a pass (AMX_MIN_PASS, with the measurements): a decode step, a
+ * verify tree of a few tokens and a small batch keep the VNNI kernel, as
+ * do the other tile kinds (cpu_qkernels_amx installs only Q4 and Q8).
  *
  * The tiles need the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM,
  * Linux 5.16+), asked once in cpu_amx_usable(); where it is refused the
