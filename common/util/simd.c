@@ -23,12 +23,16 @@ static void detect_features(specd_cpu_features *f) {
     f->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     f->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    /* Older compilers' __builtin_cpu_supports lack "f16c" and the VNNI
-     * names: ask CPUID (leaf 1 ECX.29; leaf 7.0 ECX.11; leaf 7.1 EAX.4).
+    /* Older compilers' __builtin_cpu_supports lack "f16c", the VNNI and
+     * the AMX names: ask CPUID (leaf 1 ECX.29; leaf 7.0 ECX.11 and EDX.24,
+     * 25; leaf 7.1 EAX.4).
      * The register state they need is AVX's or AVX-512's, checked above. */
     unsigned a, b, c, d;
     if (__get_cpuid(1, &a, &b, &c, &d)) f->f16c = (c & bit_F16C) != 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f->avx512vnni = f->avx512 && ((c >> 11) & 1);
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        f->avx512vnni = f->avx512 && ((c >> 11) & 1);
+        f->amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1); /* EDX.24 AMX-TILE, .25 AMX-INT8 */
+    }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f->avxvnni = f->avx2 && ((a >> 4) & 1);
 #endif
 }

@@ -1,12 +1,13 @@
 /* simd.h - which vector instruction set the code outside kernels/ may use.
  *
  * kernels/cpu picks its own kernel set (matmul.h: scalar, avx2, avxvnni,
- * avx512, avx512vnni) for the matmuls and attention. The few hot loops below
+ * avx512, avx512vnni, amx) for the matmuls and attention. The few hot loops below
  * kernels/ (the sampling core's weights and its race, the Philox stream of
  * rng.h) need only the width: scalar, AVX2 or AVX-512. This is that choice,
  * made once from __builtin_cpu_supports and overridden the same way as the
- * kernels': SPECD_SIMD=scalar|avx2|avxvnni|avx512|avx512vnni in the
- * environment (the VNNI names mean their width here), or specd_simd_force(),
+ * kernels': SPECD_SIMD=scalar|avx2|avxvnni|avx512|avx512vnni|amx in the
+ * environment (the VNNI and AMX names mean their width here), or
+ * specd_simd_force(),
  * which cpu_simd_force() also calls, so that a test or bench that forces a
  * kernel path forces this one with it.
  *
@@ -31,6 +32,8 @@ typedef struct specd_cpu_features {
     int avxvnni;    /* AVX-VNNI: vpdpbusd on ymm, VEX-encoded */
     int avx512;     /* AVX-512 F, BW, VL and DQ */
     int avx512vnni; /* AVX512-VNNI */
+    int amx_int8;   /* AMX-TILE and AMX-INT8 in CPUID (the process must still
+                     * be granted the tile state: kernels/cpu/qmatmul_amx.c) */
 } specd_cpu_features;
 
 const specd_cpu_features *specd_cpu_features_get(void);

@@ -3,7 +3,8 @@
  * The kernel set (quant_avx512.c, quant_avx2.c or quant_scalar.c) is chosen
  * once, from common/util/simd.h's feature check, the first time any entry
  * point runs.
- * SPECD_SIMD=avx512|avx2|scalar in the environment, or cpu_simd_force(),
+ * SPECD_SIMD=amx|avx512vnni|avx512|avxvnni|avx2|scalar in the environment,
+ * or cpu_simd_force(),
  * overrides the choice (tests and benches compare paths this way).
  *
  * A matmul is split by output rows into chunks, one task per chunk; every

@@ -30,7 +30,9 @@ typedef enum { K_SCALAR, K_AVX2, K_AVXVNNI, K_AVX512, K_AVX512VNNI } kind;
 
 static kind active_kind(void) {
     const char *n = cpu_simd_name();
-    if (!strcmp(n, "avx512vnni")) return K_AVX512VNNI;
+    /* amx: the VNNI peak, as its tiles take only passes of 14+ tokens
+     * (qmatmul_amx.c) and every other integer dot is vpdpbusd */
+    if (!strcmp(n, "avx512vnni") || !strcmp(n, "amx")) return K_AVX512VNNI;
     if (!strcmp(n, "avx512")) return K_AVX512;
     if (!strcmp(n, "avxvnni")) return K_AVXVNNI;
     if (!strcmp(n, "avx2")) return K_AVX2;

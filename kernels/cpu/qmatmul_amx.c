@@ -38,6 +38,8 @@
 #include "qmatmul.h"
 #include "quant_impl.h"
 
+#include "common/util/simd.h"
+
 #include <stdatomic.h>
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -263,11 +265,9 @@ static void q8_amx(const cpu_qmm_args *a, int64_t g0, int64_t g1) {
 #define XFEATURE_XTILEDATA 18
 
 int cpu_amx_usable(void) {
-    /* CPUID leaf 7.0 EDX: bit 24 AMX-TILE, bit 25 AMX-INT8; then the
-     * kernel must grant this process the tile data state. */
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
+    /* the CPU has the tiles (common/util/simd.h's check); the kernel must
+     * also grant this process their state */
+    if (!specd_cpu_features_get()->amx_int8) return 0;
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
