@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/util/config.h"
 #include "common/util/version.h"
@@ -23,6 +24,7 @@
 #include "target-svc/target_config.h"
 #include "target-svc/target_opts.h"
 #include "common/model/transformer.h"
+#include "kernels/cpu/matmul.h" /* cpu_simd_name: the kernel path in the start-up line */
 
 /* Long enough for a session to finish a few hundred tokens; Kubernetes'
  * default terminationGracePeriodSeconds (30 s) must be longer. */
@@ -92,9 +94,15 @@ int main(int argc, char **argv) {
                     specd_step_cost_at(&c, 4) / 1e3, specd_step_cost_at(&c, 8) / 1e3,
                     specd_step_cost_at(&c, 16) / 1e3, specd_step_cost_at(&c, 64) / 1e3);
     }
+    /* the CPU's kernel path (docs/KERNELS.md): where AMX or AVX-512 was
+     * expected, this line shows what the machine and its kernel granted */
+    char backend[64];
+    if (!strcmp(specd_target_backends[cfg.backend], "cpu"))
+        snprintf(backend, sizeof backend, "cpu, %s kernels", cpu_simd_name());
+    else snprintf(backend, sizeof backend, "%s", specd_target_backends[cfg.backend]);
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
                     "KV pool %d pages of %d tokens, %s at %.1f KB a token, prefix cache %s)\n",
-            cfg.model, specd_rpc_server_port(srv), specd_target_backends[cfg.backend],
+            cfg.model, specd_rpc_server_port(srv), backend,
             (int)cfg.limits.max_sessions, ctx, kv_pages, SPECD_KV_PAGE_ROWS,
             specd_kv_type_name(specd_transformer_kv_dtype(t)),
             (double)specd_transformer_kv_bytes_per_token(t) / 1024.0,
