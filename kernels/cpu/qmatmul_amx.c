@@ -23,9 +23,11 @@
  * pairs with two sets of tiles (A, B, C for an even and an odd block), and
  * the epilogue runs a pair behind the dots.
  *
- * But a tdpbsud costs as much for one token as for 16, and each block's
- * dot goes through memory twice, so the tiles pay only from about 14
- * tokens a pass (AMX_MIN_PASS, with the measurements): a decode step, a
+ * But each block's sums must leave the tile (tilestored), and on the
+ * Sapphire Rapids VM a tilestored took 4.2 ns whether it carried 1, 5 or
+ * 16 tokens' sums (a tdpbsud 2.6 ns on 5 rows; docs/BENCHMARKS.md, the
+ * forty-eighth session), so the tiles pay only from about 14 tokens a
+ * pass (AMX_MIN_PASS, with the measurements): a decode step, a
  * verify tree of a few tokens and a small batch keep the VNNI kernel, as
  * do the other tile kinds (cpu_qkernels_amx installs only Q4 and Q8).
  *
