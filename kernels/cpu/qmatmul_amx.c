@@ -209,10 +209,10 @@ static cpu_qrows_fn g_vnni[CPU_QKINDS];
 
 typedef void (*amx_pass_fn)(const cpu_qmm_args *a, int64_t g, int t0, int nt);
 
-/* The fewest tokens a pass takes on the tiles. A tdpbsud costs the same
- * for 1 row of A as for 16, and a block's dot goes through memory twice
- * (unpacked weights in, sums out), so below this the VNNI kernel's 8
- * vpdpbusd a token are cheaper. The whole default model's matmuls on two
+/* The fewest tokens a pass takes on the tiles. A block's sums leave the
+ * tile by a tilestored that costs the same for 1 token as for 16, and its
+ * unpacked weights enter through memory too, so below this the VNNI
+ * kernel's 8 vpdpbusd a token are cheaper. The whole default model's matmuls on two
  * threads (bench_matmul --quick --tokens 8,12,14,16,24,28,32, SPR VM, two
  * runs each), the tiles against VNNI: with every pass length on the tiles
  * 1.10-1.14x the time at 8 tokens, 0.97-1.02x at 12, 0.96-1.00x at 14; as
