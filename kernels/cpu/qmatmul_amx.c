@@ -212,8 +212,8 @@ typedef void (*amx_pass_fn)(const cpu_qmm_args *a, int64_t g, int t0, int nt);
 /* The fewest tokens a pass takes on the tiles. A block's sums leave the
  * tile by a tilestored that costs the same for 1 token as for 16, and its
  * unpacked weights enter through memory too, so below this the VNNI
- * kernel's 8 vpdpbusd a token are cheaper. The whole default model's matmuls on two
- * threads (bench_matmul --quick --tokens 8,12,14,16,24,28,32, SPR VM, two
+ * kernel's 8 vpdpbusd a token are cheaper. The whole default model's
+ * matmuls on two threads (bench_matmul --quick --tokens 8,12,14,16,24,28,32, SPR VM, two
  * runs each), the tiles against VNNI: with every pass length on the tiles
  * 1.10-1.14x the time at 8 tokens, 0.97-1.02x at 12, 0.96-1.00x at 14; as
  * shipped 0.97-0.98x at 14, 0.91-0.98x at 16, 0.90-0.92x at 32 (one
@@ -238,6 +238,7 @@ int cpu_amx_min_pass(int n) {
 static __attribute__((target(TAMX))) void amx_drive(const cpu_qmm_args *a, int64_t g0, int64_t g1,
                                                     cpu_qkind kind, amx_pass_fn pass) {
     const int n_tok = a->a.n_tok;
+    if (n_tok <= 0) return;
     const int passes = (n_tok + 15) / 16;
     const int base = n_tok / passes, longer = n_tok % passes;
     if (base < atomic_load_explicit(&g_min_pass, memory_order_relaxed)) {
