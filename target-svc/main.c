@@ -24,7 +24,6 @@
 #include "target-svc/target_config.h"
 #include "target-svc/target_opts.h"
 #include "common/model/transformer.h"
-#include "kernels/cpu/matmul.h" /* cpu_simd_name: the kernel path in the start-up line */
 
 /* Long enough for a session to finish a few hundred tokens; Kubernetes'
  * default terminationGracePeriodSeconds (30 s) must be longer. */
@@ -94,12 +93,12 @@ int main(int argc, char **argv) {
                     specd_step_cost_at(&c, 4) / 1e3, specd_step_cost_at(&c, 8) / 1e3,
                     specd_step_cost_at(&c, 16) / 1e3, specd_step_cost_at(&c, 64) / 1e3);
     }
-    /* the CPU's kernel path (docs/KERNELS.md): where AMX or AVX-512 was
+    /* the kernel path (docs/KERNELS.md): where AMX or AVX-512 was
      * expected, this line shows what the machine and its kernel granted */
     char backend[64];
-    if (!strcmp(specd_target_backends[cfg.backend], "cpu"))
-        snprintf(backend, sizeof backend, "cpu, %s kernels", cpu_simd_name());
-    else snprintf(backend, sizeof backend, "%s", specd_target_backends[cfg.backend]);
+    const char *be = specd_target_backends[cfg.backend], *kernels = specd_target_service_kernels(svc);
+    if (strcmp(be, kernels)) snprintf(backend, sizeof backend, "%s, %s kernels", be, kernels);
+    else snprintf(backend, sizeof backend, "%s", be);
     fprintf(stderr, "target-svc: serving %s on port %d (%s, up to %d sessions, context %d, "
                     "KV pool %d pages of %d tokens, %s at %.1f KB a token, prefix cache %s)\n",
             cfg.model, specd_rpc_server_port(srv), backend,

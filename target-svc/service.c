@@ -19,6 +19,7 @@
 #include "common/rpc/prompt.h"
 #include "common/text/chat.h"
 #include "common/text/text_stream.h"
+#include "kernels/cpu/matmul.h" /* cpu_simd_name */
 #include "kernels/ipc.h"
 #include "specd.pb-c.h"
 #include "target-svc/scheduler.h"
@@ -775,7 +776,14 @@ specd_target_service *specd_target_service_create(const specd_model_file *m,
         specd_target_service_free(svc);
         return NULL;
     }
+    specd_target_metrics_backend(specd_transformer_backend_name(t),
+                                 specd_target_service_kernels(svc));
     return svc;
+}
+
+const char *specd_target_service_kernels(const specd_target_service *svc) {
+    const char *be = specd_transformer_backend_name(svc->t);
+    return !strcmp(be, "cpu") ? cpu_simd_name() : be;
 }
 
 /* Verify and Generate with their request log line (common/rpc/request_ctx.h). */

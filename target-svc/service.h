@@ -59,6 +59,11 @@ int specd_target_service_register(specd_target_service *svc, specd_rpc_server *s
 /* After the server has shut down (no handler running). NULL is a no-op. */
 void specd_target_service_free(specd_target_service *svc);
 
+/* The kernel path the target's forward passes run: the CPU backend's SIMD
+ * path (kernels/cpu/matmul.h: "amx", "avx512vnni", ... "scalar"), else the
+ * backend's name ("cuda"). Also specd_target_backend_info's label. */
+const char *specd_target_service_kernels(const specd_target_service *svc);
+
 /* The forward-pass cost curve as GetInfo reports it (common/spec/step_cost.h). */
 void specd_target_service_step_cost(specd_target_service *svc, specd_step_cost *out);
 /* A Verify Open into the session (session.h): the protobuf message

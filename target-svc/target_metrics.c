@@ -12,7 +12,7 @@ static struct {
     specd_metric *batch_tokens, *forward_s, *forward_errors, *kv_used, *kv_free;
     specd_metric *steps, *accepted, *generated, *plain_run;
     specd_metric *kv_cached, *prefix_lookup, *prefix_hit, *kv_evictions;
-    specd_metric *preemptions, *queue_timeouts;
+    specd_metric *preemptions, *queue_timeouts, *backend_info;
 } M;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -22,6 +22,11 @@ static void init(void) {
                                    "Verify sessions holding a KV slot", NULL);
     M.max_sessions = specd_metrics_gauge(r, "specd_target_max_sessions",
                                          "Configured limits.max_sessions", NULL);
+    M.backend_info = specd_metrics_gauge(r, "specd_target_backend_info",
+                                         "Always 1: the compute backend and its kernel path "
+                                         "(cpu: amx, avx512vnni, avx512, avxvnni, avx2 or "
+                                         "scalar; cuda: cuda)",
+                                         "backend,kernels");
     M.queued_items = specd_metrics_gauge(r, "specd_target_queued_items",
                                          "Work items (prompt chunks, trees) waiting for a "
                                          "forward pass", NULL);
@@ -110,6 +115,11 @@ void specd_target_metrics_verify(int n_accepted, int n_emitted) {
     r->steps++;
     r->accepted_tokens += n_accepted;
     r->generated_tokens += n_emitted;
+}
+
+void specd_target_metrics_backend(const char *backend, const char *kernels) {
+    pthread_once(&once, init);
+    specd_metric_set(M.backend_info, SPECD_LABELS(backend, kernels), 1);
 }
 
 /* ---- scrape hook ----------------------------------------------------------- */

@@ -23,6 +23,9 @@
  *   specd_target_accepted_tokens_total     counter draft tokens accepted
  *   specd_target_generated_tokens_total    counter tokens emitted (accepted +
  *                                                  the target's own next token)
+ *   specd_target_backend_info{backend,kernels} gauge 1: the compute backend and
+ *                                                  its kernel path (cpu: amx,
+ *                                                  avx512vnni, ...; cuda: cuda)
  *   specd_grpc_server_handled_total        counter by method and status code
  *                                                  (common/rpc/rpc_metrics.c) */
 #ifndef SPECD_TARGET_METRICS_H
@@ -51,6 +54,11 @@ void specd_target_metrics_plain_run(void);
 /* One item failed for want of KV pages: a new prompt past limits.queue_wait
  * (queued), or a session preempted. */
 void specd_target_metrics_no_pages(int queued);
+
+/* Sets specd_target_backend_info{backend, kernels} to 1 (the Prometheus
+ * "info" pattern: a dashboard or an alert can join on it, and a node whose
+ * CPU runs slower kernels than its neighbours shows up by label). */
+void specd_target_metrics_backend(const char *backend, const char *kernels);
 
 /* Registers the scrape hook that reads the scheduler's load; unwatch
  * before the scheduler goes (it waits for a scrape in progress). NULL on out

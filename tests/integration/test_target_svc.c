@@ -30,6 +30,7 @@
 #include <grpc/grpc.h>
 
 #include "common/rpc/ipc_caps.h"
+#include "common/rpc/metrics.h"
 #include "common/rpc/rpc_client.h"
 #include "common/rpc/rpc_server.h"
 #include "common/spec/sampling.h"
@@ -37,6 +38,7 @@
 #include "specd.pb-c.h"
 #include "target-svc/service.h"
 #include "common/model/transformer.h"
+#include "kernels/cpu/matmul.h"
 #include "tests/harness/golden.h"
 #include "tests/harness/test_util.h"
 
@@ -729,6 +731,22 @@ static void test_get_info(void **state) {
     specd__v1__info__free_unpacked(info, NULL);
 }
 
+/* The scrape names the backend and the kernel path the forward passes run
+ * (the active SIMD path on the CPU backend), as the start-up line does. */
+static void test_backend_info_metric(void **state) {
+    (void)state;
+    const char *kernels = specd_target_service_kernels(S.svc);
+    assert_string_equal(kernels, cpu_simd_name());
+    char want[128];
+    snprintf(want, sizeof want, "specd_target_backend_info{backend=\"cpu\",kernels=\"%s\"} 1\n",
+             kernels);
+    size_t len = 0;
+    char *text = specd_metrics_render(specd_metrics_global(), &len);
+    assert_non_null(text);
+    if (!strstr(text, want)) fail_msg("no '%s' in the scrape", want);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_lossless),
@@ -739,6 +757,7 @@ int main(void) {
         cmocka_unit_test(test_plain_run),
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_get_info),
+        cmocka_unit_test(test_backend_info_metric),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
