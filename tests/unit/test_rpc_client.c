@@ -38,23 +38,14 @@
 #include "common/rpc/rpc_client.h"
 #include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "tests/harness/rpc_fixture.h"
+#include "tests/harness/svc.h"
 #include "tests/harness/test_util.h"
 #include "common/util/clock.h"
 
-#define ECHO "/specd.testing.Echo/"
-/* Upper bound on any wait: far above what a step needs, far below ctest's
- * timeout. */
-#define WAIT_MS 10000
 
 typedef Grpc__Health__V1__HealthCheckRequest Msg;
 #define MSG_DESC (&grpc__health__v1__health_check_request__descriptor)
-
-/* ---- time ---------------------------------------------------------------------- */
-
-static void sleep_ms(int ms) {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
 
 /* ---- what the handlers saw ---------------------------------------------------------- */
 
@@ -83,7 +74,7 @@ static void t_set(int *flag) {
 static int t_wait(int *flag) {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += WAIT_MS / 1000;
+    dl.tv_sec += RPC_WAIT_MS / 1000;
     pthread_mutex_lock(&T.mu);
     while (!*flag && pthread_cond_timedwait(&T.cv, &T.mu, &dl) != ETIMEDOUT) {
     }
@@ -154,7 +145,7 @@ static void h_pingpong(specd_rpc_call *c, void *u) {
     (void)u;
     for (;;) {
         ProtobufCMessage *m;
-        specd_rpc_io r = specd_rpc_call_recv_msg(c, MSG_DESC, &m, WAIT_MS, NULL);
+        specd_rpc_io r = specd_rpc_call_recv_msg(c, MSG_DESC, &m, RPC_WAIT_MS, NULL);
         if (r == SPECD_RPC_IO_END) break;
         if (r != SPECD_RPC_IO_OK) {
             specd_rpc_call_finish(c, GRPC_STATUS_INTERNAL, "recv failed");
@@ -187,23 +178,23 @@ static void h_delay(specd_rpc_call *c, void *u) {
     (void)u;
     for (;;) {
         ProtobufCMessage *m;
-        specd_rpc_io r = specd_rpc_call_recv_msg(c, MSG_DESC, &m, WAIT_MS, NULL);
+        specd_rpc_io r = specd_rpc_call_recv_msg(c, MSG_DESC, &m, RPC_WAIT_MS, NULL);
         if (r != SPECD_RPC_IO_OK) break;
         char out[300];
         snprintf(out, sizeof out, "late:%.200s", ((Msg *)m)->service);
         protobuf_c_message_free_unpacked(m, NULL);
-        sleep_ms(300);
+        svc_sleep_ms(300);
         if (!send_str(c, out)) return;
     }
     specd_rpc_call_finish(c, GRPC_STATUS_OK, NULL);
 }
 
-/* Sends nothing; waits (at most WAIT_MS) for the call to be cancelled. */
+/* Sends nothing; waits (at most RPC_WAIT_MS) for the call to be cancelled. */
 static void h_stall(specd_rpc_call *c, void *u) {
     (void)u;
     t_set(&T.started);
-    int64_t end = specd_now_ms_int() + WAIT_MS;
-    while (!specd_rpc_call_is_cancelled(c) && specd_now_ms_int() < end) sleep_ms(2);
+    int64_t end = specd_now_ms_int() + RPC_WAIT_MS;
+    while (!specd_rpc_call_is_cancelled(c) && specd_now_ms_int() < end) svc_sleep_ms(2);
     pthread_mutex_lock(&T.mu);
     T.saw_cancel = specd_rpc_call_is_cancelled(c);
     pthread_mutex_unlock(&T.mu);
@@ -235,60 +226,20 @@ static void h_garbage(specd_rpc_call *c, void *u) {
 /* ---- fixtures ------------------------------------------------------------------------- */
 
 static specd_rpc_server *server_new(specd_rpc_server_opts o) {
-    o.listen_addr = "127.0.0.1:0";
-    if (!o.tls_cert_path) o.insecure = 1;
-    specd_error err = {{0}};
-    specd_rpc_server *s = specd_rpc_server_create(&o, &err);
-    if (!s) fail_msg("server: %s", err.msg);
-    static const struct {
-        const char *path;
-        specd_rpc_kind kind;
-        specd_rpc_handler handler;
-    } methods[] = {
-        {ECHO "Echo", SPECD_RPC_UNARY, h_echo},
-        {ECHO "Count", SPECD_RPC_SERVER_STREAMING, h_count},
-        {ECHO "PingPong", SPECD_RPC_BIDI_STREAMING, h_pingpong},
-        {ECHO "Delay", SPECD_RPC_BIDI_STREAMING, h_delay},
-        {ECHO "Stall", SPECD_RPC_BIDI_STREAMING, h_stall},
-        {ECHO "StallUnary", SPECD_RPC_UNARY, h_stall},
-        {ECHO "Big", SPECD_RPC_UNARY, h_big},
-        {ECHO "BigStream", SPECD_RPC_SERVER_STREAMING, h_big},
-        {ECHO "Garbage", SPECD_RPC_SERVER_STREAMING, h_garbage},
+    static const rpc_fix_method methods[] = {
+        {RPC_ECHO "Echo", SPECD_RPC_UNARY, h_echo},
+        {RPC_ECHO "Count", SPECD_RPC_SERVER_STREAMING, h_count},
+        {RPC_ECHO "PingPong", SPECD_RPC_BIDI_STREAMING, h_pingpong},
+        {RPC_ECHO "Delay", SPECD_RPC_BIDI_STREAMING, h_delay},
+        {RPC_ECHO "Stall", SPECD_RPC_BIDI_STREAMING, h_stall},
+        {RPC_ECHO "StallUnary", SPECD_RPC_UNARY, h_stall},
+        {RPC_ECHO "Big", SPECD_RPC_UNARY, h_big},
+        {RPC_ECHO "BigStream", SPECD_RPC_SERVER_STREAMING, h_big},
+        {RPC_ECHO "Garbage", SPECD_RPC_SERVER_STREAMING, h_garbage},
     };
-    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-        assert_int_equal(
-            specd_rpc_register(s, methods[i].path, methods[i].kind, methods[i].handler, NULL), 0);
-    assert_int_equal(specd_rpc_server_start(s, &err), 0);
+    specd_rpc_server *s = rpc_fix_server(o, methods, sizeof methods / sizeof methods[0], NULL);
     t_reset();
     return s;
-}
-
-/* Waits (bounded) until the server holds no call and runs no handler. */
-static void wait_idle(specd_rpc_server *s) {
-    int64_t end = specd_now_ms_int() + WAIT_MS;
-    specd_rpc_stats st;
-    for (;;) {
-        specd_rpc_server_stats(s, &st);
-        if ((st.calls_live == 0 && st.handlers_running == 0) || specd_now_ms_int() > end) break;
-        sleep_ms(5);
-    }
-    assert_int_equal(st.calls_live, 0);
-    assert_int_equal(st.handlers_running, 0);
-}
-
-static specd_rpc_channel *chan_opts(specd_rpc_channel_opts o) {
-    specd_error err = {{0}};
-    specd_rpc_channel *ch = specd_rpc_channel_create(&o, &err);
-    if (!ch) fail_msg("channel: %s", err.msg);
-    return ch;
-}
-
-static char g_target[64];
-
-static specd_rpc_channel *chan(int port, size_t max_message) {
-    snprintf(g_target, sizeof g_target, "127.0.0.1:%d", port);
-    return chan_opts((specd_rpc_channel_opts){.target = g_target, .insecure = 1,
-                                              .max_message_bytes = max_message});
 }
 
 /* Unary Echo-style call with a string; the reply's string into out. */
@@ -352,24 +303,26 @@ static int dead_port(void) {
 static void test_unary(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
-    assert_string_equal(specd_rpc_channel_target(ch), g_target);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", specd_rpc_server_port(s));
+    assert_string_equal(specd_rpc_channel_target(ch), target);
     char out[256];
     specd_error err = {{0}};
-    assert_int_equal(call_str(ch, ECHO "Echo", "hello", out, sizeof out, 5000, &err),
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "hello", out, sizeof out, 5000, &err),
                      GRPC_STATUS_OK);
     assert_string_equal(out, "hello");
     /* no deadline at all */
-    assert_int_equal(call_str(ch, ECHO "Echo", "", out, sizeof out, 0, &err), GRPC_STATUS_OK);
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "", out, sizeof out, 0, &err), GRPC_STATUS_OK);
     assert_string_equal(out, "");
 
     /* the server's code and message come through */
-    assert_int_equal(call_str(ch, ECHO "Echo", "fail:open.prompt_ids[1]", NULL, 0, 5000, &err),
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "fail:open.prompt_ids[1]", NULL, 0, 5000, &err),
                      GRPC_STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(err.msg, "bad field open.prompt_ids[1]"));
     assert_non_null(strstr(err.msg, "INVALID_ARGUMENT"));
-    assert_non_null(strstr(err.msg, ECHO "Echo"));
-    assert_int_equal(call_str(ch, ECHO "Nope", "x", NULL, 0, 5000, &err),
+    assert_non_null(strstr(err.msg, RPC_ECHO "Echo"));
+    assert_int_equal(call_str(ch, RPC_ECHO "Nope", "x", NULL, 0, 5000, &err),
                      GRPC_STATUS_UNIMPLEMENTED);
     assert_non_null(strstr(err.msg, "UNIMPLEMENTED"));
 
@@ -392,13 +345,13 @@ static void test_unary(void **state) {
                      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
     protobuf_c_message_free_unpacked(hresp, NULL);
     /* a response that does not decode as the expected type */
-    assert_int_equal(specd_rpc_unary_bytes(ch, ECHO "Big", "3", 1, &resp, &n, 5000, &err),
+    assert_int_equal(specd_rpc_unary_bytes(ch, RPC_ECHO "Big", "3", 1, &resp, &n, 5000, &err),
                      GRPC_STATUS_OK);
     assert_int_equal(n, 3);
     assert_int_equal(resp[3], 0); /* NUL after the bytes */
     free(resp);
 
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -408,20 +361,20 @@ static void test_unary(void **state) {
 static void test_server_streaming(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
-    specd_rpc_stream *st = stream(ch, ECHO "Count", 5000);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "Count", 5000);
     assert_int_equal(sends(st, "100", 1), SPECD_RPC_CIO_OK);
     char out[64];
     specd_error err = {{0}};
     for (int i = 0; i < 100; i++) {
         char want[16];
         snprintf(want, sizeof want, "%d", i);
-        assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+        assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
         assert_string_equal(out, want);
     }
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     /* END is sticky, and finish can be asked twice */
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     /* cancel after the end is harmless */
@@ -430,16 +383,16 @@ static void test_server_streaming(void **state) {
     specd_rpc_stream_free(st);
 
     /* a message that does not decode is skipped; the stream goes on */
-    st = stream(ch, ECHO "Garbage", 5000);
+    st = stream(ch, RPC_ECHO "Garbage", 5000);
     assert_int_equal(sends(st, "", 1), SPECD_RPC_CIO_OK);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_INVALID);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_INVALID);
     assert_non_null(strstr(err.msg, "malformed"));
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
     assert_string_equal(out, "ok");
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     specd_rpc_stream_free(st);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -447,52 +400,54 @@ static void test_server_streaming(void **state) {
 static void test_bidi(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
-    specd_rpc_stream *st = stream(ch, ECHO "PingPong", 0);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "PingPong", 0);
     char out[300], ping[16], want[32];
     specd_error err = {{0}};
     for (int i = 0; i < 20; i++) {
         snprintf(ping, sizeof ping, "p%d", i);
         snprintf(want, sizeof want, "pong:p%d", i);
         assert_int_equal(sends(st, ping, 0), SPECD_RPC_CIO_OK);
-        assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+        assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
         assert_string_equal(out, want);
     }
     assert_int_equal(specd_rpc_stream_close_send(st, &err), SPECD_RPC_CIO_OK);
     assert_int_equal(specd_rpc_stream_close_send(st, &err), SPECD_RPC_CIO_OK);
     /* nothing can be sent after the half-close; the stream is unharmed */
     assert_int_equal(sends(st, "late", 0), SPECD_RPC_CIO_INVALID);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     specd_rpc_stream_free(st);
 
     /* the last message and the half-close in one send, raw bytes this time */
-    st = stream(ch, ECHO "PingPong", 5000);
+    st = stream(ch, RPC_ECHO "PingPong", 5000);
     Msg m = msg_of("raw");
     uint8_t buf[16];
     size_t len = protobuf_c_message_pack(&m.base, buf);
     assert_int_equal(specd_rpc_stream_send_bytes(st, buf, len, 1, &err), SPECD_RPC_CIO_OK);
     uint8_t *got;
     size_t n;
-    assert_int_equal(specd_rpc_stream_recv_bytes(st, &got, &n, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(specd_rpc_stream_recv_bytes(st, &got, &n, RPC_WAIT_MS, &err),
+                     SPECD_RPC_CIO_OK);
     ProtobufCMessage *dec;
     assert_int_equal(specd_rpc_unpack(MSG_DESC, got, n, 1024, &dec, &err), 0);
     assert_string_equal(((Msg *)dec)->service, "pong:raw");
     protobuf_c_message_free_unpacked(dec, NULL);
     free(got);
-    assert_int_equal(specd_rpc_stream_recv_bytes(st, &got, &n, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(specd_rpc_stream_recv_bytes(st, &got, &n, RPC_WAIT_MS, &err),
+                     SPECD_RPC_CIO_END);
     assert_null(got);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     specd_rpc_stream_free(st);
 
     /* the server ends the stream with an error: recv says FAILED with the
      * server's message, finish gives the code; sends fail from then on */
-    st = stream(ch, ECHO "PingPong", 5000);
+    st = stream(ch, RPC_ECHO "PingPong", 5000);
     assert_int_equal(sends(st, "abort", 0), SPECD_RPC_CIO_OK);
     memset(&err, 0, sizeof err);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
     assert_non_null(strstr(err.msg, "ABORTED: told to abort"));
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
     assert_int_equal(sends(st, "more", 0), SPECD_RPC_CIO_FAILED);
     memset(&err, 0, sizeof err);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_ABORTED);
@@ -502,10 +457,10 @@ static void test_bidi(void **state) {
     /* The server answers three times and ends with an error while the
      * client is not reading: the next send fails, and finish reads past
      * the unread answers to report the server's status, not CANCELLED. */
-    st = stream(ch, ECHO "PingPong", 5000);
+    st = stream(ch, RPC_ECHO "PingPong", 5000);
     assert_int_equal(sends(st, "abort3", 0), SPECD_RPC_CIO_OK);
-    int64_t end = specd_now_ms_int() + WAIT_MS;
-    while (sends(st, "more", 0) == SPECD_RPC_CIO_OK && specd_now_ms_int() < end) sleep_ms(5);
+    int64_t end = specd_now_ms_int() + RPC_WAIT_MS;
+    while (sends(st, "more", 0) == SPECD_RPC_CIO_OK && specd_now_ms_int() < end) svc_sleep_ms(5);
     assert_int_equal(sends(st, "more", 0), SPECD_RPC_CIO_FAILED);
     memset(&err, 0, sizeof err);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_ABORTED);
@@ -515,12 +470,12 @@ static void test_bidi(void **state) {
     /* gRPC delivers a status only after every message before it was read:
      * finish on a stream with unread messages cannot see the server's OK,
      * so it ends the stream (the header's "recv until END first"). */
-    st = stream(ch, ECHO "Count", 5000);
+    st = stream(ch, RPC_ECHO "Count", 5000);
     assert_int_equal(sends(st, "5", 1), SPECD_RPC_CIO_OK);
-    sleep_ms(100);
+    svc_sleep_ms(100);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_CANCELLED);
     specd_rpc_stream_free(st);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -528,8 +483,8 @@ static void test_bidi(void **state) {
 static void test_recv_timeout(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
-    specd_rpc_stream *st = stream(ch, ECHO "Delay", 5000);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "Delay", 5000);
     char out[64];
     specd_error err = {{0}};
     assert_int_equal(sends(st, "x", 0), SPECD_RPC_CIO_OK);
@@ -541,23 +496,23 @@ static void test_recv_timeout(void **state) {
     /* ... and a send while the read is pending still works ... */
     assert_int_equal(sends(st, "y", 0), SPECD_RPC_CIO_OK);
     /* ... then the pending read delivers, in order */
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
     assert_string_equal(out, "late:x");
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
     assert_string_equal(out, "late:y");
     assert_int_equal(specd_rpc_stream_close_send(st, &err), SPECD_RPC_CIO_OK);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     specd_rpc_stream_free(st);
 
     /* freed with a read still pending and no finish: cancelled, nothing leaks */
-    st = stream(ch, ECHO "Stall", 5000);
+    st = stream(ch, RPC_ECHO "Stall", 5000);
     assert_true(t_wait(&T.started));
     assert_int_equal(recvs(st, out, sizeof out, 20, &err), SPECD_RPC_CIO_TIMEOUT);
     specd_rpc_stream_free(st);
     assert_true(t_wait(&T.done));
     assert_true(T.saw_cancel);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -569,7 +524,7 @@ typedef struct {
 
 static void *cancel_thread(void *p) {
     cancel_arg *a = p;
-    sleep_ms(a->delay_ms);
+    svc_sleep_ms(a->delay_ms);
     specd_rpc_stream_cancel(a->st);
     specd_rpc_stream_cancel(a->st); /* idempotent */
     return NULL;
@@ -578,8 +533,8 @@ static void *cancel_thread(void *p) {
 static void test_cancel_from_another_thread(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
-    specd_rpc_stream *st = stream(ch, ECHO "Stall", 0);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "Stall", 0);
     assert_true(t_wait(&T.started));
     cancel_arg a = {.st = st, .delay_ms = 100};
     pthread_t th;
@@ -602,13 +557,13 @@ static void test_cancel_from_another_thread(void **state) {
 
     /* finish on a live stream ends it early: CANCELLED, the handler sees it */
     t_reset();
-    st = stream(ch, ECHO "Stall", 0);
+    st = stream(ch, RPC_ECHO "Stall", 0);
     assert_true(t_wait(&T.started));
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_CANCELLED);
     assert_true(t_wait(&T.done));
     assert_true(T.saw_cancel);
     specd_rpc_stream_free(st);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -616,10 +571,10 @@ static void test_cancel_from_another_thread(void **state) {
 static void test_deadline(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 0);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     specd_error err = {{0}};
     int64_t t0 = specd_now_ms_int();
-    assert_int_equal(call_str(ch, ECHO "StallUnary", "x", NULL, 0, 300, &err),
+    assert_int_equal(call_str(ch, RPC_ECHO "StallUnary", "x", NULL, 0, 300, &err),
                      GRPC_STATUS_DEADLINE_EXCEEDED);
     int64_t took = specd_now_ms_int() - t0;
     assert_true(took >= 250 && took < 3000);
@@ -628,7 +583,7 @@ static void test_deadline(void **state) {
     assert_true(T.saw_cancel);
 
     t_reset();
-    specd_rpc_stream *st = stream(ch, ECHO "Stall", 300);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "Stall", 300);
     char out[64];
     t0 = specd_now_ms_int();
     assert_int_equal(recvs(st, out, sizeof out, -1, &err), SPECD_RPC_CIO_FAILED);
@@ -638,7 +593,7 @@ static void test_deadline(void **state) {
     specd_rpc_stream_free(st);
     assert_true(t_wait(&T.done));
     assert_true(T.saw_cancel);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -647,24 +602,27 @@ static void test_deadline(void **state) {
 
 static void test_nobody_listening(void **state) {
     (void)state;
-    specd_rpc_channel *ch = chan(dead_port(), 0);
+    const int port = dead_port();
+    specd_rpc_channel *ch = rpc_fix_channel_plain(port, 0);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
     specd_error err = {{0}};
     int64_t t0 = specd_now_ms_int();
     /* a generous deadline: the refusal, not the deadline, must end it */
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 20000, &err),
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 20000, &err),
                      GRPC_STATUS_UNAVAILABLE);
     assert_true(specd_now_ms_int() - t0 < 2000);
     assert_non_null(strstr(err.msg, "UNAVAILABLE"));
-    assert_non_null(strstr(err.msg, g_target));
+    assert_non_null(strstr(err.msg, target));
     /* a stream starts, and its first recv says FAILED; no deadline at all */
     t0 = specd_now_ms_int();
-    specd_rpc_stream *st = stream(ch, ECHO "PingPong", 0);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "PingPong", 0);
     char out[64];
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_FAILED);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_UNAVAILABLE);
     specd_rpc_stream_free(st);
     /* a send first: FAILED too, and finish still gives UNAVAILABLE */
-    st = stream(ch, ECHO "PingPong", 0);
+    st = stream(ch, RPC_ECHO "PingPong", 0);
     specd_rpc_cio r = sends(st, "x", 0);
     assert_true(r == SPECD_RPC_CIO_FAILED || r == SPECD_RPC_CIO_OK);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_UNAVAILABLE);
@@ -680,7 +638,7 @@ typedef struct {
 
 static void *shutdown_thread(void *p) {
     shutdown_arg *a = p;
-    sleep_ms(a->delay_ms);
+    svc_sleep_ms(a->delay_ms);
     specd_rpc_server_shutdown(a->s, 0);
     return NULL;
 }
@@ -689,13 +647,13 @@ static void test_server_shutdown_mid_stream(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
     int port = specd_rpc_server_port(s);
-    specd_rpc_channel *ch = chan(port, 0);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(port, 0);
     /* a live stream that has exchanged messages, then blocks in recv */
-    specd_rpc_stream *st = stream(ch, ECHO "PingPong", 0);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "PingPong", 0);
     char out[64];
     specd_error err = {{0}};
     assert_int_equal(sends(st, "a", 0), SPECD_RPC_CIO_OK);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
     shutdown_arg a = {.s = s, .delay_ms = 100};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, shutdown_thread, &a), 0);
@@ -708,7 +666,7 @@ static void test_server_shutdown_mid_stream(void **state) {
     specd_rpc_stream_free(st);
     /* and with the server gone, new calls fail fast on the same channel */
     t0 = specd_now_ms_int();
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 20000, &err),
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 20000, &err),
                      GRPC_STATUS_UNAVAILABLE);
     assert_true(specd_now_ms_int() - t0 < 2000);
     specd_rpc_channel_free(ch);
@@ -717,69 +675,36 @@ static void test_server_shutdown_mid_stream(void **state) {
 
 /* ---- tests: TLS ------------------------------------------------------------------------- */
 
-static char g_certs[4][4096];
-
-static const char *cert_path(int i, const char *name) {
-    snprintf(g_certs[i], sizeof g_certs[i], "%s", test_path(name));
-    return g_certs[i];
-}
-
-static specd_rpc_server *tls_server(int mutual) {
-    return server_new((specd_rpc_server_opts){
-        .tls_cert_path = cert_path(0, "tests/unit/certs/server.pem"),
-        .tls_key_path = cert_path(1, "tests/unit/certs/server.key"),
-        .tls_client_ca_path = mutual ? cert_path(2, "tests/unit/certs/ca.pem") : NULL});
-}
-
-/* A TLS channel trusting the test CA; who: "client", "rogue" or NULL (no
- * client certificate). */
-static specd_rpc_channel *tls_chan(int port, const char *who, const char *server_name) {
-    static char ca[4096], cert[4096], key[4096];
-    snprintf(g_target, sizeof g_target, "127.0.0.1:%d", port);
-    snprintf(ca, sizeof ca, "%s", test_path("tests/unit/certs/ca.pem"));
-    if (who) {
-        char rel[64];
-        snprintf(rel, sizeof rel, "tests/unit/certs/%s.pem", who);
-        snprintf(cert, sizeof cert, "%s", test_path(rel));
-        snprintf(rel, sizeof rel, "tests/unit/certs/%s.key", who);
-        snprintf(key, sizeof key, "%s", test_path(rel));
-    }
-    return chan_opts((specd_rpc_channel_opts){.target = g_target, .tls_ca_path = ca,
-                                              .tls_cert_path = who ? cert : NULL,
-                                              .tls_key_path = who ? key : NULL,
-                                              .tls_server_name = server_name});
-}
-
 static void test_tls(void **state) {
     (void)state;
-    specd_rpc_server *s = tls_server(0);
+    specd_rpc_server *s = server_new(rpc_fix_tls_opts(0));
     int port = specd_rpc_server_port(s);
     char out[64];
     specd_error err = {{0}};
     /* the certificate names localhost (override) and 127.0.0.1 (as dialled) */
-    specd_rpc_channel *ch = tls_chan(port, NULL, "localhost");
-    assert_int_equal(call_str(ch, ECHO "Echo", "secret", out, sizeof out, 5000, &err),
+    specd_rpc_channel *ch = rpc_fix_channel_tls(port, NULL, "localhost");
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "secret", out, sizeof out, 5000, &err),
                      GRPC_STATUS_OK);
     assert_string_equal(out, "secret");
-    specd_rpc_stream *st = stream(ch, ECHO "PingPong", 5000);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "PingPong", 5000);
     assert_int_equal(sends(st, "s", 1), SPECD_RPC_CIO_OK);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
     assert_string_equal(out, "pong:s");
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     specd_rpc_stream_free(st);
     specd_rpc_channel_free(ch);
-    ch = tls_chan(port, NULL, NULL);
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 5000, &err), GRPC_STATUS_OK);
+    ch = rpc_fix_channel_tls(port, NULL, NULL);
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 5000, &err), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     /* a name the certificate does not carry is refused */
-    ch = tls_chan(port, NULL, "evil.example");
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 5000, &err),
+    ch = rpc_fix_channel_tls(port, NULL, "evil.example");
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 5000, &err),
                      GRPC_STATUS_UNAVAILABLE);
     specd_rpc_channel_free(ch);
     /* so is a plaintext client */
-    ch = chan(port, 0);
-    assert_int_not_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 5000, &err), GRPC_STATUS_OK);
+    ch = rpc_fix_channel_plain(port, 0);
+    assert_int_not_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 5000, &err), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     specd_rpc_stats stats;
     specd_rpc_server_stats(s, &stats);
@@ -789,20 +714,20 @@ static void test_tls(void **state) {
 
 static void test_mutual_tls(void **state) {
     (void)state;
-    specd_rpc_server *s = tls_server(1);
+    specd_rpc_server *s = server_new(rpc_fix_tls_opts(1));
     int port = specd_rpc_server_port(s);
     specd_error err = {{0}};
-    specd_rpc_channel *ch = tls_chan(port, "client", "localhost");
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 5000, &err), GRPC_STATUS_OK);
+    specd_rpc_channel *ch = rpc_fix_channel_tls(port, "client", "localhost");
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 5000, &err), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     /* no client certificate: refused in the handshake */
-    ch = tls_chan(port, NULL, "localhost");
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 5000, &err),
+    ch = rpc_fix_channel_tls(port, NULL, "localhost");
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 5000, &err),
                      GRPC_STATUS_UNAVAILABLE);
     specd_rpc_channel_free(ch);
     /* a certificate the client CA never signed: refused too */
-    ch = tls_chan(port, "rogue", "localhost");
-    assert_int_equal(call_str(ch, ECHO "Echo", "x", NULL, 0, 5000, &err),
+    ch = rpc_fix_channel_tls(port, "rogue", "localhost");
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", "x", NULL, 0, 5000, &err),
                      GRPC_STATUS_UNAVAILABLE);
     specd_rpc_channel_free(ch);
     specd_rpc_stats stats;
@@ -816,48 +741,48 @@ static void test_mutual_tls(void **state) {
 static void test_message_size_limits(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = chan(specd_rpc_server_port(s), 1024);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 1024);
     specd_error err = {{0}};
     char big[2000];
     memset(big, 'a', sizeof big - 1);
     big[sizeof big - 1] = 0;
     /* too big to send: refused here, nothing reaches the server */
-    assert_int_equal(call_str(ch, ECHO "Echo", big, NULL, 0, 5000, &err),
+    assert_int_equal(call_str(ch, RPC_ECHO "Echo", big, NULL, 0, 5000, &err),
                      GRPC_STATUS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(err.msg, "exceeds"));
     uint8_t *resp;
     size_t n;
-    assert_int_equal(specd_rpc_unary_bytes(ch, ECHO "Echo", big, 1025, &resp, &n, 5000, &err),
+    assert_int_equal(specd_rpc_unary_bytes(ch, RPC_ECHO "Echo", big, 1025, &resp, &n, 5000, &err),
                      GRPC_STATUS_RESOURCE_EXHAUSTED);
     specd_rpc_stats stats;
     specd_rpc_server_stats(s, &stats);
     assert_int_equal(stats.calls_started, 0);
     /* the same on a stream, which stays usable */
-    specd_rpc_stream *st = stream(ch, ECHO "PingPong", 5000);
+    specd_rpc_stream *st = stream(ch, RPC_ECHO "PingPong", 5000);
     assert_int_equal(sends(st, big, 0), SPECD_RPC_CIO_INVALID);
     assert_int_equal(specd_rpc_stream_send_bytes(st, big, 1025, 0, &err), SPECD_RPC_CIO_INVALID);
     char out[64];
     assert_int_equal(sends(st, "small", 1), SPECD_RPC_CIO_OK);
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_OK);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_OK);
     assert_string_equal(out, "pong:small");
-    assert_int_equal(recvs(st, out, sizeof out, WAIT_MS, &err), SPECD_RPC_CIO_END);
+    assert_int_equal(recvs(st, out, sizeof out, RPC_WAIT_MS, &err), SPECD_RPC_CIO_END);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_OK);
     specd_rpc_stream_free(st);
     /* just under the limit goes through */
-    assert_int_equal(specd_rpc_unary_bytes(ch, ECHO "Big", "1024", 4, &resp, &n, 5000, &err),
+    assert_int_equal(specd_rpc_unary_bytes(ch, RPC_ECHO "Big", "1024", 4, &resp, &n, 5000, &err),
                      GRPC_STATUS_OK);
     assert_int_equal(n, 1024);
     free(resp);
     /* too big to receive: gRPC refuses it, unary and stream alike */
-    assert_int_equal(specd_rpc_unary_bytes(ch, ECHO "Big", "1025", 4, &resp, &n, 5000, &err),
+    assert_int_equal(specd_rpc_unary_bytes(ch, RPC_ECHO "Big", "1025", 4, &resp, &n, 5000, &err),
                      GRPC_STATUS_RESOURCE_EXHAUSTED);
-    st = stream(ch, ECHO "BigStream", 5000);
+    st = stream(ch, RPC_ECHO "BigStream", 5000);
     assert_int_equal(specd_rpc_stream_send_bytes(st, "1500", 4, 1, &err), SPECD_RPC_CIO_OK);
-    assert_int_equal(specd_rpc_stream_recv_bytes(st, &resp, &n, WAIT_MS, &err),
+    assert_int_equal(specd_rpc_stream_recv_bytes(st, &resp, &n, RPC_WAIT_MS, &err),
                      SPECD_RPC_CIO_FAILED);
     assert_int_equal(specd_rpc_stream_finish(st, &err), GRPC_STATUS_RESOURCE_EXHAUSTED);
     specd_rpc_stream_free(st);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -890,25 +815,10 @@ static void test_options(void **state) {
                                                  .connect_timeout_ms = -1},
                         "connect_timeout_ms");
     /* TLS with the system roots: created (lazily connected, so no call here) */
-    specd_rpc_channel *ch = chan_opts((specd_rpc_channel_opts){.target = "127.0.0.1:1"});
+    specd_rpc_channel *ch = rpc_fix_channel((specd_rpc_channel_opts){.target = "127.0.0.1:1"});
     specd_rpc_channel_free(ch);
     specd_rpc_channel_free(NULL);
     specd_rpc_stream_free(NULL);
-}
-
-/* The suite holds a gRPC reference of its own so gRPC is not torn down and
- * set up again between tests; the last grpc_shutdown joins gRPC's threads so
- * LeakSanitizer sees a clean exit. */
-static int suite_setup(void **state) {
-    (void)state;
-    grpc_init();
-    return 0;
-}
-
-static int suite_teardown(void **state) {
-    (void)state;
-    grpc_shutdown();
-    return 0;
 }
 
 int main(void) {
@@ -926,5 +836,5 @@ int main(void) {
         cmocka_unit_test(test_message_size_limits),
         cmocka_unit_test(test_options),
     };
-    return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
+    return cmocka_run_group_tests(tests, rpc_fix_suite_setup, rpc_fix_suite_teardown);
 }

@@ -35,20 +35,11 @@
 #include "common/rpc/rpc_health.h"
 #include "common/rpc/rpc_server.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "tests/harness/rpc_fixture.h"
+#include "tests/harness/svc.h"
 #include "tests/harness/test_util.h"
 #include "common/util/clock.h"
 
-#define ECHO "/specd.testing.Echo/"
-/* Upper bound on any single client wait: far above what a step needs, far
- * below ctest's timeout, so a bug fails instead of hanging. */
-#define WAIT_MS 10000
-
-/* ---- time --------------------------------------------------------------------- */
-
-static void sleep_ms(int ms) {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
 
 /* ---- what the handlers saw ------------------------------------------------------ */
 
@@ -203,7 +194,7 @@ static void h_slow(specd_rpc_call *c, void *u) {
     (void)u;
     t_set(&T.started, 1);
     for (int i = 0; i < 5; i++) {
-        if (i) sleep_ms(60);
+        if (i) svc_sleep_ms(60);
         char msg[16];
         int len = snprintf(msg, sizeof msg, "s%d", i);
         if (specd_rpc_call_send(c, msg, (size_t)len) != SPECD_RPC_IO_OK) return;
@@ -252,49 +243,22 @@ static void h_silent(specd_rpc_call *c, void *u) {
 static size_t g_max_message;
 
 static specd_rpc_server *server_new(specd_rpc_server_opts o) {
-    if (!o.listen_addr) o.listen_addr = "127.0.0.1:0";
-    if (!o.tls_cert_path && !o.tls_key_path) o.insecure = 1;
-    specd_error err = {{0}};
-    specd_rpc_server *s = specd_rpc_server_create(&o, &err);
-    if (!s) fprintf(stderr, "server_new: %s\n", err.msg);
-    assert_non_null(s);
-    assert_true(specd_rpc_server_port(s) > 0);
-    g_max_message = o.max_message_bytes ? o.max_message_bytes : SPECD_RPC_DEFAULT_MAX_MESSAGE;
-    static const struct {
-        const char *path;
-        specd_rpc_kind kind;
-        specd_rpc_handler handler;
-    } methods[] = {
-        {ECHO "Unary", SPECD_RPC_UNARY, h_unary},
-        {ECHO "Count", SPECD_RPC_SERVER_STREAMING, h_count},
-        {ECHO "PingPong", SPECD_RPC_BIDI_STREAMING, h_pingpong},
-        {ECHO "Stall", SPECD_RPC_UNARY, h_stall},
-        {ECHO "Forever", SPECD_RPC_SERVER_STREAMING, h_forever},
-        {ECHO "Slow", SPECD_RPC_SERVER_STREAMING, h_slow},
-        {ECHO "Misuse", SPECD_RPC_UNARY, h_misuse},
-        {ECHO "Silent", SPECD_RPC_UNARY, h_silent},
-        {ECHO "RecvTimeout", SPECD_RPC_BIDI_STREAMING, h_recv_timeout},
+    static const rpc_fix_method methods[] = {
+        {RPC_ECHO "Unary", SPECD_RPC_UNARY, h_unary},
+        {RPC_ECHO "Count", SPECD_RPC_SERVER_STREAMING, h_count},
+        {RPC_ECHO "PingPong", SPECD_RPC_BIDI_STREAMING, h_pingpong},
+        {RPC_ECHO "Stall", SPECD_RPC_UNARY, h_stall},
+        {RPC_ECHO "Forever", SPECD_RPC_SERVER_STREAMING, h_forever},
+        {RPC_ECHO "Slow", SPECD_RPC_SERVER_STREAMING, h_slow},
+        {RPC_ECHO "Misuse", SPECD_RPC_UNARY, h_misuse},
+        {RPC_ECHO "Silent", SPECD_RPC_UNARY, h_silent},
+        {RPC_ECHO "RecvTimeout", SPECD_RPC_BIDI_STREAMING, h_recv_timeout},
     };
-    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-        assert_int_equal(specd_rpc_register(s, methods[i].path, methods[i].kind, methods[i].handler,
-                                            &g_max_message),
-                         0);
-    assert_int_equal(specd_rpc_server_start(s, &err), 0);
+    g_max_message = o.max_message_bytes ? o.max_message_bytes : SPECD_RPC_DEFAULT_MAX_MESSAGE;
+    specd_rpc_server *s =
+        rpc_fix_server(o, methods, sizeof methods / sizeof methods[0], &g_max_message);
     t_reset();
     return s;
-}
-
-/* Waits (bounded) until no call object or handler is left on the server. */
-static void wait_idle(specd_rpc_server *s) {
-    int64_t end = specd_now_ms_int() + WAIT_MS;
-    specd_rpc_stats st;
-    for (;;) {
-        specd_rpc_server_stats(s, &st);
-        if ((st.calls_live == 0 && st.handlers_running == 0) || specd_now_ms_int() > end) break;
-        sleep_ms(5);
-    }
-    assert_int_equal(st.calls_live, 0);
-    assert_int_equal(st.handlers_running, 0);
 }
 
 /* ---- client helpers ---------------------------------------------------------------- */
@@ -304,39 +268,6 @@ static void wait_idle(specd_rpc_server *s) {
  * tests needs C-core control the client layer lacks: what the server must
  * handle (cancel, deadline, half-close, unread responses, TLS refusals) is
  * all expressible through it. */
-
-static specd_rpc_channel *channel_create(specd_rpc_channel_opts o) {
-    specd_error err = {{0}};
-    specd_rpc_channel *ch = specd_rpc_channel_create(&o, &err);
-    if (!ch) fail_msg("channel: %s", err.msg);
-    return ch;
-}
-
-static specd_rpc_channel *channel_insecure(int port) {
-    char target[64];
-    snprintf(target, sizeof target, "127.0.0.1:%d", port);
-    return channel_create((specd_rpc_channel_opts){.target = target, .insecure = 1});
-}
-
-/* TLS channel trusting tests/unit/certs/ca.pem; with_cert: "client" or
- * "rogue" presents that client certificate, NULL presents none. */
-static specd_rpc_channel *channel_tls(int port, const char *with_cert) {
-    char target[64], ca[4096], cert[4096], key[4096];
-    snprintf(target, sizeof target, "127.0.0.1:%d", port);
-    snprintf(ca, sizeof ca, "%s", test_path("tests/unit/certs/ca.pem"));
-    if (with_cert) {
-        char p[64];
-        snprintf(p, sizeof p, "tests/unit/certs/%s.pem", with_cert);
-        snprintf(cert, sizeof cert, "%s", test_path(p));
-        snprintf(p, sizeof p, "tests/unit/certs/%s.key", with_cert);
-        snprintf(key, sizeof key, "%s", test_path(p));
-    }
-    /* the certificate is for "localhost"; connect to the literal address */
-    return channel_create((specd_rpc_channel_opts){.target = target, .tls_ca_path = ca,
-                                                   .tls_cert_path = with_cert ? cert : NULL,
-                                                   .tls_key_path = with_cert ? key : NULL,
-                                                   .tls_server_name = "localhost"});
-}
 
 typedef struct ccall {
     specd_rpc_stream *st;
@@ -364,13 +295,13 @@ static void cc_close(ccall *cc) {
     assert_int_equal(specd_rpc_stream_close_send(cc->st, NULL), SPECD_RPC_CIO_OK);
 }
 
-/* 1: a message in cc->msg; 0: end of stream or failure. Bounded by WAIT_MS. */
+/* 1: a message in cc->msg; 0: end of stream or failure. Bounded by RPC_WAIT_MS. */
 static int cc_recv(ccall *cc) {
     free(cc->msg);
     cc->msg = NULL;
     cc->msg_len = 0;
     uint8_t *buf;
-    specd_rpc_cio r = specd_rpc_stream_recv_bytes(cc->st, &buf, &cc->msg_len, WAIT_MS, NULL);
+    specd_rpc_cio r = specd_rpc_stream_recv_bytes(cc->st, &buf, &cc->msg_len, RPC_WAIT_MS, NULL);
     assert_int_not_equal(r, SPECD_RPC_CIO_TIMEOUT);
     cc->msg = (char *)buf;
     return r == SPECD_RPC_CIO_OK;
@@ -408,21 +339,21 @@ static grpc_status_code unary(specd_rpc_channel *ch, const char *method, const v
 static void test_unary_echo(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     char *resp;
     size_t n;
-    assert_int_equal(unary(ch, ECHO "Unary", "hello", 5, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", "hello", 5, &resp, &n, 5000), GRPC_STATUS_OK);
     assert_int_equal(n, 5);
     assert_memory_equal(resp, "hello", 5);
     free(resp);
     /* an empty message is a valid request and a valid response */
-    assert_int_equal(unary(ch, ECHO "Unary", "", 0, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", "", 0, &resp, &n, 5000), GRPC_STATUS_OK);
     assert_non_null(resp);
     assert_int_equal(n, 0);
     free(resp);
     /* a handler that forgets its status still ends the call */
-    assert_int_equal(unary(ch, ECHO "Silent", "x", 1, NULL, NULL, 5000), GRPC_STATUS_UNKNOWN);
-    wait_idle(s);
+    assert_int_equal(unary(ch, RPC_ECHO "Silent", "x", 1, NULL, NULL, 5000), GRPC_STATUS_UNKNOWN);
+    rpc_fix_wait_idle(s);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
     assert_int_equal(st.calls_started, 3);
@@ -434,9 +365,9 @@ static void test_unary_echo(void **state) {
 static void test_server_streaming_order(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     ccall cc;
-    cc_start(&cc, ch, ECHO "Count", 5000);
+    cc_start(&cc, ch, RPC_ECHO "Count", 5000);
     cc_send_str(&cc, "200", 1);
     for (int i = 0; i < 200; i++) {
         char want[16];
@@ -446,7 +377,7 @@ static void test_server_streaming_order(void **state) {
     }
     assert_false(cc_recv(&cc));
     assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -454,9 +385,9 @@ static void test_server_streaming_order(void **state) {
 static void test_bidi_pingpong(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     ccall cc;
-    cc_start(&cc, ch, ECHO "PingPong", 5000);
+    cc_start(&cc, ch, RPC_ECHO "PingPong", 5000);
     for (int i = 0; i < 20; i++) {
         char ping[16], want[32];
         snprintf(ping, sizeof ping, "p%d", i);
@@ -468,15 +399,15 @@ static void test_bidi_pingpong(void **state) {
     cc_close(&cc);
     assert_false(cc_recv(&cc));
     assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
 
     /* a recv that times out leaves the call live; finishing with that read
      * still pending ends the call cleanly while the client stays open */
-    cc_start(&cc, ch, ECHO "RecvTimeout", 5000);
+    cc_start(&cc, ch, RPC_ECHO "RecvTimeout", 5000);
     assert_false(cc_recv(&cc)); /* the status arrives instead of a message */
     assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
-    assert_int_equal(t_wait(&T.done, WAIT_MS), 1);
-    wait_idle(s);
+    assert_int_equal(t_wait(&T.done, RPC_WAIT_MS), 1);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -484,11 +415,12 @@ static void test_bidi_pingpong(void **state) {
 static void test_unknown_method(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
-    assert_int_equal(unary(ch, ECHO "Nope", "x", 1, NULL, NULL, 5000), GRPC_STATUS_UNIMPLEMENTED);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    assert_int_equal(unary(ch, RPC_ECHO "Nope", "x", 1, NULL, NULL, 5000),
+                     GRPC_STATUS_UNIMPLEMENTED);
     assert_int_equal(unary(ch, "/other.Service/Unary", "x", 1, NULL, NULL, 5000),
                      GRPC_STATUS_UNIMPLEMENTED);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
     assert_int_equal(st.calls_rejected, 2);
@@ -500,19 +432,19 @@ static void test_unknown_method(void **state) {
 static void test_deadline_exceeded(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     int64_t t0 = specd_now_ms_int();
-    assert_int_equal(unary(ch, ECHO "Stall", "x", 1, NULL, NULL, 300),
+    assert_int_equal(unary(ch, RPC_ECHO "Stall", "x", 1, NULL, NULL, 300),
                      GRPC_STATUS_DEADLINE_EXCEEDED);
     int64_t took = specd_now_ms_int() - t0;
     assert_true(took < 3000);
     /* the handler saw the deadline, then the cancellation gRPC raised at it */
-    assert_true(t_wait(&T.done, WAIT_MS));
+    assert_true(t_wait(&T.done, RPC_WAIT_MS));
     assert_true(T.deadline_left > 0 && T.deadline_left <= 300);
     assert_true(T.saw_cancel);
     assert_int_equal(T.finish_rc, -1);
     /* once the call is freed its callback has run, exactly once */
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     assert_int_equal(T.cancel_cb_count, 1);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
@@ -524,9 +456,9 @@ static void test_deadline_exceeded(void **state) {
 static void test_client_cancel_mid_stream(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     ccall cc;
-    cc_start(&cc, ch, ECHO "Forever", 5000);
+    cc_start(&cc, ch, RPC_ECHO "Forever", 5000);
     cc_send_str(&cc, "go", 1);
     for (int i = 0; i < 3; i++) {
         char want[16];
@@ -538,12 +470,12 @@ static void test_client_cancel_mid_stream(void **state) {
     specd_rpc_stream_cancel(cc.st);
     assert_int_equal(cc_end(&cc), GRPC_STATUS_CANCELLED);
     /* promptly: the handler's blocked send returns CANCELLED */
-    assert_true(t_wait(&T.done, WAIT_MS));
+    assert_true(t_wait(&T.done, RPC_WAIT_MS));
     assert_true(specd_now_ms_int() - t0 < 2000);
     assert_int_equal(T.last_io, SPECD_RPC_IO_CANCELLED);
     assert_true(T.saw_cancel);
     /* and everything the call held is freed, after its callback ran once */
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     assert_int_equal(T.cancel_cb_count, 1);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
@@ -555,19 +487,19 @@ static void test_client_cancel_mid_stream(void **state) {
 static void test_max_calls_resource_exhausted(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){.max_calls = 1});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     ccall busy;
-    cc_start(&busy, ch, ECHO "Stall", 5000);
+    cc_start(&busy, ch, RPC_ECHO "Stall", 5000);
     cc_send_str(&busy, "x", 1);
-    assert_true(t_wait(&T.started, WAIT_MS));
-    assert_int_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 5000),
+    assert_true(t_wait(&T.started, RPC_WAIT_MS));
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 5000),
                      GRPC_STATUS_RESOURCE_EXHAUSTED);
     specd_rpc_stream_cancel(busy.st);
     assert_int_equal(cc_end(&busy), GRPC_STATUS_CANCELLED);
-    assert_true(t_wait(&T.done, WAIT_MS));
-    wait_idle(s);
+    assert_true(t_wait(&T.done, RPC_WAIT_MS));
+    rpc_fix_wait_idle(s);
     /* the slot is free again */
-    assert_int_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -575,15 +507,15 @@ static void test_max_calls_resource_exhausted(void **state) {
 static void test_message_size_limits(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){.max_message_bytes = 1024});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     char big[2000];
     memset(big, 'a', sizeof big);
     /* gRPC refuses the oversize request before any handler runs */
-    assert_int_equal(unary(ch, ECHO "Unary", big, sizeof big, NULL, NULL, 5000),
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", big, sizeof big, NULL, NULL, 5000),
                      GRPC_STATUS_RESOURCE_EXHAUSTED);
     char *resp;
     size_t n;
-    assert_int_equal(unary(ch, ECHO "Unary", big, 1024, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", big, 1024, &resp, &n, 5000), GRPC_STATUS_OK);
     assert_int_equal(n, 1024);
     free(resp);
     /* the handler's oversize send is refused; send/finish after finish too.
@@ -591,12 +523,12 @@ static void test_message_size_limits(void **state) {
      * would report as INTERNAL (a unary call owes a response), so read the
      * status the server put on the wire through a stream instead. */
     ccall cc;
-    cc_start(&cc, ch, ECHO "Misuse", 5000);
+    cc_start(&cc, ch, RPC_ECHO "Misuse", 5000);
     assert_true(cc_send_str(&cc, "x", 1));
     assert_false(cc_recv(&cc));
     assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
-    assert_int_equal(t_wait(&T.done, WAIT_MS), 1);
-    wait_idle(s);
+    assert_int_equal(t_wait(&T.done, RPC_WAIT_MS), 1);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -615,13 +547,13 @@ static void *load_thread(void *p) {
         if (i % 2) {
             /* a short stream every other call */
             ccall cc;
-            cc_start(&cc, a->ch, ECHO "Count", 5000);
+            cc_start(&cc, a->ch, RPC_ECHO "Count", 5000);
             cc_send_str(&cc, "5", 1);
             int got = 0;
             while (cc_recv(&cc)) got++;
             a->ok += cc_end(&cc) == GRPC_STATUS_OK && got == 5;
         } else {
-            grpc_status_code st = unary(a->ch, ECHO "Unary", req, (size_t)len, &resp, &n, 5000);
+            grpc_status_code st = unary(a->ch, RPC_ECHO "Unary", req, (size_t)len, &resp, &n, 5000);
             a->ok += st == GRPC_STATUS_OK && n == (size_t)len && !memcmp(resp, req, n);
             free(resp);
         }
@@ -634,7 +566,7 @@ static void *load_thread(void *p) {
 static void test_concurrent_calls(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     enum { N = 8 };
     load_arg a[N];
     pthread_t th[N];
@@ -646,7 +578,7 @@ static void test_concurrent_calls(void **state) {
         pthread_join(th[i], NULL);
         assert_int_equal(a[i].ok, 20);
     }
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
     assert_int_equal(st.calls_started, N * 20);
@@ -675,9 +607,9 @@ static void test_graceful_shutdown_drains(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
     int port = specd_rpc_server_port(s);
-    specd_rpc_channel *ch = channel_insecure(port);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(port, 0);
     ccall cc;
-    cc_start(&cc, ch, ECHO "Slow", 5000);
+    cc_start(&cc, ch, RPC_ECHO "Slow", 5000);
     cc_send_str(&cc, "go", 1);
     assert_true(cc_recv(&cc));
     assert_string_equal(cc.msg, "s0");
@@ -694,12 +626,12 @@ static void test_graceful_shutdown_drains(void **state) {
     assert_false(cc_recv(&cc));
     assert_int_equal(cc_end(&cc), GRPC_STATUS_OK);
     pthread_join(th, NULL);
-    assert_true(t_wait(&T.done, WAIT_MS));
+    assert_true(t_wait(&T.done, RPC_WAIT_MS));
     assert_int_equal(T.finish_rc, 0);
     /* it ended because the call finished, not because the grace ran out */
     assert_true(a.took_ms < 4000);
     /* nothing listens any more */
-    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 1000), GRPC_STATUS_OK);
+    assert_int_not_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 1000), GRPC_STATUS_OK);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
     assert_int_equal(st.calls_live, 0);
@@ -711,11 +643,11 @@ static void test_graceful_shutdown_drains(void **state) {
 static void test_shutdown_cancels_after_grace(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     ccall cc;
-    cc_start(&cc, ch, ECHO "Stall", 8000);
+    cc_start(&cc, ch, RPC_ECHO "Stall", 8000);
     cc_send_str(&cc, "x", 1);
-    assert_true(t_wait(&T.started, WAIT_MS));
+    assert_true(t_wait(&T.started, RPC_WAIT_MS));
     int64_t t0 = specd_now_ms_int();
     specd_rpc_server_shutdown(s, 200);
     int64_t took = specd_now_ms_int() - t0;
@@ -757,7 +689,7 @@ enum {
 static void test_health_check(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     int st;
     assert_int_equal(health_check(ch, "", &st), GRPC_STATUS_OK);
     assert_int_equal(st, H_SERVING);
@@ -771,7 +703,7 @@ static void test_health_check(void **state) {
     /* garbage is INVALID_ARGUMENT, not a crash */
     assert_int_equal(unary(ch, "/grpc.health.v1.Health/Check", "\xff\xff\xff", 3, NULL, NULL, 5000),
                      GRPC_STATUS_INVALID_ARGUMENT);
-    wait_idle(s);
+    rpc_fix_wait_idle(s);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
 }
@@ -779,7 +711,7 @@ static void test_health_check(void **state) {
 static int watch_next(ccall *cc) {
     ProtobufCMessage *m;
     specd_rpc_cio r = specd_rpc_stream_recv(
-        cc->st, &grpc__health__v1__health_check_response__descriptor, &m, WAIT_MS, NULL);
+        cc->st, &grpc__health__v1__health_check_response__descriptor, &m, RPC_WAIT_MS, NULL);
     assert_int_not_equal(r, SPECD_RPC_CIO_TIMEOUT);
     assert_int_not_equal(r, SPECD_RPC_CIO_INVALID);
     if (r != SPECD_RPC_CIO_OK) return -1;
@@ -798,7 +730,7 @@ static void watch_start(ccall *cc, specd_rpc_channel *ch, const char *service) {
 static void test_health_watch(void **state) {
     (void)state;
     specd_rpc_server *s = server_new((specd_rpc_server_opts){0});
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
     specd_rpc_set_health(s, "svc", 1);
     ccall w;
     watch_start(&w, ch, "svc");
@@ -810,7 +742,7 @@ static void test_health_watch(void **state) {
     assert_int_equal(watch_next(&w), H_SERVING);
     specd_rpc_stream_cancel(w.st);
     assert_int_equal(cc_end(&w), GRPC_STATUS_CANCELLED);
-    wait_idle(s); /* the cancelled watcher woke up and ended */
+    rpc_fix_wait_idle(s); /* the cancelled watcher woke up and ended */
 
     /* an unknown name is SERVICE_UNKNOWN until it is set */
     watch_start(&w, ch, "later");
@@ -834,30 +766,21 @@ static void test_health_watch(void **state) {
 
 /* ---- tests: TLS ------------------------------------------------------------------- */
 
-static specd_rpc_server_opts tls_opts(int mutual) {
-    static char cert[4096], key[4096], ca[4096];
-    snprintf(cert, sizeof cert, "%s", test_path("tests/unit/certs/server.pem"));
-    snprintf(key, sizeof key, "%s", test_path("tests/unit/certs/server.key"));
-    snprintf(ca, sizeof ca, "%s", test_path("tests/unit/certs/ca.pem"));
-    return (specd_rpc_server_opts){.tls_cert_path = cert, .tls_key_path = key,
-                                   .tls_client_ca_path = mutual ? ca : NULL};
-}
-
 static void test_tls(void **state) {
     (void)state;
-    specd_rpc_server *s = server_new(tls_opts(0));
+    specd_rpc_server *s = server_new(rpc_fix_tls_opts(0));
     int port = specd_rpc_server_port(s);
-    specd_rpc_channel *ch = channel_tls(port, NULL);
+    specd_rpc_channel *ch = rpc_fix_channel_tls(port, NULL, "localhost");
     char *resp;
     size_t n;
-    assert_int_equal(unary(ch, ECHO "Unary", "secret", 6, &resp, &n, 5000), GRPC_STATUS_OK);
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", "secret", 6, &resp, &n, 5000), GRPC_STATUS_OK);
     assert_int_equal(n, 6);
     assert_memory_equal(resp, "secret", 6);
     free(resp);
     specd_rpc_channel_free(ch);
     /* a plaintext client gets nowhere */
-    ch = channel_insecure(port);
-    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
+    ch = rpc_fix_channel_plain(port, 0);
+    assert_int_not_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
@@ -867,18 +790,18 @@ static void test_tls(void **state) {
 
 static void test_mutual_tls(void **state) {
     (void)state;
-    specd_rpc_server *s = server_new(tls_opts(1));
+    specd_rpc_server *s = server_new(rpc_fix_tls_opts(1));
     int port = specd_rpc_server_port(s);
-    specd_rpc_channel *ch = channel_tls(port, "client");
-    assert_int_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
+    specd_rpc_channel *ch = rpc_fix_channel_tls(port, "client", "localhost");
+    assert_int_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 5000), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     /* no client certificate: refused in the handshake */
-    ch = channel_tls(port, NULL);
-    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
+    ch = rpc_fix_channel_tls(port, NULL, "localhost");
+    assert_int_not_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     /* a certificate the client CA did not sign: refused too */
-    ch = channel_tls(port, "rogue");
-    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
+    ch = rpc_fix_channel_tls(port, "rogue", "localhost");
+    assert_int_not_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 2000), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     specd_rpc_stats st;
     specd_rpc_server_stats(s, &st);
@@ -900,7 +823,7 @@ static void test_options_and_registration(void **state) {
     (void)state;
     /* plaintext only on request */
     expect_create_error((specd_rpc_server_opts){.listen_addr = "127.0.0.1:0"}, "insecure = 1");
-    specd_rpc_server_opts both = tls_opts(0);
+    specd_rpc_server_opts both = rpc_fix_tls_opts(0);
     both.listen_addr = "127.0.0.1:0";
     both.insecure = 1;
     expect_create_error(both, "choose one");
@@ -910,7 +833,7 @@ static void test_options_and_registration(void **state) {
                         "/nonexistent/cert.pem");
     expect_create_error((specd_rpc_server_opts){.insecure = 1}, "listen_addr");
     /* a PEM that is not a usable key: the listener cannot be built */
-    specd_rpc_server_opts bad = tls_opts(0);
+    specd_rpc_server_opts bad = rpc_fix_tls_opts(0);
     bad.listen_addr = "127.0.0.1:0";
     const char *junk = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
     bad.tls_key_path = test_write_temp(junk, strlen(junk), ".key");
@@ -922,14 +845,14 @@ static void test_options_and_registration(void **state) {
     expect_create_error((specd_rpc_server_opts){.listen_addr = addr, .insecure = 1},
                         "cannot listen");
     /* registration: duplicates, bad paths, after start */
-    assert_int_equal(specd_rpc_register(a, ECHO "Late", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    assert_int_equal(specd_rpc_register(a, RPC_ECHO "Late", SPECD_RPC_UNARY, h_unary, NULL), -1);
     specd_rpc_server_destroy(a);
     specd_error err;
     specd_rpc_server *b = specd_rpc_server_create(
         &(specd_rpc_server_opts){.listen_addr = "127.0.0.1:0", .insecure = 1}, &err);
     assert_non_null(b);
-    assert_int_equal(specd_rpc_register(b, ECHO "A", SPECD_RPC_UNARY, h_unary, NULL), 0);
-    assert_int_equal(specd_rpc_register(b, ECHO "A", SPECD_RPC_UNARY, h_unary, NULL), -1);
+    assert_int_equal(specd_rpc_register(b, RPC_ECHO "A", SPECD_RPC_UNARY, h_unary, NULL), 0);
+    assert_int_equal(specd_rpc_register(b, RPC_ECHO "A", SPECD_RPC_UNARY, h_unary, NULL), -1);
     assert_int_equal(specd_rpc_register(b, "NoSlash", SPECD_RPC_UNARY, h_unary, NULL), -1);
     assert_int_equal(specd_rpc_register(b, "/NoMethod", SPECD_RPC_UNARY, h_unary, NULL), -1);
     /* the built-in health service owns its paths */
@@ -990,9 +913,9 @@ static void test_run_until_signal(void **state) {
     assert_int_equal(pthread_create(&th, NULL, signal_thread, &a), 0);
     /* send SIGTERM only once the runner's handler is in place */
     struct sigaction cur;
-    int64_t end = specd_now_ms_int() + WAIT_MS;
+    int64_t end = specd_now_ms_int() + RPC_WAIT_MS;
     do {
-        sleep_ms(2);
+        svc_sleep_ms(2);
         sigaction(SIGTERM, NULL, &cur);
     } while (cur.sa_handler == SIG_DFL && specd_now_ms_int() < end);
     assert_true(cur.sa_handler != SIG_DFL);
@@ -1002,24 +925,10 @@ static void test_run_until_signal(void **state) {
     /* the previous disposition is back, and the server is stopped */
     sigaction(SIGTERM, NULL, &cur);
     assert_true(cur.sa_handler == SIG_DFL);
-    specd_rpc_channel *ch = channel_insecure(specd_rpc_server_port(s));
-    assert_int_not_equal(unary(ch, ECHO "Unary", "x", 1, NULL, NULL, 1000), GRPC_STATUS_OK);
+    specd_rpc_channel *ch = rpc_fix_channel_plain(specd_rpc_server_port(s), 0);
+    assert_int_not_equal(unary(ch, RPC_ECHO "Unary", "x", 1, NULL, NULL, 1000), GRPC_STATUS_OK);
     specd_rpc_channel_free(ch);
     specd_rpc_server_destroy(s);
-}
-
-/* The suite holds one gRPC reference of its own for the client side; the
- * last grpc_shutdown joins gRPC's threads so LeakSanitizer sees a clean exit. */
-static int suite_setup(void **state) {
-    (void)state;
-    grpc_init();
-    return 0;
-}
-
-static int suite_teardown(void **state) {
-    (void)state;
-    grpc_shutdown();
-    return 0;
 }
 
 int main(void) {
@@ -1043,5 +952,5 @@ int main(void) {
         cmocka_unit_test(test_codec_limits),
         cmocka_unit_test(test_run_until_signal),
     };
-    return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
+    return cmocka_run_group_tests(tests, rpc_fix_suite_setup, rpc_fix_suite_teardown);
 }
