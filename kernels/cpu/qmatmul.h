@@ -240,4 +240,18 @@ typedef struct cpu_qmm_args {
 } cpu_qmm_args;
 typedef void (*cpu_qrows_fn)(const cpu_qmm_args *a, int64_t g0, int64_t g1);
 
+/* A kernel's tokens go in passes of at most `max` tokens, as equal as they
+ * go: at 8 a pass, 9 tokens are 5 + 4, not 8 + 1, whose pass of one token
+ * decodes every tile again for a single dot. A token's sums are the same in
+ * any pass (a fixed order per token), so the split changes no bit. The
+ * AVX-512 and AMX drivers split this way (qmatmul_avx512.c, qmatmul_amx.c):
+ * pass p holds base + (p < longer) tokens, so the last is the shortest. */
+typedef struct cpu_pass_split {
+    int passes, base, longer;
+} cpu_pass_split;
+static inline cpu_pass_split cpu_split_passes(int n_tok, int max) {
+    const int passes = (n_tok + max - 1) / max;
+    return (cpu_pass_split){passes, n_tok / passes, n_tok % passes};
+}
+
 #endif

@@ -231,24 +231,23 @@ int cpu_amx_min_pass(int n) {
 }
 
 /* Row groups [g0, g1) for all tokens in passes of at most 16, as equal as
- * they go (qmatmul_avx512.c's DEF_DRIVER), each group's passes together so
- * its tiles stay in the L1 between them; the VNNI kernel where the passes
- * would be shorter than AMX_MIN_PASS. The tile configuration is loaded when
+ * they go (cpu_split_passes, as qmatmul_avx512.c's driver), each group's
+ * passes together so its tiles stay in the L1 between them; the VNNI
+ * kernel where the passes would be shorter than AMX_MIN_PASS. The tile configuration is loaded when
  * a pass's token count differs from the last one's. */
 static __attribute__((target(TAMX))) void amx_drive(const cpu_qmm_args *a, int64_t g0, int64_t g1,
                                                     cpu_qkind kind, amx_pass_fn pass) {
     const int n_tok = a->a.n_tok;
     if (n_tok <= 0) return;
-    const int passes = (n_tok + 15) / 16;
-    const int base = n_tok / passes, longer = n_tok % passes;
-    if (base < atomic_load_explicit(&g_min_pass, memory_order_relaxed)) {
+    const cpu_pass_split sp = cpu_split_passes(n_tok, 16);
+    if (sp.base < atomic_load_explicit(&g_min_pass, memory_order_relaxed)) {
         g_vnni[kind](a, g0, g1);
         return;
     }
     int configured = 0;
     for (int64_t g = g0; g < g1; g++) {
-        for (int p = 0, t0 = 0; p < passes; p++) {
-            const int nt = base + (p < longer);
+        for (int p = 0, t0 = 0; p < sp.passes; p++) {
+            const int nt = sp.base + (p < sp.longer);
             if (nt != configured) amx_configure(nt), configured = nt;
             pass(a, g, t0, nt);
             t0 += nt;

@@ -107,12 +107,10 @@
     } while (0)
 
 /* Row groups [g0, g1) for all tokens, in passes of at most NTP tokens, as
- * equal as they go: at 8 a pass, 9 tokens are 5 + 4, not 8 + 1, whose pass
- * of one token decodes every tile again for a single dot. Each pass's count
+ * equal as they go (cpu_split_passes in qmatmul.h). Each pass's count
  * is a constant in its call, so its loops unroll (the pragmas: GCC's own
  * limit stops short of 16 tokens, and an accumulator array it keeps in
- * memory costs a third). A token's sums are the same in any pass (a fixed
- * order per token), so the split changes no bit. On the Zen 5 VM, against
+ * memory costs a third). On the Zen 5 VM, against
  * 8 a pass with the remainder last, a 9-token Q4_1 or Q8_0 matmul takes
  * 0.93x the time and a 12-token one 0.92-0.94x (bench/kernel_ab.sh). */
 #define PASS_CASE(NAME, n) \
@@ -133,11 +131,10 @@
             for (int64_t g = g0; g < g1; g++) NAME##_pass(a, g, 0, 1);                        \
             return;                                                                           \
         }                                                                                     \
-        const int passes = (n_tok + NTP - 1) / NTP;                                           \
-        const int base = n_tok / passes, longer = n_tok % passes; /* passes of base + 1 */    \
+        const cpu_pass_split sp = cpu_split_passes(n_tok, NTP);                               \
         for (int64_t g = g0; g < g1; g++) {                                                   \
-            for (int p = 0, t0 = 0; p < passes; p++) {                                        \
-                const int nt = base + (p < longer);                                           \
+            for (int p = 0, t0 = 0; p < sp.passes; p++) {                                     \
+                const int nt = sp.base + (p < sp.longer);                                     \
                 switch (nt) {                                                                 \
                     PASS_CASES_##NTP(NAME)                                                    \
                 default: break;                                                               \
