@@ -5,7 +5,8 @@
  * /specd.testing.Echo/ and carry grpc.health.v1.HealthCheckRequest as a
  * generic one-string message (its `service` field), so both sides go
  * through protobuf-c like the real services do; the built-in health service
- * is called for real once. Every wait is bounded, so a bug fails an
+ * is called for real once. The server and its channels come from
+ * tests/harness/rpc_fixture.h. Every wait is bounded, so a bug fails an
  * assertion instead of hanging the suite.
  *
  * Covered: unary OK and error status passthrough (code and message), an
@@ -42,7 +43,6 @@
 #include "tests/harness/svc.h"
 #include "tests/harness/test_util.h"
 #include "common/util/clock.h"
-
 
 typedef Grpc__Health__V1__HealthCheckRequest Msg;
 #define MSG_DESC (&grpc__health__v1__health_check_request__descriptor)

@@ -3,9 +3,10 @@
  *
  * Every server listens on 127.0.0.1:0 (an ephemeral loopback port, never any
  * other address). The client side is the project's client layer
- * (common/rpc/rpc_client.h, tested on its own in test_rpc_client.c) behind a few
- * helpers that bound every wait, so a bug shows up as a failed assertion,
- * never as a hung suite. Test methods live under
+ * (common/rpc/rpc_client.h, tested on its own in test_rpc_client.c); the
+ * server and its channels come from tests/harness/rpc_fixture.h, and every
+ * wait is bounded, so a bug shows up as a failed assertion, never as a hung
+ * suite. Test methods live under
  * /specd.testing.Echo/ and move raw bytes; only the health service uses
  * protobuf.
  *
@@ -39,7 +40,6 @@
 #include "tests/harness/svc.h"
 #include "tests/harness/test_util.h"
 #include "common/util/clock.h"
-
 
 /* ---- what the handlers saw ------------------------------------------------------ */
 
