@@ -233,8 +233,9 @@ int cpu_amx_min_pass(int n) {
 /* Row groups [g0, g1) for all tokens in passes of at most 16, as equal as
  * they go (cpu_split_passes, as qmatmul_avx512.c's driver), each group's
  * passes together so its tiles stay in the L1 between them; the VNNI
- * kernel where the passes would be shorter than AMX_MIN_PASS. The tile configuration is loaded when
- * a pass's token count differs from the last one's. */
+ * kernel where the passes would be shorter than AMX_MIN_PASS. The tile
+ * configuration is loaded when a pass's token count differs from the last
+ * one's. */
 static __attribute__((target(TAMX))) void amx_drive(const cpu_qmm_args *a, int64_t g0, int64_t g1,
                                                     cpu_qkind kind, amx_pass_fn pass) {
     const int n_tok = a->a.n_tok;

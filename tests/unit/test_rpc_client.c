@@ -19,9 +19,7 @@
  * server shutdown mid-stream -> FAILED / UNAVAILABLE, TLS and mutual TLS
  * (a client without a certificate, or with one the CA did not sign, is
  * refused), message size limits both ways, option checks and misuse. */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,9 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 #include <grpc/grpc.h>
@@ -284,18 +280,6 @@ static specd_rpc_cio recvs(specd_rpc_stream *st, char *out, size_t cap, int time
         assert_null(m);
     }
     return r;
-}
-
-/* A loopback port nobody listens on: bound, then closed again. */
-static int dead_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* ---- tests: unary --------------------------------------------------------------------- */
@@ -602,7 +586,7 @@ static void test_deadline(void **state) {
 
 static void test_nobody_listening(void **state) {
     (void)state;
-    const int port = dead_port();
+    const int port = svc_free_port(); /* bound, then closed: nobody listens */
     specd_rpc_channel *ch = rpc_fix_channel_plain(port, 0);
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
