@@ -72,26 +72,8 @@ INL void prep_q5_1(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) 
     prep_blocks(row, 24, g0, n, sd, sm);
 }
 
-/* Q4_K and Q5_K (blocks of `stride` bytes, the same scale fields) */
-INL void prep_kmin(const uint8_t *row, int stride, int64_t g0, int n, float *sd, float *sm) {
-    for (int s = 0; s < n / 8; s++) {
-        const uint8_t *b = row + stride * (g0 / 8 + s);
-        const float d = h2f(rd_u16(b + Q4K_D)), dmin = h2f(rd_u16(b + Q4K_DMIN));
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, mn;
-            q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
-            sd[8 * s + j] = d * (float)sc;
-            sm[8 * s + j] = dmin * (float)mn;
-        }
-    }
-}
-
-INL void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
-    prep_kmin(row, 144, g0, n, sd, sm);
-}
-INL void prep_q5_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
-    prep_kmin(row, 176, g0, n, sd, sm);
-}
+/* Q4_K and Q5_K: prep_q4_k and prep_q5_k are quant_impl.h's (scalar,
+ * shared by every path). */
 
 INL void prep_q6_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
     (void)sm;

@@ -230,6 +230,31 @@ static inline void prep_iq4_xs(const uint8_t *row, int64_t g0, int n, float *sd,
     }
 }
 
+/* d * scale and dmin * min of each 32-weight sub-block of super-blocks
+ * g0 / 8 .. (g0 + n) / 8 of a Q4_K or Q5_K row (blocks of `stride` bytes,
+ * the same scale fields; g0 and n multiples of 8), as the reference
+ * computes them, for the SIMD expanders: group i's at sd[i] and sm[i]. */
+static inline void prep_kmin(const uint8_t *row, size_t stride, int64_t g0, int n, float *sd,
+                             float *sm) {
+    for (int s = 0; s < n / 8; s++) {
+        const uint8_t *b = row + stride * (size_t)(g0 / 8 + s);
+        const float d = specd_fp16_to_f32(rd_u16(b + Q4K_D));
+        const float dmin = specd_fp16_to_f32(rd_u16(b + Q4K_DMIN));
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            q4k_scale_min(j, b + Q4K_SCALES, &sc, &mn);
+            sd[8 * s + j] = d * (float)sc;
+            sm[8 * s + j] = dmin * (float)mn;
+        }
+    }
+}
+static inline void prep_q4_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_kmin(row, sizeof(blk_q4_k), g0, n, sd, sm);
+}
+static inline void prep_q5_k(const uint8_t *row, int64_t g0, int n, float *sd, float *sm) {
+    prep_kmin(row, sizeof(blk_q5_k), g0, n, sd, sm);
+}
+
 /* The per-sub-block factors of super-blocks g0 / 8 .. (g0 + n) / 8 of a
  * Q2_K or Q3_K row (g0 and n multiples of 8, in 32-weight groups), as the
  * reference computes them, for the SIMD expanders (quant_avx2.c,
