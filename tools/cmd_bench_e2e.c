@@ -37,7 +37,10 @@
  * --depths 1,2,3 adds a row "mlp depth D" per depth, the fixed shape
  * --candidates x D, so the best fixed length is found in the same run too
  * (a run's rows share the host's moods; separate runs did not: docs/
- * BENCHMARKS.md).
+ * BENCHMARKS.md). Either also adds "mlp priced", the server's own adaptive
+ * length: no shape sent, so the cost policy sizes each step's tree from
+ * its calibrated acceptance estimates and the target's measured costs,
+ * within --max-shape (1x4: a chain of at most 4, the others' shape).
  *
  * Shared prefix (the prefix cache's proof): --shared-prefix N puts one fixed
  * system prompt of about N tokens in front of every prompt (the system
@@ -78,7 +81,7 @@
 #define MAX_CLASSES 8
 #define MAX_THRESHOLDS 8
 #define MAX_DEPTHS 8
-#define MAX_ROWS (MAX_DRAFTERS + MAX_THRESHOLDS + MAX_DEPTHS)
+#define MAX_ROWS (MAX_DRAFTERS + MAX_THRESHOLDS + MAX_DEPTHS + 1) /* + mlp priced */
 
 typedef struct prompt {
     char *name, *cls, *system, *text;
@@ -125,6 +128,7 @@ typedef struct bench_opts {
     const char *shared_prefix_file; /* the text it is cut from */
     int no_prefix_cache;            /* --no-prefix-cache: in-process target without it */
     int pipeline;                   /* --pipeline: in-process draft-svc drafts ahead */
+    const char *max_shape;          /* --max-shape: the in-process draft-svc's, NULL = its default */
     int kv_dtype;                   /* --kv-cache-dtype: the in-process target's KV cache */
     int precision;                  /* --precision: the in-process target's CPU matmuls */
     int per_class; /* --per-class: keep the first N prompts of each class (0 = all) */
@@ -146,12 +150,15 @@ typedef struct bench_opts {
 } bench_opts;
 
 /* One row group of the table: a drafter, the stop threshold its requests
- * send (0 = none sent: the server's default) and their depth (0 = --depth). */
+ * send (0 = none sent: the server's default) and their depth (0 = --depth);
+ * a priced row sends no shape at all, whatever --candidates and --depth
+ * say, so the server's cost policy sizes every tree (within --max-shape). */
 typedef struct row_spec {
     char drafter[16];
     char label[32]; /* what the table calls it */
     float stop_threshold;
     int depth;
+    int priced;
 } row_spec;
 
 /* One request's outcome. */
@@ -193,6 +200,7 @@ typedef struct run_ctx {
     const char *drafter;
     float stop_threshold; /* the request's speculation.stop_threshold (0 = not sent) */
     int depth;            /* the request's speculation.depth (0 = --depth) */
+    int priced;           /* no shape sent: the server's cost policy (row_spec) */
     /* --shared-prefix: this cell's system prompt (salt line + the fixed
      * text), put before every prompt; NULL = off */
     const char *shared;
@@ -230,6 +238,9 @@ static void usage(void) {
            "  --pipeline           pipelined drafting in the in-process draft-svc (draft_lm;\n"
            "                       off by default here: in one process it takes the target's\n"
            "                       cores; bench/pipeline.sh measures it on separate ones)\n"
+           "  --max-shape CxD      the in-process draft-svc's speculation.max_shape: priced\n"
+           "                       trees are drafted at most C candidates x D deep\n"
+           "                       (default 4x6; 1xD prices chains, as SpecDec++ sizes them)\n"
            "  --kv-cache-dtype T   the in-process target's KV cache: auto (default), f32, f16\n"
            "                       or q8_0\n"
            "  --precision P        the in-process target's CPU matmuls: fast (default) or exact;\n"
@@ -510,7 +521,10 @@ static grpc_status_code one_request(run_ctx *rc, int p, int max_new, req_rec *re
     req.sampling = &sp;
     req.drafter = (char *)rc->drafter;
     int depth = rc->depth ? rc->depth : o->depth;
-    if (o->candidates || depth || rc->stop_threshold) {
+    if (rc->priced) {
+        spec.stop_threshold = -1.0f; /* the price alone decides the length */
+        req.speculation = &spec;
+    } else if (o->candidates || depth || rc->stop_threshold) {
         spec.candidates = o->candidates;
         spec.depth = depth;
         spec.stop_threshold = rc->stop_threshold;
@@ -710,6 +724,7 @@ static int warm_row(run_ctx *rc, const row_spec *row, specd_error *err) {
     rc->drafter = row->drafter;
     rc->stop_threshold = row->stop_threshold;
     rc->depth = row->depth;
+    rc->priced = row->priced;
     req_rec warm;
     int max_new = rc->o->max_new < 8 ? rc->o->max_new : 8;
     return one_request(rc, 0, max_new, &warm, err) == GRPC_STATUS_OK ? 0 : -1;
@@ -752,6 +767,7 @@ static int run_level_interleaved(run_ctx *rc, const row_spec *rows, int n_rows, 
             rc->drafter = rows[d].drafter;
             rc->stop_threshold = rows[d].stop_threshold;
             rc->depth = rows[d].depth;
+            rc->priced = rows[d].priced;
             rc->recs = recs[d];
             if ((rc_out = run_streams(rc, streams, j, 1, err))) break;
             double t0 = 1e300, t1 = 0;
@@ -953,7 +969,9 @@ static int parse_thresholds(const char *opt, const char *val, bench_opts *o) {
 /* The table's rows: each drafter, and after mlp one row per extra depth
  * and one per stop threshold (the mlp and depth rows then ask for fixed
  * length explicitly, so a server whose default is adaptive still gives the
- * comparison). -1 + err when either is asked for without the mlp drafter. */
+ * comparison), then "mlp priced": the server's own adaptive length, the
+ * cost policy's trees (tree_choice.h) within --max-shape. -1 + err when
+ * either is asked for without the mlp drafter. */
 static int build_rows(const bench_opts *o, char names[][16], int n_names, row_spec *rows,
                       specd_error *err) {
     int n = 0, have_mlp = 0;
@@ -976,6 +994,12 @@ static int build_rows(const bench_opts *o, char names[][16], int n_names, row_sp
             snprintf(rows[n].drafter, sizeof rows[n].drafter, "mlp");
             snprintf(rows[n].label, sizeof rows[n].label, "mlp adaptive t=%g",
                      (double)o->stop_thresholds[k]);
+            n++;
+        }
+        if (mlp && (o->n_thresholds || o->n_depths)) {
+            rows[n] = (row_spec){.priced = 1};
+            snprintf(rows[n].drafter, sizeof rows[n].drafter, "mlp");
+            snprintf(rows[n].label, sizeof rows[n].label, "mlp priced");
             n++;
         }
     }
@@ -1012,6 +1036,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             o->shared_prefix_file = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--no-prefix-cache")) o->no_prefix_cache = 1;
         else if (!strcmp(a, "--pipeline")) o->pipeline = 1;
+        else if (!strcmp(a, "--max-shape")) o->max_shape = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--kv-cache-dtype")) o->kv_dtype = cli_kv_dtype(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--precision")) o->precision = cli_precision(a, cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) o->json = cli_value(argc, argv, &i);
@@ -1079,6 +1104,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
     if (o->no_prefix_cache && (o->draft || o->target)) {
         fprintf(stderr, "specd bench --e2e: --no-prefix-cache configures the in-process target; "
                         "against --draft or --target, start that target with --limits.prefix_cache=false\n");
+        return 2;
+    }
+    if (o->max_shape && o->draft) {
+        fprintf(stderr, "specd bench --e2e: --max-shape configures the in-process draft-svc; "
+                        "against --draft, that draft-svc's speculation.max_shape decides\n");
         return 2;
     }
     if (o->pipeline && o->draft) {
@@ -1178,6 +1208,7 @@ int cmd_bench_e2e(int argc, char **argv) {
             .ctx = o.ctx ? o.ctx : 1024 + o.shared_prefix + o.max_new,
             .no_prefix_cache = o.no_prefix_cache,
             .pipeline = o.pipeline,
+            .max_shape = o.max_shape,
             .kv_dtype = o.kv_dtype,
             .precision = o.precision,
             .ngram = 1,

@@ -162,6 +162,15 @@ cli_inproc *cli_inproc_start(const cli_inproc_opts *o, specd_error *err) {
     if (specd_config_defaults(specd_draft_cfg_fields, specd_draft_cfg_n_fields, &p->dcfg, err))
         goto fail;
     p->have_dcfg = 1;
+    if (o->max_shape) {
+        char *shape = strdup(o->max_shape);
+        if (!shape) {
+            specd_seterr(err, "out of memory");
+            goto fail;
+        }
+        free(p->dcfg.speculation.max_shape);
+        p->dcfg.speculation.max_shape = shape;
+    }
     if (!(p->m = specd_model_open(o->model, err))) goto fail;
     /* A model without a tokenizer still serves token-id requests (the
      * tiny test models), as in both services' mains. */

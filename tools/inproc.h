@@ -37,6 +37,9 @@ typedef struct cli_inproc_opts {
      * target's own model, 2 threads, Sapphire Rapids VM: 0.44-0.66x of
      * plain pipelined, 0.56-0.82x serial). */
     int pipeline;
+    /* the in-process draft-svc's speculation.max_shape ("CxD"); NULL = the
+     * configuration's default */
+    const char *max_shape;
     const char *draft_model; /* offer draft_lm with this model; NULL = not offered */
     const char *speculator;  /* offer mlp with this MLPSpeculator dir; NULL = not offered */
     /* Its SpecDec++ acceptance head; NULL = <speculator>/accept_head when
