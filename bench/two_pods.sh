@@ -4,7 +4,8 @@
 # client on core 1, one thread each, over loopback gRPC. Prints one
 # `specd bench --e2e` table per draft-svc binary, the binaries alternated
 # for ROUNDS rounds (to compare two builds, give both; the target is the
-# same process for all of them).
+# same process for all of them). Within a table the drafters take turns
+# request by request (--interleave), so a noisy host moves them together.
 #
 #   bench/two_pods.sh [--rounds 3] [-n 64] [--per-class 4] [--streams 1,4]
 #                     [--drafters none,mlp_ngram] [--target-svc PATH]
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --drafters) drafters=$2; shift 2 ;;
     --target-svc) target_svc=$2; shift 2 ;;
     --draft-svc) drafts+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "two_pods.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -64,7 +65,7 @@ for r in $(seq "$rounds"); do
     echo "round $r, draft-svc $d:"
     taskset -c 1 ./build/specd bench --e2e --draft "127.0.0.1:$dport" --insecure \
       --drafters "$drafters" --streams "$streams" --prompts bench/eval-prompts.jsonl \
-      --per-class "$per_class" -n "$max_new" 2>&1 | grep '^|'
+      --per-class "$per_class" -n "$max_new" --interleave 2>&1 | grep '^|'
     kill "$DPID"
     wait "$DPID" 2>/dev/null || true
     DPID=
