@@ -720,13 +720,18 @@ static int run_cell(run_ctx *rc, int streams, char classes[][32], int n_classes,
     return rc_out;
 }
 
-/* Warm-up, not measured: connections, first-touch of weights and the
- * drafter's per-session state; rc then sends as `row` does. 0, or -1 + err. */
-static int warm_row(run_ctx *rc, const row_spec *row, specd_error *err) {
+/* rc's requests from now on ask what `row`'s do. */
+static void send_as(run_ctx *rc, const row_spec *row) {
     rc->drafter = row->drafter;
     rc->stop_threshold = row->stop_threshold;
     rc->depth = row->depth;
     rc->priced = row->priced;
+}
+
+/* Warm-up, not measured: connections, first-touch of weights and the
+ * drafter's per-session state; rc then sends as `row` does. 0, or -1 + err. */
+static int warm_row(run_ctx *rc, const row_spec *row, specd_error *err) {
+    send_as(rc, row);
     req_rec warm;
     int max_new = rc->o->max_new < 8 ? rc->o->max_new : 8;
     return one_request(rc, 0, max_new, &warm, err) == GRPC_STATUS_OK ? 0 : -1;
@@ -766,10 +771,7 @@ static int run_level_interleaved(run_ctx *rc, const row_spec *rows, int n_rows, 
     for (int j = 0; j < rc->requests && !rc_out; j++)
         for (int i = 0; i < n_rows && !rc_out; i++) {
             int d = (round + j) % 2 ? n_rows - 1 - i : i;
-            rc->drafter = rows[d].drafter;
-            rc->stop_threshold = rows[d].stop_threshold;
-            rc->depth = rows[d].depth;
-            rc->priced = rows[d].priced;
+            send_as(rc, &rows[d]);
             rc->recs = recs[d];
             if ((rc_out = run_streams(rc, streams, j, 1, err))) break;
             double t0 = 1e300, t1 = 0;
@@ -1309,9 +1311,8 @@ int cmd_bench_e2e(int argc, char **argv) {
      * of a 64-token request's time here, which read as a speed-up of every
      * drafter over plain in the first round. */
     if (!shared_cell) {
-        rc.drafter = "none";
-        rc.stop_threshold = 0;
-        rc.depth = 0;
+        static const row_spec plain = {.drafter = "none", .label = "none"};
+        send_as(&rc, &plain); /* rc keeps a pointer to its name: static */
         for (int p = 0; p < rc.n_prompts && ok; p++) {
             req_rec warm;
             if (one_request(&rc, p, 1, &warm, &err) != GRPC_STATUS_OK) ok = 0;
