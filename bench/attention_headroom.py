@@ -32,11 +32,9 @@ caches hold the continuation only (the prompt's states are not stored), so
 attn sees less context than it would in draft-svc.
 """
 import argparse
-import glob
 import json
 import math
 import os
-import struct
 import time
 
 try:
@@ -47,30 +45,14 @@ try:
 except ImportError as e:
     raise SystemExit(f"attention_headroom: needs numpy and PyTorch ({e}); pip install numpy torch")
 
+from spec_cache import shard_paths, st_load  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def st_load(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        hdr = json.loads(f.read(n))
-        out = {}
-        for k, v in hdr.items():
-            if k == "__metadata__":
-                continue
-            a, b = v["data_offsets"]
-            f.seek(8 + n + a)
-            dt = {"F16": np.float16, "F32": np.float32, "I32": np.int32}[v["dtype"]]
-            out[k] = np.frombuffer(f.read(b - a), dtype=dt).reshape(v["shape"])
-    return out
 
 
 def load_caches(patterns):
     """tokens [N, L] (zero-padded), states [N, L, dim], lengths [N]."""
-    paths = sorted(p for pat in patterns for p in glob.glob(pat))
-    if not paths:
-        raise SystemExit(f"attention_headroom: no files match {' '.join(patterns)}")
-    parts = [st_load(p) for p in paths]
+    parts = [st_load(p) for p in shard_paths(patterns, "attention_headroom")]
     L = max(t["tokens"].shape[1] for t in parts)
     toks = np.concatenate([np.pad(t["tokens"], ((0, 0), (0, L - t["tokens"].shape[1]))) for t in parts])
     hid = np.concatenate([np.pad(t["hidden"], ((0, 0), (0, L - t["hidden"].shape[1]), (0, 0)))

@@ -27,41 +27,22 @@ numpy only (the tools venv has it, through matplotlib).
 """
 import argparse
 import collections
-import glob
 import json
 import math
 import os
-import struct
 
 import numpy as np
 
+from spec_cache import shard_paths, st_load
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def st_load(path):
-    """A safetensors file as {name: array} (F16, F32, I32)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        hdr = json.loads(f.read(n))
-        out = {}
-        for k, v in hdr.items():
-            if k == "__metadata__":
-                continue
-            a, b = v["data_offsets"]
-            f.seek(8 + n + a)
-            dt = {"F16": np.float16, "F32": np.float32, "I32": np.int32}[v["dtype"]]
-            out[k] = np.frombuffer(f.read(b - a), dtype=dt).reshape(v["shape"])
-    return out
 
 
 def load_seqs(patterns, hidden):
     """Each cached row: its tokens (the prompt's last token, then the
     continuation) and, with hidden, the state at each of them."""
     seqs = []
-    paths = sorted(p for pat in patterns for p in glob.glob(pat))
-    if not paths:
-        raise SystemExit(f"lookup_headroom: no files match {' '.join(patterns)}")
-    for p in paths:
+    for p in shard_paths(patterns, "lookup_headroom"):
         t = st_load(p)
         for i in range(t["tokens"].shape[0]):
             n = int(t["len"][i])
