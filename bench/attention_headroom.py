@@ -9,8 +9,8 @@ measured offline before draft-svc is built for it.
 Needs numpy and PyTorch (`pip install numpy torch`; not part of
 scripts/setup.sh: nothing in CI runs this). The inputs are `specd train
 speculator --prepare-only` caches: the target's greedy continuations with
-its final-norm hidden state at every position (docs/BENCHMARKS.md, fifty-first session, has the
-commands). Both modes start from the shipped speculator's stage 0 and
+its final-norm hidden state at every position (docs/BENCHMARKS.md,
+fifty-first session, has the commands). Both modes start from the shipped speculator's stage 0 and
 train on --train's continuations to predict the token at j + 2 from the
 state at j and the token at j + 1, as stage 0 does:
 
@@ -32,7 +32,6 @@ caches hold the continuation only (the prompt's states are not stored), so
 attn sees less context than it would in draft-svc.
 """
 import argparse
-import json
 import math
 import os
 import time
@@ -45,14 +44,14 @@ try:
 except ImportError as e:
     raise SystemExit(f"attention_headroom: needs numpy and PyTorch ({e}); pip install numpy torch")
 
-from spec_cache import shard_paths, st_load  # noqa: E402
+from spec_cache import first_stage, load_shard, shard_paths  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_caches(patterns):
     """tokens [N, L] (zero-padded), states [N, L, dim], lengths [N]."""
-    parts = [st_load(p) for p in shard_paths(patterns, "attention_headroom")]
+    parts = [load_shard(p) for p in shard_paths(patterns, "attention_headroom")]
     L = max(t["tokens"].shape[1] for t in parts)
     toks = np.concatenate([np.pad(t["tokens"], ((0, 0), (0, L - t["tokens"].shape[1]))) for t in parts])
     hid = np.concatenate([np.pad(t["hidden"], ((0, 0), (0, L - t["hidden"].shape[1]), (0, 0)))
@@ -64,24 +63,16 @@ def load_caches(patterns):
 class FirstStage(nn.Module):
     def __init__(self, spec_dir, attn):
         super().__init__()
-        cfg = json.load(open(os.path.join(spec_dir, "config.json")))
-        w = st_load(os.path.join(spec_dir, "model.safetensors"))
-        p = lambda k: nn.Parameter(torch.tensor(w["speculator." + k].astype(np.float32)))  # noqa: E731
-        self.proj, self.emb, self.head = p("proj.0.weight"), p("emb.0.weight"), p("head.0.weight")
-        self.lnw, self.lnb = p("ln.0.weight"), p("ln.0.bias")
-        vmap = torch.tensor(w["speculator.vocab_map"].astype(np.int64))
-        self.register_buffer("vmap", vmap)
-        self.other = int((vmap < 0).nonzero()[0])
-        t2d = torch.full((cfg["target_vocab_size"],), self.other, dtype=torch.long)
-        keep = (vmap >= 0).nonzero()[:, 0]
-        t2d[vmap[keep]] = keep
-        self.register_buffer("t2d", t2d)
-        self.inner = cfg["inner_dim"]
-        sw = 0.5 ** (0.5 / cfg["n_predict"])
-        self.esc = math.sqrt((1 - sw * sw) * (self.inner / 2)) / sw
+        st = first_stage(spec_dir)
+        p = lambda k: nn.Parameter(torch.tensor(st[k]))  # noqa: E731
+        self.proj, self.emb, self.head = p("proj"), p("emb"), p("head")
+        self.lnw, self.lnb = p("lnw"), p("lnb")
+        self.register_buffer("vmap", torch.tensor(st["vmap"]))
+        self.register_buffer("t2d", torch.tensor(st["t2d"]))
+        self.other, self.inner, self.esc = st["other"], st["inner"], st["esc"]
         self.attn = attn
         if attn:
-            D, E = cfg["emb_dim"], self.inner
+            D, E = st["emb_dim"], self.inner
             self.nh, self.hd = 9, D // 9
             self.fc = nn.Linear(D + E, D, bias=False)
             self.n1, self.n2 = nn.RMSNorm(D, eps=1e-6), nn.RMSNorm(D, eps=1e-6)

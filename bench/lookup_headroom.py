@@ -12,7 +12,7 @@ the target's final-norm hidden states of its greedy continuations; see
 docs/BENCHMARKS.md, fifty-first session, for the commands that make them).
 For every held-out position j it compares, for the token at j + 2:
 
-  - the speculator's first head (scripts' own numpy forward of stage 0 of
+  - the speculator's first head (the script's own numpy forward of stage 0 of
     the MLPSpeculator checkpoint: the state at j and the true token j + 1),
     top-1 and top-2, as draft-svc drafts them;
   - the datastore's guess: the most frequent continuation of the longest
@@ -27,13 +27,12 @@ numpy only (the tools venv has it, through matplotlib).
 """
 import argparse
 import collections
-import json
 import math
 import os
 
 import numpy as np
 
-from spec_cache import shard_paths, st_load
+from spec_cache import first_stage, load_shard, shard_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +42,7 @@ def load_seqs(patterns, hidden):
     continuation) and, with hidden, the state at each of them."""
     seqs = []
     for p in shard_paths(patterns, "lookup_headroom"):
-        t = st_load(p)
+        t = load_shard(p)
         for i in range(t["tokens"].shape[0]):
             n = int(t["len"][i])
             h = t["hidden"][i, :n].astype(np.float32) if hidden else None
@@ -56,19 +55,10 @@ class FirstHead:
     vocabulary (common/model/mlp_speculator.c's forward, scale_input)."""
 
     def __init__(self, d):
-        cfg = json.load(open(os.path.join(d, "config.json")))
-        w = st_load(os.path.join(d, "model.safetensors"))
-        g = lambda k: w["speculator." + k].astype(np.float32)  # noqa: E731
-        self.proj, self.emb, self.head = g("proj.0.weight"), g("emb.0.weight"), g("head.0.weight")
-        self.lnw, self.lnb = g("ln.0.weight"), g("ln.0.bias")
-        self.vmap = w["speculator.vocab_map"].astype(np.int64)
-        other = int(np.nonzero(self.vmap < 0)[0][0])
-        self.t2d = np.full(cfg["target_vocab_size"], other, np.int64)
-        keep = np.nonzero(self.vmap >= 0)[0]
-        self.t2d[self.vmap[keep]] = keep
-        n, inner = cfg["n_predict"], cfg["inner_dim"]
-        sw = 0.5 ** (0.5 / n)
-        self.esc = math.sqrt((1 - sw * sw) * (inner / 2)) / sw
+        st = first_stage(d)
+        self.proj, self.emb, self.head = st["proj"], st["emb"], st["head"]
+        self.lnw, self.lnb, self.vmap, self.t2d = st["lnw"], st["lnb"], st["vmap"], st["t2d"]
+        self.esc = st["esc"]
         self.erf = np.frompyfunc(math.erf, 1, 1)
 
     def top2(self, h, nxt):
